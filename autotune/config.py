@@ -1,0 +1,349 @@
+"""Typed configurations: the single source of truth for what a trial runs.
+
+``WorkloadSpec`` says *what* is trained, ``TrialConfig`` *how*. Both are frozen, keyword-only
+dataclasses; every field carries a one-line docstring (shown by ``autotune trial --help``).
+``validate()`` raises :class:`ConfigError` naming the broken rule and the fix; ``to_dict`` /
+``from_dict`` round-trip losslessly through JSON and reject unknown keys and wrong types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.errors import ConfigError
+from autotune.models.shapes import MODEL_SHAPES, ModelShape, model_names
+
+ZeroStage = Literal[0, 1, 2, 3]
+ActivationCheckpointing = Literal["none", "selective", "full"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Attention = Literal["eager", "sdpa"]
+DType = Literal["float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+# Virtual pipeline stages per rank for the interleaved schedule (Narayanan et al. 2021, §2.2).
+INTERLEAVED_STAGES_PER_RANK = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadSpec:
+    """What is trained: a built-in model (family and size) or a user workload, and its batch."""
+
+    family: Literal["gpt", "llama"] = "gpt"
+    """Built-in model family: gpt (GPT-2 style) or llama."""
+    size: str = "tiny"
+    """Built-in model size: tiny, small/medium/large/xl (gpt) or 7b/13b/70b (llama)."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step, summed over data-parallel ranks and accumulation."""
+    vocab_size: int | None = None
+    """Vocabulary size; None takes the model's own."""
+    dtype: DType = "float32"
+    """Parameter and compute dtype."""
+    workload: str | None = None
+    """A user workload 'pkg.module:build' instead of the built-in model (see docs)."""
+
+    @property
+    def name(self) -> str:
+        return self.workload or f"{self.family}-{self.size}"
+
+    @property
+    def shape(self) -> ModelShape | None:
+        """The built-in model's shape, or None for a user workload."""
+        if self.workload is not None:
+            return None
+        return MODEL_SHAPES[(self.family, self.size)]
+
+    @property
+    def resolved_vocab_size(self) -> int | None:
+        if self.vocab_size is not None:
+            return self.vocab_size
+        shape = self.shape
+        return shape.vocab_size if shape else None
+
+    def validate(self) -> None:
+        if self.workload is None and (self.family, self.size) not in MODEL_SHAPES:
+            raise ConfigError(
+                f"unknown model '{self.family}-{self.size}': choose one of "
+                f"{', '.join(model_names())}, or give a user workload 'pkg.module:build'"
+            )
+        if self.workload is not None and ":" not in self.workload:
+            raise ConfigError(
+                f"workload '{self.workload}' must have the form 'pkg.module:function'"
+            )
+        _positive("seq_len", self.seq_len)
+        _positive("global_batch_size", self.global_batch_size)
+        if self.vocab_size is not None:
+            _positive("vocab_size", self.vocab_size)
+        shape = self.shape
+        if shape is not None and self.seq_len > shape.max_seq_len:
+            raise ConfigError(
+                f"seq_len {self.seq_len} exceeds the context of {self.name} "
+                f"({shape.max_seq_len}); lower seq_len"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialConfig:
+    """How a workload is trained: parallel layout, batch split and memory/speed knobs."""
+
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    """The workload this trial trains."""
+    world_size: int = 2
+    """Number of ranks (one device or CPU process each)."""
+    tp_degree: int = 1
+    """Tensor-parallel degree; divides the attention heads."""
+    pp_degree: int = 1
+    """Pipeline-parallel degree; at most the number of layers."""
+    zero_stage: ZeroStage = 0
+    """ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch on one data-parallel rank."""
+    bucket_mb: float = 25.0
+    """Gradient bucket size in MB (DDP buckets; FSDP wrap granularity)."""
+    overlap_enabled: bool = True
+    """Overlap communication with computation (DDP hooks / FSDP prefetch)."""
+    activation_checkpointing: ActivationCheckpointing = "none"
+    """Recompute activations in backward: none, selective (attention core) or full (per block)."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule when pp_degree > 1: gpipe, 1f1b or interleaved_1f1b."""
+    attention: Attention = "sdpa"
+    """Attention implementation: eager (explicit softmax) or sdpa (fused)."""
+    optimizer_offload_enabled: bool = False
+    """ZeRO-Offload: keep optimizer state and step on the CPU (CUDA, ZeRO-2/3 only)."""
+    device: Device = "auto"
+    """Device of the ranks: auto (CUDA when visible, else CPU), cpu or cuda."""
+    num_warmup_steps: int = 2
+    """Training steps run before timing starts."""
+    num_timed_steps: int = 5
+    """Training steps whose times give the step time (median of the slowest rank)."""
+    seed: int = 0
+    """Seed of model initialisation and synthetic data."""
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel degree: world_size / (tp_degree * pp_degree)."""
+        return self.world_size // (self.tp_degree * self.pp_degree)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank (= pipeline microbatches)."""
+        return self.workload.global_batch_size // (self.micro_batch_size * self.dp_degree)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.workload.global_batch_size * self.workload.seq_len
+
+    @property
+    def num_pp_stages(self) -> int:
+        if self.pp_degree > 1 and self.pp_schedule == "interleaved_1f1b":
+            return self.pp_degree * INTERLEAVED_STAGES_PER_RANK
+        return self.pp_degree
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self, *, num_heads: int | None = None, num_kv_heads: int | None = None,
+                 num_layers: int | None = None) -> None:
+        """Raise ConfigError naming the first broken rule and its fix.
+
+        Built-in workloads supply their own shape; a user workload's shape can be passed in.
+        """
+        self.workload.validate()
+        shape = self.workload.shape
+        if shape is not None:
+            num_heads, num_kv_heads, num_layers = (
+                shape.num_heads, shape.num_kv_heads, shape.num_layers)
+        for name in ("world_size", "tp_degree", "pp_degree", "micro_batch_size"):
+            _positive(name, getattr(self, name))
+        _non_negative("num_warmup_steps", self.num_warmup_steps)
+        _positive("num_timed_steps", self.num_timed_steps)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, not {self.zero_stage!r}")
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"bucket_mb must be > 0, not {self.bucket_mb}")
+        if self.world_size % (self.tp_degree * self.pp_degree):
+            raise ConfigError(
+                f"tp_degree × pp_degree = {self.tp_degree * self.pp_degree} must divide "
+                f"world_size {self.world_size} (tp × pp × dp = world size)"
+            )
+        if num_heads is not None and num_heads % self.tp_degree:
+            raise ConfigError(
+                f"tp_degree {self.tp_degree} must divide the {num_heads} attention heads of "
+                f"{self.workload.name}; choose a tp_degree among {_divisors(num_heads)}"
+            )
+        if num_kv_heads is not None and num_kv_heads % self.tp_degree:
+            raise ConfigError(
+                f"tp_degree {self.tp_degree} must divide the {num_kv_heads} key/value heads of "
+                f"{self.workload.name}; choose a tp_degree among {_divisors(num_kv_heads)}"
+            )
+        per_dp = self.micro_batch_size * self.dp_degree
+        if self.workload.global_batch_size % per_dp:
+            raise ConfigError(
+                f"global_batch_size {self.workload.global_batch_size} is not divisible by "
+                f"micro_batch_size × dp_degree = {self.micro_batch_size} × {self.dp_degree}; "
+                f"choose a micro_batch_size dividing "
+                f"{max(1, self.workload.global_batch_size // self.dp_degree)} "
+                "(micro × accumulation × dp = global batch)"
+            )
+        if self.pp_degree > 1:
+            self._validate_pipeline(num_layers)
+        if self.zero_stage == 1 and self.tp_degree > 1 and self.dp_degree > 1:
+            raise ConfigError(
+                "zero_stage 1 with tp_degree > 1 is not supported: ZeroRedundancyOptimizer "
+                "cannot shard tensor-parallel (DTensor) parameters; use zero_stage 0, 2 or 3"
+            )
+        if (self.zero_stage == 1 and self.pp_degree > 1 and self.dp_degree > 1
+                and self.overlap_enabled):
+            raise ConfigError(
+                "zero_stage 1 with pp_degree > 1 needs overlap_enabled false: DDP's hooks "
+                "cannot follow pipeline schedules, and ZeroRedundancyOptimizer cannot shard the "
+                "DTensor parameters of FSDP2's replicate; set overlap_enabled false or use "
+                "zero_stage 0, 2 or 3"
+            )
+        if self.optimizer_offload_enabled:
+            if self.device == "cpu":
+                raise ConfigError(
+                    "optimizer_offload_enabled needs device cuda: on CPU the optimizer state "
+                    "is already in host memory; set optimizer_offload_enabled to false"
+                )
+            if self.zero_stage < 2:
+                raise ConfigError(
+                    "optimizer_offload_enabled needs zero_stage 2 or 3 (FSDP2 CPU offload); "
+                    "raise zero_stage or turn offload off"
+                )
+
+    def _validate_pipeline(self, num_layers: int | None) -> None:
+        stages, micro = self.num_pp_stages, self.grad_accum_steps
+        if num_layers is not None and stages > num_layers:
+            raise ConfigError(
+                f"{stages} pipeline stages (pp_degree {self.pp_degree}, schedule "
+                f"{self.pp_schedule}) exceed the {num_layers} layers of {self.workload.name}; "
+                f"lower pp_degree or use a non-interleaved schedule"
+            )
+        if self.pp_schedule == "1f1b" and micro < self.pp_degree:
+            raise ConfigError(
+                f"schedule 1f1b needs at least pp_degree = {self.pp_degree} microbatches, "
+                f"got {micro} (global batch / (micro_batch_size × dp)); lower micro_batch_size "
+                "or use gpipe"
+            )
+        if self.pp_schedule == "interleaved_1f1b":
+            rounds = max(1, micro // self.pp_degree)
+            if micro % rounds:
+                raise ConfigError(
+                    f"schedule interleaved_1f1b needs the {micro} microbatches to be a multiple "
+                    f"of {rounds} rounds (microbatches // pp_degree); change micro_batch_size"
+                )
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def resolved(self) -> dict[str, Any]:
+        """The config plus its derived quantities, as stored with results."""
+        d = self.to_dict()
+        d["derived"] = {"dp_degree": self.dp_degree, "grad_accum_steps": self.grad_accum_steps,
+                        "tokens_per_step": self.tokens_per_step}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrialConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("a trial config must be a JSON object with the TrialConfig fields")
+        data = dict(data)
+        data.pop("derived", None)  # written by resolved(); recomputed, never trusted
+        workload = data.pop("workload", {})
+        return _build(cls, {**data, "workload": _build(WorkloadSpec, workload, "workload")}, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> TrialConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config is not valid JSON: {e.msg} at line {e.lineno} "
+                              f"column {e.colno}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrialConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file '{path}': {e.strerror}") from None
+        return cls.from_json(text)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative integer, not {value!r}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    """Construct a dataclass from a dict, rejecting unknown keys and wrongly typed values."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix or cls.__name__}' must be a JSON object")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(prefix + k) for k in unknown)} in {cls.__name__}; "
+            f"valid keys: {', '.join(sorted(fields))}"
+        )
+    for key, value in data.items():
+        if not isinstance(value, (WorkloadSpec,)) and not _matches(value, hints[key]):
+            raise ConfigError(
+                f"'{prefix}{key}' must be {_describe(hints[key])}, not {value!r}"
+            )
+    # JSON has no float/int distinction for whole numbers: normalise bucket_mb-like fields.
+    fixed = {k: float(v) if hints[k] is float and isinstance(v, int) else v
+             for k, v in data.items()}
+    return cls(**fixed)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint)))

@@ -1,0 +1,318 @@
+"""Runs trials on a Ray worker group: one actor per rank, one process group per group.
+
+The group (placement group + actors + an initialised ``torch.distributed`` process group) is
+created on the first trial of a world size and reused by later trials of the same world size and
+device, so a warm trial costs one remote call per rank. It is torn down and rebuilt after a trial
+that failed mid-run or timed out, since its collectives may be left half-done.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from autotune.config import TrialConfig
+from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
+from autotune.result import TrialResult, summarize_steps
+from autotune.runner import MemoryBreakdown, RankResult
+
+# Phases of a trial on a rank; a failure before "collectives" leaves the group healthy.
+_SETUP_ERRORS = (ConfigError, WorkloadError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSettings:
+    """Where and how trials run."""
+
+    ray_address: str | None = None
+    """Address of an existing Ray cluster; None starts a local one (loopback only)."""
+    trial_timeout_s: float = 300.0
+    """A trial not finished after this many seconds is killed and recorded as timed out."""
+    cpus_per_rank: float = 0.5
+    """Ray CPU resource each CPU rank reserves (ranks may share cores)."""
+    placement_timeout_s: float = 60.0
+    """How long to wait for the cluster to place a worker group."""
+
+
+@ray.remote
+class RankWorker:
+    """One rank of a trial's process group; lives as long as its worker group."""
+
+    def __init__(self, sys_path: list[str], num_threads: int) -> None:
+        for p in sys_path:  # the driver's imports (user workloads, tests) resolve here too
+            if p not in sys.path:
+                sys.path.append(p)
+        import torch
+
+        torch.set_num_threads(num_threads)
+        self.rank = -1
+
+    def address(self) -> tuple[str, int]:
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, s.getsockname()[1]
+
+    def node_and_pid(self) -> tuple[str, int]:
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def init_process_group(self, backend: str, host: str, port: int, rank: int,
+                           world_size: int, timeout_s: float) -> None:
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray exposes this actor's one GPU as device 0
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        self.rank = rank
+
+    def run_trial(self, config: dict) -> dict:
+        from autotune.runner import run_rank
+
+        try:
+            result = run_rank(TrialConfig.from_dict(config))
+            return {"ok": True, "result": result.to_dict()}
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
+            return {"ok": False, "type": type(e).__name__, "message": str(e),
+                    "setup": isinstance(e, _SETUP_ERRORS), "kind": _failure_kind(e),
+                    "traceback": traceback.format_exc()}
+
+
+def _failure_kind(e: BaseException) -> str:
+    if isinstance(e, (ConfigError, WorkloadError)):
+        return "invalid"
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return "oom"
+    return "error"
+
+
+class WorkerGroup:
+    """A placement group of ``world_size`` rank actors with an initialised process group."""
+
+    def __init__(self, world_size: int, use_gpu: bool, settings: ExecutorSettings) -> None:
+        self.world_size, self.use_gpu = world_size, use_gpu
+        self.backend = "nccl" if use_gpu else "gloo"
+        cpus = 1.0 if use_gpu else settings.cpus_per_rank
+        bundle = {"CPU": cpus, **({"GPU": 1.0} if use_gpu else {})}
+        # PACK fills one node before the next, so consecutive ranks (a TP group) share a node.
+        self.pg = placement_group([bundle] * world_size, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=settings.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise ClusterError(
+                f"the Ray cluster could not place {world_size} ranks of {bundle} within "
+                f"{settings.placement_timeout_s:.0f}s; lower world_size or add nodes"
+            ) from None
+        table = ray.util.placement_group_table(self.pg)
+        nodes = [table["bundles_to_node_id"][i] for i in range(world_size)]
+        local_ranks = {n: nodes.count(n) for n in nodes}
+        node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in ray.nodes()}
+        self.workers = []
+        for i in range(world_size):
+            # CPU ranks on one node share its cores: cores // local ranks threads each.
+            threads = max(1, int(node_cpus.get(nodes[i], 1)) // local_ranks[nodes[i]])
+            self.workers.append(RankWorker.options(
+                num_cpus=cpus, num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i),
+            ).remote(sys.path, threads))
+        host, port = ray.get(self.workers[0].address.remote())
+        ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
+                                             settings.trial_timeout_s)
+                 for rank, w in enumerate(self.workers)])
+        self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote() for w in self.workers])]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        remove_placement_group(self.pg)
+
+
+class RayExecutor:
+    """Runs TrialConfigs on Ray, reusing a worker group per (world size, device)."""
+
+    def __init__(self, settings: ExecutorSettings | None = None) -> None:
+        self.settings = settings or ExecutorSettings()
+        self._group: WorkerGroup | None = None
+        self._started_ray = False
+
+    # ---- cluster --------------------------------------------------------------------------
+    def _ensure_ray(self) -> None:
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if self.settings.ray_address is None:
+            # A private local cluster on loopback with no dashboard (nothing listens outside).
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+                     log_to_driver=False, configure_logging=False)
+        else:
+            try:
+                ray.init(address=self.settings.ray_address, log_to_driver=False,
+                         configure_logging=False)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                raise ClusterError(f"cannot join the Ray cluster at "
+                                   f"'{self.settings.ray_address}': {e}") from None
+        self._started_ray = True
+
+    def _use_gpu(self, config: TrialConfig) -> bool:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if config.device == "cuda":
+            if gpus < 1:
+                raise ClusterError("device 'cuda' was asked for but the Ray cluster has no "
+                                   "GPU; use device 'cpu' or 'auto'")
+            return True
+        return config.device == "auto" and gpus >= 1
+
+    def _check_capacity(self, config: TrialConfig, use_gpu: bool) -> None:
+        resources = ray.cluster_resources()
+        if use_gpu:
+            have, need, what = resources.get("GPU", 0), config.world_size, "GPUs"
+        else:
+            have = resources.get("CPU", 0)
+            need, what = config.world_size * self.settings.cpus_per_rank, "CPUs"
+        if need > have + 1e-9:
+            per = "" if use_gpu else f" ({self.settings.cpus_per_rank} per rank)"
+            raise ClusterError(
+                f"world_size {config.world_size} needs {need:g} {what}{per} but the Ray "
+                f"cluster has {have:g}; lower world_size or add nodes (--ray-address)"
+            )
+
+    def _group_for(self, config: TrialConfig, use_gpu: bool) -> tuple[WorkerGroup, bool]:
+        g = self._group
+        if g is not None and g.world_size == config.world_size and g.use_gpu == use_gpu:
+            return g, False
+        self.discard_group()
+        self._check_capacity(config, use_gpu)
+        self._group = WorkerGroup(config.world_size, use_gpu, self.settings)
+        return self._group, True
+
+    def discard_group(self) -> None:
+        if self._group is not None:
+            self._group.shutdown()
+            self._group = None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._group.pids) if self._group else []
+
+    # ---- trials ---------------------------------------------------------------------------
+    def run(self, config: TrialConfig) -> TrialResult:
+        """Run one trial; raises ConfigError, ClusterError, TrialFailed or TrialTimeout."""
+        config.validate()
+        start = time.perf_counter()
+        self._ensure_ray()
+        use_gpu = self._use_gpu(config)
+        group, cold = self._group_for(config, use_gpu)
+        payload = config.to_dict()
+        refs = [w.run_trial.remote(payload) for w in group.workers]
+        outcomes = self._collect(refs)
+        wall = time.perf_counter() - start
+        failures = [(rank, o) for rank, o in enumerate(outcomes) if not o["ok"]]
+        if failures:
+            rank, first = failures[0]
+            if not all(o["setup"] for _, o in failures) or len(failures) < len(outcomes):
+                self.discard_group()  # collectives may be half-done: rebuild next time
+            if first["type"] in ("ConfigError",):
+                raise ConfigError(first["message"])
+            if first["type"] in ("WorkloadError",):
+                raise WorkloadError(first["message"])
+            raise TrialFailed(f"rank {rank}: {first['type']}: {first['message']}", rank=rank,
+                              kind=first["kind"], traceback=first["traceback"])
+        ranks = [_rank_from_dict(o["result"]) for o in outcomes]
+        step_time, steps_s = summarize_steps(ranks, config.num_warmup_steps,
+                                             config.num_timed_steps)
+        return TrialResult(
+            config=config.resolved(), step_time_s=step_time,
+            throughput_tokens_per_s=config.tokens_per_step / step_time,
+            losses=ranks[0].losses, ranks=ranks, wall_s=wall, steps_s=steps_s,
+            cold_start=cold, env=_environment(group, ranks[0]),
+            mfu=_mfu(config, step_time, ranks[0]))
+
+    def _collect(self, refs: list) -> list[dict]:
+        """Wait for every rank, up to the trial timeout; a dead actor becomes a failure."""
+        deadline = time.monotonic() + self.settings.trial_timeout_s
+        index = {ref: i for i, ref in enumerate(refs)}
+        outcomes: list[dict | None] = [None] * len(refs)
+        pending = list(refs)
+        grace_deadline = None
+        while pending:
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, limit - time.monotonic()))
+            if not ready:
+                self.discard_group()
+                if grace_deadline is not None and time.monotonic() < deadline:
+                    # Another rank failed and these ones are stuck in a collective with it.
+                    for ref in pending:
+                        outcomes[index[ref]] = {
+                            "ok": False, "type": "Aborted", "setup": False, "kind": "error",
+                            "message": "aborted after another rank failed", "traceback": ""}
+                    break
+                raise TrialTimeout(f"trial did not finish within "
+                                   f"{self.settings.trial_timeout_s:g}s (a hung collective?); "
+                                   "raise --timeout if the trial is just slow")
+            ref = ready[0]
+            try:
+                outcome = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                outcome = {"ok": False, "type": "WorkerDied", "setup": False, "kind": "crash",
+                           "message": f"worker process died: {e.__class__.__name__}",
+                           "traceback": ""}
+            outcomes[index[ref]] = outcome
+            if not outcome["ok"] and grace_deadline is None:
+                # Ranks that failed before any collective all fail the same way, at once.
+                grace_deadline = time.monotonic() + 10.0
+        return [o for o in outcomes if o is not None]
+
+    def close(self) -> None:
+        self.discard_group()
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _rank_from_dict(d: dict) -> RankResult:
+    return RankResult(**{**d, "memory": MemoryBreakdown(**d["memory"])})
+
+
+def _environment(group: WorkerGroup, rank0: RankResult) -> dict:
+    import platform
+
+    import torch
+
+    return {"torch": torch.__version__, "ray": ray.__version__,
+            "python": platform.python_version(), "device": rank0.device,
+            "backend": group.backend, "world_size": group.world_size,
+            "threads_per_rank": rank0.num_threads}
+
+
+def _mfu(config: TrialConfig, step_time: float, rank0: RankResult) -> float | None:
+    from autotune.hardware import flops_per_token, peak_flops
+
+    shape = config.workload.shape
+    device_name = rank0.extra.get("device_name", "")
+    peak = peak_flops(device_name, config.workload.dtype) if device_name else None
+    if shape is None or peak is None:
+        return None
+    n = shape.num_params(config.workload.resolved_vocab_size)
+    achieved = flops_per_token(n, shape.num_layers, shape.hidden_size,
+                               config.workload.seq_len) * config.tokens_per_step / step_time
+    return achieved / (peak * config.world_size)

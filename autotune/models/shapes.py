@@ -1,0 +1,70 @@
+"""Named shapes of the built-in decoder-only transformer family.
+
+The GPT-2 shapes are those of Radford et al. 2019 ("Language Models are Unsupervised Multitask
+Learners", Table 2, with the HuggingFace ``gpt2*`` configs: vocab 50257, context 1024, MLP 4h).
+The Llama shapes are those of Touvron et al. 2023 ("Llama 2", Table 1 and the released
+``params.json``: SwiGLU MLP, RMSNorm, rotary embeddings, grouped-query attention with 8 KV heads
+for 70B). The ``tiny`` sizes exist so that a trial step takes milliseconds on one CPU core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """Architecture of one built-in model."""
+
+    family: str
+    """``gpt`` (learned positions, LayerNorm, GELU MLP) or ``llama`` (RoPE, RMSNorm, SwiGLU)."""
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_seq_len: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def num_params(self, vocab_size: int | None = None) -> int:
+        """Exact parameter count of the model ``build_model`` creates for this shape."""
+        v = vocab_size or self.vocab_size
+        h, f = self.hidden_size, self.ffn_hidden_size
+        kv = self.num_kv_heads * self.head_dim
+        attn = h * h + 2 * h * kv + h * h  # wq, wk, wv, wo (no biases)
+        if self.family == "gpt":
+            mlp = 2 * h * f
+            norms = 2 * 2 * h  # two LayerNorms (weight + bias) per block
+            per_layer = attn + mlp + norms
+            embed = v * h + self.max_seq_len * h
+            final_norm = 2 * h
+        else:
+            mlp = 3 * h * f
+            norms = 2 * h  # two RMSNorms (weight only)
+            per_layer = attn + mlp + norms
+            embed = v * h
+            final_norm = h
+        return embed + self.num_layers * per_layer + final_norm + h * v  # untied output head
+
+
+# fmt: off
+MODEL_SHAPES: dict[tuple[str, str], ModelShape] = {
+    ("gpt", "tiny"):     ModelShape("gpt", 4, 64, 4, 4, 256, 512, 256),
+    ("gpt", "small"):    ModelShape("gpt", 12, 768, 12, 12, 3072, 50257, 1024),
+    ("gpt", "medium"):   ModelShape("gpt", 24, 1024, 16, 16, 4096, 50257, 1024),
+    ("gpt", "large"):    ModelShape("gpt", 36, 1280, 20, 20, 5120, 50257, 1024),
+    ("gpt", "xl"):       ModelShape("gpt", 48, 1600, 25, 25, 6400, 50257, 1024),
+    ("llama", "tiny"):   ModelShape("llama", 4, 64, 4, 2, 176, 512, 256),
+    ("llama", "7b"):     ModelShape("llama", 32, 4096, 32, 32, 11008, 32000, 4096),
+    ("llama", "13b"):    ModelShape("llama", 40, 5120, 40, 40, 13824, 32000, 4096),
+    ("llama", "70b"):    ModelShape("llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+}
+# fmt: on
+
+
+def model_names() -> list[str]:
+    return [f"{family}-{size}" for family, size in MODEL_SHAPES]

@@ -1,0 +1,62 @@
+"""The outcome of one trial, as the executor returns it and the CLI prints it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from autotune.runner import MemoryBreakdown, RankResult
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """Metrics of a completed trial plus every rank's raw measurements."""
+
+    config: dict
+    """The fully resolved TrialConfig (with derived quantities)."""
+    step_time_s: float
+    """Median over timed steps of the slowest rank's step time."""
+    throughput_tokens_per_s: float
+    losses: list[float]
+    """Loss of every step: warm-up, timed, then the memory step."""
+    ranks: list[RankResult]
+    wall_s: float
+    """Wall time of the executor's run, from submission to the last rank's result."""
+    steps_s: float
+    """Time the slowest rank spent in warm-up, timed and memory steps."""
+    cold_start: bool
+    """True when this run had to create the worker group."""
+    env: dict = field(default_factory=dict)
+    mfu: float | None = None
+    """Model FLOPs utilisation, where the device's peak is known (PaLM, Appendix B)."""
+
+    @property
+    def overhead_s(self) -> float:
+        """Per-trial overhead: wall time not spent in training steps."""
+        return self.wall_s - self.steps_s
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(r.memory.peak for r in self.ranks)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["overhead_s"] = self.overhead_s
+        d["peak_memory_bytes"] = self.peak_memory_bytes
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrialResult:
+        d = {k: v for k, v in d.items() if k not in ("overhead_s", "peak_memory_bytes")}
+        ranks = [RankResult(**{**r, "memory": MemoryBreakdown(**r["memory"])})
+                 for r in d.pop("ranks")]
+        return cls(ranks=ranks, **d)
+
+
+def summarize_steps(ranks: list[RankResult], num_warmup: int, num_timed: int
+                    ) -> tuple[float, float]:
+    """(step time, seconds in steps): the median of the slowest rank per timed step, and the
+    slowest rank's total time in all steps."""
+    timed = range(num_warmup, num_warmup + num_timed)
+    slowest = [max(r.step_times[i] for r in ranks) for i in timed]
+    return statistics.median(slowest), max(sum(r.step_times) for r in ranks)

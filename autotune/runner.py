@@ -1,0 +1,268 @@
+"""The per-rank trial runner: build, parallelise, warm up, time, measure memory.
+
+Runs inside a process whose default process group is already initialised (a Ray worker, or a
+test's spawned process). Every rank builds the same model from the same seed, so the trial
+trains exactly the model the single-process reference trains.
+
+Phases: ``num_warmup_steps`` untimed steps, ``num_timed_steps`` timed steps (each rank times its
+own step; the trial's step time is the median over steps of the slowest rank), then one memory
+step measured by the CUDA allocator or, on CPU, by the profiler's allocation events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.models.workload import Workload, build_workload
+from autotune.parallel.mesh import build_mesh
+from autotune.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
+from autotune.parallel.zero import local_tensor
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Measured bytes on one rank during the memory step."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    """Everything above the model states at the peak: activations, comm buffers, temporaries."""
+    other: int
+    """Allocator bytes at rest that are not model states (CUDA only; 0 on CPU)."""
+    peak: int
+    source: str
+    """'cuda_allocator' or 'cpu_profiler'."""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+    device: str
+    backend: str
+    num_threads: int
+    step_times: list[float]
+    """Seconds per step, warm-up steps first, then timed steps, then the memory step."""
+    losses: list[float]
+    """Loss of every step (the global-batch mean, identical on all ranks)."""
+    memory: MemoryBreakdown
+    setup_s: float
+    """Seconds to build and parallelise the workload on this rank."""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_device(config: TrialConfig) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' was asked for but no CUDA device is visible; "
+                              "use device 'cpu' or 'auto'")
+        return torch.device("cuda", torch.cuda.current_device())
+    if config.optimizer_offload_enabled:
+        raise ConfigError("optimizer_offload_enabled needs a CUDA device; none is visible")
+    return torch.device("cpu")
+
+
+class Trainer:
+    """Runs optimizer steps of a parallelised workload on this rank."""
+
+    def __init__(self, pm: ParallelModel, workload: Workload, device: torch.device) -> None:
+        self.pm = pm
+        self.workload = workload
+        self.device = device
+        self.config = pm.config
+        dtype = self.config.workload.dtype
+        self.autocast_dtype = None if dtype == "float32" else getattr(torch, dtype)
+        self._local_losses: list[torch.Tensor] = []
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, step: int, on_grads=None) -> None:
+        config, pm = self.config, self.pm
+        inputs, targets = self.workload.batch(step)
+        rows = config.workload.global_batch_size // config.dp_degree
+        lo = pm.coords.dp_rank * rows
+        inputs = inputs[lo: lo + rows].to(self.device, non_blocking=True)
+        targets = targets[lo: lo + rows].to(self.device, non_blocking=True)
+        if pm.schedule is not None:
+            loss = self._pipeline_step(inputs, targets)
+        else:
+            loss = self._accumulation_step(inputs, targets)
+        if pm.dp.grad_sync is not None:
+            pm.dp.grad_sync()
+        if on_grads is not None:
+            on_grads()
+        pm.dp.optimizer.step()
+        pm.dp.optimizer.zero_grad(set_to_none=True)
+        has_loss = loss is not None
+        self._local_losses.append(torch.stack([
+            loss.detach().float() if has_loss else torch.zeros((), device=self.device),
+            torch.tensor(float(has_loss), device=self.device)]))
+
+    def _pipeline_step(self, inputs, targets):
+        pm = self.pm
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if pm.is_first_stage else ()
+        kwargs = {"target": targets, "losses": losses} if pm.is_last_stage else {}
+        with self._autocast():
+            pm.schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean() if pm.is_last_stage else None
+
+    def _accumulation_step(self, inputs, targets):
+        pm, workload = self.pm, self.workload
+        (model,) = pm.parts
+        accum = self.config.grad_accum_steps
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
+            with _grad_sync(model, enabled=i == accum - 1):
+                with self._autocast():
+                    loss = workload.loss_fn(model(x), y)
+                (loss / accum).backward()
+            total += loss.detach()
+        return total / accum
+
+    def losses(self) -> list[float]:
+        """Per-step global-batch losses: one all-reduce for all steps, after the timed ones."""
+        stacked = torch.stack(self._local_losses)
+        dist.all_reduce(stacked)
+        return (stacked[:, 0] / stacked[:, 1]).tolist()
+
+
+@contextlib.contextmanager
+def _grad_sync(model: torch.nn.Module, enabled: bool):
+    """Skip gradient synchronisation on all but the last micro-batch."""
+    if enabled:
+        yield
+    elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def _tensor_bytes(tensors) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        t = local_tensor(t)
+        key = t.untyped_storage().data_ptr() if t.numel() else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard
+    for state in inner.state.values():
+        yield from state.values()
+
+
+def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
+    """Run one training step and measure this rank's memory by category."""
+    pm, device = trainer.pm, trainer.device
+    params = lambda: [p for m in pm.parts for p in m.parameters()]  # noqa: E731
+    grads_bytes = 0
+
+    def on_grads() -> None:
+        nonlocal grads_bytes
+        grads_bytes = _tensor_bytes(p.grad for p in params())
+
+    start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        at_rest = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        trainer.step(step, on_grads)
+        torch.cuda.synchronize(device)
+        peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator"
+    else:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            trainer.step(step, on_grads)
+        peak_delta = _peak_live_delta(prof)
+        at_rest = None
+        source = "cpu_profiler"
+    elapsed = time.perf_counter() - start
+    param_bytes = _tensor_bytes(params())
+    opt_bytes = _tensor_bytes(_optimizer_state_tensors(pm.dp.optimizer))
+    states = param_bytes + opt_bytes
+    if at_rest is None:
+        # On CPU the profiler gives allocations relative to the step's start; the bytes alive
+        # then are the parameters and optimizer state (gradients are freed by zero_grad).
+        at_rest = states
+        peak = at_rest + peak_delta
+    activations = max(0, peak - states - grads_bytes)
+    other = max(0, at_rest - states)
+    return MemoryBreakdown(param_bytes, grads_bytes, opt_bytes, activations, other, peak,
+                           source), elapsed
+
+
+def _peak_live_delta(prof) -> int:
+    """Peak of live CPU tensor bytes above the level at the profile's start."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+              and e.device_type() == torch.autograd.DeviceType.CPU]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def run_rank(config: TrialConfig) -> RankResult:
+    """Run one trial on this rank of the (already initialised) default process group."""
+    t0 = time.perf_counter()
+    device = resolve_device(config)
+    workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
+    check_workload_supports(config, workload)
+    if dist.get_world_size() != config.world_size:
+        raise ConfigError(f"the worker group has {dist.get_world_size()} ranks but the config "
+                          f"asks for world_size {config.world_size}")
+    mesh = build_mesh(config, device.type)
+    pm = parallelize(workload, config, mesh, device)
+    trainer = Trainer(pm, workload, device)
+    setup_s = time.perf_counter() - t0
+    step_times = []
+    for step in range(config.num_warmup_steps + config.num_timed_steps):
+        start = time.perf_counter()
+        trainer.step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_times.append(time.perf_counter() - start)
+    memory, memory_s = measure_memory(trainer, config.num_warmup_steps + config.num_timed_steps)
+    step_times.append(memory_s)
+    losses = trainer.losses()
+    c = pm.coords
+    return RankResult(
+        rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
+        device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
+        step_times=step_times, losses=losses, memory=memory, setup_s=setup_s,
+        extra={"pid": os.getpid(),
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+               else "cpu"})

@@ -1,0 +1,1 @@
+"""Plotly figures and the HTML report of a study, reading only through ``db``."""
