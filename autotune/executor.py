@@ -8,6 +8,7 @@ that failed mid-run or timed out, since its collectives may be left half-done.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -24,8 +25,11 @@ from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout
 from autotune.result import TrialResult, summarize_steps
 from autotune.runner import MemoryBreakdown, RankResult
 
-# Phases of a trial on a rank; a failure before "collectives" leaves the group healthy.
+# Errors raised before a trial's first collective: all ranks raise them alike and the process
+# group stays healthy.
 _SETUP_ERRORS = (ConfigError, WorkloadError)
+SETUP_FAILURE_GRACE_S = 3.0
+"""After one rank fails, how long the others get to finish before they are taken as stuck."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +159,9 @@ class RayExecutor:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if self.settings.ray_address is None:
             # A private local cluster on loopback with no dashboard (nothing listens outside).
+            # Ray enables token authentication by default and says so on every start; keep the
+            # behaviour, drop the notice.
+            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
         else:
@@ -221,7 +228,8 @@ class RayExecutor:
         wall = time.perf_counter() - start
         failures = [(rank, o) for rank, o in enumerate(outcomes) if not o["ok"]]
         if failures:
-            rank, first = failures[0]
+            # Report the cause, not the ranks aborted because of it.
+            rank, first = min(failures, key=lambda f: (f[1]["type"] in ("Aborted",), f[0]))
             if not all(o["setup"] for _, o in failures) or len(failures) < len(outcomes):
                 self.discard_group()  # collectives may be half-done: rebuild next time
             if first["type"] in ("ConfigError",):
@@ -273,7 +281,7 @@ class RayExecutor:
             outcomes[index[ref]] = outcome
             if not outcome["ok"] and grace_deadline is None:
                 # Ranks that failed before any collective all fail the same way, at once.
-                grace_deadline = time.monotonic() + 10.0
+                grace_deadline = time.monotonic() + SETUP_FAILURE_GRACE_S
         return [o for o in outcomes if o is not None]
 
     def close(self) -> None:
