@@ -59,13 +59,14 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from autotune.executor import ExecutorSettings, RayExecutor
-    from autotune.models.workload import load_builder
-
     config = TrialConfig.from_file(args.config) if args.config else TrialConfig()
-    config.validate()
+    config.validate()  # before importing torch and Ray: bad input fails in a fraction of a second
     if config.workload.workload:
+        from autotune.models.workload import load_builder
+
         load_builder(config.workload.workload)  # fail here, not on every rank, if it won't import
+    from autotune.executor import ExecutorSettings, RayExecutor
+
     settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
                                 cpus_per_rank=args.cpus_per_rank)
     if not args.json:

@@ -261,7 +261,7 @@ class TrialConfig:
         data = dict(data)
         data.pop("derived", None)  # written by resolved(); recomputed, never trusted
         workload = data.pop("workload", {})
-        return _build(cls, {**data, "workload": _build(WorkloadSpec, workload, "workload")}, "")
+        return _build(cls, {**data, "workload": _build(WorkloadSpec, workload, "workload.")}, "")
 
     @classmethod
     def from_json(cls, text: str) -> TrialConfig:
@@ -299,7 +299,7 @@ def _divisors(n: int) -> list[int]:
 def _build(cls: type, data: Any, prefix: str) -> Any:
     """Construct a dataclass from a dict, rejecting unknown keys and wrongly typed values."""
     if not isinstance(data, dict):
-        raise ConfigError(f"'{prefix or cls.__name__}' must be a JSON object")
+        raise ConfigError(f"'{prefix.rstrip('.') or cls.__name__}' must be a JSON object")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - fields)
@@ -310,11 +310,11 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             f"valid keys: {', '.join(sorted(fields))}"
         )
     for key, value in data.items():
-        if not isinstance(value, (WorkloadSpec,)) and not _matches(value, hints[key]):
+        if not _matches(value, hints[key]):
             raise ConfigError(
                 f"'{prefix}{key}' must be {_describe(hints[key])}, not {value!r}"
             )
-    # JSON has no float/int distinction for whole numbers: normalise bucket_mb-like fields.
+    # JSON writes 25.0 as 25: store float fields as floats so round-trips compare equal.
     fixed = {k: float(v) if hints[k] is float and isinstance(v, int) else v
              for k, v in data.items()}
     return cls(**fixed)

@@ -153,7 +153,8 @@ class RayExecutor:
         self._started_ray = False
 
     # ---- cluster --------------------------------------------------------------------------
-    def _ensure_ray(self) -> None:
+    def start(self) -> None:
+        """Start (or join) Ray now; ``run`` does it on first use otherwise."""
         if ray.is_initialized():
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -162,6 +163,9 @@ class RayExecutor:
             # Ray enables token authentication by default and says so on every start; keep the
             # behaviour, drop the notice.
             logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            # Ray starts workers at niceness 15; a trial must run at the priority the real job
+            # would, or any other process on the node distorts its step time.
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
         else:
@@ -218,8 +222,8 @@ class RayExecutor:
     def run(self, config: TrialConfig) -> TrialResult:
         """Run one trial; raises ConfigError, ClusterError, TrialFailed or TrialTimeout."""
         config.validate()
-        start = time.perf_counter()
-        self._ensure_ray()
+        self.start()
+        start = time.perf_counter()  # Ray's own start-up is not a trial's overhead
         use_gpu = self._use_gpu(config)
         group, cold = self._group_for(config, use_gpu)
         payload = config.to_dict()
