@@ -123,6 +123,8 @@ class TrialConfig:
     """Training steps run before timing starts."""
     num_timed_steps: int = 5
     """Training steps whose times give the step time (median of the slowest rank)."""
+    num_profiled_steps: int = 2
+    """Steps run under the profiler after the timed ones (timelines); 0 records none."""
     seed: int = 0
     """Seed of model initialisation and synthetic data."""
 
@@ -162,6 +164,7 @@ class TrialConfig:
         for name in ("world_size", "tp_degree", "pp_degree", "micro_batch_size"):
             _positive(name, getattr(self, name))
         _non_negative("num_warmup_steps", self.num_warmup_steps)
+        _non_negative("num_profiled_steps", self.num_profiled_steps)
         _positive("num_timed_steps", self.num_timed_steps)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, not {self.zero_stage!r}")

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -22,8 +23,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
-from autotune.result import TrialResult, summarize_steps
-from autotune.runner import MemoryBreakdown, RankResult
+from autotune.result import TrialResult, rank_from_dict, summarize_steps
+
+if TYPE_CHECKING:
+    from autotune.runner import RankResult
 
 # Errors raised before a trial's first collective: all ranks raise them alike and the process
 # group stays healthy.
@@ -242,7 +245,7 @@ class RayExecutor:
                 raise WorkloadError(first["message"])
             raise TrialFailed(f"rank {rank}: {first['type']}: {first['message']}", rank=rank,
                               kind=first["kind"], traceback=first["traceback"])
-        ranks = [_rank_from_dict(o["result"]) for o in outcomes]
+        ranks = [rank_from_dict(o["result"]) for o in outcomes]
         step_time, steps_s = summarize_steps(ranks, config.num_warmup_steps,
                                              config.num_timed_steps)
         return TrialResult(
@@ -299,10 +302,6 @@ class RayExecutor:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _rank_from_dict(d: dict) -> RankResult:
-    return RankResult(**{**d, "memory": MemoryBreakdown(**d["memory"])})
 
 
 def _environment(group: WorkerGroup, rank0: RankResult) -> dict:

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from autotune.runner import MemoryBreakdown, RankResult
+from profiler import Span
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class TrialResult:
     """Median over timed steps of the slowest rank's step time."""
     throughput_tokens_per_s: float
     losses: list[float]
-    """Loss of every step: warm-up, timed, then the memory step."""
+    """Loss of every step: warm-up, timed, profiled, then the memory step."""
     ranks: list[RankResult]
     wall_s: float
     """Wall time of the executor's run, from submission to the last rank's result."""
@@ -48,9 +49,13 @@ class TrialResult:
     @classmethod
     def from_dict(cls, d: dict) -> TrialResult:
         d = {k: v for k, v in d.items() if k not in ("overhead_s", "peak_memory_bytes")}
-        ranks = [RankResult(**{**r, "memory": MemoryBreakdown(**r["memory"])})
-                 for r in d.pop("ranks")]
+        ranks = [rank_from_dict(r) for r in d.pop("ranks")]
         return cls(ranks=ranks, **d)
+
+
+def rank_from_dict(d: dict) -> RankResult:
+    return RankResult(**{**d, "memory": MemoryBreakdown(**d["memory"]),
+                         "spans": [Span(**s) for s in d.get("spans", [])]})
 
 
 def summarize_steps(ranks: list[RankResult], num_warmup: int, num_timed: int

@@ -26,6 +26,9 @@ from autotune.models.workload import Workload, build_workload
 from autotune.parallel.mesh import build_mesh
 from autotune.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.parallel.zero import local_tensor
+from profiler import Span
+from profiler import record as profile_record
+from profiler.clock import measure_offset
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,16 @@ class RankResult:
     backend: str
     num_threads: int
     step_times: list[float]
-    """Seconds per step, warm-up steps first, then timed steps, then the memory step."""
+    """Seconds per step: warm-up, timed, profiled, then the memory step."""
     losses: list[float]
     """Loss of every step (the global-batch mean, identical on all ranks)."""
     memory: MemoryBreakdown
     setup_s: float
     """Seconds to build and parallelise the workload on this rank."""
+    spans: list[Span] = field(default_factory=list)
+    """Timeline of the profiled steps, on rank 0's clock."""
+    clock_offset_ns: int = 0
+    """This rank's clock minus rank 0's (0 for ranks on one host)."""
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -94,23 +101,29 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def step(self, step: int, on_grads=None) -> None:
+    def step(self, step: int, on_grads=None, phase=None) -> None:
+        """One optimizer step. ``phase(name)`` (profiled steps only) opens a named range around
+        forward / backward / optimizer / pipeline work; timed steps carry no annotation."""
         config, pm = self.config, self.pm
+        phase = phase or _no_phase
         inputs, targets = self.workload.batch(step)
         rows = config.workload.global_batch_size // config.dp_degree
         lo = pm.coords.dp_rank * rows
         inputs = inputs[lo: lo + rows].to(self.device, non_blocking=True)
         targets = targets[lo: lo + rows].to(self.device, non_blocking=True)
         if pm.schedule is not None:
-            loss = self._pipeline_step(inputs, targets)
+            with phase("pipeline"):
+                loss = self._pipeline_step(inputs, targets)
         else:
-            loss = self._accumulation_step(inputs, targets)
+            loss = self._accumulation_step(inputs, targets, phase)
         if pm.dp.grad_sync is not None:
-            pm.dp.grad_sync()
+            with phase("backward"):
+                pm.dp.grad_sync()
         if on_grads is not None:
             on_grads()
-        pm.dp.optimizer.step()
-        pm.dp.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            pm.dp.optimizer.step()
+            pm.dp.optimizer.zero_grad(set_to_none=True)
         has_loss = loss is not None
         self._local_losses.append(torch.stack([
             loss.detach().float() if has_loss else torch.zeros((), device=self.device),
@@ -125,16 +138,17 @@ class Trainer:
             pm.schedule.step(*args, **kwargs)
         return torch.stack(losses).mean() if pm.is_last_stage else None
 
-    def _accumulation_step(self, inputs, targets):
+    def _accumulation_step(self, inputs, targets, phase):
         pm, workload = self.pm, self.workload
         (model,) = pm.parts
         accum = self.config.grad_accum_steps
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
             with _grad_sync(model, enabled=i == accum - 1):
-                with self._autocast():
+                with phase("forward"), self._autocast():
                     loss = workload.loss_fn(model(x), y)
-                (loss / accum).backward()
+                with phase("backward"):
+                    (loss / accum).backward()
             total += loss.detach()
         return total / accum
 
@@ -143,6 +157,10 @@ class Trainer:
         stacked = torch.stack(self._local_losses)
         dist.all_reduce(stacked)
         return (stacked[:, 0] / stacked[:, 1]).tolist()
+
+
+def _no_phase(name: str):
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -235,6 +253,20 @@ def _peak_live_delta(prof) -> int:
     return peak
 
 
+def mesh_group_of(launch: str) -> str:
+    """The mesh dimension of a collective, from the API that launched it.
+
+    Gloo's events name no process group, but each mechanism here talks on one mesh dim:
+    DTensor (tensor parallelism) launches functional collectives on tp; pipelining sends and
+    receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer and the bucketed all-reduce
+    launch c10d collectives on dp."""
+    if launch.startswith("_c10d_functional::"):
+        return "tp"
+    if launch.startswith(("c10d::send", "c10d::recv")):
+        return "pp"
+    return "dp"
+
+
 def run_rank(config: TrialConfig) -> RankResult:
     """Run one trial on this rank of the (already initialised) default process group."""
     t0 = time.perf_counter()
@@ -249,20 +281,38 @@ def run_rank(config: TrialConfig) -> RankResult:
     trainer = Trainer(pm, workload, device)
     setup_s = time.perf_counter() - t0
     step_times = []
-    for step in range(config.num_warmup_steps + config.num_timed_steps):
+    num_steps = config.num_warmup_steps + config.num_timed_steps
+    for step in range(num_steps):
         start = time.perf_counter()
         trainer.step(step)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_times.append(time.perf_counter() - start)
-    memory, memory_s = measure_memory(trainer, config.num_warmup_steps + config.num_timed_steps)
+    # Profiled steps come after the timed ones: throughput is never measured under the profiler.
+    spans: list[Span] = []
+    offset = 0
+    if config.num_profiled_steps:
+        offset = measure_offset()
+        with profile_record(rank=dist.get_rank(), clock_offset_ns=offset,
+                            group_of=mesh_group_of, cuda=device.type == "cuda") as rec:
+            for step in range(num_steps, num_steps + config.num_profiled_steps):
+                start = time.perf_counter()
+                with rec.step(step):
+                    trainer.step(step, phase=rec.phase)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                step_times.append(time.perf_counter() - start)
+        spans = rec.spans
+        num_steps += config.num_profiled_steps
+    memory, memory_s = measure_memory(trainer, num_steps)
     step_times.append(memory_s)
     losses = trainer.losses()
     c = pm.coords
     return RankResult(
         rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
-        step_times=step_times, losses=losses, memory=memory, setup_s=setup_s,
+        step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
+        clock_offset_ns=offset,
         extra={"pid": os.getpid(),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else "cpu"})

@@ -1,0 +1,253 @@
+"""Capture per-rank timelines from torch.profiler around any training loop.
+
+    with profiler.record(rank=dist.get_rank()) as rec:
+        for i in range(3):
+            with rec.step(i):
+                train_step()
+    spans = rec.spans                       # list[Span]
+    profiler.breakdown(spans)               # compute / comm / overlap / exposed / idle
+
+What becomes a span:
+- **step**: each ``rec.step(i)`` block (a ``record_function`` range);
+- **compute**: CPU ``aten::*`` ops (and CUDA kernels other than NCCL's), with the category of the
+  innermost ``rec.phase(...)`` range around them (forward / backward / optimizer / pipeline);
+- **comm / p2p**: on CPU the ``gloo:*`` events of gloo's worker threads (the communication
+  itself, not its launch), paired in order with their ``c10d::*`` / ``_c10d_functional::*``
+  launch on the calling thread for the collective's name and its full payload; on CUDA the NCCL
+  kernels, with payload from the profiler's ``record_param_comms`` records.
+
+Gloo events carry no process-group name, so a caller may pass ``group_of(launch_name)`` that
+names the group from the launching API (see ``autotune.runner`` for the mapping it uses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from profiler.spans import COMM, COMPUTE, P2P, STEP, Span
+
+STEP_PREFIX = "profiler::step#"
+PHASE_PREFIX = "profiler::"
+PHASES = ("forward", "backward", "optimizer", "pipeline")
+
+# Launch op → collective family, as run by gloo. Gloo runs reduce-scatter as an all-reduce.
+_LAUNCH_FAMILY = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce",
+    "reduce_scatter": "all_reduce", "_reduce_scatter_base": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
+    "broadcast": "broadcast", "send": "send", "recv": "recv", "recv_any_source": "recv",
+    "alltoall": "all_to_all", "barrier": "barrier", "reduce": "reduce", "gather": "gather",
+    "scatter": "scatter",
+}
+_GLOO_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast",
+               "send": "send", "recv": "recv", "alltoall": "all_to_all", "barrier": "barrier",
+               "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+               "allreduce_coalesced": "all_reduce", "all_gather_into_tensor_coalesced":
+                   "all_gather", "reduce_scatter": "all_reduce"}
+_ELEMENT_SIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
+                 "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2,
+                 "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+
+
+def _launch_collective(name: str) -> str | None:
+    """'c10d::_allgather_base_' → '_allgather_base'; None for non-collective ops."""
+    if not name.startswith(("c10d::", "_c10d_functional::")):
+        return None
+    op = name.split("::", 1)[1].rstrip("_")
+    for _ in range(2):  # allgather_into_tensor_coalesced → allgather
+        op = re.sub(r"(_coalesced|_into_tensor|_tensor)$", "", op)
+    return op if op in _LAUNCH_FAMILY else None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _payload(event) -> int:
+    """Bytes of the first tensor input of an event, from its recorded shape and dtype."""
+    shapes, dtypes = event.shapes(), event.dtypes()
+    for shape, dtype in zip(shapes, dtypes):
+        if shape:
+            return _numel(shape) * _ELEMENT_SIZE.get(dtype, 4)
+    return 0
+
+
+@dataclass
+class Recorder:
+    """Handle returned by :func:`record`; ``spans`` is filled when the block exits."""
+
+    rank: int
+    clock_offset_ns: int = 0
+    group_of: Callable[[str], str] | None = None
+    spans: list[Span] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def step(self, index: int) -> Iterator[None]:
+        with record_function(f"{STEP_PREFIX}{index}"):
+            yield
+
+    def phase(self, name: str):
+        """A range whose compute spans get category ``name`` (forward, backward, …)."""
+        return record_function(PHASE_PREFIX + name)
+
+
+@contextlib.contextmanager
+def record(*, rank: int = 0, clock_offset_ns: int = 0,
+           group_of: Callable[[str], str] | None = None,
+           cuda: bool | None = None) -> Iterator[Recorder]:
+    """Profile the block and turn its events into :class:`Span` s on ``rank``.
+
+    ``clock_offset_ns`` is subtracted from every timestamp (this rank's clock minus the
+    reference rank's, see :func:`profiler.clock.measure_offset`)."""
+    rec = Recorder(rank, clock_offset_ns, group_of)
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        yield rec
+    rec.spans = spans_from_events(prof.profiler.kineto_results.events(), rec)
+
+
+def spans_from_events(events, rec: Recorder) -> list[Span]:
+    events = sorted(events, key=lambda e: e.start_ns())
+    offset = rec.clock_offset_ns
+    steps: list[tuple[int, int, int]] = []  # (start, end, index)
+    phases: dict[int, list[tuple[int, int, str]]] = {}  # thread → ranges
+    autograd: dict[int, list[tuple[int, int]]] = {}  # thread → backward-node ranges
+    launches: list = []
+    gloo: list = []
+    compute: list = []
+    kernels: list = []
+    param_comms: list = []
+    for e in events:
+        name = e.name()
+        start, end = e.start_ns(), e.start_ns() + e.duration_ns()
+        if name.startswith(STEP_PREFIX):
+            steps.append((start, end, int(name[len(STEP_PREFIX):])))
+        elif name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX):] in PHASES:
+            phases.setdefault(e.start_thread_id(), []).append(
+                (start, end, name[len(PHASE_PREFIX):]))
+        elif name.startswith("autograd::engine::evaluate_function"):
+            autograd.setdefault(e.start_thread_id(), []).append((start, end))
+        elif name.startswith("gloo:"):
+            gloo.append(e)
+        elif _launch_collective(name):
+            launches.append(e)
+        elif name == "record_param_comms":
+            param_comms.append(e)
+        elif e.device_type() == DeviceType.CUDA:
+            kernels.append(e)
+        elif name.startswith("aten::"):
+            compute.append(e)
+
+    def step_of(t: int) -> int:
+        for s, en, idx in steps:
+            if s <= t < en:
+                return idx
+        return -1
+
+    def category(e) -> str:
+        thread, t = e.start_thread_id(), e.start_ns()
+        best = None
+        for s, en, phase in phases.get(thread, ()):
+            if s <= t < en and (best is None or s >= best[0]):
+                best = (s, phase)
+        if best is None:
+            return "op"
+        if best[1] in ("pipeline", "forward"):
+            # Inside a schedule, autograd's node ranges tell backward work from forward work.
+            in_backward = any(s <= t < en for s, en in autograd.get(thread, ()))
+            return "backward" if in_backward else ("forward" if best[1] == "pipeline"
+                                                   else best[1])
+        return best[1]
+
+    spans = [Span(rec.rank, idx, STEP, "step", "", s - offset, en - s) for s, en, idx in steps]
+    for e in compute:
+        spans.append(Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category(e),
+                          e.start_ns() - offset, e.duration_ns()))
+    spans += _gloo_spans(gloo, launches, rec, step_of)
+    for e in kernels:
+        spans.append(_kernel_span(e, param_comms, rec, step_of))
+    spans.sort(key=lambda s: s.start_ns)
+    return spans
+
+
+def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span]:
+    """Pair each gloo event with the earliest unmatched launch of the same family before it."""
+    pending: dict[str, list] = {}
+    for launch in _outermost(launches):
+        op = _launch_collective(launch.name())
+        pending.setdefault(_LAUNCH_FAMILY[op], []).append(launch)
+    spans = []
+    for e in gloo:
+        family = _GLOO_NAMES.get(e.name()[len("gloo:"):], e.name()[len("gloo:"):])
+        queue = pending.get(family, [])
+        launch = next((x for x in queue if x.start_ns() <= e.start_ns()), None)
+        if launch is not None:
+            queue.remove(launch)
+        op = _launch_collective(launch.name()) if launch is not None else family
+        name = _canonical(op)
+        payload = _payload(e)
+        if family == "all_gather" and launch is not None:
+            payload = _payload(launch)  # the launch's first tensor is the gathered output
+        group = rec.group_of(launch.name()) if (rec.group_of and launch is not None) else ""
+        kind = P2P if family in ("send", "recv") else COMM
+        spans.append(Span(rec.rank, step_of(e.start_ns()), kind, name, "",
+                          e.start_ns() - rec.clock_offset_ns, e.duration_ns(), payload, group))
+    return spans
+
+
+def _outermost(launches: list) -> list:
+    """Drop launches nested in another on the same thread (a functional collective launches a
+    c10d one inside itself; only one collective runs)."""
+    out, open_until = [], {}
+    for e in launches:  # sorted by start
+        thread = e.start_thread_id()
+        if e.start_ns() < open_until.get(thread, -1):
+            continue
+        out.append(e)
+        open_until[thread] = e.start_ns() + e.duration_ns()
+    return out
+
+
+def _canonical(op: str) -> str:
+    op = op.lstrip("_")
+    return {"allreduce": "all_reduce", "allgather": "all_gather",
+            "allgather_base": "all_gather", "reduce_scatter_base": "reduce_scatter",
+            "recv_any_source": "recv"}.get(op, op)
+
+
+_NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+_NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather",
+               "reducescatter": "reduce_scatter", "broadcast": "broadcast", "sendrecv": "send",
+               "send": "send", "recv": "recv", "alltoall": "all_to_all", "reduce": "reduce"}
+
+
+def _kernel_span(e, param_comms: list, rec: Recorder, step_of) -> Span:
+    """A CUDA kernel: NCCL's are communication (payload from record_param_comms), others compute.
+
+    Not exercised on CPU-only machines; the NCCL kernel names follow NCCL ≥ 2.19
+    (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``)."""
+    m = _NCCL_KERNEL.search(e.name())
+    start = e.start_ns() - rec.clock_offset_ns
+    if not m:
+        return Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), "kernel", start,
+                    e.duration_ns())
+    name = _NCCL_NAMES.get(m.group(1).lower(), m.group(1).lower())
+    payload = 0
+    if param_comms:
+        record = param_comms.pop(0)
+        payload = _payload(record)
+    kind = P2P if name in ("send", "recv") else COMM
+    return Span(rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(),
+                payload)
