@@ -1,4 +1,5 @@
-"""Command line: ``autotune trial`` runs one configuration on Ray and prints its metrics.
+"""Command line: ``autotune trial`` / ``profile`` run one configuration on Ray, print its metrics
+and store it; ``autotune trace`` exports a stored timeline.
 
 Every error a user can cause is one line on stderr and a non-zero exit (2: usage, 1: runtime);
 ``--debug`` adds the traceback.
@@ -7,6 +8,7 @@ Every error a user can cause is one line on stderr and a non-zero exit (2: usage
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,10 +35,39 @@ def build_parser() -> argparse.ArgumentParser:
                        help="TrialConfig JSON (default: the built-in tiny GPT on 2 ranks)")
     trial.add_argument("--json", action="store_true",
                        help="print the full result as JSON on stdout")
+    _add_db_arg(trial)
     _add_cluster_args(trial)
-    trial.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+
+    profile = sub.add_parser(
+        "profile", help="run one configuration and print its per-rank timeline breakdown",
+        description="Run a TrialConfig with profiled steps after the timed ones, store it, and "
+        "print compute / communication / overlap / exposed communication / idle per rank and "
+        "the bytes each collective moves per step. " + EXAMPLES)
+    profile.add_argument("--config", metavar="FILE", help="TrialConfig JSON (default: built-in)")
+    _add_db_arg(profile)
+    _add_cluster_args(profile)
+
+    trace = sub.add_parser("trace", help="export a stored trial's timeline as a Chrome trace",
+                           description="Write a Chrome/Perfetto trace (one process per rank, "
+                           "compute and communication on separate tracks) that "
+                           "chrome://tracing and ui.perfetto.dev open.")
+    trace.add_argument("--db", default=DEFAULT_DB, metavar="URL",
+                       help=f"database URL (default {DEFAULT_DB})")
+    trace.add_argument("--trial", type=int, required=True, metavar="ID", help="trial id")
+    trace.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file")
+    for p in (trial, profile, trace):
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks on errors")
     return parser
+
+
+DEFAULT_DB = "sqlite:///autotune.db"
+
+
+def _add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=DEFAULT_DB, metavar="URL",
+                   help=f"SQLAlchemy URL to store the result in (default {DEFAULT_DB}); "
+                   "'none' stores nothing")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -58,30 +89,113 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def cmd_trial(args: argparse.Namespace) -> int:
+def _open_db(url: str, *, create: bool = True):
+    if url.lower() == "none":
+        return None
+    from db import Database
+
+    return Database.open(url, create=create)
+
+
+def _run_one(args: argparse.Namespace, *, quiet: bool, profiled: bool = False):
+    """Validate, open the database, run the trial on Ray, store it: (result, trial id)."""
     config = TrialConfig.from_file(args.config) if args.config else TrialConfig()
+    if profiled and config.num_profiled_steps == 0:
+        config = dataclasses.replace(config, num_profiled_steps=2)
     config.validate()  # before importing torch and Ray: bad input fails in a fraction of a second
-    if config.workload.workload:
-        from autotune.models.workload import load_builder
+    database = _open_db(args.db)  # a bad URL fails before any trial runs
+    try:
+        if config.workload.workload:
+            from autotune.models.workload import load_builder
 
-        load_builder(config.workload.workload)  # fail here, not on every rank, if it won't import
-    from autotune.executor import ExecutorSettings, RayExecutor
+            load_builder(config.workload.workload)  # fail here, not on every rank
+        from autotune.executor import ExecutorSettings, RayExecutor
 
-    settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
-                                cpus_per_rank=args.cpus_per_rank)
-    if not args.json:
-        print(f"running {config.workload.name}: world {config.world_size} = tp "
-              f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, ZeRO-"
-              f"{config.zero_stage}, micro-batch {config.micro_batch_size} × "
-              f"{config.grad_accum_steps} accumulation …", file=sys.stderr, flush=True)
-    with RayExecutor(settings) as executor:
-        result = executor.run(config)
+        settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
+                                    cpus_per_rank=args.cpus_per_rank)
+        if not quiet:
+            print(f"running {config.workload.name}: world {config.world_size} = tp "
+                  f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, ZeRO-"
+                  f"{config.zero_stage}, micro-batch {config.micro_batch_size} × "
+                  f"{config.grad_accum_steps} accumulation …", file=sys.stderr, flush=True)
+        with RayExecutor(settings) as executor:
+            result = executor.run(config)
+        trial_id = None
+        if database is not None:
+            from autotune.store import store_result
+
+            trial_id = store_result(database, result)
+            if not quiet:
+                print(f"stored as trial {trial_id} in {database.url_for_display}",
+                      file=sys.stderr)
+        return result, trial_id
+    finally:
+        if database is not None:
+            database.close()
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    result, trial_id = _run_one(args, quiet=args.json)
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2)
+        json.dump({**result.to_dict(), "trial_id": trial_id}, sys.stdout, indent=2)
         print()
     else:
         print(format_result(result))
     return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    result, _ = _run_one(args, quiet=False, profiled=True)
+    print(format_result(result))
+    print()
+    print(format_breakdown([s for r in result.ranks for s in r.spans]))
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from autotune.store import load_spans
+    from profiler.trace import write_chrome_trace
+
+    database = _open_db(args.db, create=False)
+    try:
+        database.get_trial(args.trial)  # names the trial if it does not exist
+        spans = load_spans(database, args.trial)
+    finally:
+        database.close()
+    if not spans:
+        raise AutotuneError(f"trial {args.trial} has no timeline; run it with "
+                            "num_profiled_steps > 0 (autotune profile)")
+    try:
+        count = write_chrome_trace(spans, args.output, title=f"autotune trial {args.trial}")
+    except OSError as e:
+        raise AutotuneError(f"cannot write '{args.output}': {e.strerror}") from None
+    print(f"wrote {count} spans of {len({s.rank for s in spans})} ranks to {args.output} "
+          "(open in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def format_breakdown(spans) -> str:
+    """Per-rank compute / comm / overlap / exposed / idle, and bytes per collective per step."""
+    from profiler import breakdown, bytes_per_step
+
+    if not spans:
+        return "no profiled steps (num_profiled_steps = 0)"
+    lines = ["rank   window ms  compute ms  comm ms  overlap  exposed ms  idle ms  steps"]
+    for b in breakdown(spans):
+        per = max(1, b.num_steps)
+        lines.append(
+            f"{b.rank:>4} {b.window_ns / per / 1e6:>11.2f} {b.compute_ns / per / 1e6:>11.2f} "
+            f"{b.comm_ns / per / 1e6:>8.2f} {b.overlap:>8.1%} "
+            f"{b.exposed_comm_ns / per / 1e6:>11.2f} {b.idle_ns / per / 1e6:>8.2f} "
+            f"{b.num_steps:>6}")
+    lines.append("(per step, averaged over the profiled steps; overlap = |comm ∩ compute| / "
+                 "|comm|)")
+    lines += ["", "rank  kind  collective        group        MB/step"]
+    for rank, by_key in sorted(bytes_per_step(spans).items()):
+        for (kind, name, group), nbytes in sorted(by_key.items()):
+            lines.append(f"{rank:>4}  {kind:<5} {name:<17} {group or '-':<8} "
+                         f"{nbytes / 2**20:>11.3f}")
+    return "\n".join(lines)
 
 
 def format_result(result) -> str:
@@ -122,23 +236,25 @@ def format_result(result) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = {"trial": cmd_trial}
+COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
+    from db.errors import StorageError
+
     try:
         return COMMANDS[args.command](args)
-    except AutotuneError as e:
+    except (AutotuneError, StorageError) as e:
         if debug:
             traceback.print_exc()
             tb = getattr(e, "traceback", "")
             if tb:
                 print(tb, file=sys.stderr)
         print(f"autotune: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return getattr(e, "exit_code", EXIT_RUNTIME)
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return 130

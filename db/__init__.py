@@ -1,1 +1,28 @@
 """Persistence of studies, trials, memory and spans (SQLAlchemy 2.0); imports nothing else."""
+
+from .errors import StorageError, hide_password
+from .records import (
+    SPAN_KINDS,
+    STEP_PHASES,
+    TRIAL_STATUSES,
+    RankMemoryRecord,
+    SpanRecord,
+    StepMetricRecord,
+    StudyRecord,
+    TrialRecord,
+)
+from .storage import Database
+
+__all__ = [
+    "Database",
+    "RankMemoryRecord",
+    "SPAN_KINDS",
+    "STEP_PHASES",
+    "SpanRecord",
+    "StepMetricRecord",
+    "StorageError",
+    "StudyRecord",
+    "TRIAL_STATUSES",
+    "TrialRecord",
+    "hide_password",
+]

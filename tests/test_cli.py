@@ -30,11 +30,12 @@ def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> 
 
 
 def test_trial_json_output_trains_the_reference_model():
-    proc = autotune("trial", "--config", "examples/tiny_zero2_dp2.json", "--json")
+    proc = autotune("trial", "--config", "examples/tiny_zero2_dp2.json", "--json", "--db", "none")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     config = TrialConfig.from_dict(result["config"])
-    expected = reference_losses(config, config.num_warmup_steps + config.num_timed_steps + 1)
+    expected = reference_losses(config, config.num_warmup_steps + config.num_timed_steps
+                                + config.num_profiled_steps + 1)
     assert result["losses"] == pytest.approx(expected, abs=2e-5)
     assert result["throughput_tokens_per_s"] == pytest.approx(
         config.tokens_per_step / result["step_time_s"])
@@ -46,7 +47,7 @@ def test_trial_table_names_every_rank(tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"world_size": 2, "pp_degree": 2, "micro_batch_size": 4,
                                "pp_schedule": "gpipe", "num_timed_steps": 2}))
-    proc = autotune("trial", "--config", str(cfg))
+    proc = autotune("trial", "--config", str(cfg), "--db", "none")
     assert proc.returncode == 0, proc.stderr
     assert "world 2 = tp 1 × pp 2 × dp 1" in proc.stdout
     assert "schedule gpipe" in proc.stdout
@@ -90,7 +91,7 @@ def test_world_larger_than_cluster_is_a_runtime_error(tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text('{"world_size": 64, "micro_batch_size": 1, '
                    '"workload": {"global_batch_size": 64}}')
-    _one_line_error(autotune("trial", "--config", str(cfg)), 1,
+    _one_line_error(autotune("trial", "--config", str(cfg), "--db", "none"), 1,
                     "world_size 64 needs 32 CPUs (0.5 per rank)")
 
 
@@ -104,3 +105,20 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_bad_option_value_is_a_usage_error():
     proc = autotune("trial", "--timeout", "-3")
     assert proc.returncode == 2 and "must be > 0" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["malformed", "not-a-database", "missing-directory",
+                                  "password"])
+def test_bad_database_fails_before_any_trial(tmp_path, kind):
+    bogus = tmp_path / "bogus.db"
+    bogus.write_text("this is not a database" * 100)
+    url = {"malformed": "not a url",
+           "not-a-database": f"sqlite:///{bogus}",
+           "missing-directory": f"sqlite:///{tmp_path}/no/such/dir/x.db",
+           "password": "postgresql://user:s3cr3t@127.0.0.1:1/autotune"}[kind]
+    proc = autotune("trial", "--db", url)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("autotune:")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "s3cr3t" not in proc.stderr + proc.stdout
+    assert "running gpt-tiny" not in proc.stderr  # refused before Ray or any trial started
+    assert bogus.read_text() == "this is not a database" * 100  # nothing written

@@ -23,7 +23,7 @@ from reference import reference_losses
 LOSS_ATOL = 2e-5
 NUM_STEPS = 2  # 1 timed step + 1 memory step
 
-BASE = TrialConfig(num_warmup_steps=0, num_timed_steps=1, device="cpu")
+BASE = TrialConfig(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, device="cpu")
 
 
 def _configs(world: int, **kwargs) -> list[TrialConfig]:

@@ -20,6 +20,7 @@ SPEC = WorkloadSpec(workload="user_workload:build", seq_len=16, global_batch_siz
 ], ids=["ddp", "zero3-ac", "tp2-sac", "pp2"])
 def test_user_workload_matches_single_process(executor, layout):
     config = TrialConfig(workload=SPEC, world_size=2, num_warmup_steps=1, num_timed_steps=1,
+                         num_profiled_steps=0,
                          device="cpu", **layout)
     result = executor.run(config)
     expected = reference_losses(config, 3)

@@ -25,7 +25,7 @@ from autotune.models.workload import build_workload
 WORLD = 4
 # bucket_mb 0.1: each ~0.2 MB block is its own FSDP unit (a larger bucket groups blocks).
 CONFIG = TrialConfig(world_size=WORLD, micro_batch_size=2, num_warmup_steps=0,
-                     num_timed_steps=1, device="cpu", bucket_mb=0.1)
+                     num_timed_steps=1, num_profiled_steps=0, device="cpu", bucket_mb=0.1)
 STEP_BYTES = 8  # AdamW's per-tensor step counter (fp32 scalar, allowed up to 8 bytes)
 
 

@@ -1,0 +1,169 @@
+"""SQLAlchemy 2.0 typed models: the schema at its latest version.
+
+Every table is prefixed ``autotune_`` because Optuna's RDB storage lives in the same database
+(``studies``, ``trials``, ``alembic_version``, ...). These classes never leave ``db``: reads are
+copied into the frozen records of ``db.records``.
+
+Spans are the bulk of the data, so their table is built for size and timeline reads:
+- the strings of a span (kind, name, category, group) are interned together in
+  ``autotune_span_names``; a span row holds one small integer for all four;
+- ``start_ns`` is stored relative to the trial's ``span_origin_ns`` (the first span's start),
+  which keeps it at 6 bytes instead of 8 for epoch-based clocks;
+- the primary key (trial_id, rank, start_ns, seq) is the timeline order; on SQLite the table is
+  ``WITHOUT ROWID``, so the rows are stored in that order and there is no separate index to
+  maintain (``seq``, the span's position in its ``add_trial`` call, breaks ties);
+- on SQLite the table is ``STRICT``: a non-integer in an integer column fails the insert (and so
+  the whole ``add_trial``) instead of being stored as text.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# 64-bit integers everywhere; SQLite's INTEGER is already 64-bit, and STRICT tables accept only
+# the type name INTEGER (not BIGINT).
+BigInt = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite stores no offset).
+
+    Written as naive UTC; read back with ``tzinfo=timezone.utc``. Naive input is refused by the
+    storage layer before it gets here.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersionRow(Base):
+    """One row: the schema version of the ``autotune_*`` tables (see ``db.schema``)."""
+
+    __tablename__ = "autotune_schema_version"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+
+
+class StudyRow(Base):
+    __tablename__ = "autotune_studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class TrialRow(Base):
+    __tablename__ = "autotune_trials"
+    # The unique constraint's index also serves list_trials(study_id).
+    __table_args__ = (UniqueConstraint("study_id", "number", name="uq_autotune_trials_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    number: Mapped[Optional[int]] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict] = mapped_column(JSON)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    env: Mapped[dict] = mapped_column(JSON)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    span_origin_ns: Mapped[Optional[int]] = mapped_column(BigInt)
+    """The stored ``start_ns`` of a span is relative to this (None when the trial has no spans)."""
+
+
+class RankMemoryRow(Base):
+    __tablename__ = "autotune_rank_memory"
+    __table_args__ = (
+        UniqueConstraint("trial_id", "rank", "category", name="uq_autotune_rank_memory"),)
+
+    # The surrogate key keeps the order the records were given in.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    category: Mapped[str] = mapped_column(String(64))
+    predicted_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
+    measured_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
+
+
+class StepMetricRow(Base):
+    __tablename__ = "autotune_step_metrics"
+    __table_args__ = (
+        UniqueConstraint("trial_id", "rank", "phase", "step", name="uq_autotune_step_metrics"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(16))
+    time_s: Mapped[float] = mapped_column(Double)
+    loss: Mapped[Optional[float]] = mapped_column(Double)
+
+
+class SpanNameRow(Base):
+    """The interned (kind, name, category, group) of spans: a few hundred rows per database."""
+
+    __tablename__ = "autotune_span_names"
+    __table_args__ = (
+        UniqueConstraint("kind", "name", "category", "group_name", name="uq_autotune_span_names"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(Text)  # kernel names can run to hundreds of characters
+    category: Mapped[str] = mapped_column(String(64))
+    group_name: Mapped[str] = mapped_column(String(64))  # 'group' is an SQL keyword
+
+
+class SpanRow(Base):
+    __tablename__ = "autotune_spans"
+    __table_args__ = (
+        PrimaryKeyConstraint("trial_id", "rank", "start_ns", "seq", name="pk_autotune_spans"),
+        CheckConstraint("dur_ns >= 0 AND bytes >= 0", name="ck_autotune_spans_nonnegative"),
+        {"sqlite_with_rowid": False, "sqlite_strict": True},
+    )
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    start_ns: Mapped[int] = mapped_column(BigInt)
+    """Relative to ``TrialRow.span_origin_ns``."""
+    seq: Mapped[int] = mapped_column(Integer)
+    """Position of the span in its add_trial call; breaks ties between equal starts."""
+    step: Mapped[int] = mapped_column(Integer)
+    name_id: Mapped[int] = mapped_column(ForeignKey("autotune_span_names.id"))
+    dur_ns: Mapped[int] = mapped_column(BigInt)
+    bytes: Mapped[int] = mapped_column(BigInt)
+
+
+SPAN_COLUMNS = ("trial_id", "rank", "start_ns", "seq", "step", "name_id", "dur_ns", "bytes")
+"""Column order of the tuples ``Database.add_trial`` bulk-inserts."""

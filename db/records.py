@@ -1,0 +1,103 @@
+"""Plain frozen records: what ``db`` takes in and hands out, never live ORM rows.
+
+Readers (``profiler``, ``dashboards``, the CLI) get these and nothing else, so nothing they hold
+changes under them or keeps a database session alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+SPAN_KINDS = ("compute", "comm", "p2p", "step")
+"""Allowed ``SpanRecord.kind`` values."""
+
+TRIAL_STATUSES = ("complete", "infeasible_predicted", "infeasible_measured", "failed", "running")
+"""Allowed ``TrialRecord.status`` values."""
+
+STEP_PHASES = ("warmup", "timed", "memory", "profiled")
+"""Allowed ``StepMetricRecord.phase`` values."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One interval on one rank's timeline."""
+
+    rank: int
+    step: int
+    """Optimizer step index the span belongs to."""
+    kind: str
+    """'compute' | 'comm' | 'p2p' | 'step'."""
+    name: str
+    """Op or collective name, e.g. 'aten::mm', 'all_reduce', 'forward'."""
+    category: str
+    """'forward' | 'backward' | 'optimizer' | 'op' | '' (free text, short)."""
+    start_ns: int
+    """On one clock shared by all ranks of the trial."""
+    dur_ns: int
+    bytes: int = 0
+    """Payload bytes for comm/p2p spans, 0 otherwise."""
+    group: str = ""
+    """Process group / mesh dim ('dp', 'tp', 'pp', 'world') or ''."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemoryRecord:
+    """Predicted and measured bytes of one memory category on one rank."""
+
+    rank: int
+    category: str
+    """'parameters', 'gradients', 'optimizer_state', 'activations', 'other', 'peak', ..."""
+    predicted_bytes: int | None
+    measured_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetricRecord:
+    """The wall time (and loss) of one step on one rank."""
+
+    rank: int
+    step: int
+    phase: str
+    """'warmup' | 'timed' | 'memory' | 'profiled'."""
+    time_s: float
+    loss: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    """One trial: its resolved config, its outcome, and the per-rank detail."""
+
+    id: int | None
+    """None before insertion."""
+    study_id: int | None
+    """Trials may exist without a study (a lone ``autotune trial``)."""
+    number: int | None
+    """Index within its study (None for lone trials)."""
+    status: str
+    """One of ``TRIAL_STATUSES``."""
+    config: dict
+    """The fully resolved config (JSON-serialisable)."""
+    metrics: dict
+    """E.g. {'step_time_s': ..., 'throughput_tokens_per_s': ...} (JSON-serialisable)."""
+    env: dict
+    """Library versions, device, backend, world size (JSON-serialisable)."""
+    error: str | None
+    created_at: datetime
+    """Timezone-aware; read back in UTC."""
+    memory: tuple[RankMemoryRecord, ...] = ()
+    """In the order given to ``add_trial``."""
+    steps: tuple[StepMetricRecord, ...] = ()
+    """In the order given to ``add_trial``."""
+
+
+@dataclass(frozen=True, slots=True)
+class StudyRecord:
+    """A named search and its spec."""
+
+    id: int
+    name: str
+    spec: dict
+    """The search spec (JSON-serialisable)."""
+    created_at: datetime
+    """Timezone-aware UTC."""
