@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import traceback
 from collections.abc import Sequence
 
 from autotune.config import TrialConfig
-from autotune.errors import EXIT_RUNTIME, EXIT_USAGE, AutotuneError
+from autotune.errors import EXIT_RUNTIME, AutotuneError
 
 EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_dp2.json"
 

@@ -46,12 +46,6 @@ class TrialResult:
         d["peak_memory_bytes"] = self.peak_memory_bytes
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> TrialResult:
-        d = {k: v for k, v in d.items() if k not in ("overhead_s", "peak_memory_bytes")}
-        ranks = [rank_from_dict(r) for r in d.pop("ranks")]
-        return cls(ranks=ranks, **d)
-
 
 def rank_from_dict(d: dict) -> RankResult:
     return RankResult(**{**d, "memory": MemoryBreakdown(**d["memory"]),

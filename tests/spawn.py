@@ -5,7 +5,6 @@ For tests that must change a rank's code (negative controls) or need a bare proc
 
 from __future__ import annotations
 
-import os
 import socket
 import traceback
 

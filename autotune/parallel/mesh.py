@@ -38,8 +38,3 @@ def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
 
 def coords_of(mesh: DeviceMesh) -> MeshCoords:
     return MeshCoords(*(mesh[name].get_local_rank() for name in MESH_DIM_NAMES))
-
-
-def forget_meshes() -> None:
-    """Drop cached meshes; call when the default process group is destroyed."""
-    _MESHES.clear()

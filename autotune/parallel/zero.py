@@ -17,7 +17,7 @@ With dp_degree 1 there is nothing to shard or synchronise and no wrapper is appl
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -86,7 +86,6 @@ class DataParallelParts:
     optimizer: torch.optim.Optimizer
     grad_sync: Callable[[], None] | None = None
     """Called after the last micro-batch's backward (non-overlapped stages 0/1), else None."""
-    fsdp_modules: list[FSDPModule] = field(default_factory=list)
 
 
 def group_blocks(blocks: list[tuple[str, nn.Module]], bucket_mb: float) -> list[list[nn.Module]]:
@@ -160,7 +159,6 @@ def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh
     reshard = config.zero_stage == 3
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=True)
                               if config.optimizer_offload_enabled else OffloadPolicy())
-    fsdp_modules: list[FSDPModule] = []
     for part in parts:
         units: list[FSDPModule] = []
         for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
@@ -174,6 +172,5 @@ def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh
             for prev, nxt in zip(units, units[1:]):
                 prev.set_modules_to_forward_prefetch([nxt])
                 nxt.set_modules_to_backward_prefetch([prev])
-        fsdp_modules.append(part)  # type: ignore[arg-type]
     params = [p for m in parts for p in m.parameters()]
-    return DataParallelParts(parts, _adam(params), None, fsdp_modules)
+    return DataParallelParts(parts, _adam(params))
