@@ -262,6 +262,8 @@ class TrialConfig:
         if not isinstance(data, dict):
             raise ConfigError("a trial config must be a JSON object with the TrialConfig fields")
         data = dict(data)
+        if "reproduce" in data and isinstance(data.get("config"), dict):
+            data = dict(data["config"])  # a best_config.json export: its config section
         data.pop("derived", None)  # written by resolved(); recomputed, never trusted
         workload = data.pop("workload", {})
         return _build(cls, {**data, "workload": _build(WorkloadSpec, workload, "workload.")}, "")

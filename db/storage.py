@@ -161,6 +161,12 @@ class Database:
             raise
         return cls(engine, display, version, password=parsed.password)
 
+    @property
+    def connect_url(self) -> str:
+        """The full URL, password included, for another client of the same database (Optuna's
+        storage). Never print it; ``url_for_display`` is the printable form."""
+        return self._engine.url.render_as_string(hide_password=False)
+
     def close(self) -> None:
         """Closes every pooled connection (SQLite then checkpoints and removes its WAL file)."""
         self._engine.dispose()

@@ -1,0 +1,125 @@
+"""Exports of a study's best configuration: ``best_config.json`` and DeepSpeed's ``ds_config.json``.
+
+DeepSpeed keys follow its configuration reference (deepspeed.ai/docs/config-json):
+``train_batch_size`` must equal ``train_micro_batch_size_per_gpu × gradient_accumulation_steps ×
+data-parallel size`` (DeepSpeed asserts it), and ZeRO bucket sizes are counted in elements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from autotune.config import TrialConfig
+from autotune.errors import AutotuneError, ConfigError
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def ds_config(config: TrialConfig) -> dict:
+    """The same choice in DeepSpeed's keys, with notes where DeepSpeed cannot follow it."""
+    w = config.workload
+    bucket_elements = int(config.bucket_mb * 2**20 // ELEMENT_BYTES[w.dtype])
+    ds: dict = {
+        "train_batch_size": w.global_batch_size,
+        "train_micro_batch_size_per_gpu": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "zero_optimization": {
+            "stage": config.zero_stage,
+            "reduce_bucket_size": bucket_elements,
+            "allgather_bucket_size": bucket_elements,
+            "overlap_comm": config.overlap_enabled,
+            "contiguous_gradients": True,
+        },
+        "bf16": {"enabled": w.dtype == "bfloat16"},
+        "fp16": {"enabled": w.dtype == "float16"},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+    }
+    if config.optimizer_offload_enabled:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if config.activation_checkpointing != "none":
+        ds["activation_checkpointing"] = {"partition_activations": False,
+                                          "contiguous_memory_optimization": False}
+    if config.tp_degree > 1:
+        ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
+    notes = []
+    if config.pp_degree > 1:
+        notes.append(f"pipeline parallelism (pp_degree {config.pp_degree}, schedule "
+                     f"{config.pp_schedule}) is configured in DeepSpeed's PipelineModule "
+                     "(num_stages), not in this file")
+        if config.zero_stage >= 2:
+            notes.append("DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; with "
+                         "DeepSpeed use zero_stage ≤ 1 for this layout")
+    if config.tp_degree > 1 and config.zero_stage > 2:
+        notes.append("DeepSpeed AutoTP needs ZeRO stage ≤ 2")
+    if config.activation_checkpointing == "selective":
+        notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
+                     "deepspeed.checkpointing to the attention core in the model")
+    if notes:
+        ds["autotune_notes"] = notes
+    return ds
+
+
+def check_batch_identity(ds: dict, dp_degree: int) -> None:
+    """The identity DeepSpeed asserts at start-up."""
+    expected = (ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+                * dp_degree)
+    if ds["train_batch_size"] != expected:
+        raise ConfigError(f"train_batch_size {ds['train_batch_size']} != micro × accumulation "
+                          f"× dp = {expected}")
+
+
+def best_config_document(config: TrialConfig, metrics: dict, env: dict, *, study: str,
+                         trial_number: int, db_display: str) -> dict:
+    return {
+        "config": config.to_dict(),
+        "derived": config.resolved()["derived"],
+        "metrics": metrics,
+        "environment": env,
+        "study": study, "trial": trial_number, "database": db_display,
+        "reproduce": "autotune trial --config best_config.json",
+    }
+
+
+def write_json_atomically(path: Path, data: dict) -> None:
+    """Write to a temporary file in the same folder, then rename: an interrupted export never
+    leaves a half-written file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write best_config.json and ds_config.json of a stored study's best trial."""
+    from autotune.search import build_leaderboard
+
+    study = database.get_study(study_name)
+    board = build_leaderboard(database, study.id)
+    best = next((e for e in board if e.status == "complete"), None)
+    if best is None:
+        raise AutotuneError(f"study '{study_name}' has no complete trial to export; run or "
+                            "resume the search first")
+    record = database.get_trial(best.trial_id)
+    metrics = {**record.metrics, "median_throughput_tokens_per_s": best.throughput,
+               "throughput_spread": best.spread}
+    out = Path(out_dir)
+    try:
+        ds = ds_config(best.config)
+        check_batch_identity(ds, best.config.dp_degree)
+        best_path, ds_path = out / "best_config.json", out / "ds_config.json"
+        write_json_atomically(best_path, best_config_document(
+            best.config, metrics, record.env, study=study_name, trial_number=best.number,
+            db_display=database.url_for_display))
+        write_json_atomically(ds_path, ds)
+    except OSError as e:
+        raise AutotuneError(f"cannot write exports to '{out}': {e.strerror}") from None
+    return best_path, ds_path

@@ -1,0 +1,430 @@
+"""The search loop: Optuna proposes, the memory model screens, Ray measures, the database keeps.
+
+    spec → SearchSpace (valid grid) → Optuna study (same database as our tables)
+    loop: ask → config → predicted peak > limit? record infeasible_predicted, run nothing
+                       → RayExecutor.run → measured peak > limit or OOM? infeasible_measured
+                       → store trial + spans (one transaction) → tell Optuna (value, constraint)
+    stop: trial budget, time budget, or no improvement for ``patience`` trials
+    then: re-measure the top few, rank by median throughput, keep the spread.
+
+Optuna learns where the memory wall is through ``constraints_func`` (a trial is feasible when
+its predicted or measured peak minus the limit is ≤ 0). Trials are numbered within the study;
+``resume`` continues a study without re-running a finished trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError, TrialFailed
+from autotune.space import SearchSpace
+
+GIB = 2**30
+CONSTRAINT_ATTR = "memory_excess_gib"
+MAX_DUPLICATES = 20
+"""Proposals of already-measured configurations tolerated in a row before an untried one is
+taken instead (TPE re-proposes its favourites once a small space is mostly explored)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpec:
+    """One search: the workload, the cluster, the limits and the budget."""
+
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    """What is trained."""
+    world_size: int = 2
+    """Ranks per trial."""
+    memory_limit_gib: float | None = None
+    """Per-device memory limit; None: the CUDA device's memory, or no limit on CPU."""
+    n_trials: int = 20
+    """Trial budget (infeasible-predicted trials count; they cost nothing)."""
+    timeout_s: float | None = None
+    """Time budget in seconds; None: no limit."""
+    patience: int | None = 10
+    """Stop when the best has not improved for this many trials; None: never."""
+    study_name: str = "autotune"
+    """Name of the study in the database (one study per name)."""
+    seed: int = 0
+    """Seed of the sampler (and of each trial's model and data)."""
+    fixed: dict = field(default_factory=dict)
+    """Knobs fixed to one value, e.g. {'zero_stage': 3}."""
+    narrowed: dict = field(default_factory=dict)
+    """Knobs narrowed to some values, e.g. {'micro_batch_size': [1, 2]}."""
+    top_k: int = 3
+    """How many of the best configurations are measured again before one is declared best."""
+    remeasure_repeats: int = 2
+    """Extra measurements of each of the top_k."""
+    num_warmup_steps: int = 2
+    num_timed_steps: int = 5
+    num_profiled_steps: int = 2
+    device: str = "auto"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        for name in ("n_trials", "world_size", "num_timed_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        if self.timeout_s is not None and not (self.timeout_s > 0):
+            raise ConfigError(f"the time budget must be > 0 seconds, not {self.timeout_s}")
+        if self.memory_limit_gib is not None and not (self.memory_limit_gib > 0):
+            raise ConfigError(f"--memory-limit must be > 0 GiB, not {self.memory_limit_gib}")
+        if self.patience is not None and self.patience < 1:
+            raise ConfigError(f"patience must be ≥ 1, not {self.patience}")
+        if self.top_k < 1 or self.remeasure_repeats < 0:
+            raise ConfigError("top_k must be ≥ 1 and remeasure_repeats ≥ 0")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One configuration on the leaderboard."""
+
+    trial_id: int
+    number: int
+    config: TrialConfig
+    status: str
+    throughputs: list[float]
+    """Every measurement of tokens/s (first run, then re-measurements)."""
+    predicted_peak: int | None
+    measured_peak: int | None
+    error: str | None = None
+
+    @property
+    def throughput(self) -> float:
+        return statistics.median(self.throughputs) if self.throughputs else 0.0
+
+    @property
+    def spread(self) -> float:
+        """(max − min) / median of the measurements; 0 with one measurement."""
+        if len(self.throughputs) < 2 or not self.throughput:
+            return 0.0
+        return (max(self.throughputs) - min(self.throughputs)) / self.throughput
+
+
+@dataclass
+class SearchOutcome:
+    study_id: int
+    leaderboard: list[Entry]
+    """Complete trials by median throughput, then the infeasible and failed ones."""
+    num_run: int
+    num_infeasible_predicted: int
+    elapsed_s: float
+    stopped_because: str
+
+    @property
+    def best(self) -> Entry | None:
+        complete = [e for e in self.leaderboard if e.status == "complete"]
+        return complete[0] if complete else None
+
+
+def default_world_size() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def memory_limit_bytes(spec: SearchSpec) -> int | None:
+    if spec.memory_limit_gib is not None:
+        return int(spec.memory_limit_gib * GIB)
+    import torch
+
+    if spec.device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return None
+
+
+def _set_excess(trial, excess_gib: float) -> None:
+    """Tell Optuna how far over the memory limit a trial was (its constraint; ≤ 0 feasible)."""
+    trial.set_constraint(CONSTRAINT_ATTR, excess_gib)
+    trial.set_user_attr(CONSTRAINT_ATTR, excess_gib)
+
+
+def base_config(spec: SearchSpec) -> TrialConfig:
+    return TrialConfig(workload=spec.workload, world_size=spec.world_size, seed=spec.seed,
+                       num_warmup_steps=spec.num_warmup_steps,
+                       num_timed_steps=spec.num_timed_steps,
+                       num_profiled_steps=spec.num_profiled_steps, device=spec.device)
+
+
+class Search:
+    """A search over one study; ``run`` may be called on a new or an interrupted study."""
+
+    def __init__(self, spec: SearchSpec, database, executor, *, resume: bool = False,
+                 out: TextIO | None = sys.stderr) -> None:
+        import optuna
+
+        spec.validate()
+        self.spec, self.db, self.executor, self.out = spec, database, executor, out
+        self.space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
+        self.limit = memory_limit_bytes(spec)
+        self._check_something_fits()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = _optuna_storage(database.connect_url)
+        names = {s.name for s in database.list_studies()}
+        if resume and spec.study_name not in names:
+            raise ConfigError(f"no study named '{spec.study_name}' to resume in "
+                              f"{database.url_for_display}; existing: "
+                              f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
+                              "a new one)")
+        if spec.study_name in names and not resume:
+            raise ConfigError(f"a study named '{spec.study_name}' already exists in "
+                              f"{database.url_for_display}; pass --resume to continue it or "
+                              "choose another --study")
+        self._duplicates = 0
+        self.study_record = (database.get_study(spec.study_name) if resume
+                             else database.create_study(spec.study_name, spec.to_dict()))
+        # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible.
+        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=5,
+                                             multivariate=True)
+        self.study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
+                                         storage=storage, direction="maximize",
+                                         sampler=sampler, load_if_exists=True)
+        self._fail_stale_trials()
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _check_something_fits(self) -> None:
+        if self.limit is None:
+            return
+        from autotune.memory import estimate_memory
+
+        lowest = min(estimate_memory(c).total for c in self.space.configs)
+        if lowest > self.limit:
+            raise ConfigError(
+                f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
+                f"predicted peak is {lowest / GIB:.3g} GiB; raise --memory-limit, add ranks, or "
+                "allow more ZeRO/activation checkpointing")
+
+    def _fail_stale_trials(self) -> None:
+        """Trials left RUNNING by an interrupted search are marked failed in Optuna."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+    def _say(self, text: str) -> None:
+        if self.out is not None:
+            print(text, file=self.out, flush=True)
+
+    def _finished(self) -> list:
+        from optuna.trial import TrialState
+
+        return self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                         TrialState.FAIL))
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        from optuna.trial import TrialState
+
+        from autotune.memory import estimate_memory
+
+        spec, start = self.spec, time.monotonic()
+        best, since_best, num_run, num_pred = self._best_so_far(), 0, 0, 0
+        tried = {e.config for e in self.leaderboard()}
+        self._initial_done = len(tried)
+        stopped = "trial budget"
+        while True:
+            done = len(tried)  # one stored trial per distinct configuration
+            if done >= spec.n_trials:
+                break
+            if done >= len(self.space):
+                stopped = "every valid configuration tried"
+                break
+            elapsed = time.monotonic() - start
+            if spec.timeout_s is not None and elapsed >= spec.timeout_s:
+                stopped = "time budget"
+                break
+            if spec.patience is not None and since_best >= spec.patience:
+                stopped = f"no improvement in {spec.patience} trials"
+                break
+            trial = self.study.ask()
+            config = self.space.suggest(trial)
+            if config in tried:
+                # Optuna proposed a configuration already measured: tell it the stored outcome
+                # instead of paying for the trial again; after a run of these, take an untried
+                # configuration so the search keeps moving.
+                self._tell_known(trial, config)
+                self._duplicates += 1
+                if self._duplicates < MAX_DUPLICATES:
+                    continue
+                trial = self.study.ask()  # a parameter-less trial for an untried config
+                config = self._untried(tried)
+            self._duplicates = 0
+            tried.add(config)
+            predicted = estimate_memory(config).total
+            trial.set_user_attr("predicted_peak_bytes", predicted)
+            if self.limit is not None and predicted > self.limit:
+                num_pred += 1
+                _set_excess(trial, (predicted - self.limit) / GIB)
+                self._record(trial.number, config, "infeasible_predicted", None, predicted,
+                             error=f"predicted peak {predicted / GIB:.3g} GiB > limit "
+                                   f"{self.limit / GIB:.3g} GiB")
+                self.study.tell(trial, 0.0)
+                self._progress(done + 1, config, "infeasible (predicted)", best, start)
+                continue
+            value, status = self._measure(trial, config, predicted)
+            num_run += 1
+            if status == "failed":
+                self.study.tell(trial, state=TrialState.FAIL)
+            else:
+                self.study.tell(trial, value)
+            if status == "complete" and value > best * 1.0:
+                best, since_best = value, 0
+            else:
+                since_best += 1
+            self._progress(done + 1, config, status, best, start)
+        board = self._remeasure_top()
+        return SearchOutcome(self.study_record.id, board, num_run, num_pred,
+                             time.monotonic() - start, stopped)
+
+    def _tell_known(self, trial, config: TrialConfig) -> None:
+        from optuna.trial import TrialState
+
+        entry = next(e for e in self.leaderboard() if e.config == config)
+        if entry.status == "failed":
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        if entry.status.startswith("infeasible"):
+            peak = entry.measured_peak or entry.predicted_peak or 0
+            excess = (peak - self.limit) / GIB if self.limit is not None else 0.0
+            _set_excess(trial, max(excess, 1e-9))
+        self.study.tell(trial, entry.throughputs[0] if entry.throughputs else 0.0)
+
+    def _untried(self, tried: set[TrialConfig]) -> TrialConfig:
+        import random
+
+        untried = [c for c in self.space.configs if c not in tried]
+        return random.Random(self.spec.seed + len(tried)).choice(untried)
+
+    def _best_so_far(self) -> float:
+        values = [e.throughput for e in self.leaderboard() if e.status == "complete"]
+        return max(values, default=0.0)
+
+    def _measure(self, trial, config: TrialConfig, predicted: int) -> tuple[float, str]:
+        from autotune.store import to_record
+
+        try:
+            result = self.executor.run(config)
+        except TrialFailed as e:
+            status = "infeasible_measured" if e.kind == "oom" else "failed"
+            if status == "infeasible_measured":
+                _set_excess(trial, 1.0)
+            self._record(trial.number, config, status, None, predicted, error=str(e))
+            return 0.0, status
+        measured = result.peak_memory_bytes
+        status = "complete"
+        if self.limit is not None and measured > self.limit:
+            status = "infeasible_measured"
+            _set_excess(trial, (measured - self.limit) / GIB)
+        record, spans = to_record(result, study_id=self.study_record.id, number=trial.number,
+                                  status=status)
+        record = dataclasses.replace(record, memory=tuple(
+            dataclasses.replace(m, predicted_bytes=predicted) if m.category == "peak" else m
+            for m in record.memory))
+        if status != "complete":
+            record = dataclasses.replace(record, error=(
+                f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"))
+        self.db.add_trial(record, spans)
+        value = result.throughput_tokens_per_s if status == "complete" else 0.0
+        return value, status
+
+    def _record(self, number: int, config: TrialConfig, status: str, metrics: dict | None,
+                predicted: int, *, error: str) -> None:
+        from datetime import UTC, datetime
+
+        from db import RankMemoryRecord, TrialRecord
+
+        self.db.add_trial(TrialRecord(
+            id=None, study_id=self.study_record.id, number=number, status=status,
+            config=config.resolved(), metrics=metrics or {}, env={}, error=error,
+            created_at=datetime.now(UTC),
+            memory=(RankMemoryRecord(0, "peak", predicted, None),)))
+
+    def _progress(self, i: int, config: TrialConfig, status: str, best: float,
+                  start: float) -> None:
+        from autotune.layouts import short_name
+
+        elapsed = time.monotonic() - start
+        per = elapsed / max(1, i - self._initial_done)
+        left = max(0, self.spec.n_trials - i)
+        eta = f", ~{per * left:.0f}s left" if per else ""
+        self._say(f"[{i}/{self.spec.n_trials}] {short_name(config)}: {status}; best "
+                  f"{best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}")
+
+    # ---- results ----------------------------------------------------------------------------
+    def leaderboard(self) -> list[Entry]:
+        return build_leaderboard(self.db, self.study_record.id)
+
+    def _remeasure_top(self) -> list[Entry]:
+        """Measure the top_k again (noisy machines) and store the extra figures."""
+        board = self.leaderboard()
+        top = [e for e in board if e.status == "complete"][: self.spec.top_k]
+        for entry in top:
+            have = len(entry.throughputs) - 1
+            extra = []
+            for _ in range(max(0, self.spec.remeasure_repeats - have)):
+                try:
+                    extra.append(self.executor.run(entry.config).throughput_tokens_per_s)
+                except TrialFailed:
+                    break
+            if extra:
+                record = self.db.get_trial(entry.trial_id)
+                metrics = {**record.metrics, "remeasured_throughputs":
+                           record.metrics.get("remeasured_throughputs", []) + extra}
+                self.db.update_trial(entry.trial_id, status=record.status, metrics=metrics)
+                self._say(f"re-measured trial {entry.number}: "
+                          f"{', '.join(f'{x:,.0f}' for x in extra)} tok/s")
+        return self.leaderboard()
+
+
+def build_leaderboard(database, study_id: int) -> list[Entry]:
+    """A study's trials as leaderboard entries: complete ones by median throughput, then
+    infeasible (measured, predicted) and failed ones."""
+    entries = []
+    for t in database.list_trials(study_id):
+        if t.number is None:
+            continue
+        throughputs = list(t.metrics.get("remeasured_throughputs", []))
+        if t.status == "complete":
+            throughputs = [t.metrics["throughput_tokens_per_s"]] + throughputs
+        predicted = next((m.predicted_bytes for m in t.memory if m.category == "peak"), None)
+        entries.append(Entry(t.id, t.number, TrialConfig.from_dict(t.config), t.status,
+                             throughputs, predicted, t.metrics.get("peak_memory_bytes"),
+                             t.error))
+    order = {"complete": 0, "infeasible_measured": 1, "infeasible_predicted": 2, "failed": 3}
+    entries.sort(key=lambda e: (order.get(e.status, 4), -e.throughput, e.number))
+    return entries
+
+
+def _optuna_storage(url: str):
+    """Optuna's RDB storage on the same database (its tables have no autotune_ prefix)."""
+    import optuna
+
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}}
+                                      if url.startswith("sqlite") else {})
+
+
+def format_leaderboard(outcome: SearchOutcome, limit_bytes: int | None, top: int = 10) -> str:
+    from autotune.layouts import short_name
+
+    lines = [f"{'#':>3} {'trial':>5}  {'configuration':<44} {'tok/s':>10} {'spread':>7} "
+             f"{'peak MiB':>9} {'pred MiB':>9}  status"]
+    for i, e in enumerate(outcome.leaderboard[:top], 1):
+        peak = f"{e.measured_peak / 2**20:.1f}" if e.measured_peak else "-"
+        pred = f"{e.predicted_peak / 2**20:.1f}" if e.predicted_peak else "-"
+        tput = f"{e.throughput:,.0f}" if e.status == "complete" else "-"
+        spread = f"{e.spread:.1%}" if len(e.throughputs) > 1 else "-"
+        status = e.status if not e.error or e.status == "complete" else f"{e.status}: {e.error}"
+        lines.append(f"{i:>3} {e.number:>5}  {short_name(e.config):<44} {tput:>10} "
+                     f"{spread:>7} {peak:>9} {pred:>9}  {status[:70]}")
+    limit = f"{limit_bytes / 2**20:.1f} MiB" if limit_bytes else "none"
+    lines.append(f"memory limit per device: {limit}; spread = (max − min) / median of the "
+                 "re-measurements")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""The search: finds a best known by construction, never runs what is predicted not to fit,
+resumes without re-running, and exports files DeepSpeed accepts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.export import ds_config, export_study
+from autotune.search import GIB, Search, SearchSpec
+from db import Database
+
+# dp 2, ZeRO-0, no TP/PP: the knobs left are micro-batch {1, 2, 4} and checkpointing. On any
+# machine the best is micro-batch 4 without recomputation: it does the same arithmetic as the
+# others in the fewest, largest kernels, and recomputes nothing (full recomputation repeats the
+# forward, about a third of the step).
+SMALL = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
+                    "bucket_mb": 25.0},
+             narrowed={"activation_checkpointing": ["none", "full"]})
+
+
+def spec(**kw) -> SearchSpec:
+    return SearchSpec(**{**dict(world_size=2, n_trials=6, patience=None, device="cpu",
+                                num_warmup_steps=1, num_timed_steps=4, num_profiled_steps=0,
+                                top_k=2, remeasure_repeats=1, study_name="s"), **SMALL, **kw})
+
+
+@pytest.fixture
+def database(tmp_path):
+    db = Database.open(f"sqlite:///{tmp_path / 'search.db'}")
+    yield db
+    db.close()
+
+
+class CountingExecutor:
+    """The real executor, counting the configurations it runs (and optionally interrupting)."""
+
+    def __init__(self, inner, interrupt_at: int | None = None) -> None:
+        self.inner, self.interrupt_at, self.runs = inner, interrupt_at, []
+
+    def run(self, config):
+        if self.interrupt_at is not None and len(self.runs) == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.runs.append(config)
+        return self.inner.run(config)
+
+
+def test_search_finds_the_best_by_construction(executor, database):
+    s = spec()
+    search = Search(s, database, CountingExecutor(executor), out=None)
+    assert len(search.space) == 6
+    outcome = search.run()
+    assert outcome.stopped_because in ("trial budget", "every valid configuration tried")
+    best = outcome.best
+    assert (best.config.micro_batch_size, best.config.activation_checkpointing) == (4, "none")
+    # every configuration ran once; the top 2 were measured once more
+    runs = search.executor.runs
+    assert len({c for c in runs}) == 6 and len(runs) == 6 + 2
+    assert len(best.throughputs) == 2 and best.spread >= 0
+    complete = [e for e in outcome.leaderboard if e.status == "complete"]
+    assert [e.throughput for e in complete] == sorted((e.throughput for e in complete),
+                                                      reverse=True)
+
+
+def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
+    from autotune.memory import estimate_memory
+
+    probe = Search(spec(study_name="probe"), database, None, out=None)
+    peaks = sorted(estimate_memory(c).total for c in probe.space.configs)
+    limit = (peaks[2] + peaks[3]) / 2  # three configurations fit, three do not
+    s = spec(study_name="limited", memory_limit_gib=limit / GIB)
+    counting = CountingExecutor(executor)
+    outcome = Search(s, database, counting, out=None).run()
+    infeasible = [e for e in outcome.leaderboard if e.status == "infeasible_predicted"]
+    assert len(infeasible) == 3 and outcome.num_infeasible_predicted == 3
+    assert not {e.config for e in infeasible} & set(counting.runs)  # never run
+    assert all(e.predicted_peak > limit and "predicted peak" in e.error for e in infeasible)
+    for e in outcome.leaderboard:
+        if e.status == "complete":
+            assert e.predicted_peak <= limit
+    import optuna
+
+    study = optuna.load_study(study_name="autotune:limited", storage=database.connect_url)
+    excess = [t.user_attrs.get("memory_excess_gib", 0) for t in study.trials]
+    assert sum(x > 0 for x in excess) >= 3  # Optuna is told which trials broke the limit
+
+
+def test_resume_after_interrupt_reruns_nothing(executor, database):
+    s = spec(study_name="resumable")
+    first = CountingExecutor(executor, interrupt_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        Search(s, database, first, out=None).run()
+    stored = {t.id: t for t in database.list_trials(database.get_study("resumable").id)}
+    assert len(stored) == 3
+    second = CountingExecutor(executor)
+    outcome = Search(s, database, second, resume=True, out=None).run()
+    after = {t.id: t for t in database.list_trials(database.get_study("resumable").id)}
+    assert len(after) == 6
+    for trial_id, before in stored.items():  # finished trials intact
+        assert after[trial_id].config == before.config
+        assert after[trial_id].metrics["step_time_s"] == before.metrics["step_time_s"]
+    first_configs = set(first.runs)
+    new_runs = second.runs[:3]  # the remeasurements of the top 2 come after
+    assert not set(new_runs) & first_configs
+    best = outcome.best.config
+    assert (best.micro_batch_size, best.activation_checkpointing) == (4, "none")
+
+
+def test_new_study_refuses_an_existing_name_and_resume_needs_one(database):
+    Search(spec(study_name="taken"), database, None, out=None)
+    with pytest.raises(Exception, match="already exists"):
+        Search(spec(study_name="taken"), database, None, out=None)
+    with pytest.raises(Exception, match="no study named 'missing' to resume"):
+        Search(spec(study_name="missing"), database, None, resume=True, out=None)
+
+
+@pytest.mark.parametrize("layout", [
+    dict(world_size=8, tp_degree=2, pp_degree=2, zero_stage=0, micro_batch_size=2,
+         overlap_enabled=False),
+    dict(world_size=4, zero_stage=3, micro_batch_size=1, bucket_mb=50.0),
+    dict(world_size=4, tp_degree=2, zero_stage=3, micro_batch_size=4,
+         workload=WorkloadSpec(dtype="bfloat16")),
+    dict(world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=1),
+])
+def test_ds_config_keys_and_batch_identity(layout):
+    config = TrialConfig(**layout)
+    config.validate()
+    ds = ds_config(config)
+    assert {"train_batch_size", "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16"} <= ds.keys()
+    # DeepSpeed asserts train_batch_size == micro × accumulation × dp
+    assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
+                                      * ds["gradient_accumulation_steps"] * config.dp_degree)
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == config.zero_stage
+    element = 2 if config.workload.dtype == "bfloat16" else 4
+    assert zero["reduce_bucket_size"] == config.bucket_mb * 2**20 / element  # elements, not MB
+    assert zero["allgather_bucket_size"] == zero["reduce_bucket_size"]
+    assert zero["overlap_comm"] is config.overlap_enabled
+    assert ds["bf16"]["enabled"] is (config.workload.dtype == "bfloat16")
+    assert ("tensor_parallel" in ds) is (config.tp_degree > 1)
+    if config.tp_degree > 1:
+        assert ds["tensor_parallel"]["autotp_size"] == config.tp_degree
+    notes = " ".join(ds.get("autotune_notes", []))
+    assert ("refuses ZeRO stages 2 and 3" in notes) is (config.pp_degree > 1
+                                                         and config.zero_stage >= 2)
+    assert ("AutoTP needs ZeRO stage ≤ 2" in notes) is (config.tp_degree > 1
+                                                        and config.zero_stage > 2)
+
+
+def test_export_writes_loadable_files(executor, database, tmp_path):
+    Search(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
+           executor, out=None).run()
+    best_path, ds_path = export_study(database, "exp", tmp_path / "out")
+    doc = json.loads(best_path.read_text())
+    assert {"config", "metrics", "environment", "reproduce"} <= doc.keys()
+    assert doc["reproduce"] == "autotune trial --config best_config.json"
+    config = TrialConfig.from_file(best_path)  # the export is itself a runnable config
+    assert config.to_dict() == doc["config"]
+    assert doc["metrics"]["throughput_tokens_per_s"] > 0
+    assert doc["environment"]["torch"].startswith("2.")
+    ds = json.loads(ds_path.read_text())
+    assert ds["train_batch_size"] == config.workload.global_batch_size
+    assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
