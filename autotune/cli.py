@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from autotune.config import TrialConfig
-from autotune.errors import EXIT_RUNTIME, AutotuneError
+from autotune.errors import EXIT_RUNTIME, AutotuneError, ConfigError
 
 EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_dp2.json"
 
@@ -54,7 +54,62 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"database URL (default {DEFAULT_DB})")
     trace.add_argument("--trial", type=int, required=True, metavar="ID", help="trial id")
     trace.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file")
-    for p in (trial, profile, trace):
+    search = sub.add_parser(
+        "search", help="find the fastest configuration that fits in memory (the main job)",
+        description="Search ZeRO stage, tp/pp degrees and schedule, micro-batch, bucket size, "
+        "overlap and activation checkpointing with Optuna; configurations predicted not to fit "
+        "are never run; the top few are measured again; best_config.json and ds_config.json "
+        "are written at the end. With no arguments: the built-in tiny GPT, local Ray, "
+        f"{DEFAULT_DB}, world size = visible GPUs or 2 on CPU.")
+    search.add_argument("--model", default="gpt-tiny", metavar="FAMILY-SIZE",
+                        help="built-in model, e.g. gpt-tiny, gpt-small, llama-7b")
+    search.add_argument("--workload", metavar="PKG.MODULE:FN", help="a user workload instead")
+    search.add_argument("--seq-len", type=_positive_int, default=64, metavar="N")
+    search.add_argument("--global-batch", type=_positive_int, default=8, metavar="N",
+                        help="sequences per optimizer step (fixed across configurations)")
+    search.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32")
+    search.add_argument("--world-size", type=_positive_int, metavar="N",
+                        help="ranks per trial (default: visible GPUs, or 2 on CPU)")
+    search.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
+                        help="per-device memory limit in GiB (default: the GPU's memory; none "
+                        "on CPU)")
+    search.add_argument("--trials", type=_positive_int, default=20, metavar="N",
+                        help="trial budget (default 20)")
+    search.add_argument("--time-budget", type=_positive_float, metavar="S",
+                        help="stop after this many seconds")
+    search.add_argument("--patience", type=_positive_int, default=10, metavar="N",
+                        help="stop when the best has not improved for N trials (default 10)")
+    search.add_argument("--study", default="autotune", metavar="NAME",
+                        help="study name in the database (default 'autotune')")
+    search.add_argument("--resume", action="store_true",
+                        help="continue the study of that name; finished trials are not rerun")
+    search.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
+                        help="fix a knob, e.g. --fix zero_stage=3 (repeatable)")
+    search.add_argument("--space", metavar="FILE",
+                        help='JSON narrowing knobs, e.g. {"micro_batch_size": [1, 2]}')
+    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--top-k", type=_positive_int, default=3, metavar="K",
+                        help="configurations measured again before one is declared best")
+    search.add_argument("--remeasure", type=int, default=2, metavar="N",
+                        help="extra measurements of each of the top K (default 2)")
+    search.add_argument("--timed-steps", type=_positive_int, default=5, metavar="N")
+    search.add_argument("--out", default=".", metavar="DIR",
+                        help="where best_config.json and ds_config.json go (default .)")
+    search.add_argument("--db", default=DEFAULT_DB, metavar="URL",
+                        help=f"database URL (default {DEFAULT_DB})")
+    _add_cluster_args(search)
+
+    export = sub.add_parser("export", help="write best_config.json and ds_config.json again",
+                            description="Export a stored study's best configuration.")
+    export.add_argument("--db", default=DEFAULT_DB, metavar="URL")
+    export.add_argument("--study", default="autotune", metavar="NAME")
+    export.add_argument("--out", default=".", metavar="DIR")
+
+    from autotune.estimate_cli import add_estimate_parser
+
+    add_estimate_parser(sub)
+    for p in (trial, profile, trace, search, export):  # estimate adds its own --debug
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks on errors")
     return parser
@@ -131,6 +186,78 @@ def _run_one(args: argparse.Namespace, *, quiet: bool, profiled: bool = False):
     finally:
         if database is not None:
             database.close()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, not {text}")
+    return value
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from autotune.config import WorkloadSpec
+    from autotune.search import SearchSpec, default_world_size
+    from autotune.space import load_space_file, parse_fix
+
+    family, _, size = args.model.partition("-")
+    workload = WorkloadSpec(family=family, size=size, seq_len=args.seq_len,
+                            global_batch_size=args.global_batch, dtype=args.dtype,
+                            workload=args.workload)
+    workload.validate()
+    fixed = parse_fix(args.fix)
+    narrowed = load_space_file(args.space) if args.space else {}
+    if args.remeasure < 0:
+        raise ConfigError(f"--remeasure must be ≥ 0, not {args.remeasure}")
+    spec = SearchSpec(workload=workload, world_size=args.world_size or default_world_size(),
+                      memory_limit_gib=args.memory_limit, n_trials=args.trials,
+                      timeout_s=args.time_budget, patience=args.patience,
+                      study_name=args.study, seed=args.seed, fixed=fixed, narrowed=narrowed,
+                      top_k=args.top_k, remeasure_repeats=args.remeasure,
+                      num_timed_steps=args.timed_steps)
+    spec.validate()
+    database = _open_db(args.db)
+    try:
+        from autotune.executor import ExecutorSettings, RayExecutor
+        from autotune.export import export_study
+        from autotune.search import Search, format_leaderboard
+
+        search = Search(spec, database, None, resume=args.resume)
+        print(f"searching {len(search.space)} valid configurations of {workload.name} on "
+              f"{spec.world_size} ranks; study '{spec.study_name}' in "
+              f"{database.url_for_display}", file=sys.stderr, flush=True)
+        settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
+                                    cpus_per_rank=args.cpus_per_rank)
+        with RayExecutor(settings) as executor:
+            search.executor = executor
+            outcome = search.run()
+        print(format_leaderboard(outcome, search.limit))
+        print(f"stopped: {outcome.stopped_because}; {outcome.num_run} trials run, "
+              f"{outcome.num_infeasible_predicted} skipped as predicted not to fit, "
+              f"{outcome.elapsed_s:.0f}s")
+        if outcome.best is None:
+            raise AutotuneError("no configuration completed; see the leaderboard's reasons")
+        best_path, ds_path = export_study(database, spec.study_name, args.out)
+        print(f"best: trial {outcome.best.number}, {outcome.best.throughput:,.0f} tokens/s; "
+              f"wrote {best_path} and {ds_path}")
+    finally:
+        database.close()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autotune.export import export_study
+
+    database = _open_db(args.db, create=False)
+    try:
+        best_path, ds_path = export_study(database, args.study, args.out)
+    finally:
+        database.close()
+    print(f"wrote {best_path} and {ds_path}")
+    return 0
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -235,7 +362,14 @@ def format_result(result) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace}
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from autotune.estimate_cli import cmd_estimate
+
+    return cmd_estimate(args)
+
+
+COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace,
+            "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -134,6 +134,7 @@ class Trainer:
         losses: list[torch.Tensor] = []
         args = (inputs,) if pm.is_first_stage else ()
         kwargs = {"target": targets, "losses": losses} if pm.is_last_stage else {}
+        kwargs["return_outputs"] = False  # else the last stage keeps every micro-batch's logits
         with self._autocast():
             pm.schedule.step(*args, **kwargs)
         return torch.stack(losses).mean() if pm.is_last_stage else None

@@ -1,0 +1,76 @@
+"""``autotune search`` / ``export`` / ``estimate`` at the command line: the default run works
+end to end, and each bad input is one line naming the fix, before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def autotune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600)
+
+
+def _one_line(proc, code: int, text: str) -> None:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("autotune")]
+    assert proc.returncode == code, proc.stderr
+    assert any(text in ln for ln in lines), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_small_search_end_to_end_then_export(tmp_path):
+    proc = autotune("search", "--trials", "3", "--patience", "3", "--top-k", "1",
+                    "--remeasure", "1", "--timed-steps", "2", "--fix", "pp_degree=1",
+                    "--fix", "tp_degree=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "autotune.db").exists()
+    assert "[3/3]" in proc.stderr  # progress: trial i of N
+    assert "best:" in proc.stdout and "tok/s" in proc.stdout
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    config = TrialConfig.from_file(tmp_path / "best_config.json")
+    assert config.tp_degree == 1 and config.pp_degree == 1
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    assert ds["train_batch_size"] == config.workload.global_batch_size
+    (tmp_path / "best_config.json").unlink()
+    proc = autotune("export", "--out", "again", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "again" / "best_config.json").read_text()) == best
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--fix", "tp_degree=3"], 2, "no valid configuration"),
+    (["--fix", "warp_drive=9"], 2, "unknown knob 'warp_drive'"),
+    (["--fix", "zero_stage"], 2, "must be KNOB=VALUE"),
+    (["--trials", "many"], 2, "'many' is not a whole number"),
+    (["--trials", "-4"], 2, "must be ≥ 1"),
+    (["--time-budget", "-1"], 2, "must be > 0"),
+    (["--memory-limit", "0.000001"], 2, "no configuration fits in"),
+    (["--resume", "--study", "nope"], 2, "no study named 'nope' to resume"),
+    (["--model", "gpt-huge"], 2, "unknown model 'gpt-huge'"),
+])
+def test_bad_search_input(tmp_path, args, code, message):
+    _one_line(autotune("search", *args, cwd=tmp_path), code, message)
+    assert not (tmp_path / "best_config.json").exists()
+
+
+def test_bad_space_file(tmp_path):
+    (tmp_path / "space.json").write_text('{"zero_stage": [], "speed": [1]}')
+    _one_line(autotune("search", "--space", "space.json", cwd=tmp_path), 2,
+              "must be an object of non-empty lists")
+
+
+def test_export_of_a_missing_study(tmp_path):
+    autotune("estimate", "--model", "gpt-tiny", cwd=tmp_path)  # creates nothing
+    proc = autotune("export", "--db", f"sqlite:///{tmp_path / 'none.db'}", cwd=tmp_path)
+    assert proc.returncode == 1 and "no SQLite database" in proc.stderr
