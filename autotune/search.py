@@ -27,6 +27,9 @@ from autotune.space import SearchSpace
 
 GIB = 2**30
 CONSTRAINT_ATTR = "memory_excess_gib"
+MEMORY_MARGIN = 0.15
+"""A configuration is run only if its predicted peak × (1 + MEMORY_MARGIN) is within the limit:
+the memory model's worst under-prediction over bench/search_efficiency.py's sweep was 11.5%."""
 MAX_DUPLICATES = 20
 """Proposals of already-measured configurations tolerated in a row before an untried one is
 taken instead (TPE re-proposes its favourites once a small space is mostly explored)."""
@@ -141,6 +144,10 @@ def memory_limit_bytes(spec: SearchSpec) -> int | None:
     return None
 
 
+def predicted_to_fit(predicted: int, limit: int | None) -> bool:
+    return limit is None or predicted * (1 + MEMORY_MARGIN) <= limit
+
+
 def _set_excess(trial, excess_gib: float) -> None:
     """Tell Optuna how far over the memory limit a trial was (its constraint; ≤ 0 feasible)."""
     trial.set_constraint(CONSTRAINT_ATTR, excess_gib)
@@ -188,6 +195,8 @@ class Search:
                                          storage=storage, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
         self._fail_stale_trials()
+        if not resume:
+            self._enqueue_baseline()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _check_something_fits(self) -> None:
@@ -196,11 +205,30 @@ class Search:
         from autotune.memory import estimate_memory
 
         lowest = min(estimate_memory(c).total for c in self.space.configs)
-        if lowest > self.limit:
+        if not predicted_to_fit(lowest, self.limit):
             raise ConfigError(
                 f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
                 f"predicted peak is {lowest / GIB:.3g} GiB; raise --memory-limit, add ranks, or "
                 "allow more ZeRO/activation checkpointing")
+
+    def _enqueue_baseline(self) -> None:
+        """Start from the configuration an engineer (or DeepSpeed's autotuner) tries first: no
+        tensor or pipeline parallelism, no recomputation, the lowest ZeRO stage and then the
+        largest micro-batch predicted to fit. TPE explores from there."""
+        from autotune.memory import estimate_memory
+
+        def fits(c: TrialConfig) -> bool:
+            return predicted_to_fit(estimate_memory(c).total, self.limit)
+
+        ac_rank = {"none": 0, "selective": 1, "full": 2}
+        candidates = sorted(
+            (c for c in self.space.configs if fits(c)),
+            key=lambda c: (c.tp_degree * c.pp_degree, ac_rank[c.activation_checkpointing],
+                           c.zero_stage, -c.micro_batch_size, not c.overlap_enabled,
+                           abs(c.bucket_mb - 25.0)))
+        if candidates:
+            self.study.enqueue_trial(self.space.params_for(candidates[0]),
+                                     skip_if_exists=True)
 
     def _fail_stale_trials(self) -> None:
         """Trials left RUNNING by an interrupted search are marked failed in Optuna."""
@@ -260,11 +288,12 @@ class Search:
             tried.add(config)
             predicted = estimate_memory(config).total
             trial.set_user_attr("predicted_peak_bytes", predicted)
-            if self.limit is not None and predicted > self.limit:
+            if not predicted_to_fit(predicted, self.limit):
                 num_pred += 1
-                _set_excess(trial, (predicted - self.limit) / GIB)
+                _set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
                 self._record(trial.number, config, "infeasible_predicted", None, predicted,
-                             error=f"predicted peak {predicted / GIB:.3g} GiB > limit "
+                             error=f"predicted peak {predicted / GIB:.3g} GiB (+"
+                                   f"{MEMORY_MARGIN:.0%} margin) > limit "
                                    f"{self.limit / GIB:.3g} GiB")
                 self.study.tell(trial, 0.0)
                 self._progress(done + 1, config, "infeasible (predicted)", best, start)

@@ -108,6 +108,20 @@ class SearchSpace:
     def __len__(self) -> int:
         return len(self.configs)
 
+    def params_for(self, config: TrialConfig) -> dict[str, Any]:
+        """The Optuna parameters under which ``suggest`` proposes ``config`` (for enqueueing)."""
+        params: dict[str, Any] = {}
+        rows = self.configs
+        for knob in KNOB_ORDER:
+            values = sorted({getattr(c, knob) for c in rows}, key=_sort_key)
+            full = sorted({getattr(c, knob) for c in self.configs}, key=_sort_key)
+            value = getattr(config, knob)
+            if len(values) > 1:
+                name = knob if values == full else f"{knob}|{','.join(map(str, values))}"
+                params[name] = value
+            rows = [c for c in rows if getattr(c, knob) == value]
+        return params
+
     def suggest(self, trial) -> TrialConfig:
         """Define-by-run: choose each knob among values some valid configuration still takes."""
         rows = self.configs

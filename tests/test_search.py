@@ -68,18 +68,21 @@ def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     from autotune.memory import estimate_memory
 
     probe = Search(spec(study_name="probe"), database, None, out=None)
-    peaks = sorted(estimate_memory(c).total for c in probe.space.configs)
-    limit = (peaks[2] + peaks[3]) / 2  # three configurations fit, three do not
+    from autotune.search import MEMORY_MARGIN
+
+    peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in probe.space.configs)
+    limit = (peaks[2] + peaks[3]) / 2  # three configurations fit (with the margin), three do not
     s = spec(study_name="limited", memory_limit_gib=limit / GIB)
     counting = CountingExecutor(executor)
     outcome = Search(s, database, counting, out=None).run()
     infeasible = [e for e in outcome.leaderboard if e.status == "infeasible_predicted"]
     assert len(infeasible) == 3 and outcome.num_infeasible_predicted == 3
     assert not {e.config for e in infeasible} & set(counting.runs)  # never run
-    assert all(e.predicted_peak > limit and "predicted peak" in e.error for e in infeasible)
+    assert all(e.predicted_peak * (1 + MEMORY_MARGIN) > limit and "predicted peak" in e.error
+               for e in infeasible)
     for e in outcome.leaderboard:
         if e.status == "complete":
-            assert e.predicted_peak <= limit
+            assert e.predicted_peak * (1 + MEMORY_MARGIN) <= limit
     import optuna
 
     study = optuna.load_study(study_name="autotune:limited", storage=database.connect_url)
@@ -164,3 +167,26 @@ def test_export_writes_loadable_files(executor, database, tmp_path):
     ds = json.loads(ds_path.read_text())
     assert ds["train_batch_size"] == config.workload.global_batch_size
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
+
+
+def test_enqueued_parameters_propose_exactly_that_configuration():
+    import optuna
+
+    from autotune.space import SearchSpace
+
+    space = SearchSpace(TrialConfig(world_size=4))
+    study = optuna.create_study(direction="maximize")
+    for config in space.configs[::23]:
+        study.enqueue_trial(space.params_for(config))
+        trial = study.ask()
+        assert space.suggest(trial) == config
+        study.tell(trial, 1.0)
+
+
+def test_search_starts_from_the_baseline(database):
+    """The first proposal is the plain layout: no TP/PP, no recomputation, ZeRO-0, largest
+    micro-batch (predicted to fit)."""
+    search = Search(spec(study_name="baseline"), database, None, out=None)
+    first = search.space.suggest(search.study.ask())
+    assert (first.tp_degree, first.pp_degree, first.zero_stage,
+            first.activation_checkpointing, first.micro_batch_size) == (1, 1, 0, "none", 4)
