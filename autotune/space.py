@@ -108,34 +108,30 @@ class SearchSpace:
     def __len__(self) -> int:
         return len(self.configs)
 
-    def params_for(self, config: TrialConfig) -> dict[str, Any]:
-        """The Optuna parameters under which ``suggest`` proposes ``config`` (for enqueueing)."""
-        params: dict[str, Any] = {}
+    def _walk(self, choose) -> TrialConfig:
+        """Fix each knob in KNOB_ORDER to ``choose(name, knob, values)`` among the values some
+        still-reachable valid configuration takes; a knob with one such value is not asked."""
         rows = self.configs
         for knob in KNOB_ORDER:
             values = sorted({getattr(c, knob) for c in rows}, key=_sort_key)
-            full = sorted({getattr(c, knob) for c in self.configs}, key=_sort_key)
-            value = getattr(config, knob)
-            if len(values) > 1:
-                name = knob if values == full else f"{knob}|{','.join(map(str, values))}"
-                params[name] = value
-            rows = [c for c in rows if getattr(c, knob) == value]
-        return params
-
-    def suggest(self, trial) -> TrialConfig:
-        """Define-by-run: choose each knob among values some valid configuration still takes."""
-        rows = self.configs
-        for knob in KNOB_ORDER:
-            values = sorted({getattr(c, knob) for c in rows}, key=_sort_key)
-            full = sorted({getattr(c, knob) for c in self.configs}, key=_sort_key)
             if len(values) == 1:
                 value = values[0]
             else:
+                full = sorted({getattr(c, knob) for c in self.configs}, key=_sort_key)
                 name = knob if values == full else f"{knob}|{','.join(map(str, values))}"
-                value = trial.suggest_categorical(name, values)
+                value = choose(name, knob, values)
             rows = [c for c in rows if getattr(c, knob) == value]
-        (config,) = rows[:1]
-        return config
+        return rows[0]
+
+    def suggest(self, trial) -> TrialConfig:
+        """Define-by-run: choose each knob among values some valid configuration still takes."""
+        return self._walk(lambda name, knob, values: trial.suggest_categorical(name, values))
+
+    def params_for(self, config: TrialConfig) -> dict[str, Any]:
+        """The Optuna parameters under which ``suggest`` proposes ``config`` (for enqueueing)."""
+        params: dict[str, Any] = {}
+        self._walk(lambda name, knob, values: params.setdefault(name, getattr(config, knob)))
+        return params
 
 
 def _sort_key(v: Any) -> tuple:
