@@ -284,8 +284,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     database = _open_db(args.db, create=False)
     try:
-        database.get_trial(args.trial)  # names the trial if it does not exist
-        spans = load_spans(database, args.trial)
+        spans = load_spans(database, args.trial)  # names the trial if it does not exist
     finally:
         database.close()
     if not spans:

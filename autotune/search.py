@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from autotune.config import TrialConfig, WorkloadSpec
+from autotune.config import TrialConfig, WorkloadSpec, _positive
 from autotune.errors import ConfigError, TrialFailed
 from autotune.space import SearchSpace
 
@@ -73,9 +73,7 @@ class SearchSpec:
 
     def validate(self) -> None:
         for name in ("n_trials", "world_size", "num_timed_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+            _positive(name, getattr(self, name))
         if self.timeout_s is not None and not (self.timeout_s > 0):
             raise ConfigError(f"the time budget must be > 0 seconds, not {self.timeout_s}")
         if self.memory_limit_gib is not None and not (self.memory_limit_gib > 0):

@@ -12,7 +12,6 @@ from autotune.result import TrialResult
 from db import Database, RankMemoryRecord, SpanRecord, StepMetricRecord, TrialRecord
 from profiler import Span, breakdown
 
-DEFAULT_DB_URL = "sqlite:///autotune.db"
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
                      "peak")
 
