@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch._C._profiler import _ExtraFields_Allocation as _AllocationFields
 from torch.profiler import ProfilerActivity, profile
 
 from autotune.config import TrialConfig
@@ -243,14 +244,32 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
 
 
 def _peak_live_delta(prof) -> int:
-    """Peak of live CPU tensor bytes above the level at the profile's start."""
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-              and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
+    """Peak of live CPU tensor bytes above the level at the profile's start.
+
+    Blocks are tracked by address. The profiler sees only the threads it profiles, so a block
+    whose last reference is dropped on a gloo worker thread is never reported freed; when the
+    allocator hands the same address out again, that block was certainly freed before, and it
+    leaves the live set then instead of inflating every later reading.
+    """
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if isinstance(fields, _AllocationFields) and fields.device.type == "cpu":
+            allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+    allocations.sort(key=lambda a: a[0])
+    live: dict[int, int] = {}
+    seen: set[int] = set()
+    level = peak = 0
+    for _, ptr, size in allocations:
+        level -= live.pop(ptr, 0)  # a free, or an earlier block at this address freed unseen
+        if size > 0:
+            live[ptr] = size
+        level += size if size > 0 or ptr not in seen else 0  # a block older than the profile
+        seen.add(ptr)
+        peak = max(peak, level)
     return peak
 
 
