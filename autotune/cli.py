@@ -1,5 +1,6 @@
 """Command line: ``autotune trial`` / ``profile`` run one configuration on Ray, print its metrics
-and store it; ``autotune trace`` exports a stored timeline.
+and store it; ``autotune trace`` exports a stored timeline; ``autotune dashboard`` writes or
+serves a study's HTML report.
 
 Every error a user can cause is one line on stderr and a non-zero exit (2: usage, 1: runtime);
 ``--debug`` adds the traceback.
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from autotune.config import TrialConfig
 from autotune.errors import EXIT_RUNTIME, AutotuneError, ConfigError
+from autotune.search import DEFAULT_SAMPLER, SAMPLERS
 
 EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_dp2.json"
 
@@ -94,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--remeasure", type=int, default=2, metavar="N",
                         help="extra measurements of each of the top K (default 2)")
     search.add_argument("--timed-steps", type=_positive_int, default=5, metavar="N")
+    search.add_argument("--parallel", type=_positive_int, metavar="N",
+                        help="trials run at once (default: GPUs // world size on a GPU "
+                        "cluster, 1 on CPUs, whose ranks would time each other)")
+    search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
+                        help=f"Optuna sampler (default {DEFAULT_SAMPLER}: fewest trials to the "
+                        "best in bench/search_efficiency.py)")
     search.add_argument("--out", default=".", metavar="DIR",
                         help="where best_config.json and ds_config.json go (default .)")
     search.add_argument("--db", default=DEFAULT_DB, metavar="URL",
@@ -106,10 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--study", default="autotune", metavar="NAME")
     export.add_argument("--out", default=".", metavar="DIR")
 
+    dashboard = sub.add_parser(
+        "dashboard", help="a study's leaderboard, history and timelines as one HTML file",
+        description="Write a self-contained HTML report of a stored study (plotly.js inside, "
+        "opens offline): leaderboard, search history, knobs against throughput, throughput "
+        "against memory, per-rank timelines, time and memory breakdowns. --serve serves it on "
+        "localhost instead, refreshing while a search runs.")
+    dashboard.add_argument("--db", default=DEFAULT_DB, metavar="URL",
+                           help=f"database URL (default {DEFAULT_DB})")
+    dashboard.add_argument("--study", metavar="NAME",
+                           help="study name (default: the latest study in the database)")
+    dashboard.add_argument("-o", "--output", default="dashboard.html", metavar="FILE",
+                           help="HTML file to write (default dashboard.html)")
+    dashboard.add_argument("--serve", action="store_true",
+                           help="serve the report on http://127.0.0.1:PORT/ instead of writing "
+                           "it; the page reloads when the study changes")
+    dashboard.add_argument("--port", type=_port, default=8050, metavar="N",
+                           help="port for --serve (default 8050; 0: any free port)")
+
     from autotune.estimate_cli import add_estimate_parser
 
     add_estimate_parser(sub)
-    for p in (trial, profile, trace, search, export):  # estimate adds its own --debug
+    for p in (trial, profile, trace, search, export, dashboard):  # estimate adds its own --debug
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks on errors")
     return parser
@@ -140,6 +166,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, not {text}")
     return value
 
 
@@ -208,6 +244,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                             global_batch_size=args.global_batch, dtype=args.dtype,
                             workload=args.workload)
     workload.validate()
+    if args.workload:
+        from autotune.models.workload import load_builder
+
+        load_builder(args.workload)  # before the database and Ray: one line, exit 2
     fixed = parse_fix(args.fix)
     narrowed = load_space_file(args.space) if args.space else {}
     if args.remeasure < 0:
@@ -217,12 +257,13 @@ def cmd_search(args: argparse.Namespace) -> int:
                       timeout_s=args.time_budget, patience=args.patience,
                       study_name=args.study, seed=args.seed, fixed=fixed, narrowed=narrowed,
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
-                      num_timed_steps=args.timed_steps)
+                      num_timed_steps=args.timed_steps, sampler=args.sampler)
     spec.validate()
     database = _open_db(args.db)
     try:
-        from autotune.executor import ExecutorSettings, RayExecutor
+        from autotune.executor import ExecutorSettings
         from autotune.export import export_study
+        from autotune.pool import TrialPool
         from autotune.search import Search, format_leaderboard
 
         search = Search(spec, database, None, resume=args.resume)
@@ -231,8 +272,11 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{database.url_for_display}", file=sys.stderr, flush=True)
         settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
                                     cpus_per_rank=args.cpus_per_rank)
-        with RayExecutor(settings) as executor:
-            search.executor = executor
+        with TrialPool(settings, args.parallel, world_size=spec.world_size,
+                       device=spec.device) as pool:
+            if pool.slots > 1:
+                print(f"running {pool.slots} trials at once", file=sys.stderr, flush=True)
+            search.executor = pool
             outcome = search.run()
         print(format_leaderboard(outcome, search.limit))
         print(f"stopped: {outcome.stopped_because}; {outcome.num_run} trials run, "
@@ -257,6 +301,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         database.close()
     print(f"wrote {best_path} and {ds_path}")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    database = _open_db(args.db, create=False)
+    if database is None:
+        raise ConfigError("the dashboard reads a database: give --db URL (not 'none')")
+    try:
+        if args.serve:
+            from dashboards.serve import serve
+
+            return serve(database, args.study, port=args.port)
+        from dashboards.report import write_report
+
+        path, study = write_report(database, args.study, args.output)
+    finally:
+        database.close()
+    print(f"wrote the dashboard of study '{study.name}' ({len(study.trials)} trials, "
+          f"{len(study.timelines)} timelines) to {path}")
     return 0
 
 
@@ -368,7 +431,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace,
-            "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate}
+            "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate,
+            "dashboard": cmd_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

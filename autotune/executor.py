@@ -47,6 +47,9 @@ class ExecutorSettings:
     """Ray CPU resource each CPU rank reserves (ranks may share cores)."""
     placement_timeout_s: float = 60.0
     """How long to wait for the cluster to place a worker group."""
+    concurrent_groups: int = 1
+    """Worker groups running side by side (``TrialPool``); CPU ranks on one node split its
+    cores among all of them."""
 
 
 @ray.remote
@@ -128,8 +131,10 @@ class WorkerGroup:
         node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in ray.nodes()}
         self.workers = []
         for i in range(world_size):
-            # CPU ranks on one node share its cores: cores // local ranks threads each.
-            threads = max(1, int(node_cpus.get(nodes[i], 1)) // local_ranks[nodes[i]])
+            # CPU ranks on one node share its cores: cores // local ranks threads each (and
+            # concurrent groups split the node between them).
+            share = local_ranks[nodes[i]] * (1 if use_gpu else settings.concurrent_groups)
+            threads = max(1, int(node_cpus.get(nodes[i], 1)) // share)
             self.workers.append(RankWorker.options(
                 num_cpus=cpus, num_gpus=1 if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -92,10 +92,17 @@ def write_json_atomically(path: Path, data: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; a plain file is not
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, Path]:

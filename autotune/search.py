@@ -34,6 +34,26 @@ MAX_DUPLICATES = 20
 """Proposals of already-measured configurations tolerated in a row before an untried one is
 taken instead (TPE re-proposes its favourites once a small space is mostly explored)."""
 
+SAMPLERS = ("tpe", "gp", "random")
+DEFAULT_SAMPLER = "tpe"
+
+
+def make_sampler(name: str, seed: int):
+    """A seeded Optuna sampler. Each reads the memory constraint that ``Trial.set_constraint``
+    stores (Optuna 5): TPE and GP steer away from configurations over the limit."""
+    import optuna
+
+    if name == "tpe":  # multivariate: the knobs interact (tp × pp × micro-batch)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True)
+    if name == "gp":
+        # The space is define-by-run (pp_schedule only when pp > 1): GP models the knobs
+        # every trial has and samples the conditional ones at random, which is intended here.
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5,
+                                         warn_independent_sampling=False)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchSpec:
@@ -67,6 +87,9 @@ class SearchSpec:
     num_timed_steps: int = 5
     num_profiled_steps: int = 2
     device: str = "auto"
+    sampler: str = DEFAULT_SAMPLER
+    """Optuna sampler: one of ``SAMPLERS``; the default is the one bench/search_efficiency.py
+    measured to need the fewest trials."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -80,6 +103,9 @@ class SearchSpec:
             raise ConfigError(f"--memory-limit must be > 0 GiB, not {self.memory_limit_gib}")
         if self.patience is not None and self.patience < 1:
             raise ConfigError(f"patience must be ≥ 1, not {self.patience}")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"unknown sampler '{self.sampler}'; choose one of "
+                              f"{', '.join(SAMPLERS)}")
         if self.top_k < 1 or self.remeasure_repeats < 0:
             raise ConfigError("top_k must be ≥ 1 and remeasure_repeats ≥ 0")
 
@@ -142,6 +168,15 @@ def memory_limit_bytes(spec: SearchSpec) -> int | None:
     return None
 
 
+def device_type(spec: SearchSpec) -> str:
+    """Where the trials will run, for the memory model's device-specific terms."""
+    if spec.device != "auto":
+        return spec.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def predicted_to_fit(predicted: int, limit: int | None) -> bool:
     return limit is None or predicted * (1 + MEMORY_MARGIN) <= limit
 
@@ -160,7 +195,10 @@ def base_config(spec: SearchSpec) -> TrialConfig:
 
 
 class Search:
-    """A search over one study; ``run`` may be called on a new or an interrupted study."""
+    """A search over one study; ``run`` may be called on a new or an interrupted study.
+
+    ``executor`` is anything with ``run(config) -> TrialResult`` (a ``RayExecutor``); one with
+    ``slots`` > 1 (a ``TrialPool``) runs that many trials at once."""
 
     def __init__(self, spec: SearchSpec, database, executor, *, resume: bool = False,
                  out: TextIO | None = sys.stderr) -> None:
@@ -170,6 +208,7 @@ class Search:
         self.spec, self.db, self.executor, self.out = spec, database, executor, out
         self.space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
         self.limit = memory_limit_bytes(spec)
+        self.device_type = device_type(spec)
         self._check_something_fits()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _optuna_storage(database.connect_url)
@@ -184,11 +223,13 @@ class Search:
                               f"{database.url_for_display}; pass --resume to continue it or "
                               "choose another --study")
         self._duplicates = 0
+        # The study keeps the limit the search used (on a GPU, the device's memory by default).
+        resolved = dataclasses.replace(spec, memory_limit_gib=self.limit / GIB
+                                       if self.limit is not None else None)
         self.study_record = (database.get_study(spec.study_name) if resume
-                             else database.create_study(spec.study_name, spec.to_dict()))
+                             else database.create_study(spec.study_name, resolved.to_dict()))
         # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible.
-        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=5,
-                                             multivariate=True)
+        sampler = make_sampler(spec.sampler, spec.seed)
         self.study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
                                          storage=storage, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
@@ -202,7 +243,8 @@ class Search:
             return
         from autotune.memory import estimate_memory
 
-        lowest = min(estimate_memory(c).total for c in self.space.configs)
+        lowest = min(estimate_memory(c, device_type=self.device_type).total
+                     for c in self.space.configs)
         if not predicted_to_fit(lowest, self.limit):
             raise ConfigError(
                 f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
@@ -216,7 +258,8 @@ class Search:
         from autotune.memory import estimate_memory
 
         def fits(c: TrialConfig) -> bool:
-            return predicted_to_fit(estimate_memory(c).total, self.limit)
+            return predicted_to_fit(estimate_memory(c, device_type=self.device_type).total,
+                                    self.limit)
 
         ac_rank = {"none": 0, "selective": 1, "full": 2}
         candidates = sorted(
@@ -247,69 +290,125 @@ class Search:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
-        from optuna.trial import TrialState
-
-        from autotune.memory import estimate_memory
+        """Propose, screen and measure until a budget is spent; up to ``width`` trials run at
+        once (the executor's ``slots``), each told to Optuna as it finishes."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
         spec, start = self.spec, time.monotonic()
-        best, since_best, num_run, num_pred = self._best_so_far(), 0, 0, 0
+        self._best, self._since_best = self._best_so_far(), 0
+        self._num_run, num_pred = 0, 0
         tried = {e.config for e in self.leaderboard()}
         self._initial_done = len(tried)
-        stopped = "trial budget"
-        while True:
-            done = len(tried)  # one stored trial per distinct configuration
-            if done >= spec.n_trials:
-                break
-            if done >= len(self.space):
-                stopped = "every valid configuration tried"
-                break
-            elapsed = time.monotonic() - start
-            if spec.timeout_s is not None and elapsed >= spec.timeout_s:
-                stopped = "time budget"
-                break
-            if spec.patience is not None and since_best >= spec.patience:
-                stopped = f"no improvement in {spec.patience} trials"
-                break
-            trial = self.study.ask()
-            config = self.space.suggest(trial)
-            if config in tried:
-                # Optuna proposed a configuration already measured: tell it the stored outcome
-                # instead of paying for the trial again; after a run of these, take an untried
-                # configuration so the search keeps moving.
-                self._tell_known(trial, config)
-                self._duplicates += 1
-                if self._duplicates < MAX_DUPLICATES:
-                    continue
-                trial = self.study.ask()  # a parameter-less trial for an untried config
-                config = self._untried(tried)
-            self._duplicates = 0
-            tried.add(config)
-            predicted = estimate_memory(config).total
-            trial.set_user_attr("predicted_peak_bytes", predicted)
-            if not predicted_to_fit(predicted, self.limit):
-                num_pred += 1
-                _set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
-                self._record(trial.number, config, "infeasible_predicted", None, predicted,
-                             error=f"predicted peak {predicted / GIB:.3g} GiB (+"
-                                   f"{MEMORY_MARGIN:.0%} margin) > limit "
-                                   f"{self.limit / GIB:.3g} GiB")
-                self.study.tell(trial, 0.0)
-                self._progress(done + 1, config, "infeasible (predicted)", best, start)
-                continue
-            value, status = self._measure(trial, config, predicted)
-            num_run += 1
-            if status == "failed":
-                self.study.tell(trial, state=TrialState.FAIL)
-            else:
-                self.study.tell(trial, value)
-            if status == "complete" and value > best * 1.0:
-                best, since_best = value, 0
-            else:
-                since_best += 1
-            self._progress(done + 1, config, status, best, start)
+        width = max(1, int(getattr(self.executor, "slots", 1)))
+        threads = ThreadPoolExecutor(width, "trial") if width > 1 else None
+        in_flight: dict = {}  # future → (optuna trial, config, predicted peak)
+        stopped = None
+        try:
+            while True:
+                while stopped is None and len(in_flight) < width:
+                    stopped = self._stop_reason(len(tried), start)
+                    if stopped is not None:
+                        break
+                    trial, config = self._propose(tried, in_flight)
+                    if trial is None:
+                        continue
+                    tried.add(config)
+                    predicted = self._screen(trial, config, len(tried), start)
+                    if predicted is None:
+                        num_pred += 1
+                        continue
+                    future = (threads.submit(self._run_trial, config) if threads
+                              else _done_future(self._run_trial, config))
+                    in_flight[future] = (trial, config, predicted)
+                if not in_flight:
+                    break
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=lambda f: in_flight[f][0].number):
+                    trial, config, predicted = in_flight.pop(future)
+                    self._finish(trial, config, predicted, future.result(),
+                                 len(tried) - len(in_flight), start)
+        finally:
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
         board = self._remeasure_top()
-        return SearchOutcome(self.study_record.id, board, num_run, num_pred,
-                             time.monotonic() - start, stopped)
+        return SearchOutcome(self.study_record.id, board, self._num_run, num_pred,
+                             time.monotonic() - start, stopped or "trial budget")
+
+    def _stop_reason(self, done: int, start: float) -> str | None:
+        spec = self.spec
+        if done >= spec.n_trials:
+            return "trial budget"
+        if done >= len(self.space):
+            return "every valid configuration tried"
+        if spec.timeout_s is not None and time.monotonic() - start >= spec.timeout_s:
+            return "time budget"
+        if spec.patience is not None and self._since_best >= spec.patience:
+            return f"no improvement in {spec.patience} trials"
+        return None
+
+    def _propose(self, tried: set[TrialConfig], in_flight: dict):
+        """Ask Optuna for an untried configuration: (trial, config), or (None, None) when it
+        proposed one already measured or running (then told and counted)."""
+        from optuna.trial import TrialState
+
+        trial = self.study.ask()
+        config = self.space.suggest(trial)
+        if config not in tried:
+            self._duplicates = 0
+            return trial, config
+        # Optuna proposed a configuration already measured: tell it the stored outcome instead
+        # of paying for the trial again; after a run of these, take an untried configuration so
+        # the search keeps moving. One still running has no outcome yet: it is dropped.
+        if any(c == config for _, c, _ in in_flight.values()):
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self._tell_known(trial, config)
+        self._duplicates += 1
+        if self._duplicates < MAX_DUPLICATES:
+            return None, None
+        self._duplicates = 0
+        return self.study.ask(), self._untried(tried)  # a parameter-less trial, an untried config
+
+    def _screen(self, trial, config: TrialConfig, done: int, start: float) -> int | None:
+        """The predicted peak of a configuration to run, or None when it is predicted not to
+        fit (then recorded as infeasible and told to Optuna without running anything)."""
+        from autotune.memory import estimate_memory
+
+        predicted = estimate_memory(config, device_type=self.device_type).total
+        trial.set_user_attr("predicted_peak_bytes", predicted)
+        if predicted_to_fit(predicted, self.limit):
+            return predicted
+        _set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
+        self._record(trial.number, config, "infeasible_predicted", None, predicted,
+                     error=f"predicted peak {predicted / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} "
+                           f"margin) > limit {self.limit / GIB:.3g} GiB")
+        self.study.tell(trial, 0.0)
+        self._progress(done, config, "infeasible (predicted)", start)
+        return None
+
+    def _run_trial(self, config: TrialConfig):
+        """Runs on a trial thread: the measurement only; the database and Optuna are touched
+        on the search's own thread."""
+        try:
+            return self.executor.run(config)
+        except TrialFailed as e:
+            return e
+
+    def _finish(self, trial, config: TrialConfig, predicted: int, outcome, done: int,
+                start: float) -> None:
+        from optuna.trial import TrialState
+
+        value, status = self._store(trial, config, predicted, outcome)
+        self._num_run += 1
+        if status == "failed":
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, value)
+        if status == "complete" and value > self._best:
+            self._best, self._since_best = value, 0
+        else:
+            self._since_best += 1
+        self._progress(done, config, status, start)
 
     def _tell_known(self, trial, config: TrialConfig) -> None:
         from optuna.trial import TrialState
@@ -334,12 +433,13 @@ class Search:
         values = [e.throughput for e in self.leaderboard() if e.status == "complete"]
         return max(values, default=0.0)
 
-    def _measure(self, trial, config: TrialConfig, predicted: int) -> tuple[float, str]:
+    def _store(self, trial, config: TrialConfig, predicted: int,
+               result) -> tuple[float, str]:
+        """Record a measured trial (a TrialResult, or the TrialFailed it raised)."""
         from autotune.store import to_record
 
-        try:
-            result = self.executor.run(config)
-        except TrialFailed as e:
+        if isinstance(result, TrialFailed):
+            e = result
             status = "infeasible_measured" if e.kind == "oom" else "failed"
             if status == "infeasible_measured":
                 _set_excess(trial, 1.0)
@@ -374,8 +474,7 @@ class Search:
             created_at=datetime.now(UTC),
             memory=(RankMemoryRecord(0, "peak", predicted, None),)))
 
-    def _progress(self, i: int, config: TrialConfig, status: str, best: float,
-                  start: float) -> None:
+    def _progress(self, i: int, config: TrialConfig, status: str, start: float) -> None:
         from autotune.layouts import short_name
 
         elapsed = time.monotonic() - start
@@ -383,7 +482,7 @@ class Search:
         left = max(0, self.spec.n_trials - i)
         eta = f", ~{per * left:.0f}s left" if per else ""
         self._say(f"[{i}/{self.spec.n_trials}] {short_name(config)}: {status}; best "
-                  f"{best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}")
+                  f"{self._best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}")
 
     # ---- results ----------------------------------------------------------------------------
     def leaderboard(self) -> list[Entry]:
@@ -428,6 +527,16 @@ def build_leaderboard(database, study_id: int) -> list[Entry]:
     order = {"complete": 0, "infeasible_measured": 1, "infeasible_predicted": 2, "failed": 3}
     entries.sort(key=lambda e: (order.get(e.status, 4), -e.throughput, e.number))
     return entries
+
+
+def _done_future(fn, *args):
+    """A future already resolved by calling ``fn`` here (one trial at a time: no thread, so
+    Ctrl-C reaches the trial where it runs)."""
+    from concurrent.futures import Future
+
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
 
 
 def _optuna_storage(url: str):

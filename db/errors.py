@@ -11,6 +11,8 @@ import re
 
 # user:password@host in anything that looks like a URL, parseable or not ('postgres//u:pw@h').
 _PASSWORD_IN_URL = re.compile(r"([^:/@\s]+:)[^@/\s]*@")
+# ?password=... / &password=... (PostgreSQL and MySQL drivers accept the password there too).
+_PASSWORD_IN_QUERY = re.compile(r"([?&](?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
 
 
 class StorageError(Exception):
@@ -29,7 +31,7 @@ def hide_password(url: str, secret: str | None = None) -> str:
     Works on strings that SQLAlchemy cannot parse, since those are the ones that end up in error
     messages. ``secret``, when given, is also masked wherever it appears (a driver may quote it).
     """
-    text = _PASSWORD_IN_URL.sub(r"\1***@", url)
+    text = _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", url))
     if secret:
         text = text.replace(secret, "***")
     return text

@@ -191,3 +191,33 @@ def test_search_starts_from_the_baseline(database):
     first = search.space.suggest(search.study.ask())
     assert (first.tp_degree, first.pp_degree, first.zero_stage,
             first.activation_checkpointing, first.micro_batch_size) == (1, 1, 0, "none", 4)
+
+
+def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor, database):
+    """Two one-rank worker groups side by side: trials overlap, and every trial's losses equal
+    the single-process reference, so concurrent trials did not disturb each other."""
+    from reference import reference_losses
+
+    from autotune.executor import ExecutorSettings
+    from autotune.pool import TrialPool
+
+    executor.discard_group()  # the session's group would hold the cores the pool needs
+    s = spec(world_size=1, n_trials=4, num_warmup_steps=0, num_timed_steps=2, top_k=1,
+             remeasure_repeats=0, study_name="parallel",
+             fixed={"zero_stage": 0, "activation_checkpointing": "none", "bucket_mb": 25.0,
+                    "overlap_enabled": True}, narrowed={})
+    with TrialPool(ExecutorSettings(trial_timeout_s=120.0), slots=2, world_size=1,
+                   device="cpu") as pool:
+        search = Search(s, database, pool, out=None)
+        assert len(search.space) == 4  # micro-batch 1, 2, 4, 8 of a global batch of 8
+        outcome = search.run()
+        assert pool.slots == 2 and pool.max_running == 2
+        assert len(set(pool.worker_pids)) == 2
+    trials = database.list_trials(outcome.study_id)
+    assert sorted(t.config["micro_batch_size"] for t in trials) == [1, 2, 4, 8]
+    assert all(t.status == "complete" for t in trials)
+    for t in trials:
+        config = TrialConfig.from_dict(t.config)
+        losses = [st.loss for st in sorted(t.steps, key=lambda st: st.step) if st.rank == 0]
+        expected = reference_losses(config, len(losses))
+        assert max(abs(a - b) for a, b in zip(losses, expected)) <= 2e-5, (t.number, losses)

@@ -58,6 +58,10 @@ def test_small_search_end_to_end_then_export(tmp_path):
     (["--memory-limit", "0.000001"], 2, "no configuration fits in"),
     (["--resume", "--study", "nope"], 2, "no study named 'nope' to resume"),
     (["--model", "gpt-huge"], 2, "unknown model 'gpt-huge'"),
+    (["--sampler", "annealing"], 2, "invalid choice: 'annealing'"),
+    (["--parallel", "0"], 2, "must be ≥ 1"),
+    (["--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1"], 1,
+     "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has"),
 ])
 def test_bad_search_input(tmp_path, args, code, message):
     _one_line(autotune("search", *args, cwd=tmp_path), code, message)

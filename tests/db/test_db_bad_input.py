@@ -58,6 +58,12 @@ def test_unreachable_server_never_shows_the_password():
         assert "check the host and port" in message
 
 
+def test_a_password_in_the_query_string_is_hidden_too():
+    url = "postgresql://user@127.0.0.1:1/db?password=secret&sslmode=disable"
+    message = _open_error(url)
+    assert "secret" not in message and "?password=***&sslmode=disable" in message
+
+
 @pytest.mark.parametrize("content", [os.urandom(8192), b"step,time\n1,0.5\n" * 200],
                          ids=["random-bytes", "csv-text"])
 def test_a_file_that_is_not_a_database(tmp_path, content):

@@ -1,0 +1,229 @@
+"""A study read out of the database into plain frozen data, the one input of every figure.
+
+``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders trials as
+the search's leaderboard does (``autotune.search.build_leaderboard``), so the dashboard and the
+printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
+report escape what they show).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import AutotuneError
+from autotune.layouts import short_name
+from autotune.search import GIB, Entry, build_leaderboard
+from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
+from db.errors import hide_password
+
+MAX_TIMELINES = 10
+"""Timelines embedded in one report: the first trials on the leaderboard that have one."""
+MAX_SPANS_PER_TIMELINE = 2_500
+"""Spans drawn per timeline. A tiny trial profiles ~12,000 spans (2 ranks × 2 steps × ~3,000
+ops) at ~60 bytes each in the figure's JSON, and a browser draws each as an SVG path; capped,
+ten timelines take 1.5 MB of the report (plotly.js 4.8 MB). Step and communication spans are
+always kept, then the longest compute ops: the ones visible at the timeline's scale."""
+
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&#\s]*", re.IGNORECASE)
+RAN = ("complete", "infeasible_measured")
+"""Statuses of trials that ran (and so may have a timeline and a per-rank breakdown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankTimes:
+    """One rank's time over a trial's profiled steps, as ``autotune.store`` keeps it in the
+    trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not recomputed,
+    and without importing ``profiler``, whose package import loads torch)."""
+
+    rank: int
+    window_ns: int
+    compute_ns: int
+    exposed_comm_ns: int
+    idle_ns: int
+    overlap: float
+    """|comm ∩ compute| / |comm|."""
+    num_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrialView:
+    """One trial as the dashboard shows it, in leaderboard order."""
+
+    position: int
+    """1-based place on the leaderboard."""
+    trial_id: int
+    number: int
+    """The trial's number in its study (Optuna's trial number)."""
+    status: str
+    config: TrialConfig
+    name: str
+    """``layouts.short_name`` of the config."""
+    throughput: float | None
+    """Median tokens/s of every measurement (the leaderboard's figure); None unless complete."""
+    num_measurements: int
+    spread: float
+    """(max − min) / median of the measurements; 0 with one."""
+    run_throughput: float | None
+    """Tokens/s the trial measured when it ran (also for one over the memory limit)."""
+    step_time_s: float | None
+    measured_peak: int | None
+    """Measured peak bytes of the worst rank (None when the trial did not run to the end)."""
+    predicted_peak: int | None
+    """The memory model's peak of the worst rank, as the search screened it."""
+    error: str | None
+    memory: tuple[RankMemoryRecord, ...]
+    ranks: tuple[RankTimes, ...]
+    """Per-rank timeline breakdown over the profiled steps (``profiler.analysis``); () without
+    a timeline."""
+
+    @property
+    def has_timeline(self) -> bool:
+        return bool(self.ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The spans of one trial drawn on its timeline (at most ``max_spans`` of them)."""
+
+    trial_id: int
+    number: int
+    name: str
+    spans: tuple[SpanRecord, ...]
+    """Ordered by (rank, start_ns); all of the trial's spans unless ``total_spans`` is larger."""
+    total_spans: int
+    ranks: tuple[int, ...]
+    """Every rank of the trial (a rank keeps its lane even if the cap left it no span)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StudyData:
+    """Everything the report shows about one study."""
+
+    name: str
+    spec: dict
+    database: str
+    """The database URL with the password hidden."""
+    workload: str
+    limit_bytes: int | None
+    """The per-device memory limit the search used; None when the spec records none."""
+    trials: tuple[TrialView, ...]
+    """Leaderboard order: complete trials by median throughput, then infeasible and failed."""
+    timelines: tuple[Timeline, ...]
+    """Leaderboard order, so the best trial's comes first when it has one."""
+    num_with_timeline: int
+    """Trials that have a timeline, embedded or not."""
+
+    @property
+    def best(self) -> TrialView | None:
+        return next((t for t in self.trials if t.status == "complete"), None)
+
+    def by_status(self, *statuses: str) -> list[TrialView]:
+        return [t for t in self.trials if t.status in statuses]
+
+
+def load_study(database: Database, name: str | None = None, *,
+               max_timelines: int = MAX_TIMELINES,
+               max_spans: int = MAX_SPANS_PER_TIMELINE) -> StudyData:
+    """Reads study ``name`` (None: the most recent study) with its trials and timelines."""
+    study = _find_study(database, name)
+    trials_read = database.list_trials(study.id)
+    records = {t.id: t for t in trials_read}
+    # build_leaderboard reads the trials through list_trials: hand it the ones just read rather
+    # than reading (and building) every trial's records twice.
+    entries = build_leaderboard(_Read(trials_read), study.id)
+    trials = tuple(_trial_view(i, e, records[e.trial_id]) for i, e in enumerate(entries, 1))
+    timelines = []
+    for trial in trials:
+        if len(timelines) >= max_timelines:
+            break
+        if trial.status not in RAN or not trial.has_timeline:
+            continue
+        spans = database.trial_spans(trial.trial_id)
+        if spans:
+            timelines.append(Timeline(trial.trial_id, trial.number, trial.name,
+                                      cap_spans(spans, max_spans), len(spans),
+                                      tuple(sorted({s.rank for s in spans}))))
+    return StudyData(name=study.name, spec=study.spec,
+                     database=display_url(database.url_for_display),
+                     workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
+                     trials=trials, timelines=tuple(timelines),
+                     num_with_timeline=sum(t.has_timeline for t in trials))
+
+
+class _Read:
+    """The trials of one study, already read, behind ``Database.list_trials``'s signature."""
+
+    def __init__(self, trials: list[TrialRecord]) -> None:
+        self._trials = trials
+
+    def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
+        return [t for t in self._trials if study_id is None or t.study_id == study_id]
+
+
+def display_url(url: str) -> str:
+    """``url`` with every password hidden: ``Database.url_for_display`` masks ``user:pw@``;
+    this also masks a password given as a query parameter (libpq's ``?password=``)."""
+    return _QUERY_PASSWORD.sub(r"\1***", hide_password(url))
+
+
+def latest_study_name(database: Database) -> str:
+    studies = database.list_studies()
+    if not studies:
+        raise AutotuneError(f"no study in {display_url(database.url_for_display)}; run "
+                            "'autotune search' first, or point --db at the database it wrote")
+    return studies[-1].name
+
+
+def _find_study(database: Database, name: str | None) -> StudyRecord:
+    # get_study names the existing studies when the name is unknown.
+    return database.get_study(latest_study_name(database) if name is None else name)
+
+
+def limit_bytes(spec: dict) -> int | None:
+    """The search's memory limit, as ``autotune.search.memory_limit_bytes`` computes it from an
+    explicit ``--memory-limit``. A search on a GPU without one used the device's memory, which
+    the spec does not record, so the dashboard shows no limit then."""
+    gib = spec.get("memory_limit_gib")
+    return int(gib * GIB) if gib is not None else None
+
+
+def _trial_view(position: int, entry: Entry, record: TrialRecord) -> TrialView:
+    metrics = record.metrics
+    ranks = tuple(RankTimes(rank=r["rank"], window_ns=r["window_ns"],
+                            compute_ns=r["compute_ns"], exposed_comm_ns=r["exposed_comm_ns"],
+                            idle_ns=r["idle_ns"], overlap=r["overlap"], num_steps=r["num_steps"])
+                  for r in metrics.get("ranks", ()))
+    return TrialView(
+        position=position, trial_id=entry.trial_id, number=entry.number, status=entry.status,
+        config=entry.config, name=short_name(entry.config),
+        throughput=entry.throughput if entry.throughputs else None,
+        num_measurements=len(entry.throughputs), spread=entry.spread,
+        run_throughput=metrics.get("throughput_tokens_per_s"),
+        step_time_s=metrics.get("step_time_s"), measured_peak=entry.measured_peak,
+        predicted_peak=entry.predicted_peak, error=entry.error, memory=record.memory,
+        ranks=ranks)
+
+
+def cap_spans(spans: list[SpanRecord], max_spans: int) -> tuple[SpanRecord, ...]:
+    """At most ``max_spans`` of ``spans``: the step spans, then communication (collectives and
+    send/recv), then compute ops, the longest first within each; back in (rank, start) order."""
+    if len(spans) <= max_spans:
+        return tuple(spans)
+    kept: list[int] = []
+    for kinds in (("step",), ("comm", "p2p"), ("compute",)):
+        room = max_spans - len(kept)
+        group = [i for i, s in enumerate(spans) if s.kind in kinds]
+        kept += heapq.nlargest(room, group, key=lambda i: spans[i].dur_ns)
+    return tuple(spans[i] for i in sorted(kept))
+
+
+def _workload_name(study: StudyRecord, trials: tuple[TrialView, ...]) -> str:
+    if trials:
+        return trials[0].config.workload.name
+    try:
+        return WorkloadSpec(**study.spec.get("workload", {})).name
+    except TypeError:
+        return "unknown workload"
