@@ -82,6 +82,9 @@ DRIVER_PACKAGES = {
 # Driver messages (lower-cased substrings) and what the user should do about them.
 _HINTS = (
     ("file is not a database", "point the URL at an autotune database or at a new file"),
+    ("database disk image is malformed", "the file is damaged: restore it from a backup or use "
+                                         "a new database (sqlite3's .recover may save some "
+                                         "rows)"),
     ("unable to open database file", "check that the path is right and its directory exists "
                                      "and is writable"),
     ("readonly database", "the database is read-only: use a writable file (and no mode=ro)"),
