@@ -65,11 +65,13 @@ class RankWorker:
         torch.set_num_threads(num_threads)
         self.rank = -1
 
-    def address(self) -> tuple[str, int]:
+    def listen(self) -> tuple[str, int]:
+        """Open rank 0's rendezvous socket on this node's address (loopback on a local
+        cluster) and keep it open until the store takes it: no other process can take the
+        port in between, and nothing listens on other interfaces."""
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return ip, s.getsockname()[1]
+        self._listener = socket.create_server((ip, 0), family=_family(ip), backlog=128)
+        return ip, self._listener.getsockname()[1]
 
     def node_and_pid(self) -> tuple[str, int]:
         return ray.get_runtime_context().get_node_id(), os.getpid()
@@ -83,8 +85,13 @@ class RankWorker:
 
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray exposes this actor's one GPU as device 0
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        listener = getattr(self, "_listener", None)
+        store = dist.TCPStore(host, port, world_size, is_master=listener is not None,
+                              timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=listener.fileno() if listener else None)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
         self.rank = rank
 
     def run_trial(self, config: dict) -> dict:
@@ -97,6 +104,10 @@ class RankWorker:
             return {"ok": False, "type": type(e).__name__, "message": str(e),
                     "setup": isinstance(e, _SETUP_ERRORS), "kind": _failure_kind(e),
                     "traceback": traceback.format_exc()}
+
+
+def _family(ip: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
 def _failure_kind(e: BaseException) -> str:
@@ -140,7 +151,7 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=i),
             ).remote(sys.path, threads))
-        host, port = ray.get(self.workers[0].address.remote())
+        host, port = ray.get(self.workers[0].listen.remote())
         ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
                                              settings.trial_timeout_s)
                  for rank, w in enumerate(self.workers)])
@@ -171,6 +182,7 @@ class RayExecutor:
             # Ray enables token authentication by default and says so on every start; keep the
             # behaviour, drop the notice.
             logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            _keep_ray_on_loopback()
             # Ray starts workers at niceness 15; a trial must run at the priority the real job
             # would, or any other process on the node distorts its step time.
             os.environ.setdefault("RAY_worker_niceness", "0")
@@ -241,7 +253,9 @@ class RayExecutor:
         failures = [(rank, o) for rank, o in enumerate(outcomes) if not o["ok"]]
         if failures:
             # Report the cause, not the ranks aborted because of it.
-            rank, first = min(failures, key=lambda f: (f[1]["type"] in ("Aborted",), f[0]))
+            # A dead worker is the cause; its peers' connection errors are the consequence.
+            rank, first = min(failures, key=lambda f: (f[1]["type"] == "Aborted",
+                                                       f[1]["kind"] != "crash", f[0]))
             if not all(o["setup"] for _, o in failures) or len(failures) < len(outcomes):
                 self.discard_group()  # collectives may be half-done: rebuild next time
             if first["type"] in ("ConfigError",):
@@ -288,7 +302,9 @@ class RayExecutor:
                 outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 outcome = {"ok": False, "type": "WorkerDied", "setup": False, "kind": "crash",
-                           "message": f"worker process died: {e.__class__.__name__}",
+                           "message": "worker process died (killed by a signal, e.g. the "
+                                      "kernel's OOM killer: see dmesg; or a crash in native "
+                                      f"code) [{e.__class__.__name__}]",
                            "traceback": ""}
             outcomes[index[ref]] = outcome
             if not outcome["ok"] and grace_deadline is None:
@@ -307,6 +323,17 @@ class RayExecutor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _keep_ray_on_loopback() -> None:
+    """Make a local cluster's services bind 127.0.0.1. Ray resolves a loopback node address to
+    the host's routable one unless its "cluster mode" is off (``RAY_ENABLE_WINDOWS_OR_OSX_
+    CLUSTER=0``, read when ``ray`` is imported): the environment variable reaches every process
+    Ray starts, and the already imported constant is set for this driver."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _environment(group: WorkerGroup, rank0: RankResult) -> dict:

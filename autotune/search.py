@@ -177,8 +177,20 @@ def device_type(spec: SearchSpec) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def predicted_to_fit(predicted: int, limit: int | None) -> bool:
-    return limit is None or predicted * (1 + MEMORY_MARGIN) <= limit
+def predicted_to_fit(predicted: int | None, limit: int | None) -> bool:
+    """Whether a prediction (None: unknown) leaves room to run; unknown ones are run and their
+    measured peak decides."""
+    return limit is None or predicted is None or predicted * (1 + MEMORY_MARGIN) <= limit
+
+
+def predict_peak(config: TrialConfig, device_type: str) -> int | None:
+    """The memory model's predicted peak, or None for a user workload whose shape it does not
+    know (then the trial's measured peak is the only judge)."""
+    from autotune.memory import estimate_memory
+
+    if config.workload.shape is None:
+        return None
+    return estimate_memory(config, device_type=device_type).total
 
 
 def _set_excess(trial, excess_gib: float) -> None:
@@ -241,10 +253,10 @@ class Search:
     def _check_something_fits(self) -> None:
         if self.limit is None:
             return
-        from autotune.memory import estimate_memory
-
-        lowest = min(estimate_memory(c, device_type=self.device_type).total
-                     for c in self.space.configs)
+        peaks = [predict_peak(c, self.device_type) for c in self.space.configs]
+        if None in peaks:
+            return  # a user workload: only measurements can tell
+        lowest = min(peaks)
         if not predicted_to_fit(lowest, self.limit):
             raise ConfigError(
                 f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
@@ -255,11 +267,9 @@ class Search:
         """Start from the configuration an engineer (or DeepSpeed's autotuner) tries first: no
         tensor or pipeline parallelism, no recomputation, the lowest ZeRO stage and then the
         largest micro-batch predicted to fit. TPE explores from there."""
-        from autotune.memory import estimate_memory
 
         def fits(c: TrialConfig) -> bool:
-            return predicted_to_fit(estimate_memory(c, device_type=self.device_type).total,
-                                    self.limit)
+            return predicted_to_fit(predict_peak(c, self.device_type), self.limit)
 
         ac_rank = {"none": 0, "selective": 1, "full": 2}
         candidates = sorted(
@@ -313,8 +323,8 @@ class Search:
                     if trial is None:
                         continue
                     tried.add(config)
-                    predicted = self._screen(trial, config, len(tried), start)
-                    if predicted is None:
+                    run, predicted = self._screen(trial, config, len(tried), start)
+                    if not run:
                         num_pred += 1
                         continue
                     future = (threads.submit(self._run_trial, config) if threads
@@ -369,22 +379,21 @@ class Search:
         self._duplicates = 0
         return self.study.ask(), self._untried(tried)  # a parameter-less trial, an untried config
 
-    def _screen(self, trial, config: TrialConfig, done: int, start: float) -> int | None:
-        """The predicted peak of a configuration to run, or None when it is predicted not to
-        fit (then recorded as infeasible and told to Optuna without running anything)."""
-        from autotune.memory import estimate_memory
-
-        predicted = estimate_memory(config, device_type=self.device_type).total
+    def _screen(self, trial, config: TrialConfig, done: int,
+                start: float) -> tuple[bool, int | None]:
+        """(run it?, predicted peak or None if unknown); one predicted not to fit is recorded
+        as infeasible and told to Optuna without running anything."""
+        predicted = predict_peak(config, self.device_type)
         trial.set_user_attr("predicted_peak_bytes", predicted)
         if predicted_to_fit(predicted, self.limit):
-            return predicted
+            return True, predicted
         _set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
         self._record(trial.number, config, "infeasible_predicted", None, predicted,
                      error=f"predicted peak {predicted / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} "
                            f"margin) > limit {self.limit / GIB:.3g} GiB")
         self.study.tell(trial, 0.0)
         self._progress(done, config, "infeasible (predicted)", start)
-        return None
+        return False, predicted
 
     def _run_trial(self, config: TrialConfig):
         """Runs on a trial thread: the measurement only; the database and Optuna are touched
@@ -394,7 +403,7 @@ class Search:
         except TrialFailed as e:
             return e
 
-    def _finish(self, trial, config: TrialConfig, predicted: int, outcome, done: int,
+    def _finish(self, trial, config: TrialConfig, predicted: int | None, outcome, done: int,
                 start: float) -> None:
         from optuna.trial import TrialState
 
@@ -433,7 +442,7 @@ class Search:
         values = [e.throughput for e in self.leaderboard() if e.status == "complete"]
         return max(values, default=0.0)
 
-    def _store(self, trial, config: TrialConfig, predicted: int,
+    def _store(self, trial, config: TrialConfig, predicted: int | None,
                result) -> tuple[float, str]:
         """Record a measured trial (a TrialResult, or the TrialFailed it raised)."""
         from autotune.store import to_record
@@ -463,7 +472,7 @@ class Search:
         return value, status
 
     def _record(self, number: int, config: TrialConfig, status: str, metrics: dict | None,
-                predicted: int, *, error: str) -> None:
+                predicted: int | None, *, error: str) -> None:
         from datetime import UTC, datetime
 
         from db import RankMemoryRecord, TrialRecord
@@ -559,7 +568,7 @@ def format_leaderboard(outcome: SearchOutcome, limit_bytes: int | None, top: int
         spread = f"{e.spread:.1%}" if len(e.throughputs) > 1 else "-"
         status = e.status if not e.error or e.status == "complete" else f"{e.status}: {e.error}"
         lines.append(f"{i:>3} {e.number:>5}  {short_name(e.config):<44} {tput:>10} "
-                     f"{spread:>7} {peak:>9} {pred:>9}  {status[:70]}")
+                     f"{spread:>7} {peak:>9} {pred:>9}  {status[:120]}")
     limit = f"{limit_bytes / 2**20:.1f} MiB" if limit_bytes else "none"
     lines.append(f"memory limit per device: {limit}; spread = (max − min) / median of the "
                  "re-measurements")

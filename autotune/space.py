@@ -80,6 +80,7 @@ class SearchSpace:
         except ConfigError as e:
             raise ConfigError(f"--fix: {e}") from None
         self.base = base
+        _check_values(base, narrowed)
         choice = {k: tuple(narrowed[k]) for k in KNOB_ORDER if k in narrowed}
         grid = enumerate_configs(
             base, zero_stages=choice.get("zero_stage", (0, 1, 2, 3)),
@@ -132,6 +133,17 @@ class SearchSpace:
         params: dict[str, Any] = {}
         self._walk(lambda name, knob, values: params.setdefault(name, getattr(config, knob)))
         return params
+
+
+def _check_values(base: TrialConfig, narrowed: dict[str, list]) -> None:
+    """Every fixed or narrowed value must be one the knob takes (type and allowed values, as a
+    config file is checked): a value no configuration can have is an error, not dropped."""
+    for knob, values in narrowed.items():
+        for value in values:
+            try:
+                TrialConfig.from_dict({**base.to_dict(), knob: value})
+            except ConfigError as e:
+                raise ConfigError(f"search space: {e}") from None
 
 
 def _sort_key(v: Any) -> tuple:

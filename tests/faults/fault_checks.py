@@ -20,23 +20,23 @@ from db import TrialRecord
 # ---- the memory model ------------------------------------------------------------------------
 @contextlib.contextmanager
 def estimated_as_builtin():
-    """The fault workloads are the built-in tiny GPT with a misbehaving forward, but the search
-    cannot estimate a user workload's memory yet (test_fault_trials.py::
-    test_search_over_a_user_workload, xfail): while this is active, the driver's memory model
-    estimates a user workload as the built-in model its spec names. Nothing changes on the
-    workers."""
-    from autotune import memory
+    """The fault workloads are the built-in tiny GPT with a misbehaving forward. A search runs a
+    user workload's configurations unpredicted (the memory model does not know its shape; see
+    test_search_over_a_user_workload); while this is active, the driver predicts them as the
+    built-in model their spec names, so a fault test can also exercise the memory screen.
+    Nothing changes on the workers."""
+    from autotune import search
 
-    original = memory.estimate_memory
+    original = search.predict_peak
 
-    def estimate(config, shape=None, **kwargs):
-        if shape is None and config.workload.workload is not None:
+    def predict(config, device_type):
+        if config.workload.workload is not None:
             config = dataclasses.replace(
                 config, workload=dataclasses.replace(config.workload, workload=None))
-        return original(config, shape, **kwargs)
+        return original(config, device_type)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(memory, "estimate_memory", estimate)
+        patch.setattr(search, "predict_peak", predict)
         yield
 
 

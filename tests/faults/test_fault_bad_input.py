@@ -223,10 +223,6 @@ def test_export_killed_mid_write_leaves_the_target_whole(tmp_path, figures):
 
 
 # ---- search space values of the wrong type or outside a knob's values ------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "space.py does not check --fix/--space values: a value outside a knob's values narrows the "
-    "grid to nothing for that knob and is silently dropped, a null bucket crashes float(), a "
-    "dict crashes a set; each should be a ConfigError naming the knob (exit 2)"))
 @pytest.mark.parametrize("fixed, narrowed", [
     ({}, {"zero_stage": [7]}),
     ({"zero_stage": 7}, {}),

@@ -42,10 +42,6 @@ def test_local_ray_starts_no_dashboard(cluster_listeners):
     assert all("--disable-frontend" in head for head in heads)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "executor.py's _node_ip_address='127.0.0.1' is a no-op: Ray 2.60 resolves 127.0.0.1 to the "
-    "host's address (services.resolve_ip_for_localhost), so the GCS, raylet, core workers and "
-    "agents listen on 0.0.0.0/[::] or the host's address; and rank 0's TCPStore binds [::]"))
 def test_local_ray_listens_on_loopback_only(cluster_listeners):
     exposed = sorted({f"{s.address}:{s.port} ({command_line(s.pid)[:40]})"
                       for s in cluster_listeners if not s.loopback})
