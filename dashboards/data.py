@@ -9,7 +9,6 @@ report escape what they show).
 from __future__ import annotations
 
 import heapq
-import re
 from dataclasses import dataclass
 
 from autotune.config import TrialConfig, WorkloadSpec
@@ -17,7 +16,6 @@ from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.search import GIB, Entry, build_leaderboard
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
-from db.errors import hide_password
 
 MAX_TIMELINES = 10
 """Timelines embedded in one report: the first trials on the leaderboard that have one."""
@@ -27,7 +25,6 @@ ops) at ~60 bytes each in the figure's JSON, and a browser draws each as an SVG 
 ten timelines take 1.5 MB of the report (plotly.js 4.8 MB). Step and communication spans are
 always kept, then the longest compute ops: the ones visible at the timeline's scale."""
 
-_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd)=)[^&#\s]*", re.IGNORECASE)
 RAN = ("complete", "infeasible_measured")
 """Statuses of trials that ran (and so may have a timeline and a per-rank breakdown)."""
 
@@ -147,7 +144,7 @@ def load_study(database: Database, name: str | None = None, *,
                                       cap_spans(spans, max_spans), len(spans),
                                       tuple(sorted({s.rank for s in spans}))))
     return StudyData(name=study.name, spec=study.spec,
-                     database=display_url(database.url_for_display),
+                     database=database.url_for_display,
                      workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
                      trials=trials, timelines=tuple(timelines),
                      num_with_timeline=sum(t.has_timeline for t in trials))
@@ -163,16 +160,10 @@ class _Read:
         return [t for t in self._trials if study_id is None or t.study_id == study_id]
 
 
-def display_url(url: str) -> str:
-    """``url`` with every password hidden: ``Database.url_for_display`` masks ``user:pw@``;
-    this also masks a password given as a query parameter (libpq's ``?password=``)."""
-    return _QUERY_PASSWORD.sub(r"\1***", hide_password(url))
-
-
 def latest_study_name(database: Database) -> str:
     studies = database.list_studies()
     if not studies:
-        raise AutotuneError(f"no study in {display_url(database.url_for_display)}; run "
+        raise AutotuneError(f"no study in {database.url_for_display}; run "
                             "'autotune search' first, or point --db at the database it wrote")
     return studies[-1].name
 
@@ -183,9 +174,8 @@ def _find_study(database: Database, name: str | None) -> StudyRecord:
 
 
 def limit_bytes(spec: dict) -> int | None:
-    """The search's memory limit, as ``autotune.search.memory_limit_bytes`` computes it from an
-    explicit ``--memory-limit``. A search on a GPU without one used the device's memory, which
-    the spec does not record, so the dashboard shows no limit then."""
+    """The memory limit the search used: the study's spec records it resolved (``--memory-limit``
+    or, on a GPU without one, the device's memory); None when there was none (CPU)."""
     gib = spec.get("memory_limit_gib")
     return int(gib * GIB) if gib is not None else None
 

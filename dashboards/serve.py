@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TextIO
 
 from autotune.errors import AutotuneError
-from dashboards.data import display_url, latest_study_name, load_study
+from dashboards.data import latest_study_name, load_study
 from dashboards.report import REFRESH_S, build_report
 from db import Database
-from db.errors import StorageError
+from db.errors import StorageError, hide_password
 
 HOST = "127.0.0.1"
 LOCAL_NAMES = (HOST, "localhost")
@@ -59,7 +59,7 @@ def make_server(database: Database, study_name: str, port: int = DEFAULT_PORT
                     self._send(404, "text/plain", "not found: the dashboard is at /")
             except (AutotuneError, StorageError) as e:  # e.g. the database is busy: retry soon
                 self._send(503, "text/html", _ERROR_PAGE.format(
-                    message=html.escape(display_url(str(e))), seconds=REFRESH_S))
+                    message=html.escape(hide_password(str(e))), seconds=REFRESH_S))
 
         def _send(self, code: int, kind: str, text: str) -> None:
             body = text.encode("utf-8")
@@ -85,7 +85,7 @@ def serve(database: Database, study_name: str | None, *, port: int = DEFAULT_POR
     """Serves until interrupted (Ctrl-C stops it and returns 0)."""
     name = study_name or latest_study_name(database)
     server = make_server(database, name, port)
-    print(f"serving study '{name}' from {display_url(database.url_for_display)} at "
+    print(f"serving study '{name}' from {database.url_for_display} at "
           f"http://{HOST}:{server.server_port}/ (refreshes while the search runs; Ctrl-C stops)",
           file=out, flush=True)
     try:

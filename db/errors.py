@@ -12,7 +12,8 @@ import re
 # user:password@host in anything that looks like a URL, parseable or not ('postgres//u:pw@h').
 _PASSWORD_IN_URL = re.compile(r"([^:/@\s]+:)[^@/\s]*@")
 # ?password=... / &password=... (PostgreSQL and MySQL drivers accept the password there too).
-_PASSWORD_IN_QUERY = re.compile(r"([?&](?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
+_PASSWORD_IN_QUERY = re.compile(r"([?&](?:password|passwd|pwd)=)[^&#\s]*",
+                                re.IGNORECASE)
 
 
 class StorageError(Exception):
