@@ -106,6 +106,19 @@ class RankWorker:
                     "traceback": traceback.format_exc()}
 
 
+def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings,
+                   fix: str) -> None:
+    """Refuse, in one line, more ranks than the Ray cluster has GPUs (or CPUs) for."""
+    resources = ray.cluster_resources()
+    if use_gpu:
+        have, need, what = resources.get("GPU", 0), num_ranks, "GPUs"
+    else:
+        have, need = resources.get("CPU", 0), num_ranks * settings.cpus_per_rank
+        what = f"CPUs ({settings.cpus_per_rank:g} per rank)"
+    if need > have + 1e-9:
+        raise ClusterError(f"{subject} {need:g} {what} but the Ray cluster has {have:g}; {fix}")
+
+
 def _family(ip: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
@@ -206,26 +219,13 @@ class RayExecutor:
             return True
         return config.device == "auto" and gpus >= 1
 
-    def _check_capacity(self, config: TrialConfig, use_gpu: bool) -> None:
-        resources = ray.cluster_resources()
-        if use_gpu:
-            have, need, what = resources.get("GPU", 0), config.world_size, "GPUs"
-        else:
-            have = resources.get("CPU", 0)
-            need, what = config.world_size * self.settings.cpus_per_rank, "CPUs"
-        if need > have + 1e-9:
-            per = "" if use_gpu else f" ({self.settings.cpus_per_rank} per rank)"
-            raise ClusterError(
-                f"world_size {config.world_size} needs {need:g} {what}{per} but the Ray "
-                f"cluster has {have:g}; lower world_size or add nodes (--ray-address)"
-            )
-
     def _group_for(self, config: TrialConfig, use_gpu: bool) -> tuple[WorkerGroup, bool]:
         g = self._group
         if g is not None and g.world_size == config.world_size and g.use_gpu == use_gpu:
             return g, False
         self.discard_group()
-        self._check_capacity(config, use_gpu)
+        check_capacity(f"world_size {config.world_size} needs", config.world_size, use_gpu,
+                       self.settings, "lower world_size or add nodes (--ray-address)")
         self._group = WorkerGroup(config.world_size, use_gpu, self.settings)
         return self._group, True
 

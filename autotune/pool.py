@@ -16,36 +16,20 @@ import dataclasses
 import queue
 import threading
 
+import ray
+
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError
-from autotune.executor import ExecutorSettings, RayExecutor
+from autotune.executor import ExecutorSettings, RayExecutor, check_capacity
 from autotune.result import TrialResult
 
 
 def auto_slots(world_size: int, device: str) -> int:
     """Trials the started Ray cluster can run at once without them timing each other."""
-    import ray
-
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if device != "cpu" and gpus >= world_size:
         return max(1, gpus // world_size)
     return 1
-
-
-def check_room(slots: int, world_size: int, device: str, settings: ExecutorSettings) -> None:
-    """Refuse, in one line, more concurrent trials than the Ray cluster can place."""
-    import ray
-
-    resources = ray.cluster_resources()
-    gpus = resources.get("GPU", 0)
-    if device != "cpu" and gpus >= 1:
-        have, need, what = gpus, slots * world_size, "GPUs"
-    else:
-        have, need = resources.get("CPU", 0), slots * world_size * settings.cpus_per_rank
-        what = f"CPUs ({settings.cpus_per_rank:g} per rank)"
-    if need > have + 1e-9:
-        raise ClusterError(f"{slots} concurrent trials of {world_size} ranks need {need:g} "
-                           f"{what} but the Ray cluster has {have:g}; lower --parallel")
 
 
 class TrialPool:
@@ -81,7 +65,10 @@ class TrialPool:
             self._ray.start()
             slots = self._asked or auto_slots(self._world_size, self._device)
             if slots > 1:
-                check_room(slots, self._world_size, self._device, self.settings)
+                use_gpu = self._device != "cpu" and ray.cluster_resources().get("GPU", 0) >= 1
+                check_capacity(f"{slots} concurrent trials of {self._world_size} ranks need",
+                               slots * self._world_size, use_gpu, self.settings,
+                               "lower --parallel")
             # Ranks on one node share its cores: each slot's ranks get their share of threads.
             settings = dataclasses.replace(self.settings, concurrent_groups=slots)
             self._executors = [RayExecutor(settings) for _ in range(slots)]

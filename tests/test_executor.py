@@ -101,6 +101,7 @@ def test_setup_errors_keep_the_group(executor):
 def test_world_larger_than_cluster_is_refused(executor):
     import ray
 
+    executor.start()  # the cluster's size is read below (also when this test runs alone)
     cpus = ray.cluster_resources()["CPU"]
     world = int(cpus / executor.settings.cpus_per_rank) * 2
     config = TrialConfig(world_size=world, micro_batch_size=1, device="cpu",
