@@ -1,0 +1,404 @@
+"""Predicted step time of any layout on any cluster, from FLOPs, bytes and a calibration.
+
+``predict_step_time(config, cluster, calibration)`` returns a :class:`StepTimeEstimate`: the
+seconds of one optimizer step and their breakdown into compute, tensor-parallel collectives,
+pipeline point-to-point transfers, the pipeline bubble, the exposed part of data-parallel
+synchronisation, the optimizer step and fixed overheads. It builds nothing and touches no
+tensor: thousands of layouts are scored a second (``autotune rank``).
+
+The terms, each with its source:
+
+- **Compute** per micro-batch per stage. Forward FLOPs of one decoder layer are
+  ``2bs(2h² + 2h·kv) + 4bs²h + 2bs·h·f·k`` (k = 2 for a GELU MLP, 3 for SwiGLU): the
+  Megatron count of Narayanan et al. 2021 (SC'21, "Efficient Large-Scale Language Model
+  Training on GPU Clusters", §5.1: 24bsh² + 4bs²h for kv = h, f = 4h), generalised to
+  grouped-query attention and gated MLPs. The output head adds 2bshV. Backward costs twice the
+  forward (same source); full recomputation adds one forward of the layers, selective
+  recomputation the attention core (Korthikanti et al. 2022, §4). Time = FLOPs ÷ (peak ×
+  efficiency), with the efficiency a calibrated saturating curve of the per-rank matmul size
+  w = b·s·h·h/tp: ``eff = e_max · w / (w + w_half)`` (the roofline's rise of GEMM efficiency
+  with size), plus the memory-bound element-wise kernels (norms, activations, residuals,
+  dropout, and a materialised softmax with eager attention) as bytes ÷ memory bandwidth, and
+  a fixed cost per layer pass (kernel launches).
+- **Tensor parallelism**: all-reduces of the b·s·h activation per layer per micro-batch —
+  forward two (Megatron, Shoeybi et al. 2019, §3: one after attention, one after the MLP),
+  backward one per column-parallel input (two with a fused QKV and MLP input, as Megatron has;
+  more for an engine whose plan keeps q, k, v separate), and the forward's again under full
+  recomputation. Ring time ``2(t−1)/t · S / busbw`` (nccl-tests' bus bandwidth).
+- **Pipeline**: with stage times T_i per micro-batch, the step takes ``m · max T_i +
+  (Σ T_i − max T_i) / v`` for m micro-batches and v virtual stages per rank, which is
+  Narayanan et al. 2021's bubble (p−1)/m of the ideal time for equal stages, and (p−1)/(v·m)
+  for the interleaved schedule (§2.2). Each boundary moves the b·s·h activation forward and
+  its gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+- **Data parallelism** by ZeRO stage (Rajbhandari et al. 2020, §7): stages 0–1 all-reduce the
+  gradients (2Φ bytes moved per parameter byte in a ring); ZeRO-1 also gathers the updated
+  parameters; ZeRO-2 reduce-scatters gradients and all-gathers parameters once per
+  micro-batch; ZeRO-3 all-gathers twice per micro-batch (forward and backward): 3Φ, 1.5× the
+  all-reduce, with one micro-batch. Gloo runs reduce-scatter as a full all-reduce. With
+  overlap on, the gradient sync hides behind the last micro-batch's backward except its last
+  bucket, and FSDP's all-gathers behind compute; the calibrated ``overlap_efficiency`` says
+  how much of the hideable part really hides (on CPUs overlap is contention for the cores).
+- **Links by placement**: ranks are numbered as the executor's mesh ``(pp, dp, tp)`` numbers
+  them (tp fastest), so a TP group is inside a node when tp ≤ devices per node, a DP group
+  spans ⌈tp·dp / devices per node⌉ nodes. A group inside a node uses the intra-node curve; one
+  that crosses nodes shares each node's network bandwidth with the node's other groups that
+  communicate at the same time (all of them, in a symmetric layout): time = c · 2(n−1)/n · S
+  ÷ node bandwidth, with c groups per node — the ring's per-node traffic.
+- **Optimizer step**: memory-bound, ``bytes per parameter × parameters the rank updates ÷
+  memory bandwidth`` (AdamW reads parameter, gradient and two moments and writes three:
+  28 bytes per fp32 parameter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.cluster import GB, ClusterSpec, _ring_factor
+from autotune.config import INTERLEAVED_STAGES_PER_RANK, TrialConfig
+from autotune.errors import ConfigError
+from autotune.hardware import flops_per_token
+from autotune.memory import BYTES_PER_ELEMENT, stage_layer_counts
+from autotune.models.shapes import ModelShape
+
+TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
+"""The breakdown of a predicted step, in seconds; they add up to the step time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineTraits:
+    """How a training code base turns a layout into kernels and collectives.
+
+    autotune's own engine (``AUTOTUNE_ENGINE``) keeps the output head and embeddings whole on
+    every TP rank and shards q, k, v (and SwiGLU's two inputs) as separate column-parallel
+    linears, each of whose input gradients is all-reduced; Megatron-LM (``MEGATRON_ENGINE``)
+    shards the vocabulary over TP and fuses QKV and the MLP input.
+    """
+
+    name: str
+    vocab_parallel: bool
+    """Output head, loss and embedding sharded over TP (Megatron's VocabParallelEmbedding)."""
+    fused_column_inputs: bool
+    """One column-parallel input per attention and per MLP (fused QKV, fused gate/up)."""
+
+
+AUTOTUNE_ENGINE = EngineTraits(name="autotune", vocab_parallel=False, fused_column_inputs=False)
+MEGATRON_ENGINE = EngineTraits(name="megatron", vocab_parallel=True, fused_column_inputs=True)
+ENGINES = {e.name: e for e in (AUTOTUNE_ENGINE, MEGATRON_ENGINE)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """The model's fitted parameters; defaults are priors for an uncalibrated cluster."""
+
+    compute_efficiency: float = 0.6
+    """Asymptotic fraction of peak FLOP/s reached by large matmuls."""
+    half_efficiency_work: float = 2e8
+    """Per-rank matmul size b·s·h·h/tp at which efficiency is half its asymptote."""
+    elementwise_bytes: float = 30.0
+    """Element-wise bytes moved per activation element b·s·h per layer forward pass."""
+    score_bytes: float = 8.0
+    """Bytes moved per attention-score element b·(a/tp)·s² per layer forward (eager attention)."""
+    layer_overhead_s: float = 20e-6
+    """Host seconds per layer per pass (forward, backward, recompute): launching its kernels."""
+    collective_overhead_s: float = 10e-6
+    """Host seconds per tensor-parallel collective (launch and the ranks' synchronisation)."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed seconds per micro-batch per stage (schedule and framework work)."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step (synchronisation, bookkeeping)."""
+    comm_efficiency: float = 1.0
+    """Multiplies the links' bandwidth: achieved over described."""
+    overlap_efficiency: float = 1.0
+    """Fraction of the hideable communication that overlap actually hides (0-1)."""
+    optimizer_bytes_per_param: float = 28.0
+    """Memory traffic of the optimizer step per parameter the rank updates."""
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Calibration:
+        if not isinstance(data, dict):
+            raise ConfigError("a calibration must be an object of Calibration fields")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
+                              f"{', '.join(sorted(names))}")
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ConfigError(f"calibration '{key}' must be a number ≥ 0, not {value!r}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+    @classmethod
+    def for_cluster(cls, cluster: ClusterSpec) -> Calibration:
+        """The cluster's stored calibration, or the defaults."""
+        return cls.from_dict(cluster.calibration) if cluster.calibration else cls()
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeEstimate:
+    """Predicted seconds of one optimizer step and where they go."""
+
+    step_time_s: float
+    breakdown: dict[str, float]
+    """Seconds per term of ``TERMS``; they sum to ``step_time_s``."""
+    tokens_per_s: float
+    mfu: float | None
+    """Model FLOPs utilisation (PaLM definition, recomputation not counted)."""
+    bottleneck_stage: int
+    """The pipeline rank whose per-micro-batch time sets the pace."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "bottleneck_stage": self.bottleneck_stage,
+                "breakdown": dict(self.breakdown)}
+
+
+# ---- the model's arithmetic ----------------------------------------------------------------
+def layer_forward_flops(shape: ModelShape, *, seq_len: int, micro_batch: int) -> tuple[float,
+                                                                                        float]:
+    """(matmul FLOPs, attention-score FLOPs) of one layer's forward for one micro-batch, whole
+    (divide by tp for a rank). Narayanan et al. 2021 §5.1, generalised to GQA and SwiGLU."""
+    b, s, h, f = micro_batch, seq_len, shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    mlp_mats = 3 if shape.family == "llama" else 2
+    projections = 2 * b * s * (2 * h * h + 2 * h * kv)
+    mlp = 2 * b * s * h * f * mlp_mats
+    scores = 4 * b * s * s * h  # Q·Kᵀ and softmax·V
+    return projections + mlp, scores
+
+
+def layer_params(shape: ModelShape) -> int:
+    """Parameters of one decoder layer (as ``ModelShape.num_params`` counts them)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    attn = 2 * h * h + 2 * h * kv
+    if shape.family == "llama":
+        return attn + 3 * h * f + 2 * h
+    return attn + 2 * h * f + 4 * h
+
+
+SOFT_MAX_POWER = 32.0
+"""max(a, b) ≈ (a⁴ + b⁴)^¼: host and device work overlap imperfectly near the crossover."""
+
+
+def _soft_max(a: float, b: float) -> float:
+    if a <= 0 or b <= 0:
+        return max(a, b)
+    big = max(a, b)
+    return big * ((a / big) ** SOFT_MAX_POWER + (b / big) ** SOFT_MAX_POWER) ** (
+        1 / SOFT_MAX_POWER)
+
+
+def matmul_efficiency(cal: Calibration, work: float) -> float:
+    """Fraction of peak a matmul of size ``work`` (≈ FLOPs / 2) reaches: e_max·w / (w + w½)."""
+    return max(cal.compute_efficiency * work / (work + cal.half_efficiency_work), 1e-6)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Where a communication group's ranks sit."""
+
+    size: int
+    nodes: int
+    """Nodes it spans."""
+    concurrent: int
+    """Groups of its kind on one node that talk at the same time (share the node's network)."""
+
+
+def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group, bool, int]:
+    """(tp group, dp group, whether some pipeline boundary crosses nodes, ranks per node that
+    cross it together), for the mesh (pp, dp, tp) numbered with tp fastest."""
+    tp, dp, pp = config.tp_degree, config.dp_degree, config.pp_degree
+    n = devices_per_node
+    tp_nodes = max(1, math.ceil(tp / n))
+    tp_group = _Group(tp, tp_nodes, max(1, n // tp) if tp_nodes > 1 else 1)
+    span = tp * dp
+    dp_nodes = max(1, math.ceil(span / n))
+    dp_members_per_node = max(1, dp // dp_nodes)
+    dp_group = _Group(dp, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
+    pp_crosses = pp > 1 and config.world_size > n
+    return tp_group, dp_group, pp_crosses, min(n, span)
+
+
+def collective_time(cluster: ClusterSpec, calibration: Calibration, group: _Group,
+                    nbytes: float, *, kind: str = "all_reduce") -> float:
+    """Seconds of one collective of ``nbytes`` (nccl-tests' size) over ``group``.
+
+    all_reduce moves 2(n−1)/n·S per rank, all_gather and reduce_scatter (n−1)/n·S (nccl-tests
+    ``PERFORMANCE.md``); gloo's reduce_scatter is an all-reduce."""
+    n = group.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "reduce_scatter" and cluster.backend == "gloo":
+        kind = "all_reduce"
+    factor = 1.0 if kind == "all_reduce" else 0.5
+    eff = calibration.comm_efficiency
+    intra_n = min(n, cluster.devices_per_node)
+    link = cluster.intra_node
+    t = factor * _ring_factor(n) * nbytes / (link.busbw(nbytes, intra_n) * eff)
+    if group.nodes > 1:
+        inter = cluster.inter_node
+        node_bw = inter.bandwidth_gbs * GB * eff
+        t_inter = inter.latency_us * 1e-6 + (
+            group.concurrent * factor * _ring_factor(n) * nbytes / node_bw)
+        t = max(t, t_inter)
+    return t
+
+
+def p2p_time(cluster: ClusterSpec, calibration: Calibration, nbytes: float, *,
+             crosses_nodes: bool, concurrent: int) -> float:
+    """Seconds of one point-to-point transfer between adjacent pipeline stages."""
+    eff = calibration.comm_efficiency
+    if crosses_nodes:
+        link = cluster.inter_node
+        bw = link.bandwidth_gbs * GB * eff / max(1, concurrent)
+    else:
+        link = cluster.intra_node
+        bw = link.bandwidth_gbs * GB * eff
+    return link.latency_us * 1e-6 + nbytes / bw
+
+
+def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
+                      calibration: Calibration | None = None, *, shape: ModelShape | None = None,
+                      engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
+    """Predicted step time of ``config`` on ``cluster`` (see the module docstring).
+
+    ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
+    is placed on ``cluster`` as the executor places it; ``cluster`` must have at least
+    ``config.world_size`` devices."""
+    cal = calibration or Calibration.for_cluster(cluster)
+    shape = shape or config.workload.shape
+    if shape is None:
+        raise ConfigError(f"cannot predict the step time of user workload "
+                          f"'{config.workload.workload}' without its shape; pass a ModelShape")
+    spec = config.workload
+    dtype = spec.dtype
+    e = BYTES_PER_ELEMENT[dtype]
+    peak = cluster.device.flops(dtype)
+    mem_bw = cluster.device.memory_bandwidth_gbs * GB
+    tp, pp, dp = config.tp_degree, config.pp_degree, config.dp_degree
+    b, s, m = config.micro_batch_size, spec.seq_len, config.grad_accum_steps
+    h, a = shape.hidden_size, shape.num_heads
+    vocab = spec.vocab_size or shape.vocab_size
+    ac = config.activation_checkpointing
+    full = ac == "full"
+    v = config.num_pp_stages // pp
+
+    # ---- compute per micro-batch -----------------------------------------------------------
+    mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
+    flop_rate = peak * matmul_efficiency(cal, b * s * h * h / tp)
+    eager = config.attention == "eager"
+    act_elems = b * s * h
+    elementwise_s = cal.elementwise_bytes * act_elems * e / mem_bw
+    score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
+    layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
+    attn_core_s = score_flops / tp / flop_rate + score_s
+    recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
+    passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
+    layer_device_s = 3 * layer_fwd_s + recompute_s
+    head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)
+    head_s = 3 * 2 * head_work / (peak * matmul_efficiency(cal, head_work))
+
+    # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
+    tp_group, dp_group, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
+    act_bytes = act_elems * e
+    if tp > 1:
+        backward_inputs = 2 if engine.fused_column_inputs else (
+            3 + (2 if shape.family == "llama" else 1))
+        tp_collectives = 2 * (2 if full else 1) + backward_inputs
+        t_ar = collective_time(cluster, cal, tp_group, act_bytes)
+        tp_layer_s = tp_collectives * t_ar
+        tp_embed_s = t_ar if engine.vocab_parallel else 0.0
+    else:
+        tp_collectives = 0
+        tp_layer_s = tp_embed_s = 0.0
+    # The host launches each layer pass's kernels and collectives. On a GPU they queue on a
+    # stream, so a layer takes the longer of the host's launch time and the device's work
+    # (small layers are launch-bound); a CPU rank does both itself, so they add.
+    host_layer_s = passes * cal.layer_overhead_s + tp_collectives * cal.collective_overhead_s
+    if cluster.device.asynchronous:
+        busy = layer_device_s + tp_layer_s
+        layer_excess_s = _soft_max(host_layer_s, busy) - busy
+    else:
+        layer_excess_s = host_layer_s
+
+    # ---- per stage (pipeline rank) per micro-batch ------------------------------------------
+    counts = stage_layer_counts(shape.num_layers, pp * v)
+    t_p2p = p2p_time(cluster, cal, act_bytes / (tp if engine.vocab_parallel else 1),
+                     crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
+    stages = []
+    for rank in range(pp):
+        layers = sum(counts[i] for i in range(rank, pp * v, pp))
+        first, last = rank == 0, rank == pp - 1
+        compute = layers * layer_device_s + (head_s if last else 0.0)
+        tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
+        neighbours = (0 if first else 1) + (0 if last else 1)
+        p2p = t_p2p * neighbours * v if pp > 1 else 0.0
+        overhead = layers * layer_excess_s + cal.microbatch_overhead_s
+        stages.append((compute, tp_s, p2p, overhead))
+    totals = [sum(t) for t in stages]
+    slowest = max(range(pp), key=lambda i: totals[i])
+    t_max = totals[slowest]
+    pipe_s = m * t_max + (sum(totals) - t_max) / v
+    c_b, tp_b, p2p_b, ovh_b = stages[slowest]
+
+    # ---- data-parallel synchronisation -------------------------------------------------------
+    vocab_params = vocab * h / (tp if engine.vocab_parallel else 1)
+    params_rank = max(
+        (sum(counts[i] for i in range(r, pp * v, pp)) * layer_params(shape) / tp
+         + (vocab_params if r == 0 else 0.0) + (vocab_params if r == pp - 1 else 0.0))
+        for r in range(pp))
+    grad_bytes = params_rank * e
+    zero = config.zero_stage if dp > 1 else 0
+    sync_s = gather_s = 0.0
+    if dp > 1:
+        if zero <= 1:
+            sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
+            if zero == 1:
+                gather_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="all_gather")
+        else:
+            sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+            gathers = m * (2 if zero == 3 else 1)
+            gather_s = gathers * collective_time(cluster, cal, dp_group, grad_bytes,
+                                                 kind="all_gather")
+    if config.overlap_enabled and dp > 1:
+        hide = cal.overlap_efficiency
+        last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
+        backward_last = (2 / 3) * c_b
+        sync_exposed = max(last_bucket, sync_s - hide * backward_last)
+        if zero >= 2:
+            per_mb = gather_s / m
+            gather_exposed = m * max(per_mb / max(1, shape.num_layers // pp),
+                                     per_mb - hide * c_b)
+        else:
+            gather_exposed = gather_s
+    else:
+        sync_exposed, gather_exposed = sync_s, gather_s
+    dp_s = sync_exposed + gather_exposed
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    updated = params_rank / (dp if zero >= 1 else 1)
+    optimizer_s = cal.optimizer_bytes_per_param * updated / mem_bw
+
+    breakdown = {
+        "compute": m * c_b,
+        "tp_comm": m * tp_b,
+        "pp_p2p": m * p2p_b,
+        "pp_bubble": pipe_s - m * t_max,
+        "dp_comm": dp_s,
+        "optimizer": optimizer_s,
+        "overhead": m * ovh_b + cal.step_overhead_s,
+    }
+    step = sum(breakdown.values())
+    tokens = config.tokens_per_step
+    total_params = shape.num_params(vocab)
+    model_flops = flops_per_token(total_params, shape.num_layers, h, s) * tokens
+    mfu = model_flops / step / (config.world_size * peak)
+    return StepTimeEstimate(step_time_s=step, breakdown=breakdown, tokens_per_s=tokens / step,
+                            mfu=mfu, bottleneck_stage=slowest)
