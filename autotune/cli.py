@@ -179,8 +179,14 @@ def _port(text: str) -> int:
     return value
 
 
-def _open_db(url: str, *, create: bool = True):
+def _open_db(url: str, *, create: bool = True, required_by: str | None = None):
+    """The database at URL, or None for 'none' (trial and profile then store nothing). A
+    command that keeps or reads a study cannot work without one: it says why in required_by,
+    and 'none' is then a usage error naming the fix."""
     if url.lower() == "none":
+        if required_by:
+            raise ConfigError(f"{required_by}: give --db URL or leave the default "
+                              f"({DEFAULT_DB}); --db none is only for trial and profile")
         return None
     from db import Database
 
@@ -259,7 +265,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
                       num_timed_steps=args.timed_steps, sampler=args.sampler)
     spec.validate()
-    database = _open_db(args.db)
+    database = _open_db(args.db, required_by="autotune search keeps its study in a database")
     try:
         from autotune.executor import ExecutorSettings
         from autotune.export import export_study
@@ -295,7 +301,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune.export import export_study
 
-    database = _open_db(args.db, create=False)
+    database = _open_db(args.db, create=False,
+                        required_by="autotune export reads the study from a database")
     try:
         best_path, ds_path = export_study(database, args.study, args.out)
     finally:
@@ -305,9 +312,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    database = _open_db(args.db, create=False)
-    if database is None:
-        raise ConfigError("the dashboard reads a database: give --db URL (not 'none')")
+    database = _open_db(args.db, create=False, required_by="the dashboard reads a database")
     try:
         if args.serve:
             from dashboards.serve import serve
@@ -345,7 +350,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from autotune.store import load_spans
     from profiler.trace import write_chrome_trace
 
-    database = _open_db(args.db, create=False)
+    database = _open_db(args.db, create=False,
+                        required_by="autotune trace reads the trial's timeline from a database")
     try:
         spans = load_spans(database, args.trial)  # names the trial if it does not exist
     finally:

@@ -68,6 +68,23 @@ def test_bad_search_input(tmp_path, args, code, message):
     assert not (tmp_path / "best_config.json").exists()
 
 
+@pytest.mark.parametrize("command, args, reason", [
+    ("search", [], "autotune search keeps its study in a database"),
+    ("export", [], "autotune export reads the study from a database"),
+    ("trace", ["--trial", "1", "-o", "trace.json"],
+     "autotune trace reads the trial's timeline from a database"),
+])
+def test_db_none_is_refused_where_a_database_is_needed(tmp_path, command, args, reason):
+    # --db none (store nothing) suits trial and profile; these three keep or read a study.
+    proc = autotune(command, "--db", "none", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"autotune: error: {reason}: give --db URL or leave the default "
+        "(sqlite:///autotune.db); --db none is only for trial and profile"]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no database, trace or export written
+
+
 def test_bad_space_file(tmp_path):
     (tmp_path / "space.json").write_text('{"zero_stage": [], "speed": [1]}')
     _one_line(autotune("search", "--space", "space.json", cwd=tmp_path), 2,
