@@ -7,7 +7,7 @@ log-normal prior pulling each parameter toward its starting value. The prior kee
 parameters the measurements cannot pin down (no pipeline in the data: nothing constrains
 the point-to-point terms) where they were, so a calibration from 8 trials is as sound as one
 from 800; with many measurements the data dominate. Parameters live in log space, so they
-stay positive; ``overlap_efficiency`` is bounded to [0, 1].
+stay positive; ``overlap_efficiency`` and ``compute_efficiency`` are bounded to at most 1.
 
 Every fitted parameter is reported with its value and the fit's residuals (``FitReport``).
 """
@@ -30,14 +30,19 @@ from autotune.perf_model import (
     predict_step_time,
 )
 
-FITTED = ("compute_efficiency", "half_efficiency_work", "elementwise_bytes", "score_bytes",
+FITTED = ("compute_efficiency", "half_efficiency_rows",
+          "half_efficiency_cols", "elementwise_bytes",
+          "elementwise_sharded_bytes", "score_bytes",
           "layer_overhead_s", "collective_overhead_s", "microbatch_overhead_s", "step_overhead_s", "comm_efficiency",
           "overlap_efficiency", "optimizer_bytes_per_param")
 """The parameters a step-time fit may move."""
+START_SAMPLES = 200
+"""Samples the multi-start search uses before the best start is refined on all of them."""
 PRIOR_SIGMA = 1.5
 """Width of the log-normal prior on each parameter (a factor of e^1.5 ≈ 4.5 is one sigma)."""
 FLOOR = {"layer_overhead_s": 1e-7, "collective_overhead_s": 1e-7, "microbatch_overhead_s": 1e-6, "step_overhead_s": 1e-4,
-         "score_bytes": 0.1, "elementwise_bytes": 0.1}
+         "score_bytes": 0.1, "elementwise_bytes": 0.1,
+         "elementwise_sharded_bytes": 0.1}
 """Smallest starting value of parameters that may start at zero (log space needs > 0)."""
 
 
@@ -74,8 +79,9 @@ class FitReport:
 
 def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
                     start: Calibration | None = None, engine: EngineTraits = AUTOTUNE_ENGINE,
-                    fitted: Sequence[str] = FITTED) -> FitReport:
-    """Least-squares fit of ``fitted`` parameters to the samples' step times."""
+                    fitted: Sequence[str] = FITTED, fit_shapes: bool = True) -> FitReport:
+    """Least-squares fit of ``fitted`` parameters to the samples' step times, then (with
+    ``fit_shapes``) one correction factor per measured layer shape."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -88,30 +94,35 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
     names = [n for n in fitted if n in FITTED]
     x0 = np.array([math.log(max(getattr(start, n), FLOOR.get(n, 1e-12))) for n in names])
     measured = np.log([smp.step_time_s for smp in samples])
-    weight = 1.0 / math.sqrt(len(samples))
 
     def calibration_at(x) -> Calibration:
         values = {n: float(math.exp(v)) for n, v in zip(names, x)}
-        if "overlap_efficiency" in values:
-            values["overlap_efficiency"] = min(1.0, values["overlap_efficiency"])
+        for capped in ("overlap_efficiency", "compute_efficiency"):
+            if capped in values:
+                values[capped] = min(1.0, values[capped])
         return dataclasses.replace(start, **values)
 
-    def predict(cal: Calibration):
+    def predict(cal: Calibration, subset=None):
+        chosen = samples if subset is None else [samples[i] for i in subset]
         return np.log([predict_step_time(smp.config, cluster, cal, shape=smp.shape,
-                                         engine=engine).step_time_s for smp in samples])
+                                         engine=engine).step_time_s for smp in chosen])
 
-    def residuals(x):
-        data = (predict(calibration_at(x)) - measured) * weight
-        prior = (x - x0) / PRIOR_SIGMA * (0.3 * weight)
+    def residuals(x, subset=None):
+        target = measured if subset is None else measured[subset]
+        w = 1.0 / math.sqrt(len(target))
+        data = (predict(calibration_at(x), subset) - target) * w
+        prior = (x - x0) / PRIOR_SIGMA * (0.3 * w)
         return np.concatenate([data, prior])
 
     upper = np.full(len(names), np.inf)
-    if "overlap_efficiency" in names:
-        upper[names.index("overlap_efficiency")] = 0.0  # log(1)
+    for capped in ("overlap_efficiency", "compute_efficiency"):  # fractions of an ideal
+        if capped in names:
+            upper[names.index(capped)] = 0.0  # log(1)
     lower = np.full(len(names), -np.inf)
     x0 = np.minimum(x0, upper)
     # The host/device crossover makes the surface non-convex in the host overheads: start
-    # from a few of their scales and keep the best fit.
+    # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
+    # the best start on all samples.
     starts = [x0]
     for scale in (10.0, 100.0):
         x = x0.copy()
@@ -119,12 +130,59 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
             if n in names:
                 x[names.index(n)] += math.log(scale)
         starts.append(x)
+    subset = None
+    if len(samples) > START_SAMPLES:
+        subset = np.random.default_rng(0).choice(len(samples), START_SAMPLES, replace=False)
     best = None
     for x_start in starts:
         result = least_squares(residuals, x_start, bounds=(lower, upper), x_scale=1.0,
-                               diff_step=1e-3, max_nfev=400)
+                               diff_step=1e-3, max_nfev=400, args=(subset,))
         if best is None or result.cost < best.cost:
             best = result
+    if subset is not None:
+        best = least_squares(residuals, best.x, bounds=(lower, upper), x_scale=1.0,
+                             diff_step=1e-3, max_nfev=200)
     cal = calibration_at(best.x)
+    if fit_shapes:
+        cal = _fit_shape_factors(samples, cluster, cal, engine)
     errors = np.exp(predict(cal) - measured) - 1
     return FitReport(cal, tuple(names), len(samples), tuple(float(r) for r in errors))
+
+
+SHAPE_SHRINK = 0.5
+"""A shape measured n times keeps n / (n + SHAPE_SHRINK) of its own correction (log scale):
+one measurement alone moves it halfway, so a single noisy trial cannot swing it."""
+
+
+def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
+                       engine: EngineTraits) -> Calibration:
+    """Per layer shape, the factor on its layers' device time that zeroes the mean log error of
+    the samples with that shape (bisection on log factor), shrunk toward 1 by sample count."""
+    from autotune.perf_model import layer_shape_key
+
+    by_key: dict[str, list[Sample]] = {}
+    for smp in samples:
+        shape = smp.shape or smp.config.workload.shape
+        key = layer_shape_key(smp.config.micro_batch_size * smp.config.workload.seq_len,
+                              shape.hidden_size, smp.config.tp_degree, smp.config.workload.dtype)
+        by_key.setdefault(key, []).append(smp)
+    factors: dict[str, float] = {}
+    for key, group in by_key.items():
+        def mean_log_error(log_f: float) -> float:
+            trial = dataclasses.replace(cal, layer_shape_factors={key: math.exp(log_f)})
+            return sum(math.log(predict_step_time(smp.config, cluster, trial, shape=smp.shape,
+                                                  engine=engine).step_time_s / smp.step_time_s)
+                       for smp in group) / len(group)
+
+        lo, hi = -2.0, 2.0
+        if mean_log_error(lo) > 0 or mean_log_error(hi) < 0:
+            continue  # host-bound: the device time does not decide this shape's step time
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if mean_log_error(mid) > 0:
+                hi = mid
+            else:
+                lo = mid
+        n = len(group)
+        factors[key] = math.exp((lo + hi) / 2 * n / (n + SHAPE_SHRINK))
+    return dataclasses.replace(cal, layer_shape_factors=factors)

@@ -125,7 +125,7 @@ class ClusterSpec:
     """Collective library: nccl, or gloo (which runs reduce-scatter as a full all-reduce)."""
     source: str = ""
     """Where the figures come from."""
-    calibration: dict[str, float] | None = None
+    calibration: dict[str, Any] | None = None
     """Fitted performance-model parameters (``perf_model.Calibration``), when calibrated."""
 
     @property

@@ -95,10 +95,14 @@ class Calibration:
 
     compute_efficiency: float = 0.6
     """Asymptotic fraction of peak FLOP/s reached by large matmuls."""
-    half_efficiency_work: float = 2e8
-    """Per-rank matmul size b·s·h·h/tp at which efficiency is half its asymptote."""
+    half_efficiency_rows: float = 512.0
+    """Matmul rows (tokens per micro-batch, b·s) at which efficiency is half its asymptote."""
+    half_efficiency_cols: float = 128.0
+    """Matmul columns per rank (h/tp) at which efficiency is half its asymptote."""
     elementwise_bytes: float = 30.0
     """Element-wise bytes moved per activation element b·s·h per layer forward pass."""
+    elementwise_sharded_bytes: float = 10.0
+    """Element-wise bytes per activation element per layer forward on TP-sharded tensors."""
     score_bytes: float = 8.0
     """Bytes moved per attention-score element b·(a/tp)·s² per layer forward (eager attention)."""
     layer_overhead_s: float = 20e-6
@@ -115,8 +119,12 @@ class Calibration:
     """Fraction of the hideable communication that overlap actually hides (0-1)."""
     optimizer_bytes_per_param: float = 28.0
     """Memory traffic of the optimizer step per parameter the rank updates."""
+    layer_shape_factors: dict[str, float] = field(default_factory=dict)
+    """Measured correction of a layer's device time per per-rank shape (``layer_shape_key``):
+    what a kernel profile knows and a smooth efficiency curve cannot (a GEMM shape the
+    library tiles badly). Shapes never measured take the curve alone (factor 1)."""
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
@@ -128,11 +136,16 @@ class Calibration:
         if unknown:
             raise ConfigError(f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
                               f"{', '.join(sorted(names))}")
-        for key, value in data.items():
+        data = dict(data)
+        factors = data.pop("layer_shape_factors", {})
+        if not isinstance(factors, dict):
+            raise ConfigError("calibration 'layer_shape_factors' must map shapes to numbers")
+        for key, value in [*data.items(), *factors.items()]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                     math.isfinite(value) and value >= 0):
                 raise ConfigError(f"calibration '{key}' must be a number ≥ 0, not {value!r}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        return cls(**{k: float(v) for k, v in data.items()},
+                   layer_shape_factors={str(k): float(v) for k, v in factors.items()})
 
     @classmethod
     def for_cluster(cls, cluster: ClusterSpec) -> Calibration:
@@ -183,6 +196,11 @@ def layer_params(shape: ModelShape) -> int:
     return attn + 2 * h * f + 4 * h
 
 
+def layer_shape_key(rows: int, hidden: int, tp: int, dtype: str) -> str:
+    """The key of a per-rank layer shape: tokens per micro-batch, hidden size, tp, dtype."""
+    return f"{rows}x{hidden}/tp{tp}/{dtype}"
+
+
 SOFT_MAX_POWER = 32.0
 """max(a, b) ≈ (a⁴ + b⁴)^¼: host and device work overlap imperfectly near the crossover."""
 
@@ -195,9 +213,12 @@ def _soft_max(a: float, b: float) -> float:
         1 / SOFT_MAX_POWER)
 
 
-def matmul_efficiency(cal: Calibration, work: float) -> float:
-    """Fraction of peak a matmul of size ``work`` (≈ FLOPs / 2) reaches: e_max·w / (w + w½)."""
-    return max(cal.compute_efficiency * work / (work + cal.half_efficiency_work), 1e-6)
+def matmul_efficiency(cal: Calibration, rows: float, cols: float) -> float:
+    """Fraction of peak a (rows × h) · (h × cols) matmul reaches: e_max · r/(r + r½) ·
+    c/(c + c½). Each dimension saturates on its own (tiles fill the GPU's SMs along both);
+    a thin per-rank width h/tp is what makes high tensor parallelism inefficient."""
+    return max(cal.compute_efficiency * rows / (rows + cal.half_efficiency_rows)
+               * cols / (cols + cal.half_efficiency_cols), 1e-6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,18 +313,23 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
 
     # ---- compute per micro-batch -----------------------------------------------------------
     mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
-    flop_rate = peak * matmul_efficiency(cal, b * s * h * h / tp)
+    flop_rate = peak * matmul_efficiency(cal, b * s, h / tp)
     eager = config.attention == "eager"
     act_elems = b * s * h
-    elementwise_s = cal.elementwise_bytes * act_elems * e / mem_bw
+    # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
+    # parallelism); the MLP activation and biases on the rank's shard.
+    elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
+        act_elems * e / mem_bw)
     score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
     layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
     attn_core_s = score_flops / tp / flop_rate + score_s
     recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
     passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
-    layer_device_s = 3 * layer_fwd_s + recompute_s
+    layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
+        layer_shape_key(b * s, h, tp, dtype), 1.0)
     head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)
-    head_s = 3 * 2 * head_work / (peak * matmul_efficiency(cal, head_work))
+    head_s = 3 * 2 * head_work / (peak * matmul_efficiency(
+        cal, b * s, vocab / (tp if engine.vocab_parallel else 1)))
 
     # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
     tp_group, dp_group, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
