@@ -185,6 +185,9 @@ class ClusterSpec:
     def from_dict(cls, data: Any, *, where: str = "cluster") -> ClusterSpec:
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be an object with the ClusterSpec fields")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
         try:
             device = _build(DeviceSpec, data.get("device"), f"{where}: device")
             intra = _build(LinkSpec, data.get("intra_node"), f"{where}: intra_node")

@@ -375,10 +375,14 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     c_b, tp_b, p2p_b, ovh_b = stages[slowest]
 
     # ---- data-parallel synchronisation -------------------------------------------------------
-    vocab_params = vocab * h / (tp if engine.vocab_parallel else 1)
+    # Parameters outside the blocks (ModelShape.num_params): the first stage's embeddings
+    # (and GPT's learned positions), the last stage's final norm and output head.
+    vocab_share = vocab * h / (tp if engine.vocab_parallel else 1)
+    embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
+    head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
     params_rank = max(
         (sum(counts[i] for i in range(r, pp * v, pp)) * layer_params(shape) / tp
-         + (vocab_params if r == 0 else 0.0) + (vocab_params if r == pp - 1 else 0.0))
+         + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
         for r in range(pp))
     grad_bytes = params_rank * e
     zero = config.zero_stage if dp > 1 else 0

@@ -1,0 +1,244 @@
+"""The performance model's formulas on hand-worked cases, its cluster files, its calibration.
+
+No process group runs here: each expected value is worked out by hand from the cited formula
+(Narayanan et al. 2021's bubble, the ring all-reduce's 2(n−1)/n, ZeRO's 3Φ against 2Φ)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.calibration import Sample, fit_calibration
+from autotune.cluster import ClusterSpec, DeviceSpec, LinkSpec, load_cluster, read_nccl_tests
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.models.shapes import ModelShape
+from autotune.perf_model import (
+    MEGATRON_ENGINE,
+    TERMS,
+    Calibration,
+    _Group,
+    collective_time,
+    predict_step_time,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "a100-megatron"
+GB = 1e9
+
+
+def flat_cluster(*, nodes: int = 1, per_node: int = 8, bw: float = 100.0, latency: float = 0.0,
+                 inter_bw: float = 25.0, backend: str = "nccl") -> ClusterSpec:
+    return ClusterSpec(
+        name="test", num_nodes=nodes, devices_per_node=per_node,
+        device=DeviceSpec(name="dev", peak_flops={"float32": 100e12, "float16": 100e12,
+                                                  "bfloat16": 100e12},
+                          memory_bandwidth_gbs=1000.0, memory_gib=80.0),
+        intra_node=LinkSpec(bandwidth_gbs=bw, latency_us=latency),
+        inter_node=LinkSpec(bandwidth_gbs=inter_bw, latency_us=latency), backend=backend)
+
+
+# A calibration with every fixed cost and element-wise term at zero: only FLOPs and bytes.
+PURE = Calibration(compute_efficiency=0.5, half_efficiency_rows=1e-9, half_efficiency_cols=1e-9,
+                   elementwise_bytes=0.0, elementwise_sharded_bytes=0.0, score_bytes=0.0,
+                   layer_overhead_s=0.0, collective_overhead_s=0.0, microbatch_overhead_s=0.0,
+                   step_overhead_s=0.0, comm_efficiency=1.0, overlap_efficiency=1.0,
+                   optimizer_bytes_per_param=0.0)
+# 8 equal layers and a head too small to unbalance the last stage.
+SHAPE = ModelShape("gpt", 8, 1024, 16, 16, 4096, 8, 1024)
+
+
+def config(**kw) -> TrialConfig:
+    workload = WorkloadSpec(seq_len=512, global_batch_size=kw.pop("global_batch", 8),
+                            dtype="float16", workload="test:shape", vocab_size=8)
+    return TrialConfig(workload=workload, **{"world_size": 8, "overlap_enabled": False, **kw})
+
+
+def test_breakdown_adds_up_to_the_step_time():
+    est = predict_step_time(config(tp_degree=2, pp_degree=2, micro_batch_size=1), flat_cluster(),
+                            Calibration(), shape=SHAPE)
+    assert set(est.breakdown) == set(TERMS)
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+    assert est.tokens_per_s == pytest.approx(8 * 512 / est.step_time_s)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 4), (4, 16), (8, 8)])
+def test_pipeline_bubble_is_p_minus_1_over_m(pp: int, m: int):
+    """Narayanan et al. 2021 §2.2: bubble time / ideal time = (p − 1) / m for equal stages."""
+    world = pp
+    cfg = config(world_size=world, pp_degree=pp, micro_batch_size=1, global_batch=m)
+    cluster = flat_cluster(per_node=world, bw=1e9)  # links so fast transfers are nothing
+    est = predict_step_time(cfg, cluster, PURE, shape=SHAPE)
+    ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
+    assert est.breakdown["pp_bubble"] / ideal == pytest.approx((pp - 1) / m, rel=0.02)
+
+
+def test_interleaved_bubble_is_divided_by_the_virtual_stages():
+    """(p − 1) / (v·m) with v = 2 virtual stages per rank."""
+    pp, m = 4, 8
+    cfg = config(world_size=pp, pp_degree=pp, micro_batch_size=1, global_batch=m,
+                 pp_schedule="interleaved_1f1b")
+    est = predict_step_time(cfg, flat_cluster(per_node=pp, bw=1e9), PURE, shape=SHAPE)
+    ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
+    assert est.breakdown["pp_bubble"] / ideal == pytest.approx((pp - 1) / (2 * m), rel=0.02)
+
+
+def test_ring_all_reduce_time_at_a_known_bandwidth():
+    """2(n−1)/n · S / busbw: 1 GB over 4 ranks at 100 GB/s bus bandwidth takes 15 ms."""
+    cluster = flat_cluster(bw=100.0)
+    t = collective_time(cluster, PURE, _Group(4, 1, 1), 1e9)
+    assert t == pytest.approx(2 * 3 / 4 * 1e9 / (100 * GB))
+    # all-gather and reduce-scatter move half: (n − 1)/n · S
+    assert collective_time(cluster, PURE, _Group(4, 1, 1), 1e9, kind="all_gather") == (
+        pytest.approx(t / 2))
+    # gloo runs reduce-scatter as a full all-reduce
+    gloo = flat_cluster(bw=100.0, backend="gloo")
+    assert collective_time(gloo, PURE, _Group(4, 1, 1), 1e9, kind="reduce_scatter") == (
+        pytest.approx(t))
+
+
+def test_a_group_across_nodes_shares_each_nodes_network():
+    """8 DP groups of 2 across 2 nodes: each node's 25 GB/s carries 8 rings' traffic."""
+    cluster = flat_cluster(nodes=2, inter_bw=25.0)
+    t = collective_time(cluster, PURE, _Group(2, 2, 8), 1e8)
+    assert t == pytest.approx(8 * 1.0 * 1e8 / (25 * GB))
+
+
+def test_zero3_moves_one_and_a_half_times_the_all_reduce():
+    """ZeRO paper §7: all-gather (forward) + all-gather (backward) + reduce-scatter = 3Φ against
+    the all-reduce's 2Φ, with one micro-batch and no overlap."""
+    cluster = flat_cluster()
+    times = {z: predict_step_time(config(zero_stage=z, micro_batch_size=1), cluster, PURE,
+                                  shape=SHAPE).breakdown["dp_comm"] for z in (0, 3)}
+    assert times[3] / times[0] == pytest.approx(1.5)
+
+
+def test_gradient_sync_bytes_follow_the_parameter_count():
+    """ZeRO-0 at dp 8: one ring all-reduce of the fp16 gradients of every parameter."""
+    cluster = flat_cluster(bw=100.0)
+    est = predict_step_time(config(micro_batch_size=1), cluster, PURE, shape=SHAPE)
+    grad_bytes = 2 * SHAPE.num_params(8)  # vocab 8, so embedding + head are tiny but counted
+    assert est.breakdown["dp_comm"] == pytest.approx(2 * 7 / 8 * grad_bytes / (100 * GB),
+                                                     rel=1e-3)
+
+
+def test_tensor_parallel_all_reduces_per_layer():
+    """Megatron: per layer per micro-batch two all-reduces forward, two backward; full
+    recomputation repeats the forward's two: 6 of b·s·h fp16 bytes each."""
+    cluster = flat_cluster(bw=100.0)
+    cfg = config(world_size=2, tp_degree=2, micro_batch_size=1, global_batch=1,
+                 activation_checkpointing="full")
+    est = predict_step_time(cfg, cluster, PURE, shape=SHAPE, engine=MEGATRON_ENGINE)
+    one = 2 * 1 / 2 * (512 * 1024 * 2) / (100 * GB)
+    assert est.breakdown["tp_comm"] == pytest.approx(8 * 6 * one + one)  # + the embedding's
+
+
+def test_compute_is_flops_over_peak_times_efficiency():
+    """Narayanan et al. 2021: forward 24bsh² + 4bs²h per layer, backward twice that."""
+    cfg = config(world_size=1, micro_batch_size=1, global_batch=1)
+    est = predict_step_time(cfg, flat_cluster(per_node=1), PURE, shape=SHAPE)
+    b, s, h = 1, 512, 1024
+    layer = 24 * b * s * h * h + 4 * b * s * s * h
+    head = 2 * b * s * h * 8
+    assert est.breakdown["compute"] == pytest.approx(3 * (8 * layer + head) / (100e12 * 0.5),
+                                                     rel=1e-6)
+
+
+def test_host_bound_layers_take_the_host_time():
+    """Tiny layers on a GPU: the step is the host's launch time, not the device's work."""
+    cal = dataclasses.replace(PURE, layer_overhead_s=1e-3)
+    cfg = config(world_size=1, micro_batch_size=1, global_batch=1)
+    est = predict_step_time(cfg, flat_cluster(per_node=1), cal, shape=SHAPE)
+    assert est.step_time_s == pytest.approx(8 * 2 * 1e-3, rel=0.01)  # 8 layers × 2 passes
+
+
+def test_calibration_recovers_known_parameters():
+    """Step times made by a known calibration are fitted back to it from the defaults."""
+    truth = dataclasses.replace(Calibration(), compute_efficiency=0.42, layer_overhead_s=4e-4,
+                                comm_efficiency=0.7, optimizer_bytes_per_param=20.0)
+    cluster = load_cluster("a100-sxm4-80gb")
+    samples = []
+    for tp in (1, 2, 4, 8):
+        for mb in (1, 2, 4, 8):
+            for hidden in (256, 4096):  # launch-bound and compute-bound layers
+                shape = ModelShape("gpt", 12, hidden, 16, 16, 4 * hidden, 50257, 1024)
+                cfg = TrialConfig(workload=WorkloadSpec(seq_len=1024, global_batch_size=64,
+                                                        dtype="float16", workload="t:s"),
+                                  world_size=8, tp_degree=tp, micro_batch_size=mb,
+                                  overlap_enabled=False)
+                t = predict_step_time(cfg, cluster, truth, shape=shape).step_time_s
+                samples.append(Sample(cfg, t, shape))
+    fitted = ("compute_efficiency", "layer_overhead_s", "comm_efficiency",
+              "optimizer_bytes_per_param")
+    report = fit_calibration(samples, cluster, fitted=fitted, fit_shapes=False)
+    for name in fitted[:3]:
+        assert getattr(report.calibration, name) == pytest.approx(getattr(truth, name), rel=0.1)
+    assert report.mape < 0.01
+
+
+def test_calibration_refuses_no_samples():
+    with pytest.raises(ConfigError, match="no measured step times"):
+        fit_calibration([], load_cluster("h100-sxm"))
+
+
+# ---- cluster files ------------------------------------------------------------------------
+def test_a100_megatron_cluster_carries_the_nccl_tests_curves():
+    cluster = load_cluster("a100-megatron")
+    assert (cluster.num_nodes, cluster.devices_per_node) == (1, 8)
+    points = read_nccl_tests(SHARED / "allreduce" / "a100_8gpu.csv")
+    size, busbw = points[-1]  # 1 GiB
+    assert cluster.intra_node.busbw(size, 8) == pytest.approx(busbw * GB)
+    size, busbw = points[0]  # 1 MiB
+    assert cluster.intra_node.busbw(size, 8) == pytest.approx(busbw * GB)
+
+
+def test_builtin_clusters_scale_by_nodes():
+    cluster = load_cluster("h100-sxm", nodes=64)
+    assert cluster.world_size == 512
+    cluster.check_world(512)
+    with pytest.raises(ConfigError, match="world size 256 ≠ 64 nodes × 8"):
+        cluster.check_world(256)
+
+
+def test_cluster_round_trips_through_json(tmp_path):
+    cluster = load_cluster("a100-sxm4-80gb", nodes=2)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cluster.to_dict()))
+    assert ClusterSpec.from_file(path) == cluster
+
+
+def test_cluster_reads_toml(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('name = "t"\nnum_nodes = 2\ndevices_per_node = 4\n'
+                    '[device]\nname = "d"\nmemory_bandwidth_gbs = 1000.0\nmemory_gib = 40.0\n'
+                    '[device.peak_flops]\nbfloat16 = 1e14\n'
+                    '[intra_node]\nbandwidth_gbs = 100.0\nlatency_us = 5.0\n'
+                    '[inter_node]\nbandwidth_gbs = 25.0\nlatency_us = 10.0\n')
+    cluster = ClusterSpec.from_file(path)
+    assert cluster.world_size == 8 and cluster.device.flops("bfloat16") == 1e14
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{not json", "is not valid JSON"),
+    ('{"name": "x"}', "device is missing"),
+    ('{"name": "x", "device": {"name": "d", "peak_flops": {}, "memory_bandwidth_gbs": 1, '
+     '"memory_gib": 1}, "intra_node": {"bandwidth_gbs": 1, "latency_us": 1}, '
+     '"inter_node": {"bandwidth_gbs": 1, "latency_us": 1}}', "peak_flops needs"),
+    ('{"name": "x", "devices_per_node": 0, "device": {"name": "d", "peak_flops": '
+     '{"float32": 1}, "memory_bandwidth_gbs": 1, "memory_gib": 1}, "intra_node": '
+     '{"bandwidth_gbs": 1, "latency_us": 1}, "inter_node": {"bandwidth_gbs": 1, '
+     '"latency_us": 1}}', "devices_per_node must be a positive integer"),
+    ('{"name": "x", "colour": 1}', "unknown key"),
+])
+def test_bad_cluster_files_are_one_clear_error(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        ClusterSpec.from_file(path)
+
+
+def test_unknown_cluster_name_lists_the_choices():
+    with pytest.raises(ConfigError, match="unknown cluster 'dgx-9000'.*a100-sxm4-80gb"):
+        load_cluster("dgx-9000")
