@@ -91,14 +91,14 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return float(rho) if rho == rho else 1.0  # constant input: no order to get wrong
 
 
-def evaluate(rows, predicted_s: list[float]) -> dict:
+def evaluate(rows, predicted_s: list[float], min_layouts: int = 3) -> dict:
     measured = [r["iteration time (ms)"] / 1000 for r in rows]
     ape = [abs(p / m - 1) for p, m in zip(predicted_s, measured)]
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         groups[group_key(r)].append(i)
     rhos, hits, gaps = [], 0, []
-    ranked = [g for g in groups.values() if len(g) >= 3]
+    ranked = [g for g in groups.values() if len(g) >= min_layouts]
     for idx in ranked:
         rhos.append(spearman([predicted_s[i] for i in idx], [measured[i] for i in idx]))
         pick = min(idx, key=lambda i: predicted_s[i])
@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([{"predicted_ms": round(t * 1000, 4)} for t in predicted]))
         return 0
     stats = evaluate(predict_rows, predicted)
+    big = evaluate(predict_rows, predicted, min_layouts=8)
     print(f"calibrated on {len(calib_rows)} rows of {args.calibrate_on} in {fit_s:.1f} s "
           f"(engine {engine.name}, cluster {base.name}):")
     print(report.table())
@@ -207,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
               f"mean {stats['mean_group_spearman']:.3f}")
         print(f"  predicted best within 3%       {100 * stats['best_within_3pct']:.1f}% of "
               f"groups (mean gap {100 * stats['mean_best_gap']:.2f}%)")
+    if big["groups"]:
+        print(f"  groups of ≥ 8 layouts          {big['groups']}: ρ median "
+              f"{big['median_group_spearman']:.3f}, best within 3% in "
+              f"{100 * big['best_within_3pct']:.1f}% (mean gap {100 * big['mean_best_gap']:.2f}%)")
     return 0
 
 
