@@ -20,8 +20,11 @@ from autotune.perf_model import predict_step_time
 from autotune.search import SearchOutcome, build_leaderboard, format_leaderboard
 from db import Database, RankMemoryRecord, TrialRecord
 
-# (micro-batch, measured step time s, tokens/s, store the prediction?)
-COMPLETE = [(1, 0.120, 4_000.0, True), (2, 0.080, 6_000.0, True), (4, 0.200, 2_400.0, False)]
+# (micro-batch, measured step time ÷ predicted, tokens/s, store the prediction?): one trial
+# the model over-predicts, one it under-predicts (errors of both signs in the MAPE), and one
+# stored before the model (measured 0.2 s, no prediction).
+COMPLETE = [(1, 0.8, 4_000.0, True), (2, 1.25, 6_000.0, True), (4, None, 2_400.0, False)]
+OLDER_STEP_S = 0.2
 
 
 def config(micro_batch: int, **kw) -> TrialConfig:
@@ -39,12 +42,13 @@ def study(tmp_path):
     database = Database.open(f"sqlite:///{tmp_path / 'board.db'}")
     record = database.create_study("board", {"world_size": 2})
     stored = {}
-    for number, (mb, step, tput, with_prediction) in enumerate(COMPLETE):
-        metrics = {"step_time_s": step, "throughput_tokens_per_s": tput,
+    for number, (mb, ratio, tput, with_prediction) in enumerate(COMPLETE):
+        metrics = {"step_time_s": OLDER_STEP_S, "throughput_tokens_per_s": tput,
                    "peak_memory_bytes": 1 << 20}
         if with_prediction:
             seconds, terms = predicted(config(mb))
-            metrics |= {"predicted_step_time_s": seconds, "predicted_breakdown": terms}
+            metrics |= {"step_time_s": seconds * ratio, "predicted_step_time_s": seconds,
+                        "predicted_breakdown": terms}
         database.add_trial(_trial(record.id, number, config(mb), "complete", metrics))
         stored[number] = metrics
     # Predicted not to fit: the search keeps its prediction, nothing was measured.
@@ -107,10 +111,10 @@ def test_printed_leaderboard_shows_predicted_ms_and_error(study):
         if measured is not None and prediction is not None:
             error = prediction / measured - 1
             expected[2] = f"{error:+.1%}"
-            errors.append(abs(error))
+            errors.append(error)
         assert columns(row, entry)[2:5] == expected, row
-    assert len(errors) == 2  # the two complete trials with a prediction
-    mape = sum(errors) / len(errors)
+    assert len(errors) == 2 and min(errors) < 0 < max(errors)  # over- and under-predicted
+    mape = sum(abs(e) for e in errors) / len(errors)
     assert f"MAPE {mape:.1%} over 2 complete trials" in lines[-1]
 
 
