@@ -9,11 +9,13 @@ report escape what they show).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
+from autotune.perf_model import TERMS
 from autotune.search import GIB, Entry, build_leaderboard
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
@@ -75,10 +77,23 @@ class TrialView:
     ranks: tuple[RankTimes, ...]
     """Per-rank timeline breakdown over the profiled steps (``profiler.analysis``); () without
     a timeline."""
+    predicted_step_time_s: float | None = None
+    """The performance model's step time, stored by the search before the trial ran; None for
+    trials stored without one."""
+    predicted_breakdown: tuple[tuple[str, float], ...] = ()
+    """(term, seconds per step) of that prediction, in ``perf_model.TERMS`` order; ()
+    without one."""
 
     @property
     def has_timeline(self) -> bool:
         return bool(self.ranks)
+
+    @property
+    def step_time_error(self) -> float | None:
+        """predicted / measured − 1 of the step time; None unless both are known."""
+        if self.predicted_step_time_s is None or not self.step_time_s:
+            return None
+        return self.predicted_step_time_s / self.step_time_s - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +209,20 @@ def _trial_view(position: int, entry: Entry, record: TrialRecord) -> TrialView:
         run_throughput=metrics.get("throughput_tokens_per_s"),
         step_time_s=metrics.get("step_time_s"), measured_peak=entry.measured_peak,
         predicted_peak=entry.predicted_peak, error=entry.error, memory=record.memory,
-        ranks=ranks)
+        ranks=ranks, predicted_step_time_s=entry.predicted_step_time_s,
+        predicted_breakdown=predicted_terms(metrics.get("predicted_breakdown")))
+
+
+def predicted_terms(stored) -> tuple[tuple[str, float], ...]:
+    """A stored predicted breakdown as (term, seconds) in ``TERMS`` order, then any term this
+    version does not know; () when there is none or it is not a {term: seconds ≥ 0} object."""
+    if not isinstance(stored, dict) or not stored:
+        return ()
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               and v >= 0 for v in stored.values()):
+        return ()
+    order = [t for t in TERMS if t in stored] + sorted(set(stored) - set(TERMS), key=str)
+    return tuple((str(term), float(stored[term])) for term in order)
 
 
 def cap_spans(spans: list[SpanRecord], max_spans: int) -> tuple[SpanRecord, ...]:

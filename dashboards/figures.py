@@ -9,6 +9,7 @@ Memory is drawn in MiB (2^20 bytes), time in milliseconds, throughput in tokens/
 from __future__ import annotations
 
 import html
+import math
 import warnings
 
 import numpy as np
@@ -16,7 +17,7 @@ import plotly.graph_objects as go
 
 from autotune.memory import estimate_all_stages, estimate_memory
 from autotune.space import KNOB_ORDER
-from dashboards.data import StudyData, Timeline, TrialView
+from dashboards.data import RAN, StudyData, Timeline, TrialView
 
 MIB = 2**20
 TEMPLATE = "plotly_white"
@@ -393,34 +394,113 @@ def no_timeline() -> go.Figure:
                         "run the search with num_profiled_steps > 0")
 
 
+# ---- predicted against measured step time -------------------------------------------------
+def step_time_scatter(study: StudyData) -> go.Figure:
+    """The performance model's step time (stored by the search before each trial ran) against
+    the measured one, for every complete trial that has both; y = x dashed, the mean absolute
+    percentage error in the title. Log axes: a relative error is the same distance from the
+    line at any step time."""
+    complete = study.by_status("complete")
+    shown = [t for t in complete if t.step_time_error is not None and t.predicted_step_time_s]
+    title = "Predicted against measured step time"
+    if not shown:
+        return empty_figure(title, "no complete trial yet" if not complete else
+                            "no complete trial has a predicted step time (trials stored "
+                            "before the performance model have none)")
+    measured = [t.step_time_s * 1e3 for t in shown]
+    predicted = [t.predicted_step_time_s * 1e3 for t in shown]
+    mape = sum(abs(t.step_time_error) for t in shown) / len(shown)
+    low, high = min(measured + predicted) / 1.25, max(measured + predicted) * 1.25
+    span = [math.log10(low), math.log10(high)]
+    traces = [
+        dict(type="scatter", x=[low, high], y=[low, high], mode="lines", name="y = x",
+             line={"color": COLORS["failed"], "dash": "dash", "width": 1.5}, hoverinfo="skip"),
+        dict(type="scatter", x=measured, y=predicted, mode="markers", name="complete trials",
+             marker={"color": COLORS["complete"], "size": 10},
+             customdata=[[t.number, esc(t.name), f"{t.step_time_error:+.1%}"] for t in shown],
+             hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>measured %{x:,.2f} ms"
+                           "<br>predicted %{y:,.2f} ms<br>error %{customdata[2]}"
+                           "<extra></extra>")]
+    note = (f"{len(shown)} complete trials; error = predicted / measured − 1 (above the line: "
+            "predicted slower than measured)")
+    if len(complete) > len(shown):
+        note += (f"; {len(complete) - len(shown)} complete trial(s) without a prediction are "
+                 "not drawn")
+    return _figure(traces, f"{title}: MAPE {mape:.1%}", note,
+                   xaxis=_axis("measured step time (ms)", type="log", range=span),
+                   yaxis=_axis("predicted step time (ms)", type="log", range=span),
+                   height=480)
+
+
 # ---- per-rank breakdown --------------------------------------------------------------------
 BREAKDOWN_PARTS = (("compute", "compute_ns", COLORS["compute"]),
                    ("exposed communication", "exposed_comm_ns", COLORS["comm"]),
                    ("idle", "idle_ns", COLORS["idle"]))
 BREAKDOWN_VISIBLE_BARS = 40
+# perf_model.TERMS → (label, colour): Tableau 20's light hues, the measured part's where the
+# term is one (compute; communication orange and red; the bubble idles, as idle does).
+PREDICTED_TERMS = {"compute": ("compute", "#9ECAE9"), "tp_comm": ("TP collectives", "#FFBF79"),
+                   "pp_p2p": ("pipeline send/recv", "#FF9D98"),
+                   "pp_bubble": ("pipeline bubble", "#D6A5C9"),
+                   "dp_comm": ("exposed DP sync", "#F2CF5B"),
+                   "optimizer": ("optimizer step", "#88D27A"),
+                   "overhead": ("fixed overheads", "#D8B5A5")}
+PREDICTED_BAR = "predicted"
+"""The second-level x label of a trial's predicted bar, beside its ranks' measured ones."""
+
+
+def predicted_trace_name(term: str) -> str:
+    return f"predicted {PREDICTED_TERMS.get(term, (term, ''))[0]}"
 
 
 def breakdown_bars(study: StudyData) -> go.Figure:
     """Per trial and rank, milliseconds per profiled step of compute, exposed communication and
-    idle (they stack to the step window); figures from ``profiler.analysis``."""
-    rows = [(t, r) for t in study.trials for r in t.ranks]
+    idle (they stack to the step window); figures from ``profiler.analysis``. Beside a trial's
+    ranks, when the search stored one, the performance model's predicted step by term."""
+    # (trial, rank) for a measured bar, (trial, None) for a predicted one; every trace spans
+    # every bar (None where it has no value) so the bars keep this order on the axis.
+    rows = []
+    for t in study.trials:
+        if t.predicted_breakdown and t.status in RAN:
+            rows.append((t, None))
+        rows += [(t, r) for r in t.ranks]
     title = "Compute, exposed communication and idle per step"
     if not rows:
         return empty_figure(title, "no trial has a timeline (profiled steps)")
-    x = [[f"trial {t.number}" for t, _ in rows], [f"rank {r.rank}" for _, r in rows]]
+    x = [[f"trial {t.number}" for t, _ in rows],
+         [PREDICTED_BAR if r is None else f"rank {r.rank}" for t, r in rows]]
     traces = []
     for label, field, color in BREAKDOWN_PARTS:
         traces.append(dict(
             type="bar", name=label, x=x, marker={"color": color},
-            y=[getattr(r, field) / max(1, r.num_steps) / 1e6 for _, r in rows],
-            customdata=[[esc(t.name), f"{r.overlap:.1%}"] for t, r in rows],
+            y=[None if r is None else getattr(r, field) / max(1, r.num_steps) / 1e6
+               for _, r in rows],
+            customdata=[[esc(t.name), "" if r is None else f"{r.overlap:.1%}"]
+                        for t, r in rows],
             hovertemplate=f"{label}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>overlap "
                           "%{customdata[1]}<extra>%{x}</extra>"))
+    predicted = [dict(t.predicted_breakdown) if r is None else None for t, r in rows]
+    terms = list(dict.fromkeys(term for p in predicted if p for term in p))
+    for term in terms:
+        name = predicted_trace_name(term)
+        traces.append(dict(
+            type="bar", name=esc(name), x=x,
+            marker={"color": PREDICTED_TERMS.get(term, (term, COLORS["step"]))[1]},
+            y=[p[term] * 1e3 if p and term in p else None for p in predicted],
+            customdata=[[esc(t.name), f"{t.predicted_step_time_s * 1e3:,.3f}"
+                         if t.predicted_step_time_s is not None else "–"] for t, _ in rows],
+            hovertemplate=f"{esc(name)}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>predicted step "
+                          "%{customdata[1]} ms<extra>%{x}</extra>"))
     layout = {"barmode": "stack", "yaxis": _axis("ms per profiled step"), "height": 440}
+    note = ("leaderboard order; HTA definitions: exposed = communication not overlapped by "
+            "compute, idle = step window − busy")
+    if terms:
+        layout["yaxis"] = _axis("ms per step (measured: per profiled step)")
+        note += (f"; '{PREDICTED_BAR}': the performance model's terms per step, stored before "
+                 "the trial ran")
     if len(rows) > BREAKDOWN_VISIBLE_BARS:  # the first ones; pan for the rest
         layout["xaxis"] = {"range": [-0.5, BREAKDOWN_VISIBLE_BARS - 0.5]}
-    return _figure(traces, title, "leaderboard order; HTA definitions: exposed = communication "
-                   "not overlapped by compute, idle = step window − busy", **layout)
+    return _figure(traces, title, note, **layout)
 
 
 # ---- memory by category --------------------------------------------------------------------

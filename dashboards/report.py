@@ -38,15 +38,19 @@ SECTIONS = (
      "memory; the limit is dashed, the Pareto front starred."),
     ("timeline", "Timeline", "One lane per rank over the profiled steps; hover a span for its "
      "op or collective, bytes and duration."),
+    ("step-time", "Predicted against measured step time", "Every complete trial's step time "
+     "as the performance model predicted it before the trial ran, against what it measured; "
+     "on the dashed line the prediction was exact."),
     ("breakdown", "Where the step time goes", "Per trial and rank: compute, exposed "
-     "communication and idle per profiled step."),
+     "communication and idle per profiled step; beside them, for trials the search predicted, "
+     "the performance model's step by term."),
     ("memory", "Memory by category", "Predicted beside measured, on the rank with the highest "
      "measured peak."),
 )
 FIGURE_IDS = {"leaderboard": ("leaderboard",), "history": ("history",),
               "knobs": ("knobs-parallel", "knobs-importance"),
               "memory-scatter": ("memory-scatter",), "timeline": ("timeline",),
-              "breakdown": ("breakdown",), "memory": ("memory",)}
+              "step-time": ("step-time",), "breakdown": ("breakdown",), "memory": ("memory",)}
 PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 REFRESH_S = 5
 
@@ -100,6 +104,7 @@ def _figures(study: StudyData):
               "knobs-parallel": figures.knobs_parallel(study),
               "knobs-importance": figures.knob_importance(study),
               "memory-scatter": figures.memory_scatter(study),
+              "step-time": figures.step_time_scatter(study),
               "breakdown": figures.breakdown_bars(study)}
     trials = {t.trial_id: t for t in study.trials}
     selectors = {}

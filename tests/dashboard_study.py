@@ -4,9 +4,13 @@ A real search on the tiny GPT (2 ranks, CPU/gloo, one profiled step per trial) u
 limit that two of its four configurations are predicted to break: so it holds complete trials
 with real timelines, a re-measured best, and ``infeasible_predicted`` trials as the search
 records them. Added beside them through ``Database.add_trial``, as the search stores them: a
-trial that ran and measured a peak over the limit (``infeasible_measured``) and a trial that
-failed with an error text full of HTML. The study's name is a script tag. A second study in
-the same database holds one trial of a user workload whose name is HTML too.
+trial that ran and measured a peak over the limit (``infeasible_measured``), a complete trial
+stored before the performance model (no prediction, no timeline; last of the complete ones)
+and a trial that failed with an error text full of HTML. The complete trials that ran and the
+one over the limit carry the performance model's prediction in their metrics
+(``predicted_step_time_s``, ``predicted_breakdown``: ``predict_step_time`` on the local CPU
+cluster), as the search stores it. The study's name is a script tag. A second study in the
+same database holds one trial of a user workload whose name is HTML too.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
+from autotune.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.memory import estimate_memory
+from autotune.perf_model import predict_step_time
 from autotune.search import GIB, MEMORY_MARGIN, Search, SearchSpec, base_config
 from autotune.space import SearchSpace
 from db import Database, RankMemoryRecord, TrialRecord
@@ -33,6 +39,13 @@ SPACE = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_en
              narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]})
 
 _built: dict[str, str] = {}
+
+
+def predicted_metrics(config: TrialConfig) -> dict:
+    """The performance model's prediction as the search stores it in a trial's metrics."""
+    estimate = predict_step_time(config, local_cpu_cluster(config.world_size))
+    return {"predicted_step_time_s": estimate.step_time_s,
+            "predicted_breakdown": dict(estimate.breakdown)}
 
 
 def build(executor, directory: Path) -> str:
@@ -53,6 +66,10 @@ def build(executor, directory: Path) -> str:
         search = Search(spec, database, executor, out=None)
         search.run()
         study_id = search.study_record.id
+        complete = [t for t in database.list_trials(study_id) if t.status == "complete"]
+        for t in complete:
+            database.update_trial(t.id, status=t.status, metrics={
+                **t.metrics, **predicted_metrics(TrialConfig.from_dict(t.config))})
         after = 1 + max(t.number for t in database.list_trials(study_id))
         over = TrialConfig(world_size=2, zero_stage=2, micro_batch_size=2, device="cpu")
         measured = int(limit * 1.2)
@@ -60,7 +77,7 @@ def build(executor, directory: Path) -> str:
             id=None, study_id=study_id, number=after, status="infeasible_measured",
             config=over.resolved(),
             metrics={"step_time_s": 0.05, "throughput_tokens_per_s": 10_240.0,
-                     "peak_memory_bytes": measured},
+                     "peak_memory_bytes": measured, **predicted_metrics(over)},
             env={"device": "cpu"}, error=f"measured peak {measured / GIB:.3g} GiB > limit "
                                          f"{limit / GIB:.3g} GiB",
             created_at=datetime.now(UTC),
@@ -71,9 +88,25 @@ def build(executor, directory: Path) -> str:
                                       ("optimizer_state", 2 << 20),
                                       ("activations", measured - (4 << 20)), ("other", 0),
                                       ("peak", measured - r)))))
+        older = TrialConfig(world_size=2, micro_batch_size=2, device="cpu")
+        throughput = min(t.metrics["throughput_tokens_per_s"] for t in complete) / 2
+        peak = int(limit / 2)
+        database.add_trial(TrialRecord(
+            id=None, study_id=study_id, number=after + 1, status="complete",
+            config=older.resolved(),
+            metrics={"step_time_s": older.tokens_per_step / throughput,
+                     "throughput_tokens_per_s": throughput, "peak_memory_bytes": peak},
+            env={"device": "cpu"}, error=None, created_at=datetime.now(UTC),
+            memory=tuple(RankMemoryRecord(r, c, estimate_memory(older).total if c == "peak"
+                                          else None, b)
+                         for r in range(2)
+                         for c, b in (("parameters", 1 << 20), ("gradients", 1 << 20),
+                                      ("optimizer_state", 2 << 20),
+                                      ("activations", peak - (4 << 20)), ("other", 0),
+                                      ("peak", peak - r)))))
         broken = TrialConfig(world_size=2, zero_stage=3, micro_batch_size=1, device="cpu")
         database.add_trial(TrialRecord(
-            id=None, study_id=study_id, number=after + 1, status="failed",
+            id=None, study_id=study_id, number=after + 2, status="failed",
             config=broken.resolved(),
             metrics={}, env={}, error=FAILED_ERROR, created_at=datetime.now(UTC),
             memory=(RankMemoryRecord(0, "peak", estimate_memory(broken).total, None),)))

@@ -25,11 +25,14 @@ from plotly.io.json import to_json_plotly
 import dashboard_study as ds
 from autotune.cli import main
 from autotune.config import TrialConfig
+from autotune.layouts import short_name
 from autotune.memory import estimate_all_stages, estimate_memory
+from autotune.perf_model import TERMS as PERF_TERMS
 from autotune.search import GIB, build_leaderboard
 from autotune.space import KNOB_ORDER
 from autotune.store import load_spans
 from dashboards.data import MAX_SPANS_PER_TIMELINE, cap_spans
+from dashboards.figures import predicted_trace_name
 from dashboards.report import figure_json, write_report
 from dashboards.serve import make_server
 from db import Database, TrialRecord
@@ -98,7 +101,8 @@ def test_every_view_is_present(report, study):
     assert {t.status for t in trials.values()} == {"complete", "infeasible_predicted",
                                                   "infeasible_measured", "failed"}
     assert set(data["figures"]) == {"leaderboard", "history", "knobs-parallel",
-                                    "knobs-importance", "memory-scatter", "breakdown"}
+                                    "knobs-importance", "memory-scatter", "step-time",
+                                    "breakdown"}
     assert set(data["selectors"]) == {"timeline", "memory"}
     for fig_id in [*data["figures"], *data["selectors"]]:
         assert f'<div class="figure" id="fig-{fig_id}"></div>' in page
@@ -243,8 +247,115 @@ def test_breakdown_bars_equal_profiler_analysis(report, study, database):
                 expected[name].append(ns / b.num_steps / 1e6)
     assert labels  # the complete trials' timelines
     for name, values in expected.items():
-        assert list(zip(*fig[name]["x"])) == labels
-        assert fig[name]["y"] == pytest.approx(values)
+        drawn = [(x, y) for x, y in zip(zip(*fig[name]["x"]), fig[name]["y"]) if y is not None]
+        assert [x for x, _ in drawn] == labels
+        assert [y for _, y in drawn] == pytest.approx(values)
+
+
+# ---- the performance model's prediction beside the measurement -------------------------------
+def _predicted(trial: TrialRecord) -> bool:
+    return "predicted_step_time_s" in trial.metrics
+
+
+def test_step_time_scatter_shows_each_prediction_and_the_mape(report, study):
+    _, data = report
+    _, trials, _ = study
+    complete = [t for t in trials.values() if t.status == "complete"]
+    with_prediction = [t for t in complete if _predicted(t)]
+    assert 0 < len(with_prediction) == len(complete) - 1  # one trial stored without
+    fig = data["figures"]["step-time"]
+    points = traces(fig)["complete trials"]
+    expected = sorted((t.number, t.metrics["step_time_s"] * 1e3,
+                       t.metrics["predicted_step_time_s"] * 1e3) for t in with_prediction)
+    drawn = sorted(zip((c[0] for c in points["customdata"]), points["x"], points["y"]))
+    assert [d[0] for d in drawn] == [e[0] for e in expected]
+    assert [d[1] for d in drawn] == pytest.approx([e[1] for e in expected])
+    assert [d[2] for d in drawn] == pytest.approx([e[2] for e in expected])
+    errors = {t.number: t.metrics["predicted_step_time_s"] / t.metrics["step_time_s"] - 1
+              for t in with_prediction}
+    for number, name, error in points["customdata"]:
+        config = TrialConfig.from_dict(next(t.config for t in with_prediction
+                                            if t.number == number))
+        assert name == html.escape(short_name(config), quote=False)
+        assert error == f"{errors[number]:+.1%}"
+        assert "%{customdata[1]}" in points["hovertemplate"]
+        assert "%{customdata[2]}" in points["hovertemplate"]
+    mape = sum(abs(e) for e in errors.values()) / len(errors)
+    assert fig["layout"]["title"]["text"] == f"Predicted against measured step time: MAPE " \
+                                             f"{mape:.1%}"
+    assert "1 complete trial(s) without a prediction are not drawn" in \
+        fig["layout"]["title"]["subtitle"]["text"]
+    line = traces(fig)["y = x"]
+    assert line["x"] == line["y"]
+    assert line["x"][0] < min(min(e[1:]) for e in expected)
+    assert line["x"][1] > max(max(e[1:]) for e in expected)
+
+
+def test_breakdown_shows_the_stored_prediction_beside_the_ranks(report, study):
+    _, data = report
+    _, trials, board = study
+    fig = traces(data["figures"]["breakdown"])
+    predicted = {name: t for name, t in fig.items() if name.startswith("predicted ")}
+    assert predicted
+    # Every trace spans every bar: the categories in leaderboard order, a trial's prediction
+    # first, then its ranks.
+    categories = list(zip(*fig["compute"]["x"]))
+    expected_categories = []
+    for e in board:
+        t = trials[e.trial_id]
+        if _predicted(t) and t.status in ("complete", "infeasible_measured"):
+            expected_categories.append((f"trial {e.number}", "predicted"))
+        expected_categories += [(f"trial {e.number}", f"rank {r['rank']}")
+                                for r in t.metrics.get("ranks", ())]
+    assert categories == expected_categories
+    # The trial that ran over the limit, without a timeline, shows its prediction alone; the
+    # complete trial stored before the model (no prediction, no timeline) has no bar.
+    over = next(t for t in trials.values() if t.status == "infeasible_measured")
+    assert (f"trial {over.number}", "predicted") in categories
+    old = next(t for t in trials.values() if t.status == "complete" and not _predicted(t))
+    assert all(label != f"trial {old.number}" for label, _ in categories)
+    for term in PERF_TERMS:
+        trace = predicted[predicted_trace_name(term)]
+        assert list(zip(*trace["x"])) == categories
+        for (trial_label, bar), y in zip(categories, trace["y"]):
+            if bar != "predicted":
+                assert y is None
+                continue
+            number = int(trial_label.split()[1])
+            stored = next(t for t in trials.values() if t.number == number)
+            assert y == pytest.approx(stored.metrics["predicted_breakdown"][term] * 1e3)
+    assert set(predicted) == {predicted_trace_name(term) for term in PERF_TERMS}
+
+
+def test_report_of_trials_without_predictions(tmp_path):
+    """Older trials (no prediction) and a malformed one: no prediction drawn, no failure."""
+    with Database.open(f"sqlite:///{tmp_path / 'old.db'}") as database:
+        study = database.create_study("old", {"world_size": 2})
+        ranks = [{"rank": r, "window_ns": 4_000_000, "compute_ns": 3_000_000, "comm_ns": 500_000,
+                  "overlap": 0.5, "exposed_comm_ns": 250_000, "idle_ns": 750_000,
+                  "num_steps": 2} for r in range(2)]
+        for number, extra in enumerate(({}, {"predicted_step_time_s": None,
+                                             "predicted_breakdown": "compute"},
+                                         {"predicted_step_time_s": "fast",
+                                          "predicted_breakdown": {"compute": -1.0}})):
+            database.add_trial(TrialRecord(
+                id=None, study_id=study.id, number=number, status="complete",
+                config=TrialConfig(world_size=2, device="cpu",
+                                   micro_batch_size=(1, 2, 4)[number]).resolved(),
+                metrics={"step_time_s": 0.05, "throughput_tokens_per_s": 9_000.0 + number,
+                         "peak_memory_bytes": 1 << 20, "ranks": ranks, **extra},
+                env={}, error=None, created_at=datetime.now(UTC)))
+        path, loaded = write_report(database, "old", tmp_path / "old.html")
+    data = payload(path.read_text(encoding="utf-8"))
+    assert all(t.predicted_step_time_s is None and t.predicted_breakdown == ()
+               for t in loaded.trials)
+    fig = data["figures"]["step-time"]
+    assert fig["data"] == []
+    assert "no complete trial has a predicted step time" in \
+        fig["layout"]["title"]["subtitle"]["text"]
+    bars = traces(data["figures"]["breakdown"])
+    assert set(bars) == {"compute", "exposed communication", "idle"}
+    assert all(bar == "rank 0" or bar == "rank 1" for bar in bars["compute"]["x"][1])
 
 
 def test_memory_predicted_beside_measured(report, study):
@@ -317,7 +428,7 @@ def test_password_never_in_the_report(report, url):
 def test_cli_writes_the_report_of_the_chosen_or_latest_study(url, tmp_path, capsys):
     assert main(["dashboard", "--db", url, "--study", ds.NAME, "-o", str(tmp_path / "a.html")]) == 0
     out = capsys.readouterr().out
-    assert "wrote the dashboard" in out and "6 trials" in out
+    assert "wrote the dashboard" in out and "7 trials" in out
     assert payload((tmp_path / "a.html").read_text())["selectors"]["timeline"]
     assert main(["dashboard", "--db", url, "-o", str(tmp_path / "b.html")]) == 0
     assert f"study '{ds.USER_STUDY}'" in capsys.readouterr().out  # the latest one

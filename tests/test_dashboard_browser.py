@@ -51,7 +51,7 @@ def test_chromium_draws_every_figure_without_errors(report_path):
             page.goto(report_path.as_uri())
             page.wait_for_function(ALL_DRAWN, timeout=60_000)
             figures = page.locator("div.figure").count()
-            assert figures == 8
+            assert figures == 9
             assert page.locator("div.figure.js-plotly-plot").count() == figures
             assert page.evaluate("Array.from(document.querySelectorAll('div.figure'))"
                                  ".filter(d => d.querySelector('.main-svg')).length") == figures
