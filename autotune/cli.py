@@ -133,9 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="port for --serve (default 8050; 0: any free port)")
 
     from autotune.estimate_cli import add_estimate_parser
+    from autotune.rank_cli import add_rank_parser
 
     add_estimate_parser(sub)
-    for p in (trial, profile, trace, search, export, dashboard):  # estimate adds its own --debug
+    add_rank_parser(sub)
+    for p in (trial, profile, trace, search, export, dashboard):  # estimate, rank: own --debug
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks on errors")
     return parser
@@ -436,9 +438,15 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return cmd_estimate(args)
 
 
+def _cmd_rank(args: argparse.Namespace) -> int:
+    from autotune.rank_cli import cmd_rank
+
+    return cmd_rank(args)
+
+
 COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace,
             "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate,
-            "dashboard": cmd_dashboard}
+            "rank": _cmd_rank, "dashboard": cmd_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,11 +3,16 @@
 The configuration comes from ``--config FILE`` (a TrialConfig), from knob flags (which also
 override the file's fields), or from an explicit architecture (``--num-layers --hidden-size
 --num-heads --seq-len --vocab-size``) for models that are not built in; ``--params N`` alone
-gives the model states only. Nothing here imports torch or Ray: an estimate takes milliseconds,
-so models far too large for this machine (Llama 70B on 512 GPUs) can be planned.
+gives the model states only. With ``--cluster NAME|FILE`` (and ``--nodes N``) it also prints the
+predicted step time, tokens/s, MFU and their breakdown (``perf_model.predict_step_time`` with
+the cluster's stored calibration, for autotune's own engine). Nothing here imports torch or Ray:
+an estimate takes milliseconds, so models far too large for this machine (Llama 70B on 512
+GPUs) can be planned.
 
 ``add_estimate_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_estimate(args)``
 runs it and returns the exit status. Bad input raises :class:`ConfigError` (one line, exit 2).
+The flag groups and the model / cluster helpers are shared with ``autotune rank``
+(``rank_cli.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import json
 import math
 import sys
 
-from autotune.config import TrialConfig
+from autotune.cluster import ClusterSpec, builtin_names, load_cluster
+from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.memory import (
     BYTES_PER_ELEMENT,
@@ -27,6 +33,13 @@ from autotune.memory import (
     model_state_bytes,
 )
 from autotune.models.shapes import MODEL_SHAPES, ModelShape, model_names
+from autotune.perf_model import (
+    AUTOTUNE_ENGINE,
+    TERMS,
+    Calibration,
+    StepTimeEstimate,
+    predict_step_time,
+)
 
 EXPLICIT_WORKLOAD = "explicit:architecture"
 """Workload name of an explicit architecture in the printed / JSON config."""
@@ -42,9 +55,11 @@ def add_estimate_parser(sub) -> None:
         "communication buffers, other — for a TrialConfig, a built-in model with knob flags, "
         "or an explicit architecture. Formulas: ZeRO (Rajbhandari et al. 2020) for model "
         "states, Korthikanti et al. 2022 for activations, calibrated to this implementation "
-        "(see autotune/memory.py).",
+        "(see autotune/memory.py). With --cluster, also the predicted step time, tokens/s, MFU "
+        "and where the time goes (autotune/perf_model.py).",
         epilog="example: autotune estimate --model llama-70b --world-size 512 --tp 8 --pp 8 "
-        "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096")
+        "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --dtype bfloat16 "
+        "--cluster a100-sxm4-80gb")
     p.add_argument("--config", metavar="FILE",
                    help="TrialConfig JSON; knob flags given as well override its fields")
     p.add_argument("--model", metavar="NAME",
@@ -70,6 +85,21 @@ def add_estimate_parser(sub) -> None:
                        help="gradient bucket / FSDP unit size in MB")
     knobs.add_argument("--no-overlap", action="store_true",
                        help="overlap_enabled false (one bucketed all-reduce after backward)")
+    arch = add_architecture_args(p)
+    arch.add_argument("--params", type=float, metavar="N",
+                      help="parameter count only (e.g. 7e9): model states, activations unknown")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="whose memory: cuda (default unless the config says cpu) or cpu, "
+                   "which adds the CPU measurement's allowance")
+    add_cluster_args(p, nodes_help="nodes of the cluster (default: the fewest that hold the "
+                     "world size; nodes × devices per node must equal it when given)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+
+def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The explicit-architecture flags (``estimate`` and ``rank``); returns their group."""
     arch = p.add_argument_group("explicit architecture (instead of --model)")
     arch.add_argument("--num-layers", type=int, metavar="N")
     arch.add_argument("--hidden-size", type=int, metavar="N")
@@ -81,39 +111,56 @@ def add_estimate_parser(sub) -> None:
     arch.add_argument("--vocab-size", type=int, metavar="N")
     arch.add_argument("--family", choices=("gpt", "llama"),
                       help="block type of the explicit architecture (default gpt)")
-    arch.add_argument("--params", type=float, metavar="N",
-                      help="parameter count only (e.g. 7e9): model states, activations unknown")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="whose memory: cuda (default unless the config says cpu) or cpu, "
-                   "which adds the CPU measurement's allowance")
-    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks on errors")
+    return arch
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
+                     nodes_help: str) -> None:
+    """``--cluster NAME|FILE`` and ``--nodes N`` (``estimate`` and ``rank``)."""
+    p.add_argument("--cluster", metavar="NAME|FILE", required=required,
+                   help=f"the cluster to predict the step time on: {', '.join(builtin_names())}"
+                   ", or a ClusterSpec JSON/TOML file (its stored calibration is used)")
+    p.add_argument("--nodes", type=int, metavar="N", help=nodes_help)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     device = args.device or ("cpu" if config.device == "cpu" else "cuda")
+    if args.nodes is not None and args.cluster is None:
+        raise ConfigError("--nodes sizes the cluster of --cluster NAME|FILE: give --cluster too")
+    cluster = cluster_for_world(args.cluster, args.nodes, config.world_size) if (
+        args.cluster) else None
     if args.params is not None:
-        return _print_states_only(args, config, device)
-    shape = _explicit_shape(args, config)
+        return _print_states_only(args, config, device, cluster)
+    shape = explicit_shape(args, config)
     if shape is not None:
-        config = _mark_explicit(config, shape)
+        config = mark_explicit(config, shape)
     stages = estimate_all_stages(config, shape, device_type=device)
     worst = max(stages, key=lambda e: e.total)
     refusal = _engine_refusal(config, shape)
+    time = None if cluster is None else predict_step_time(
+        config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=AUTOTUNE_ENGINE)
     if args.json:
+        extra = {} if cluster is None else {"cluster": cluster.name,
+                                            "nodes": cluster.num_nodes, "time": time.as_dict()}
         print(json.dumps({
             "config": config.resolved(), "shape": dataclasses.asdict(shape) if shape else None,
             "device": device, "per_rank": worst.as_dict(), "stage": worst.stage,
             "phase": worst.phase,
-            "stages": [e.as_dict() for e in stages], "engine_refusal": refusal}, indent=2))
+            "stages": [e.as_dict() for e in stages], "engine_refusal": refusal, **extra},
+            indent=2))
         return 0
     print(_describe(config, shape, device))
     where = "" if config.pp_degree == 1 else (
         f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
-    print(f"per rank{where}, peak {worst.phase}:")
-    _print_table(worst.as_dict())
+    title = f"per rank{where}, peak {worst.phase}"
+    if time is None:
+        print(f"{title}:")
+        _print_table(worst.as_dict())
+    else:
+        print(f"{title}; predicted step time on {cluster.name}:")
+        print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
+        print(_time_summary(time, cluster))
     if config.pp_degree > 1:
         print("total per stage: " + ", ".join(f"{e.stage}: {_human(e.total)}" for e in stages))
     if refusal:
@@ -127,11 +174,7 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
     config = TrialConfig.from_file(args.config) if args.config else TrialConfig()
     workload = config.workload
     if args.model is not None:
-        family, _, size = args.model.partition("-")
-        if (family, size) not in MODEL_SHAPES:
-            raise ConfigError(f"unknown model '{args.model}': choose one of "
-                              f"{', '.join(model_names())}")
-        workload = dataclasses.replace(workload, family=family, size=size, workload=None)
+        workload = builtin_workload(workload, args.model)
     wl_fields = {"seq_len": args.seq_len, "global_batch_size": args.global_batch,
                  "dtype": args.dtype, "vocab_size": args.vocab_size}
     workload = dataclasses.replace(workload, **{k: v for k, v in wl_fields.items()
@@ -159,7 +202,25 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
     return config
 
 
-def _explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
+def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
+    """``workload`` training the built-in model named ``model`` (e.g. 'llama-70b')."""
+    family, _, size = model.partition("-")
+    if (family, size) not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")
+    return dataclasses.replace(workload, family=family, size=size, workload=None)
+
+
+def cluster_for_world(name_or_path: str, nodes: int | None, world_size: int) -> ClusterSpec:
+    """The cluster ``--cluster`` names with ``--nodes`` nodes, which must hold exactly
+    ``world_size`` devices; without ``--nodes``, the fewest nodes that hold the world."""
+    cluster = load_cluster(name_or_path, nodes=nodes)
+    if nodes is not None:
+        cluster.check_world(world_size)
+        return cluster
+    return cluster.with_nodes(max(1, math.ceil(world_size / cluster.devices_per_node)))
+
+
+def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
     given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
     if not given:
         if args.num_kv_heads or args.ffn_hidden_size or args.family:
@@ -194,7 +255,7 @@ def _explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape
                       max_seq_len=config.workload.seq_len)
 
 
-def _mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
+def mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
     """The config as estimated: its workload named as the explicit architecture."""
     return dataclasses.replace(config, workload=dataclasses.replace(
         config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD))
@@ -229,23 +290,60 @@ def _describe(config: TrialConfig, shape: ModelShape | None, device: str) -> str
             f"{schedule} (device {device})")
 
 
-def _print_table(row: dict[str, int | None]) -> None:
-    print(f"  {'category':<16} {'bytes':>18} {'size':>12}")
+def _table_lines(row: dict[str, int | None]) -> list[str]:
+    lines = [f"  {'category':<16} {'bytes':>18} {'size':>12}"]
     for name in (*CATEGORIES, "total"):
         value = row.get(name)
         if name == "total":
-            print("  " + "-" * 48)
+            lines.append("  " + "-" * 48)
         if value is None:
-            print(f"  {name:<16} {'unknown':>18} {'unknown':>12}")
+            lines.append(f"  {name:<16} {'unknown':>18} {'unknown':>12}")
         else:
-            print(f"  {name:<16} {value:>18,} {_human(value):>12}")
+            lines.append(f"  {name:<16} {value:>18,} {_human(value):>12}")
+    return lines
+
+
+def _print_table(row: dict[str, int | None]) -> None:
+    print("\n".join(_table_lines(row)))
+
+
+def _time_lines(time: StepTimeEstimate) -> list[str]:
+    """The predicted step's breakdown: seconds and share of the step per term."""
+    lines = [f"{'term':<12} {'seconds':>12} {'share':>7}"]
+    for term in TERMS:
+        seconds = time.breakdown[term]
+        lines.append(f"{term:<12} {seconds:>12.4f} {seconds / time.step_time_s:>7.1%}")
+    lines += ["-" * 33, f"{'step':<12} {time.step_time_s:>12.4f} {1:>7.1%}"]
+    return lines
+
+
+def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec) -> str:
+    mfu = f", MFU {time.mfu:.1%}" if time.mfu is not None else ""
+    return (f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
+            f"({describe_cluster(cluster)})")
+
+
+def describe_cluster(cluster: ClusterSpec) -> str:
+    """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    calibration = "stored calibration" if cluster.calibration else "default calibration"
+    return (f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
+            f"{AUTOTUNE_ENGINE.name} engine")
+
+
+def _side_by_side(left: list[str], right: list[str], gap: int = 4) -> str:
+    width = max(len(line) for line in left) + gap
+    rows = max(len(left), len(right))
+    left, right = left + [""] * (rows - len(left)), right + [""] * (rows - len(right))
+    return "\n".join(f"{a:<{width}}{b}".rstrip() for a, b in zip(left, right))
 
 
 def _human(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: str) -> int:
+def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: str,
+                       cluster: ClusterSpec | None) -> int:
     if args.model is not None or any(getattr(args, f) is not None for f in SHAPE_FLAGS[:3]):
         raise ConfigError("--params gives the parameter count alone: drop --model and the "
                           "architecture flags, or drop --params")
@@ -262,9 +360,15 @@ def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: st
         "parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state,
         "activations": None, "comm_buffers": None, "other": None, "total": None,
         "model_states": parameters + gradients + optimizer_state}
+    no_time = ("note: --params gives no architecture, so no step time is predicted on "
+               f"cluster '{cluster.name}'; give --model or the architecture flags instead"
+               ) if cluster is not None else None
     if args.json:
+        extra = {} if cluster is None else {"cluster": cluster.name, "time": None}
         print(json.dumps({"config": config.resolved(), "params": int(args.params),
-                          "device": device, "per_rank": row}, indent=2))
+                          "device": device, "per_rank": row, **extra}, indent=2))
+        if no_time:
+            print(no_time, file=sys.stderr)
         return 0
     print(f"{int(args.params):,} parameters: world {config.world_size} = tp "
           f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, "
@@ -274,6 +378,8 @@ def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: st
     _print_table(row)
     print(f"  {'model states':<16} {row['model_states']:>18,} "
           f"{_human(row['model_states']):>12}")
+    if no_time:
+        print(no_time)
     return 0
 
 

@@ -1,0 +1,190 @@
+"""``autotune rank``: the layouts it scores are enumerate_configs' valid ones, its order is the
+performance model's, everything it lists fits, and each bad input is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.cluster import load_cluster
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.layouts import enumerate_configs
+from autotune.memory import estimate_memory
+from autotune.models.shapes import MODEL_SHAPES
+from autotune.perf_model import Calibration, predict_step_time
+from autotune.rank_cli import _Progress, enumerate_layouts
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["rank", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _base(model: str, world: int, batch: int, seq: int, dtype: str = "bfloat16") -> TrialConfig:
+    family, _, size = model.partition("-")
+    return TrialConfig(workload=WorkloadSpec(family=family, size=size, seq_len=seq,
+                                             global_batch_size=batch, dtype=dtype),
+                       world_size=world, device="cuda")
+
+
+# ---- the layouts -------------------------------------------------------------------------
+@pytest.mark.parametrize("model, world, batch", [("gpt-small", 8, 16), ("llama-tiny", 8, 24)])
+def test_layouts_are_enumerate_configs_valid_ones(model, world, batch):
+    base = _base(model, world, batch, 64)
+    ours = enumerate_layouts(base)
+    grid = list(enumerate_configs(base, overlap=(True, False)))
+    # The same layouts, less the overlap-off twin of each dp-1 layout (nothing to overlap).
+    assert len(ours) == len(set(ours))
+    assert set(ours) == {c for c in grid if c.overlap_enabled or c.dp_degree > 1}
+    dropped = [c for c in grid if c not in set(ours)]
+    assert dropped and all(c.dp_degree == 1 and not c.overlap_enabled for c in dropped)
+    # Every knob the command says it enumerates does vary.
+    for knob in ("tp_degree", "pp_degree", "micro_batch_size", "zero_stage",
+                 "activation_checkpointing", "pp_schedule", "overlap_enabled"):
+        assert len({getattr(c, knob) for c in ours}) > 1, knob
+
+
+def test_explicit_shape_layouts_follow_its_heads_and_layers():
+    # gpt-small's shape given explicitly: the same layouts as the built-in model.
+    shape = MODEL_SHAPES[("gpt", "small")]
+    base = _base("gpt-small", 8, 16, 64)
+    explicit = dataclasses.replace(base, workload=dataclasses.replace(
+        base.workload, workload="explicit:architecture"))
+    strip = {dataclasses.replace(c, workload=base.workload)
+             for c in enumerate_layouts(explicit, shape)}
+    assert strip == set(enumerate_layouts(base))
+
+
+# ---- the ranking -------------------------------------------------------------------------
+RANK_ARGS = ("--model", "gpt-small", "--cluster", "a100-sxm4-80gb", "--global-batch", "32",
+             "--seq-len", "1024", "--memory-limit", "4", "--top", "10000", "--json")
+
+
+def test_order_is_predicted_throughput_and_all_fit(capsys):
+    code, out, err = _run(capsys, *RANK_ARGS)
+    assert code == 0
+    data = json.loads(out)
+    cluster = load_cluster("a100-sxm4-80gb")
+    limit = 4 * GIB
+    # Independently: every valid layout, its predicted peak and, if it fits with the 15%
+    # margin, its predicted tokens/s with the default calibration (the built-in stores none).
+    expected = []
+    grid = [c for c in enumerate_configs(_base("gpt-small", 8, 32, 1024), overlap=(True, False))
+            if c.overlap_enabled or c.dp_degree > 1]
+    for config in grid:
+        peak = estimate_memory(config, device_type="cuda").total
+        if peak * 1.15 <= limit:
+            expected.append(predict_step_time(config, cluster, Calibration()).tokens_per_s)
+    assert data["scored"] == len(grid) and data["fit"] == len(expected)
+    assert 0 < data["fit"] < data["scored"]  # the limit bites
+    assert data["world_size"] == 8 and data["cluster"] == "a100-sxm4-80gb"
+    listed = [layout["tokens_per_s"] for layout in data["layouts"]]
+    assert listed == sorted(expected, reverse=True)
+    for layout in data["layouts"]:
+        config = TrialConfig.from_dict(layout["config"])
+        estimate = predict_step_time(config, cluster, Calibration())
+        assert layout["tokens_per_s"] == estimate.tokens_per_s
+        assert layout["step_time_s"] == estimate.step_time_s
+        assert layout["breakdown"] == estimate.breakdown
+        peak = estimate_memory(config, device_type="cuda").total
+        assert layout["peak_memory_bytes"] == peak and peak * 1.15 <= limit
+    # Not a terminal: one plain line on stderr, none of the progress line's carriage returns.
+    assert err.startswith(f"scored {len(grid):,} layouts in ") and err.count("\n") == 1
+    assert "\r" not in err
+
+
+def test_table_lists_the_json_order(capsys):
+    _, out, _ = _run(capsys, *RANK_ARGS[:-3], "--top", "5", "--json")
+    best = json.loads(out)["layouts"]
+    code, out, _ = _run(capsys, *RANK_ARGS[:-3], "--top", "5")
+    assert code == 0
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5]
+    for row, layout in zip(rows, best):
+        c = layout["config"]
+        assert row[1:6] == [str(c["tp_degree"]), str(c["pp_degree"]),
+                            str(c["derived"]["dp_degree"]), str(c["zero_stage"]),
+                            f"{c['micro_batch_size']}×{c['derived']['grad_accum_steps']}"]
+        assert f"{layout['tokens_per_s']:,.0f}" in row
+    assert "predicted to fit in 4 GiB" in out
+
+
+def test_rank_imports_no_torch():
+    code = ("import sys; from autotune.cli import main; "
+            "main(['rank', '--model', 'gpt-small', '--cluster', 'h100-sxm', '--global-batch', "
+            "'8', '--seq-len', '128', '--top', '1']); "
+            "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_progress_on_a_terminal_every_two_percent(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    progress = _Progress(1000)
+    for done in range(1, 1001):
+        progress.update(done)
+    progress.close(7)
+    updates = stream.getvalue().split("\r")[1:]
+    assert len(updates) == 51  # every 20 of 1,000, then the final line
+    assert updates[0].startswith("scoring layouts:   2% (20/1,000)")
+    assert updates[-1].startswith("scored 1,000 layouts in ") and updates[-1].endswith(
+        "; 7 predicted to fit\n")
+
+
+# ---- bad input ---------------------------------------------------------------------------
+@pytest.mark.parametrize("case, message", [
+    ("unknown_cluster", "unknown cluster 'dgx-9000'"),
+    ("bad_json", "is not valid JSON"),
+    ("no_device", "device is missing"),
+    ("unknown_model", "unknown model 'gpt-huge'"),
+    ("no_model", "give --model NAME or an explicit architecture"),
+    ("unsplittable", "choose a global batch that is a multiple of 2"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
+    good = load_cluster("h100-sxm").to_dict()
+    (tmp_path / "bad.json").write_text(json.dumps(good)[:-5])
+    (tmp_path / "nodevice.json").write_text(json.dumps({k: v for k, v in good.items()
+                                                        if k != "device"}))
+    common = ("--global-batch", "16", "--seq-len", "256")
+    argv = {
+        "unknown_cluster": ("--model", "gpt-small", "--cluster", "dgx-9000", *common),
+        "bad_json": ("--model", "gpt-small", "--cluster", str(tmp_path / "bad.json"), *common),
+        "no_device": ("--model", "gpt-small", "--cluster", str(tmp_path / "nodevice.json"),
+                      *common),
+        "unknown_model": ("--model", "gpt-huge", "--cluster", "h100-sxm", *common),
+        "no_model": ("--cluster", "h100-sxm", *common),
+        # gpt-small on 64 devices: tp ≤ 4 (12 heads) and pp ≤ 12 layers leave dp ≥ 2, so no
+        # layout splits a global batch of 1.
+        "unsplittable": ("--model", "gpt-small", "--cluster", "h100-sxm", "--nodes", "8",
+                         "--global-batch", "1", "--seq-len", "256"),
+    }[case]
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and not out
+    assert len(err.splitlines()) == 1 and err.startswith("autotune: error: ")
+    assert message in err and "Traceback" not in err
+
+
+def test_nothing_fits_is_a_runtime_error_naming_the_smallest_peak(capsys):
+    code, out, err = _run(capsys, "--model", "gpt-small", "--cluster", "h100-sxm",
+                          "--global-batch", "16", "--seq-len", "256", "--memory-limit", "0.1")
+    errors = [ln for ln in err.splitlines() if ln.startswith("autotune: error:")]
+    assert code == 1 and not out and len(errors) == 1
+    assert "smallest predicted peak" in errors[0] and "raise --memory-limit" in errors[0]
