@@ -1,0 +1,577 @@
+"""Measured CPU trials of many layouts, and how well the performance model predicts them.
+
+    python bench/cpu_sweep.py measure --out bench/data/cpu_sweep_a.json [--rounds 3] [--count 44]
+    python bench/cpu_sweep.py evaluate --table bench/data/cpu_sweep_a.json
+        [--calibrate-count 8] [--seed 0] [--seeds 5] [--json]
+
+``measure`` picks ``--count`` valid layouts of the built-in tiny GPT (and a quarter of tiny
+Llama) at world sizes 2 and 4 — tp, pp with each schedule, dp, ZeRO 0-3, micro-batch and
+accumulation, activation checkpointing, overlap on/off, seq_len 64/128, global batch 8/16 —
+from ``autotune.layouts.enumerate_configs`` by a seeded greedy choice that keeps every knob's
+values as evenly represented as the valid layouts allow (each value appears at least once).
+It runs each one ``--rounds`` times as short real trials on one ``RayExecutor``: round 1 over
+all layouts, then round 2 over all, … so that a drift in the shared machine's speed hits every
+layout alike; inside a round the layouts are grouped by world size (one worker group per world
+size; the order of the two alternates between rounds, the order inside a group is shuffled per
+round). The table is written after every round.
+
+``evaluate`` calibrates the model (``autotune.calibration.fit_calibration``, cluster
+``autotune.cluster.local_cpu_cluster``, autotune's engine) on ``--calibrate-count`` rows chosen
+by seed, split evenly over world sizes, predicts every other row and prints each prediction,
+the mean absolute percentage error (MAPE), Spearman's ρ over all predicted rows and within
+each world size, the signed error by knob value, and the machine's NOISE FLOOR: the median
+over rows of the coefficient of variation of its rounds, and the MAPE of predicting each
+round from the median of the row's other rounds (what a perfect model would still show).
+It repeats this for ``--seeds`` consecutive seeds and prints the mean ± standard deviation of
+MAPE and ρ across them. Nothing is re-measured: it runs in seconds.
+
+The table (JSON) — also read by whatever replays a search over measured layouts::
+
+    {"machine": {"cores": 2, "torch": "2.13.0+cpu", "ray": …, "python": …, "cpu_model": …,
+                 "threads_per_rank": {"2": 1, "4": 1}},
+     "measured_at": "2026-…Z",            # UTC, when the measurement started
+     "settings": {"rounds": 3, "rounds_done": 3, "count": 44, "seed": 0, …},
+     "rounds_info": [{"round": 1, "wall_s": …, "loadavg_start": [1m, 5m, 15m]}, …],
+     "rows": [{"config": TrialConfig.to_dict(),   # TrialConfig.from_dict reads it back
+               "step_time_s": 0.0231,             # median over the rounds that completed
+               "rounds": [0.0229, 0.0231, 0.0240],# each round's step time (null: failed)
+               "peak_memory_bytes": 12345678,     # smallest reading over rounds (a CPU
+                                                  # reading can only overstate), slowest rank
+               "status": "complete",              # or "failed" (no round completed)
+               "error": "…"}, …]}                 # only when a round failed: the last error
+
+Each round's step time is the trial's own (``TrialResult.step_time_s``: median over timed steps
+of the slowest rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
+from autotune.errors import AutotuneError, ConfigError  # noqa: E402
+from autotune.layouts import enumerate_configs, short_name  # noqa: E402
+
+WORLD_SIZES = (2, 4)
+SEQ_LENS = (64, 128)
+GLOBAL_BATCHES = (8, 16)
+LLAMA_SHARE = 0.25
+"""Fraction of each world size's layouts that train tiny Llama (the rest tiny GPT)."""
+DEFAULT_COUNT = 44
+NUM_WARMUP_STEPS = 1
+NUM_TIMED_STEPS = 5
+TRIAL_TIMEOUT_S = 120.0
+
+
+def log(msg: str) -> None:
+    print(f"[cpu_sweep] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- which layouts ------------------------------------------------------------------------
+def knob_values(c: TrialConfig) -> dict[str, object]:
+    """The knobs the choice spreads over; a knob without effect in a layout is left out (the
+    schedule without a pipeline, ZeRO and overlap without data parallelism)."""
+    knobs: dict[str, object] = {
+        "world_size": c.world_size, "family": c.workload.family,
+        "seq_len": c.workload.seq_len, "global_batch": c.workload.global_batch_size,
+        "tp": c.tp_degree, "pp": c.pp_degree, "dp": c.dp_degree,
+        "micro_batch": c.micro_batch_size, "grad_accum": c.grad_accum_steps,
+        "ac": c.activation_checkpointing}
+    if c.pp_degree > 1:
+        knobs["schedule"] = c.pp_schedule
+    if c.dp_degree > 1:
+        knobs["zero"] = c.zero_stage
+        knobs["overlap"] = c.overlap_enabled
+    return knobs
+
+
+def row_name(c: TrialConfig) -> str:
+    """short_name plus the workload: w2-tp2-…-ac_none gpt-s64-gb8."""
+    w = c.workload
+    return f"{short_name(c)} {w.family}-s{w.seq_len}-gb{w.global_batch_size}"
+
+
+def candidate_pool(world_size: int, family: str) -> list[TrialConfig]:
+    """Every valid layout of tiny ``family`` at ``world_size`` over seq_len and global batch
+    (overlap off only where there is data parallelism for it to change)."""
+    pool = []
+    for seq_len, global_batch in itertools.product(SEQ_LENS, GLOBAL_BATCHES):
+        base = TrialConfig(
+            workload=WorkloadSpec(family=family, size="tiny", seq_len=seq_len,
+                                  global_batch_size=global_batch),
+            world_size=world_size, device="cpu", num_warmup_steps=NUM_WARMUP_STEPS,
+            num_timed_steps=NUM_TIMED_STEPS, num_profiled_steps=0)
+        pool += [c for c in enumerate_configs(base, overlap=(True, False))
+                 if c.overlap_enabled or c.dp_degree > 1]
+    return pool
+
+
+def select_configs(count: int, seed: int) -> list[TrialConfig]:
+    """``count`` layouts, half per world size, LLAMA_SHARE of them Llama: each pick is the
+    candidate whose knob values have been picked least so far (ties broken by a seeded
+    shuffle), so every knob's values spread as evenly as the valid layouts allow."""
+    rng = random.Random(seed)
+    strata = []
+    for i, world in enumerate(WORLD_SIZES):
+        n = count // len(WORLD_SIZES) + (1 if i < count % len(WORLD_SIZES) else 0)
+        num_llama = round(n * LLAMA_SHARE)
+        strata += [(world, "gpt", n - num_llama), (world, "llama", num_llama)]
+    # Counted per world size: tp 2 is a different split of 2 ranks than of 4.
+    counts: dict[tuple[int, str], dict[object, int]] = defaultdict(lambda: defaultdict(int))
+    pools = {}
+    for world, family, _ in strata:
+        pool = candidate_pool(world, family)
+        rng.shuffle(pool)
+        pools[world, family] = pool
+    quota = {(w, f): n for w, f, n in strata}
+    chosen: list[TrialConfig] = []
+    # Round-robin over the strata, so that each stratum's picks see the others' counts.
+    while any(quota.values()):
+        for world, family, _ in strata:
+            if not quota[world, family]:
+                continue
+            pool = pools[world, family]
+
+            def score(c: TrialConfig) -> float:
+                # Mean count of its knobs' values (a mean, not a sum: a layout with more
+                # knobs in effect, such as ZeRO and overlap with data parallelism, is not
+                # penalised for them).
+                cs = [counts[world, k][v] for k, v in knob_values(c).items()
+                      if k not in ("world_size", "family")]
+                return sum(cs) / len(cs)
+
+            best = min(range(len(pool)), key=lambda i: score(pool[i]))
+            config = pool.pop(best)
+            for k, v in knob_values(config).items():
+                counts[world, k][v] += 1
+            chosen.append(config)
+            quota[world, family] -= 1
+    return chosen
+
+
+def coverage(configs: list[TrialConfig]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for c in configs:
+        for k, v in knob_values(c).items():
+            out[k][str(v)] += 1
+    return {k: dict(sorted(v.items())) for k, v in out.items()}
+
+
+def missing_values(configs: list[TrialConfig]) -> list[str]:
+    """Knob values that some valid layout has and none of ``configs`` has."""
+    every = coverage([c for w in WORLD_SIZES for f in ("gpt", "llama")
+                      for c in candidate_pool(w, f)])
+    have = coverage(configs)
+    return [f"{k}={v}" for k, vals in every.items() for v in vals if v not in have.get(k, {})]
+
+
+# ---- measure ------------------------------------------------------------------------------
+def machine_info() -> dict:
+    import ray
+    import torch
+
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu_model": cpu_model, "torch": torch.__version__,
+            "ray": ray.__version__, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def round_order(configs: list[TrialConfig], round_index: int, seed: int) -> list[int]:
+    """Indices of one round: grouped by world size (alternating which comes first, so the
+    worker group left from the previous round is reused), shuffled inside each group."""
+    rng = random.Random(seed * 1000 + round_index)
+    worlds = list(WORLD_SIZES) if round_index % 2 == 0 else list(reversed(WORLD_SIZES))
+    order = []
+    for w in worlds:
+        group = [i for i, c in enumerate(configs) if c.world_size == w]
+        rng.shuffle(group)
+        order += group
+    return order
+
+
+def write_table(path: Path, table: dict) -> None:
+    out = dict(table)
+    out["rows"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in table["rows"]]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(path)  # an interruption never leaves half a table
+
+
+def measure(args: argparse.Namespace) -> int:
+    from autotune.executor import ExecutorSettings, RayExecutor
+    from autotune.errors import TrialFailed, WorkloadError
+
+    configs = select_configs(args.count, args.seed)
+    if args.limit:
+        configs = configs[:args.limit]
+    gaps = missing_values(configs)
+    log(f"{len(configs)} layouts ({sum(c.world_size == 2 for c in configs)} at world 2, "
+        f"{sum(c.world_size == 4 for c in configs)} at world 4); knob values never picked: "
+        f"{', '.join(gaps) or 'none'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = {
+        "machine": machine_info(),
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"),
+        "settings": {"rounds": args.rounds, "rounds_done": 0, "count": len(configs),
+                     "seed": args.seed, "num_warmup_steps": NUM_WARMUP_STEPS,
+                     "num_timed_steps": NUM_TIMED_STEPS, "trial_timeout_s": TRIAL_TIMEOUT_S},
+        "rounds_info": [],
+        "rows": [{"config": c.to_dict(), "step_time_s": None, "rounds": [],
+                  "peak_memory_bytes": None, "status": "failed", "_memory": []}
+                 for c in configs],
+    }
+    settings = ExecutorSettings(trial_timeout_s=TRIAL_TIMEOUT_S)
+    start = time.perf_counter()
+    threads: dict[str, int] = {}
+    with RayExecutor(settings) as executor:
+        log("starting Ray")
+        executor.start()
+        for r in range(args.rounds):
+            t_round = time.perf_counter()
+            load = list(os.getloadavg())
+            order = round_order(configs, r, args.seed)
+            for n, i in enumerate(order, 1):
+                config, row = configs[i], table["rows"][i]
+                if row.get("_invalid"):
+                    row["rounds"].append(None)
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    result = executor.run(config)
+                except (TrialFailed, ConfigError, WorkloadError) as e:
+                    row["rounds"].append(None)
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    row["_invalid"] = isinstance(e, (ConfigError, WorkloadError))
+                    log(f"round {r + 1}/{args.rounds} trial {n}/{len(order)} "
+                        f"{row_name(config)}: FAILED {row['error']}")
+                    continue
+                row["rounds"].append(result.step_time_s)
+                row["_memory"].append(result.peak_memory_bytes)
+                threads[str(config.world_size)] = result.env.get("threads_per_rank")
+                log(f"round {r + 1}/{args.rounds} trial {n}/{len(order)} {row_name(config)}: "
+                    f"{result.step_time_s * 1e3:.1f} ms (trial {time.perf_counter() - t0:.1f} s, "
+                    f"elapsed {time.perf_counter() - start:.0f} s)")
+            for row in table["rows"]:
+                memory = [m for m in row["_memory"] if m is not None]
+                done = [s for s in row["rounds"] if s is not None]
+                row["step_time_s"] = statistics.median(done) if done else None
+                row["peak_memory_bytes"] = min(memory) if memory else None
+                row["status"] = "complete" if done else "failed"
+            table["machine"]["threads_per_rank"] = threads
+            table["settings"]["rounds_done"] = r + 1
+            table["rounds_info"].append({"round": r + 1, "wall_s": round(
+                time.perf_counter() - t_round, 1), "loadavg_start": load})
+            write_table(out, table)
+            log(f"round {r + 1} done in {time.perf_counter() - t_round:.0f} s; wrote {out}")
+    total = time.perf_counter() - start
+    table["settings"]["wall_s"] = round(total, 1)
+    write_table(out, table)
+    failed = sum(r["status"] == "failed" for r in table["rows"])
+    print(f"measured {len(configs)} layouts × {args.rounds} rounds in {total:.0f} s "
+          f"({failed} failed); wrote {out}")
+    return 0
+
+
+# ---- evaluate -----------------------------------------------------------------------------
+def load_table(path: str) -> tuple[dict, list[tuple[TrialConfig, dict]]]:
+    try:
+        table = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read table '{path}': {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"table '{path}' is not valid JSON: {e}") from None
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+        raise ConfigError(f"table '{path}' has no 'rows' list; write it with "
+                          "'cpu_sweep.py measure'")
+    rows = [(TrialConfig.from_dict(r["config"]), r) for r in table["rows"]
+            if r.get("status") == "complete" and r.get("step_time_s")]
+    if not rows:
+        raise ConfigError(f"table '{path}' has no completed rows")
+    return table, rows
+
+
+def calibration_rows(rows: list[tuple[TrialConfig, dict]], count: int, seed: int) -> list[int]:
+    """``count`` row indices by seed, split evenly over the world sizes present."""
+    rng = random.Random(seed)
+    worlds = sorted({c.world_size for c, _ in rows})
+    chosen = []
+    for k, w in enumerate(worlds):
+        n = count // len(worlds) + (1 if k < count % len(worlds) else 0)
+        idx = [i for i, (c, _) in enumerate(rows) if c.world_size == w]
+        chosen += rng.sample(idx, min(n, len(idx)))
+    return sorted(chosen)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(xs) < 3:
+        return None
+    rho = spearmanr(xs, ys).statistic
+    return float(rho) if rho == rho else None
+
+
+def noise_floor(rows: list[tuple[TrialConfig, dict]]) -> dict:
+    """Median coefficient of variation of a row's rounds, and the MAPE of predicting each round
+    from the median of the row's other rounds (leave one out)."""
+    cvs, loo = [], []
+    for _, r in rows:
+        rounds = [s for s in r["rounds"] if s is not None]
+        if len(rounds) < 2:
+            continue
+        cvs.append(statistics.stdev(rounds) / statistics.mean(rounds))
+        for j, s in enumerate(rounds):
+            others = rounds[:j] + rounds[j + 1:]
+            loo.append(abs(statistics.median(others) / s - 1))
+    return {"rows": len(cvs), "median_cv": statistics.median(cvs) if cvs else None,
+            "leave_one_out_mape": statistics.mean(loo) if loo else None}
+
+
+def choose_cluster(rows: list[tuple[TrialConfig, dict]], cores: int | None):
+    """One cluster for every row: the largest world size's ``local_cpu_cluster``, after
+    checking that a smaller world's rows predict the same on it as on their own cluster (the
+    model uses devices_per_node only for placement, and ``local_cpu_cluster`` gives a rank
+    max(cores / world, 1) cores). Returns (cluster, largest relative difference)."""
+    from autotune.cluster import local_cpu_cluster
+    from autotune.perf_model import predict_step_time
+
+    worlds = sorted({c.world_size for c, _ in rows})
+    big = local_cpu_cluster(worlds[-1], cores=cores)
+    diff = 0.0
+    for c, _ in rows:
+        if c.world_size == worlds[-1]:
+            continue
+        own = predict_step_time(c, local_cpu_cluster(c.world_size, cores=cores)).step_time_s
+        diff = max(diff, abs(predict_step_time(c, big).step_time_s / own - 1))
+    return big, diff
+
+
+def run_seed(rows, cluster, count: int, seed: int) -> dict:
+    from autotune.calibration import Sample, fit_calibration
+    from autotune.perf_model import AUTOTUNE_ENGINE, predict_step_time
+
+    calib = calibration_rows(rows, count, seed)
+    samples = [Sample(rows[i][0], rows[i][1]["step_time_s"]) for i in calib]
+    t0 = time.perf_counter()
+    report = fit_calibration(samples, cluster, engine=AUTOTUNE_ENGINE)
+    fit_s = time.perf_counter() - t0
+    predictions = []
+    for i, (c, r) in enumerate(rows):
+        if i in calib:
+            continue
+        est = predict_step_time(c, cluster, report.calibration, engine=AUTOTUNE_ENGINE)
+        top = max(est.breakdown, key=est.breakdown.get)
+        predictions.append({"index": i, "name": short_name(c), "family": c.workload.family,
+                            "seq_len": c.workload.seq_len,
+                            "global_batch": c.workload.global_batch_size,
+                            "world_size": c.world_size, "measured_s": r["step_time_s"],
+                            "predicted_s": est.step_time_s,
+                            "error": est.step_time_s / r["step_time_s"] - 1, "top_term": top})
+    err = [abs(p["error"]) for p in predictions]
+    out = {"seed": seed, "calibrated_on": [row_name(rows[i][0]) for i in calib],
+           "calibration": report.calibration.to_dict(), "fit_mape": report.mape,
+           "fit_s": fit_s, "fit_table": report.table(), "predictions": predictions,
+           "mape": statistics.mean(err), "median_ape": statistics.median(err),
+           "spearman": spearman([p["predicted_s"] for p in predictions],
+                                [p["measured_s"] for p in predictions]),
+           "spearman_by_world": {}}
+    for w in sorted({p["world_size"] for p in predictions}):
+        ps = [p for p in predictions if p["world_size"] == w]
+        out["spearman_by_world"][str(w)] = spearman([p["predicted_s"] for p in ps],
+                                                    [p["measured_s"] for p in ps])
+    return out
+
+
+def residuals_by_knob(rows, runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """Signed error (predicted / measured − 1) by knob value, pooled over every seed's
+    predictions: mean, mean |error| and count, over all world sizes and within each."""
+    acc: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
+    for run in runs:
+        for p in run["predictions"]:
+            values = {**knob_values(rows[p["index"]][0]), "top_term": p["top_term"]}
+            for k, v in values.items():
+                for where in ("all", f"w{p['world_size']}"):
+                    acc[k][str(v)][where].append(p["error"])
+
+    def stats(e: list[float]) -> dict:
+        return {"n": len(e), "mean_error": statistics.mean(e),
+                "mape": statistics.mean(map(abs, e))}
+
+    return {k: {v: {where: stats(e) for where, e in sorted(by_world.items())}
+                for v, by_world in sorted(vals.items(), key=lambda kv: _sort_key(kv[0]))}
+            for k, vals in acc.items()}
+
+
+def _sort_key(value: str):
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def _mean_sd(values: list[float | None]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "sd": None, "min": None, "max": None}
+    return {"mean": statistics.mean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "min": min(vals), "max": max(vals)}
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    table, rows = load_table(args.table)
+    if args.calibrate_count < 1 or args.calibrate_count >= len(rows):
+        raise ConfigError(f"--calibrate-count must be between 1 and {len(rows) - 1} (the table "
+                          f"has {len(rows)} completed rows)")
+    cores = table.get("machine", {}).get("cores")
+    cluster, diff = choose_cluster(rows, cores)
+    runs = [run_seed(rows, cluster, args.calibrate_count, s)
+            for s in range(args.seed, args.seed + args.seeds)]
+    noise = noise_floor(rows)
+    knobs = residuals_by_knob(rows, runs)
+    summary = {"mape": _mean_sd([r["mape"] for r in runs]),
+               "spearman": _mean_sd([r["spearman"] for r in runs]),
+               **{f"spearman_world_{w}": _mean_sd([r["spearman_by_world"].get(w) for r in runs])
+                  for w in sorted({str(c.world_size) for c, _ in rows})}}
+    wall = time.perf_counter() - t_start
+    if args.json:
+        print(json.dumps({"table": args.table, "rows": len(rows), "cluster": cluster.name,
+                          "cluster_devices_per_node": cluster.devices_per_node,
+                          "cluster_max_relative_difference": diff, "noise_floor": noise,
+                          "seeds": [{k: v for k, v in r.items() if k != "fit_table"}
+                                    for r in runs],
+                          "summary": summary, "residuals_by_knob": knobs, "wall_s": wall},
+                         indent=1))
+        return 0
+    first = runs[0]
+    m = table.get("machine", {})
+    st = table.get("settings", {})
+    print(f"table {args.table}: {len(rows)} completed rows of {len(table['rows'])}, measured "
+          f"{table.get('measured_at', '?')} on {m.get('cores', '?')} cores "
+          f"({m.get('cpu_model', '')}), torch {m.get('torch', '?')}, "
+          f"{st.get('rounds_done', '?')} rounds of {st.get('num_warmup_steps', '?')} warm-up + "
+          f"{st.get('num_timed_steps', '?')} timed steps")
+    same = "" if diff < 1e-9 else " — NOT the same: the per-rank peak differs by world size"
+    print(f"cluster: local_cpu_cluster({cluster.devices_per_node}, cores={cores}) for every row "
+          f"(smaller worlds' rows predict the same on it as on their own cluster: largest "
+          f"relative difference {diff:.1e}{same})")
+    print()
+    print(f"seed {first['seed']}: calibrated on {len(first['calibrated_on'])} rows:")
+    for name in first["calibrated_on"]:
+        print(f"  {name}")
+    print(first["fit_table"])
+    print()
+    print(f"{'layout':<54} {'model':<16} {'measured ms':>11} {'predicted ms':>12} "
+          f"{'error':>8}  top term")
+    for p in sorted(first["predictions"], key=lambda p: (p["world_size"], p["measured_s"])):
+        model = f"{p['family']}-s{p['seq_len']}-gb{p['global_batch']}"
+        print(f"{p['name']:<54} {model:<16} {p['measured_s'] * 1e3:>11.1f} "
+              f"{p['predicted_s'] * 1e3:>12.1f} "
+              f"{100 * p['error']:>+7.1f}%  {p['top_term']}")
+    print()
+
+    def fmt_rho(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    print(f"seed {first['seed']}: {len(first['predictions'])} predicted rows: MAPE "
+          f"{100 * first['mape']:.1f}% (median {100 * first['median_ape']:.1f}%), Spearman ρ "
+          f"{fmt_rho(first['spearman'])}; within world size: "
+          + ", ".join(f"w{w} {fmt_rho(v)}" for w, v in first["spearman_by_world"].items()))
+    print(f"NOISE FLOOR ({noise['rows']} rows with ≥ 2 rounds): median CV of the rounds "
+          f"{100 * noise['median_cv']:.1f}%; predicting each round from the median of the "
+          f"others: MAPE {100 * noise['leave_one_out_mape']:.1f}%")
+    print()
+    print(f"{'seed':>4} {'MAPE':>7} {'ρ':>7} " + " ".join(
+        f"{'ρ w' + w:>7}" for w in first["spearman_by_world"]) + f" {'fit MAPE':>9} {'fit s':>6}")
+    for r in runs:
+        print(f"{r['seed']:>4} {100 * r['mape']:>6.1f}% {fmt_rho(r['spearman']):>7} "
+              + " ".join(f"{fmt_rho(v):>7}" for v in r["spearman_by_world"].values())
+              + f" {100 * r['fit_mape']:>8.1f}% {r['fit_s']:>6.1f}")
+
+    def fmt(s, pct=False):
+        if s["mean"] is None:
+            return "n/a"
+        k = 100 if pct else 1
+        unit = "%" if pct else ""
+        return (f"{k * s['mean']:.{1 if pct else 3}f}{unit} ± {k * s['sd']:.{1 if pct else 3}f}"
+                f" (range {k * s['min']:.{1 if pct else 3}f}–{k * s['max']:.{1 if pct else 3}f})")
+
+    print(f"over {len(runs)} seeds: MAPE {fmt(summary['mape'], True)}; ρ "
+          f"{fmt(summary['spearman'])}; "
+          + "; ".join(f"ρ w{k.rsplit('_', 1)[1]} {fmt(v)}" for k, v in summary.items()
+                      if k.startswith("spearman_world")))
+    print(f"targets: MAPE ≤ 15%, ρ ≥ 0.8 — beside a noise floor of "
+          f"{100 * noise['leave_one_out_mape']:.1f}% (leave-one-round-out MAPE)")
+    print()
+    print(f"signed error by knob value, pooled over the {len(runs)} seeds' predictions "
+          "(+ over-predicts):")
+    print("  knob value: mean signed error (mean |error|, predictions) [by world size]")
+    for k, vals in knobs.items():
+        print(f"  {k}")
+        for v, by in vals.items():
+            a = by["all"]
+            worlds = ", ".join(f"{w} {100 * st['mean_error']:+.0f}% n {st['n']}"
+                               for w, st in by.items() if w != "all")
+            print(f"    {v:<17} {100 * a['mean_error']:+5.0f}% (|{100 * a['mape']:.0f}%|, "
+                  f"n {a['n']}) [{worlds}]")
+    print(f"(evaluate took {wall:.1f} s)")
+    return 0
+
+
+# ---- command line -------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="run the trials and write the table")
+    m.add_argument("--out", required=True, help="table to write (JSON)")
+    m.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    m.add_argument("--count", type=int, default=DEFAULT_COUNT,
+                   help=f"layouts, half per world size (default {DEFAULT_COUNT})")
+    m.add_argument("--seed", type=int, default=0, help="seed of the layout choice (default 0)")
+    m.add_argument("--limit", type=int, default=0,
+                   help="measure only the first N chosen layouts (a smoke run)")
+    e = sub.add_parser("evaluate", help="calibrate on some rows, predict the rest")
+    e.add_argument("--table", required=True, help="a table written by 'measure'")
+    e.add_argument("--calibrate-count", type=int, default=8,
+                   help="rows the model is calibrated on (default 8)")
+    e.add_argument("--seed", type=int, default=0, help="first seed of the choice (default 0)")
+    e.add_argument("--seeds", type=int, default=5,
+                   help="consecutive seeds to repeat the split for (default 5)")
+    e.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = p.parse_args(argv)
+    for name in ("rounds", "count", "seeds"):
+        if getattr(args, name, 1) < 1:
+            p.error(f"--{name} must be at least 1")
+    try:
+        return measure(args) if args.command == "measure" else evaluate(args)
+    except AutotuneError as e:
+        print(f"cpu_sweep: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
