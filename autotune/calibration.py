@@ -166,23 +166,53 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
         key = layer_shape_key(smp.config.micro_batch_size * smp.config.workload.seq_len,
                               shape.hidden_size, smp.config.tp_degree, smp.config.workload.dtype)
         by_key.setdefault(key, []).append(smp)
-    factors: dict[str, float] = {}
+    factors: dict[str, dict[str, float]] = {"layer_shape_factors": {},
+                                             "host_shape_factors": {}}
     for key, group in by_key.items():
-        def mean_log_error(log_f: float) -> float:
-            trial = dataclasses.replace(cal, layer_shape_factors={key: math.exp(log_f)})
-            return sum(math.log(predict_step_time(smp.config, cluster, trial, shape=smp.shape,
-                                                  engine=engine).step_time_s / smp.step_time_s)
-                       for smp in group) / len(group)
-
-        lo, hi = -2.0, 2.0
-        if mean_log_error(lo) > 0 or mean_log_error(hi) < 0:
-            continue  # host-bound: the device time does not decide this shape's step time
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if mean_log_error(mid) > 0:
-                hi = mid
-            else:
-                lo = mid
         n = len(group)
-        factors[key] = math.exp((lo + hi) / 2 * n / (n + SHAPE_SHRINK))
-    return dataclasses.replace(cal, layer_shape_factors=factors)
+        # The device's work or the host's launch time: of the two corrections that zero the
+        # group's mean error, keep the one that fits its samples one by one more closely (a
+        # launch-bound shape's device time moves nothing, and the reverse).
+        best = None
+        for table in ("host_shape_factors", "layer_shape_factors"):
+            log_f = _zero_mean_log_error(group, cluster, cal, engine, table, key)
+            if log_f is None:
+                continue
+            spread = _squared_log_errors(group, cluster, dataclasses.replace(
+                cal, **{table: {key: math.exp(log_f)}}), engine)
+            if best is None or spread < best[0] - 1e-12:
+                best = (spread, table, log_f)
+        if best is not None:
+            factors[best[1]][key] = math.exp(best[2] * n / (n + SHAPE_SHRINK))
+    return dataclasses.replace(cal, **factors)
+
+
+def _squared_log_errors(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
+                        engine: EngineTraits) -> float:
+    return sum(math.log(predict_step_time(smp.config, cluster, cal, shape=smp.shape,
+                                          engine=engine).step_time_s / smp.step_time_s) ** 2
+               for smp in group)
+
+
+def _zero_mean_log_error(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
+                         engine: EngineTraits, table: str, key: str) -> float | None:
+    """The log factor in ``table`` for ``key`` at which the group's mean log error is zero,
+    or None when no factor in [e⁻², e²] reaches it."""
+    def mean_log_error(log_f: float) -> float:
+        trial = dataclasses.replace(cal, **{table: {key: math.exp(log_f)}})
+        return sum(math.log(predict_step_time(smp.config, cluster, trial, shape=smp.shape,
+                                              engine=engine).step_time_s / smp.step_time_s)
+                   for smp in group) / len(group)
+
+    lo, hi = -2.0, 2.0
+    if mean_log_error(lo) > 0 or mean_log_error(hi) < 0:
+        return None
+    if abs(mean_log_error(lo) - mean_log_error(hi)) < 1e-3:
+        return None  # this factor hardly moves the step: not what the error comes from
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if mean_log_error(mid) > 0:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2

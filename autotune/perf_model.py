@@ -123,6 +123,9 @@ class Calibration:
     """Measured correction of a layer's device time per per-rank shape (``layer_shape_key``):
     what a kernel profile knows and a smooth efficiency curve cannot (a GEMM shape the
     library tiles badly). Shapes never measured take the curve alone (factor 1)."""
+    host_shape_factors: dict[str, float] = field(default_factory=dict)
+    """Measured correction of a layer's host launch time per shape, for shapes whose measured
+    steps are launch-bound (their device time cannot be seen, their host time can)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -137,20 +140,26 @@ class Calibration:
             raise ConfigError(f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
                               f"{', '.join(sorted(names))}")
         data = dict(data)
-        factors = data.pop("layer_shape_factors", {})
-        if not isinstance(factors, dict):
-            raise ConfigError("calibration 'layer_shape_factors' must map shapes to numbers")
-        for key, value in [*data.items(), *factors.items()]:
+        tables = {name: data.pop(name, {}) for name in SHAPE_TABLES}
+        for name, table in tables.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"calibration '{name}' must map shapes to numbers")
+        for key, value in [*data.items(), *(kv for t in tables.values() for kv in t.items())]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                     math.isfinite(value) and value >= 0):
                 raise ConfigError(f"calibration '{key}' must be a number ≥ 0, not {value!r}")
         return cls(**{k: float(v) for k, v in data.items()},
-                   layer_shape_factors={str(k): float(v) for k, v in factors.items()})
+                   **{name: {str(k): float(v) for k, v in table.items()}
+                      for name, table in tables.items()})
 
     @classmethod
     def for_cluster(cls, cluster: ClusterSpec) -> Calibration:
         """The cluster's stored calibration, or the defaults."""
         return cls.from_dict(cluster.calibration) if cluster.calibration else cls()
+
+
+SHAPE_TABLES = ("layer_shape_factors", "host_shape_factors")
+"""The calibration's per-shape corrections (maps of ``layer_shape_key`` to a factor)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,8 +334,9 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     attn_core_s = score_flops / tp / flop_rate + score_s
     recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
     passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
+    shape_key = layer_shape_key(b * s, h, tp, dtype)
     layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
-        layer_shape_key(b * s, h, tp, dtype), 1.0)
+        shape_key, 1.0)
     head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)
     head_s = 3 * 2 * head_work / (peak * matmul_efficiency(
         cal, b * s, vocab / (tp if engine.vocab_parallel else 1)))
@@ -347,7 +357,8 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     # The host launches each layer pass's kernels and collectives. On a GPU they queue on a
     # stream, so a layer takes the longer of the host's launch time and the device's work
     # (small layers are launch-bound); a CPU rank does both itself, so they add.
-    host_layer_s = passes * cal.layer_overhead_s + tp_collectives * cal.collective_overhead_s
+    host_layer_s = (passes * cal.layer_overhead_s + tp_collectives * cal.collective_overhead_s
+                    ) * cal.host_shape_factors.get(shape_key, 1.0)
     if cluster.device.asynchronous:
         busy = layer_device_s + tp_layer_s
         layer_excess_s = _soft_max(host_layer_s, busy) - busy

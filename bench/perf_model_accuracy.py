@@ -122,7 +122,7 @@ def split(args: argparse.Namespace) -> int:
         header = next(reader)
         rows = list(reader)
     order = sorted(range(len(rows)), key=lambda i: [float(x) for x in rows[i][:-1]])
-    chosen = set(order[::args.every])
+    chosen = set(order[args.offset::args.every])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, keep in (("calibrate.csv", True), ("predict.csv", False)):
@@ -131,8 +131,8 @@ def split(args: argparse.Namespace) -> int:
             w.writerow(header)
             w.writerows(r for i, r in enumerate(rows) if (i in chosen) == keep)
     print(f"{len(chosen)} rows → {out / 'calibrate.csv'}, {len(rows) - len(chosen)} → "
-          f"{out / 'predict.csv'} (every {args.every}th row of the table sorted by its "
-          "configuration columns)")
+          f"{out / 'predict.csv'} (every {args.every}th row from row {args.offset} "
+          "of the table sorted by its configuration columns)")
     return 0
 
 
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the predictions as JSON only")
     p.add_argument("--split", metavar="TABLE", help="write a calibrate/predict split instead")
     p.add_argument("--every", type=int, default=10, help="--split: every k-th row calibrates")
+    p.add_argument("--offset", type=int, default=0, help="--split: first calibrating row")
     p.add_argument("--out", default="split", help="--split: output folder")
     train = p.add_argument_group("how the table's code trained (defaults: the shared table's)")
     train.add_argument("--engine", choices=sorted(ENGINES), default="megatron")
