@@ -36,11 +36,16 @@ FITTED = ("compute_efficiency", "half_efficiency_rows",
           "layer_overhead_s", "collective_overhead_s", "microbatch_overhead_s", "step_overhead_s", "comm_efficiency",
           "overlap_efficiency", "optimizer_bytes_per_param")
 """The parameters a step-time fit may move."""
+FEW_SAMPLES = 24
+"""Below this many samples only ``FEW_FITTED`` are fitted."""
+FEW_FITTED = ("compute_efficiency", "layer_overhead_s", "collective_overhead_s",
+              "microbatch_overhead_s", "step_overhead_s", "comm_efficiency")
 START_SAMPLES = 200
 """Samples the multi-start search uses before the best start is refined on all of them."""
 PRIOR_SIGMA = 1.5
 """Width of the log-normal prior on each parameter (a factor of e^1.5 ≈ 4.5 is one sigma)."""
-FLOOR = {"layer_overhead_s": 1e-7, "collective_overhead_s": 1e-7, "microbatch_overhead_s": 1e-6, "step_overhead_s": 1e-4,
+FLOOR = {"layer_overhead_s": 1e-7, "collective_overhead_s": 1e-7,
+         "microbatch_overhead_s": 1e-5, "step_overhead_s": 1e-4,
          "score_bytes": 0.1, "elementwise_bytes": 0.1,
          "elementwise_sharded_bytes": 0.1}
 """Smallest starting value of parameters that may start at zero (log space needs > 0)."""
@@ -54,6 +59,9 @@ class Sample:
     step_time_s: float
     shape: ModelShape | None = None
     """The model's shape, for a workload that is not built in."""
+    cluster: ClusterSpec | None = None
+    """Where it was measured, when not the fit's cluster (CPU ranks sharing cores differ by
+    world size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,26 +100,35 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
             raise ConfigError(f"measured step time must be positive, not {smp.step_time_s}")
     start = start or Calibration.for_cluster(cluster)
     names = [n for n in fitted if n in FITTED]
+    if len(samples) < FEW_SAMPLES:
+        # A handful of trials cannot separate a dozen parameters: fit the few that decide a
+        # small run's time (compute rate, fixed costs, link speed), keep the rest where they
+        # start.
+        names = [n for n in names if n in FEW_FITTED]
     x0 = np.array([math.log(max(getattr(start, n), FLOOR.get(n, 1e-12))) for n in names])
+    # A parameter that starts at zero has no prior value to be pulled toward (its floor is
+    # only where the search begins); the others keep their log-normal prior.
+    prior_weight = np.array([0.0 if getattr(start, n) <= 0 else 1.0 for n in names])
     measured = np.log([smp.step_time_s for smp in samples])
 
     def calibration_at(x) -> Calibration:
         values = {n: float(math.exp(v)) for n, v in zip(names, x)}
-        for capped in ("overlap_efficiency", "compute_efficiency"):
+        for capped in ("overlap_efficiency", "compute_efficiency", "comm_efficiency"):
             if capped in values:
                 values[capped] = min(1.0, values[capped])
         return dataclasses.replace(start, **values)
 
     def predict(cal: Calibration, subset=None):
         chosen = samples if subset is None else [samples[i] for i in subset]
-        return np.log([predict_step_time(smp.config, cluster, cal, shape=smp.shape,
-                                         engine=engine).step_time_s for smp in chosen])
+        return np.log([predict_step_time(smp.config, smp.cluster or cluster, cal,
+                                         shape=smp.shape, engine=engine).step_time_s
+                       for smp in chosen])
 
     def residuals(x, subset=None):
         target = measured if subset is None else measured[subset]
         w = 1.0 / math.sqrt(len(target))
         data = (predict(calibration_at(x), subset) - target) * w
-        prior = (x - x0) / PRIOR_SIGMA * (0.3 * w)
+        prior = (x - x0) / PRIOR_SIGMA * (0.3 * w) * prior_weight
         return np.concatenate([data, prior])
 
     upper = np.full(len(names), np.inf)
@@ -119,12 +136,17 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
         if capped in names:
             upper[names.index(capped)] = 0.0  # log(1)
     lower = np.full(len(names), -np.inf)
-    x0 = np.minimum(x0, upper)
+    if "comm_efficiency" in names:
+        # Links reach at most what they are described to; far below it, the time is better
+        # explained by per-collective costs (collective_overhead_s) than by a crawling link.
+        upper[names.index("comm_efficiency")] = 0.0
+        lower[names.index("comm_efficiency")] = math.log(0.05)
+    x0 = np.clip(x0, lower, upper)
     # The host/device crossover makes the surface non-convex in the host overheads: start
     # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
     # the best start on all samples.
     starts = [x0]
-    for scale in (10.0, 100.0):
+    for scale in (10.0, 100.0, 1000.0):
         x = x0.copy()
         for n in ("layer_overhead_s", "collective_overhead_s"):
             if n in names:
@@ -189,9 +211,9 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
 
 def _squared_log_errors(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
                         engine: EngineTraits) -> float:
-    return sum(math.log(predict_step_time(smp.config, cluster, cal, shape=smp.shape,
-                                          engine=engine).step_time_s / smp.step_time_s) ** 2
-               for smp in group)
+    return sum(math.log(predict_step_time(smp.config, smp.cluster or cluster, cal,
+                                          shape=smp.shape, engine=engine).step_time_s
+                        / smp.step_time_s) ** 2 for smp in group)
 
 
 def _zero_mean_log_error(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
@@ -200,9 +222,9 @@ def _zero_mean_log_error(group: Sequence[Sample], cluster: ClusterSpec, cal: Cal
     or None when no factor in [e⁻², e²] reaches it."""
     def mean_log_error(log_f: float) -> float:
         trial = dataclasses.replace(cal, **{table: {key: math.exp(log_f)}})
-        return sum(math.log(predict_step_time(smp.config, cluster, trial, shape=smp.shape,
-                                              engine=engine).step_time_s / smp.step_time_s)
-                   for smp in group) / len(group)
+        return sum(math.log(predict_step_time(smp.config, smp.cluster or cluster, trial,
+                                              shape=smp.shape, engine=engine).step_time_s
+                            / smp.step_time_s) for smp in group) / len(group)
 
     lo, hi = -2.0, 2.0
     if mean_log_error(lo) > 0 or mean_log_error(hi) < 0:

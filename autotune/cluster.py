@@ -123,6 +123,9 @@ class ClusterSpec:
     """The network between nodes; bandwidth_gbs is per node (all its NICs together)."""
     backend: str = "nccl"
     """Collective library: nccl, or gloo (which runs reduce-scatter as a full all-reduce)."""
+    cores_per_node: int | None = None
+    """CPU ranks only: the cores a node's ranks share. A rank that waits (a pipeline bubble)
+    leaves its core to the others, so with more ranks than cores a bubble costs less."""
     source: str = ""
     """Where the figures come from."""
     calibration: dict[str, Any] | None = None
@@ -327,17 +330,23 @@ def load_cluster(name_or_path: str, *, nodes: int | None = None) -> ClusterSpec:
 def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSpec:
     """This machine's CPU ranks as one node: nominal figures that calibration scales.
 
-    Peak: cores × 2.5 GHz × 32 fp32 FLOP/cycle (two 8-wide AVX2 FMA units) shared by the ranks;
-    memory bandwidth nominal 20 GB/s per rank; gloo over loopback. Trials fit the real ones.
+    Peak: cores × 2.5 GHz × 32 fp32 FLOP/cycle (two 8-wide AVX2 FMA units) shared by the ranks
+    (four ranks on two cores get half a core each); memory bandwidth nominal 20 GB/s per rank;
+    gloo over loopback. Trials fit the real ones.
     """
     cores = cores or os.cpu_count() or 1
-    per_rank = max(cores / world_size, 1.0)
+    per_rank = cores / world_size
     flops = per_rank * 2.5e9 * 32
     return ClusterSpec(
         name="cpu-local", num_nodes=1, devices_per_node=world_size,
         device=DeviceSpec(name="cpu", peak_flops={"float32": flops, "bfloat16": flops,
                                                   "float16": flops},
                           memory_bandwidth_gbs=20.0, memory_gib=16.0, asynchronous=False),
-        intra_node=LinkSpec(bandwidth_gbs=2.0, latency_us=100.0),
+        intra_node=LinkSpec(bandwidth_gbs=5.0, latency_us=100.0),
         inter_node=LinkSpec(bandwidth_gbs=1.0, latency_us=200.0),
-        backend="gloo", source=f"nominal figures for {cores} CPU cores; calibrated by trials")
+        backend="gloo", cores_per_node=cores, source=f"nominal figures for {cores} CPU cores; calibrated by trials",
+        # Where a fit starts on CPU ranks, whose small layers cost the interpreter and the
+        # operator dispatch far more than their FLOPs: about 0.2 ms a layer pass, 0.1 ms a
+        # collective, 1 ms a micro-batch (orders of magnitude read off tiny-GPT trials).
+        calibration={"layer_overhead_s": 2e-4, "collective_overhead_s": 1e-4,
+                     "microbatch_overhead_s": 1e-3, "step_overhead_s": 1e-3})

@@ -108,7 +108,7 @@ class Calibration:
     layer_overhead_s: float = 20e-6
     """Host seconds per layer per pass (forward, backward, recompute): launching its kernels."""
     collective_overhead_s: float = 10e-6
-    """Host seconds per tensor-parallel collective (launch and the ranks' synchronisation)."""
+    """Host seconds per collective (launch and the ranks' synchronisation)."""
     microbatch_overhead_s: float = 0.0
     """Fixed seconds per micro-batch per stage (schedule and framework work)."""
     step_overhead_s: float = 0.0
@@ -357,8 +357,12 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     # The host launches each layer pass's kernels and collectives. On a GPU they queue on a
     # stream, so a layer takes the longer of the host's launch time and the device's work
     # (small layers are launch-bound); a CPU rank does both itself, so they add.
+    # CPU ranks that outnumber the cores run their interpreter on a share of one.
+    host_share = 1.0
+    if cluster.cores_per_node and not cluster.device.asynchronous:
+        host_share = max(1.0, cluster.devices_per_node / cluster.cores_per_node)
     host_layer_s = (passes * cal.layer_overhead_s + tp_collectives * cal.collective_overhead_s
-                    ) * cal.host_shape_factors.get(shape_key, 1.0)
+                    ) * cal.host_shape_factors.get(shape_key, 1.0) * host_share
     if cluster.device.asynchronous:
         busy = layer_device_s + tp_layer_s
         layer_excess_s = _soft_max(host_layer_s, busy) - busy
@@ -377,12 +381,17 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
         neighbours = (0 if first else 1) + (0 if last else 1)
         p2p = t_p2p * neighbours * v if pp > 1 else 0.0
-        overhead = layers * layer_excess_s + cal.microbatch_overhead_s
+        overhead = layers * layer_excess_s + cal.microbatch_overhead_s * host_share
         stages.append((compute, tp_s, p2p, overhead))
     totals = [sum(t) for t in stages]
     slowest = max(range(pp), key=lambda i: totals[i])
     t_max = totals[slowest]
-    pipe_s = m * t_max + (sum(totals) - t_max) / v
+    bubble_s = (sum(totals) - t_max) / v
+    if cluster.cores_per_node and not cluster.device.asynchronous:
+        # More CPU ranks than cores: the stage times are at a shared core's speed, but in the
+        # fill and drain the waiting ranks give their cores to the working ones.
+        bubble_s *= min(1.0, cluster.cores_per_node / cluster.devices_per_node)
+    pipe_s = m * t_max + bubble_s
     c_b, tp_b, p2p_b, ovh_b = stages[slowest]
 
     # ---- data-parallel synchronisation -------------------------------------------------------
@@ -421,7 +430,19 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
             gather_exposed = gather_s
     else:
         sync_exposed, gather_exposed = sync_s, gather_s
-    dp_s = sync_exposed + gather_exposed
+    # Each DP collective also costs the host its launch: DDP all-reduces one bucket at a
+    # time, FSDP gathers and reduces one unit (blocks grouped up to bucket_mb) at a time.
+    dp_collectives = 0
+    if dp > 1:
+        bucket = config.bucket_mb * 2**20
+        if zero <= 1:
+            dp_collectives = math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
+        else:
+            layers_rank = max(sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp))
+            per_unit = max(1, math.ceil(bucket / max(layer_params(shape) / tp * e, 1.0)))
+            units = math.ceil(layers_rank / per_unit) + 1  # + the root's unit
+            dp_collectives = units * (1 + m * (2 if zero == 3 else 1))
+    dp_s = sync_exposed + gather_exposed + dp_collectives * cal.collective_overhead_s * host_share
 
     # ---- optimizer ----------------------------------------------------------------------------
     updated = params_rank / (dp if zero >= 1 else 1)
@@ -434,7 +455,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         "pp_bubble": pipe_s - m * t_max,
         "dp_comm": dp_s,
         "optimizer": optimizer_s,
-        "overhead": m * ovh_b + cal.step_overhead_s,
+        "overhead": m * ovh_b + cal.step_overhead_s * host_share,
     }
     step = sum(breakdown.values())
     tokens = config.tokens_per_step

@@ -7,15 +7,14 @@ batch and a sequence length, it lists every layout the trial engine accepts — 
 (``memory.estimate_memory``) and, for those predicted to fit the limit with the search's margin
 (``search.predicted_to_fit``), its step time (``perf_model.predict_step_time`` with the cluster's
 stored calibration, for autotune's own engine), and prints the fastest K. Nothing runs and
-nothing imports torch: Llama 70B on 512 GPUs (about 7,000 layouts) is ranked in seconds.
+nothing imports torch: Llama 70B on 512 GPUs (about 21,000 layouts) is ranked in seconds.
 
 What is enumerated (``ENUMERATED``): tp × pp × dp, micro-batch (hence accumulation), ZeRO stage,
-activation checkpointing, pipeline schedule and overlap on/off. With dp 1 there is nothing to
-shard or to overlap, so only ZeRO-0 with overlap on is listed (``enumerate_configs`` lists only
-ZeRO-0 there for the same reason). Bucket size and attention kernel stay at TrialConfig's
-defaults: the bucket only sizes the last exposed bucket and FSDP's units, and eager attention is
-slower and larger than SDPA in both models, so neither would reorder the ranking much while each
-multiplies the count.
+activation checkpointing, pipeline schedule, overlap on/off and the search's bucket sizes. With
+dp 1 there is nothing to shard, overlap or bucket, so only ZeRO-0 with overlap on and the
+default bucket is listed (``enumerate_configs`` lists only ZeRO-0 there for the same reason).
+The attention kernel stays at TrialConfig's default (SDPA): eager attention is slower and
+larger in both models, so it would not reorder the ranking while it doubles the count.
 
 ``add_rank_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_rank(args)`` runs it.
 Bad input raises :class:`ConfigError` (one line, exit 2); nothing predicted to fit is a runtime
@@ -47,6 +46,7 @@ from autotune.layouts import divisors
 from autotune.memory import BYTES_PER_ELEMENT, estimate_memory
 from autotune.models.shapes import ModelShape, model_names
 from autotune.perf_model import AUTOTUNE_ENGINE, Calibration, StepTimeEstimate, predict_step_time
+from autotune.space import DEFAULT_BUCKETS_MB
 
 GIB = 2**30
 ZERO_STAGES = (0, 1, 2, 3)
@@ -55,7 +55,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 OVERLAP = (True, False)
 ENUMERATED = ("tp × pp × dp, micro-batch (× accumulation), ZeRO stage 0-3, activation "
               "checkpointing none/selective/full, pipeline schedule gpipe/1f1b/interleaved_1f1b "
-              "(pp > 1), overlap on/off (dp > 1)")
+              "(pp > 1), overlap on/off and bucket size 5/25/100 MB (dp > 1)")
 """The knobs ``autotune rank`` enumerates, as its --help says."""
 
 
@@ -196,8 +196,10 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
     The loops of ``layouts.enumerate_configs`` with overlap on and off, less the overlap-off
     twin of each dp-1 layout (nothing to overlap): equal to
     ``[c for c in enumerate_configs(base, overlap=(True, False)) if c.overlap_enabled or
-    c.dp_degree > 1]`` (``tests/test_rank.py``), and validated against ``shape`` when the
-    architecture is explicit. Tensor-parallel degrees that cannot divide the heads are skipped
+    c.dp_degree > 1]``, each layout once per bucket size of the search's grid
+    (``space.DEFAULT_BUCKETS_MB``; the first alone with dp 1): the search's own grid,
+    ``space.SearchSpace(base).configs`` (``tests/test_rank.py``), validated against ``shape``
+    when the architecture is explicit. Tensor-parallel degrees that cannot divide the heads are skipped
     before their micro-batches are tried, which ``validate`` would refuse one by one.
     """
     heads = shape or base.workload.shape
@@ -224,7 +226,10 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
                 config.validate(**rules)
             except ConfigError:
                 continue
-            layouts.append(config)
+            # The bucket sizes the search tries (space.DEFAULT_BUCKETS_MB) where there is a
+            # gradient sync to bucket, as the search's own grid lists them.
+            buckets = DEFAULT_BUCKETS_MB if dp > 1 else DEFAULT_BUCKETS_MB[:1]
+            layouts += [dataclasses.replace(config, bucket_mb=b) for b in buckets]
     return layouts
 
 
@@ -305,7 +310,7 @@ class _Progress:
 # ---- output --------------------------------------------------------------------------------
 def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
     lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
-             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'step':>9} {'tokens/s':>11} "
+             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>6} {'step':>9} {'tokens/s':>11} "
              f"{'MFU':>6} {'peak GiB':>8}  largest term"]
     for i, s in enumerate(layouts, 1):
         c, t = s.config, s.time
@@ -315,7 +320,8 @@ def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
             f"{i:>4} {c.tp_degree:>3} {c.pp_degree:>3} {c.dp_degree:>4} {c.zero_stage:>4} "
             f"{f'{c.micro_batch_size}×{c.grad_accum_steps}':>10}  "
             f"{c.activation_checkpointing:<9} {c.pp_schedule if c.pp_degree > 1 else '-':<16} "
-            f"{'on' if c.overlap_enabled else 'off':<7} {_seconds(t.step_time_s):>9} "
+            f"{'on' if c.overlap_enabled else 'off':<7} "
+            f"{f'{c.bucket_mb:g}' if c.dp_degree > 1 else '-':>6} {_seconds(t.step_time_s):>9} "
             f"{t.tokens_per_s:>11,.0f} {mfu:>6} {s.peak_memory_bytes / GIB:>8.1f}  "
             f"{term} {t.breakdown[term] / t.step_time_s:.0%}")
     return "\n".join(lines)

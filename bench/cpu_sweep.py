@@ -349,39 +349,29 @@ def noise_floor(rows: list[tuple[TrialConfig, dict]]) -> dict:
             "leave_one_out_mape": statistics.mean(loo) if loo else None}
 
 
-def choose_cluster(rows: list[tuple[TrialConfig, dict]], cores: int | None):
-    """One cluster for every row: the largest world size's ``local_cpu_cluster``, after
-    checking that a smaller world's rows predict the same on it as on their own cluster (the
-    model uses devices_per_node only for placement, and ``local_cpu_cluster`` gives a rank
-    max(cores / world, 1) cores). Returns (cluster, largest relative difference)."""
+def choose_clusters(rows: list[tuple[TrialConfig, dict]], cores: int | None) -> dict:
+    """Each world size's ``local_cpu_cluster`` (its ranks share the machine's cores)."""
     from autotune.cluster import local_cpu_cluster
-    from autotune.perf_model import predict_step_time
 
-    worlds = sorted({c.world_size for c, _ in rows})
-    big = local_cpu_cluster(worlds[-1], cores=cores)
-    diff = 0.0
-    for c, _ in rows:
-        if c.world_size == worlds[-1]:
-            continue
-        own = predict_step_time(c, local_cpu_cluster(c.world_size, cores=cores)).step_time_s
-        diff = max(diff, abs(predict_step_time(c, big).step_time_s / own - 1))
-    return big, diff
+    return {w: local_cpu_cluster(w, cores=cores) for w in sorted({c.world_size for c, _ in rows})}
 
 
-def run_seed(rows, cluster, count: int, seed: int) -> dict:
+def run_seed(rows, clusters: dict, count: int, seed: int) -> dict:
     from autotune.calibration import Sample, fit_calibration
     from autotune.perf_model import AUTOTUNE_ENGINE, predict_step_time
 
     calib = calibration_rows(rows, count, seed)
-    samples = [Sample(rows[i][0], rows[i][1]["step_time_s"]) for i in calib]
+    samples = [Sample(rows[i][0], rows[i][1]["step_time_s"],
+                      cluster=clusters[rows[i][0].world_size]) for i in calib]
     t0 = time.perf_counter()
-    report = fit_calibration(samples, cluster, engine=AUTOTUNE_ENGINE)
+    report = fit_calibration(samples, next(iter(clusters.values())), engine=AUTOTUNE_ENGINE)
     fit_s = time.perf_counter() - t0
     predictions = []
     for i, (c, r) in enumerate(rows):
         if i in calib:
             continue
-        est = predict_step_time(c, cluster, report.calibration, engine=AUTOTUNE_ENGINE)
+        est = predict_step_time(c, clusters[c.world_size], report.calibration,
+                                engine=AUTOTUNE_ENGINE)
         top = max(est.breakdown, key=est.breakdown.get)
         predictions.append({"index": i, "name": short_name(c), "family": c.workload.family,
                             "seq_len": c.workload.seq_len,
@@ -447,8 +437,8 @@ def evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--calibrate-count must be between 1 and {len(rows) - 1} (the table "
                           f"has {len(rows)} completed rows)")
     cores = table.get("machine", {}).get("cores")
-    cluster, diff = choose_cluster(rows, cores)
-    runs = [run_seed(rows, cluster, args.calibrate_count, s)
+    clusters = choose_clusters(rows, cores)
+    runs = [run_seed(rows, clusters, args.calibrate_count, s)
             for s in range(args.seed, args.seed + args.seeds)]
     noise = noise_floor(rows)
     knobs = residuals_by_knob(rows, runs)
@@ -458,9 +448,9 @@ def evaluate(args: argparse.Namespace) -> int:
                   for w in sorted({str(c.world_size) for c, _ in rows})}}
     wall = time.perf_counter() - t_start
     if args.json:
-        print(json.dumps({"table": args.table, "rows": len(rows), "cluster": cluster.name,
-                          "cluster_devices_per_node": cluster.devices_per_node,
-                          "cluster_max_relative_difference": diff, "noise_floor": noise,
+        print(json.dumps({"table": args.table, "rows": len(rows),
+                          "clusters": {w: c.to_dict() for w, c in clusters.items()},
+                          "noise_floor": noise,
                           "seeds": [{k: v for k, v in r.items() if k != "fit_table"}
                                     for r in runs],
                           "summary": summary, "residuals_by_knob": knobs, "wall_s": wall},
@@ -474,10 +464,8 @@ def evaluate(args: argparse.Namespace) -> int:
           f"({m.get('cpu_model', '')}), torch {m.get('torch', '?')}, "
           f"{st.get('rounds_done', '?')} rounds of {st.get('num_warmup_steps', '?')} warm-up + "
           f"{st.get('num_timed_steps', '?')} timed steps")
-    same = "" if diff < 1e-9 else " — NOT the same: the per-rank peak differs by world size"
-    print(f"cluster: local_cpu_cluster({cluster.devices_per_node}, cores={cores}) for every row "
-          f"(smaller worlds' rows predict the same on it as on their own cluster: largest "
-          f"relative difference {diff:.1e}{same})")
+    print(f"clusters: local_cpu_cluster(world, cores={cores}) per world size "
+          f"({', '.join(str(w) for w in clusters)}): the ranks share the cores")
     print()
     print(f"seed {first['seed']}: calibrated on {len(first['calibrated_on'])} rows:")
     for name in first["calibrated_on"]:

@@ -21,6 +21,7 @@ from autotune.memory import estimate_memory
 from autotune.models.shapes import MODEL_SHAPES
 from autotune.perf_model import Calibration, predict_step_time
 from autotune.rank_cli import _Progress, enumerate_layouts
+from autotune.space import DEFAULT_BUCKETS_MB, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -45,14 +46,18 @@ def test_layouts_are_enumerate_configs_valid_ones(model, world, batch):
     base = _base(model, world, batch, 64)
     ours = enumerate_layouts(base)
     grid = list(enumerate_configs(base, overlap=(True, False)))
-    # The same layouts, less the overlap-off twin of each dp-1 layout (nothing to overlap).
+    # The search's own grid: the valid layouts, less the overlap-off twin of each dp-1 layout
+    # (nothing to overlap), each dp > 1 layout once per bucket size.
     assert len(ours) == len(set(ours))
-    assert set(ours) == {c for c in grid if c.overlap_enabled or c.dp_degree > 1}
-    dropped = [c for c in grid if c not in set(ours)]
+    assert set(ours) == set(SearchSpace(base).configs)
+    plain = {dataclasses.replace(c, bucket_mb=base.bucket_mb) for c in ours}
+    assert plain == {c for c in grid if c.overlap_enabled or c.dp_degree > 1}
+    dropped = [c for c in grid if c not in plain]
     assert dropped and all(c.dp_degree == 1 and not c.overlap_enabled for c in dropped)
+    assert len(ours) == sum(len(DEFAULT_BUCKETS_MB) if c.dp_degree > 1 else 1 for c in plain)
     # Every knob the command says it enumerates does vary.
     for knob in ("tp_degree", "pp_degree", "micro_batch_size", "zero_stage",
-                 "activation_checkpointing", "pp_schedule", "overlap_enabled"):
+                 "activation_checkpointing", "pp_schedule", "overlap_enabled", "bucket_mb"):
         assert len({getattr(c, knob) for c in ours}) > 1, knob
 
 
@@ -81,8 +86,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     # Independently: every valid layout, its predicted peak and, if it fits with the 15%
     # margin, its predicted tokens/s with the default calibration (the built-in stores none).
     expected = []
-    grid = [c for c in enumerate_configs(_base("gpt-small", 8, 32, 1024), overlap=(True, False))
-            if c.overlap_enabled or c.dp_degree > 1]
+    grid = SearchSpace(_base("gpt-small", 8, 32, 1024)).configs
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if peak * 1.15 <= limit:
