@@ -334,19 +334,26 @@ def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
 def _half_work_matching(point: ComputePoint, cluster: ClusterSpec,
                         start: Calibration) -> float | None:
     """The half_efficiency_work at which the compute term (asymptote 1) equals the measured
-    time, by bisection in log size (the term grows with it); None if no size in range does."""
-    def term(log_w: float) -> float:
-        cal = dataclasses.replace(start, compute_efficiency=1.0,
-                                  half_efficiency_work=math.exp(log_w))
+    time; None if none does. With efficiency ``w / (w + w½)`` the term is linear in w½, so the
+    secant from w½ = 0 lands on it at once; a few more steps cover a curve that is not."""
+    def term(half_work: float) -> float:
+        cal = dataclasses.replace(start, compute_efficiency=1.0, half_efficiency_work=half_work)
         return _compute_term(point.config, cluster, cal)
 
-    lo, hi = math.log(1.0), math.log(1e18)
-    if not term(lo) < point.seconds < term(hi):
-        return None
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if term(mid) < point.seconds else (lo, mid)
-    return math.exp(0.5 * (lo + hi))
+    x0, x1 = 0.0, max(start.half_efficiency_work, 1.0)
+    f0, f1 = term(x0) - point.seconds, term(x1) - point.seconds
+    if f0 >= 0:
+        return None  # faster than the peak allows even with no size penalty
+    for _ in range(8):
+        if f1 == f0:
+            return None
+        x0, x1, f0 = x1, x1 - f1 * (x1 - x0) / (f1 - f0), f1
+        if x1 <= 0:
+            return None
+        f1 = term(x1) - point.seconds
+        if abs(f1) <= 1e-9 * point.seconds:
+            return x1
+    return None
 
 
 def _geomean(values: Sequence[float]) -> float:
