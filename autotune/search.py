@@ -233,7 +233,7 @@ class Search:
         # starts (on GPUs it is read from the running Ray cluster).
         self.cluster = (resolve_cluster(spec.cluster, spec.world_size) if spec.cluster
                         else None)
-        self.calibration = None  # a StudyCalibration once run() starts
+        self.study_calibration = None  # a StudyCalibration once run() starts
         self._predicted: dict[int, dict] = {}  # trial number → predicted step time metrics
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _optuna_storage(database.connect_url)
@@ -362,12 +362,12 @@ class Search:
         """The cluster the study runs on and its calibration, stored with the study."""
         from autotune.study_calibration import StudyCalibration, describe_cluster
 
-        if self.calibration is not None:
+        if self.study_calibration is not None:
             return
-        self.calibration = StudyCalibration.begin(
+        self.study_calibration = StudyCalibration.begin(
             self.db, self.study_record.id, self.cluster,
             lambda: describe_cluster(self.spec.world_size, self.device_type), say=self._say)
-        c = self.calibration.cluster
+        c = self.study_calibration.cluster
         self._say(f"cluster '{c.name}': {c.num_nodes} × {c.devices_per_node} "
                   f"{c.device.name} ({c.backend}); step times predicted, the calibration "
                   "refitted after each complete trial")
@@ -411,7 +411,7 @@ class Search:
                 start: float) -> tuple[bool, int | None]:
         """(run it?, predicted peak or None if unknown); one predicted not to fit is recorded
         as infeasible and told to Optuna without running anything."""
-        self._predicted[trial.number] = self.calibration.predict(config)
+        self._predicted[trial.number] = self.study_calibration.predict(config)
         predicted = predict_peak(config, self.device_type)
         trial.set_user_attr("predicted_peak_bytes", predicted)
         if predicted_to_fit(predicted, self.limit):
@@ -500,9 +500,9 @@ class Search:
                 f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"))
         trial_id = self.db.add_trial(record, spans)
         if status == "complete":
-            self.calibration.remember_spans(trial_id, config,
+            self.study_calibration.remember_spans(trial_id, config,
                                             [s for r in result.ranks for s in r.spans])
-            self.calibration.refit()
+            self.study_calibration.refit()
         value = result.throughput_tokens_per_s if status == "complete" else 0.0
         return value, status
 

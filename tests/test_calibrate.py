@@ -64,7 +64,7 @@ def test_each_trial_was_predicted_with_the_calibration_of_the_trials_before_it(s
 def test_the_stored_fit_reproduces_its_residuals(searched):
     _, database, study_id, search = searched
     latest = database.latest_calibration(study_id)
-    assert search.calibration.calibration.to_dict() == latest.calibration
+    assert search.study_calibration.calibration.to_dict() == latest.calibration
     cluster = ClusterSpec.from_dict(latest.cluster)
     calibration = Calibration.from_dict(latest.calibration)
     trials = {t.id: t for t in _complete(database, study_id)}
