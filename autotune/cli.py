@@ -1,6 +1,6 @@
 """Command line: ``autotune trial`` / ``profile`` run one configuration on Ray, print its metrics
 and store it; ``autotune trace`` exports a stored timeline; ``autotune dashboard`` writes or
-serves a study's HTML report.
+serves a study's HTML report; ``autotune calibrate`` fits the step-time model to a study.
 
 Every error a user can cause is one line on stderr and a non-zero exit (2: usage, 1: runtime);
 ``--debug`` adds the traceback.
@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                         help=f"Optuna sampler (default {DEFAULT_SAMPLER}: fewest trials to the "
                         "best in bench/search_efficiency.py)")
+    search.add_argument("--cluster", metavar="FILE|NAME",
+                        help="the cluster, for predicted step times: a built-in name or a "
+                        "JSON/TOML file such as 'autotune calibrate -o' writes (default: "
+                        "described from Ray and torch)")
     search.add_argument("--out", default=".", metavar="DIR",
                         help="where best_config.json and ds_config.json go (default .)")
     search.add_argument("--db", default=DEFAULT_DB, metavar="URL",
@@ -132,12 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=_port, default=8050, metavar="N",
                            help="port for --serve (default 8050; 0: any free port)")
 
+    from autotune.calibrate_cli import add_calibrate_parser
     from autotune.estimate_cli import add_estimate_parser
     from autotune.rank_cli import add_rank_parser
 
     add_estimate_parser(sub)
     add_rank_parser(sub)
-    for p in (trial, profile, trace, search, export, dashboard):  # estimate, rank: own --debug
+    add_calibrate_parser(sub, DEFAULT_DB)  # estimate, rank, calibrate: their own --debug
+    for p in (trial, profile, trace, search, export, dashboard):
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks on errors")
     return parser
@@ -265,7 +271,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                       timeout_s=args.time_budget, patience=args.patience,
                       study_name=args.study, seed=args.seed, fixed=fixed, narrowed=narrowed,
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
-                      num_timed_steps=args.timed_steps, sampler=args.sampler)
+                      num_timed_steps=args.timed_steps, sampler=args.sampler,
+                      cluster=args.cluster)
     spec.validate()
     database = _open_db(args.db, required_by="autotune search keeps its study in a database")
     try:
@@ -444,9 +451,18 @@ def _cmd_rank(args: argparse.Namespace) -> int:
     return cmd_rank(args)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from autotune.calibrate_cli import cmd_calibrate
+
+    return cmd_calibrate(args)
+
+
 COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace,
             "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate,
             "rank": _cmd_rank, "dashboard": cmd_dashboard}
+
+
+            "calibrate": _cmd_calibrate, "dashboard": cmd_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

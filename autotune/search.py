@@ -1,9 +1,11 @@
 """The search loop: Optuna proposes, the memory model screens, Ray measures, the database keeps.
 
     spec → SearchSpace (valid grid) → Optuna study (same database as our tables)
-    loop: ask → config → predicted peak > limit? record infeasible_predicted, run nothing
+    loop: ask → config → predicted step time (stored in the trial's metrics)
+                       → predicted peak > limit? record infeasible_predicted, run nothing
                        → RayExecutor.run → measured peak > limit or OOM? infeasible_measured
                        → store trial + spans (one transaction) → tell Optuna (value, constraint)
+                       → complete? refit the study's calibration (``study_calibration``)
     stop: trial budget, time budget, or no improvement for ``patience`` trials
     then: re-measure the top few, rank by median throughput, keep the spread.
 
@@ -91,6 +93,9 @@ class SearchSpec:
     sampler: str = DEFAULT_SAMPLER
     """Optuna sampler: one of ``SAMPLERS``; the default is the one bench/search_efficiency.py
     measured to need the fewest trials."""
+    cluster: str | None = None
+    """The cluster the trials run on, for the performance model: a built-in name or a
+    JSON/TOML file (``autotune.cluster.load_cluster``); None: described from Ray and torch."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -235,6 +240,14 @@ class Search:
         self.limit = memory_limit_bytes(spec)
         self.device_type = device_type(spec)
         self._check_something_fits()
+        from autotune.study_calibration import resolve_cluster
+
+        # A --cluster is checked now, before anything runs; a described one when the search
+        # starts (on GPUs it is read from the running Ray cluster).
+        self.cluster = (resolve_cluster(spec.cluster, spec.world_size) if spec.cluster
+                        else None)
+        self.study_calibration = None  # a StudyCalibration once run() starts
+        self._predicted: dict[int, dict] = {}  # trial number → predicted step time metrics
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _optuna_storage(database.connect_url)
         names = {s.name for s in database.list_studies()}
@@ -318,6 +331,7 @@ class Search:
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
         spec, start = self.spec, time.monotonic()
+        self._begin_calibration()
         self._best, self._since_best = self._best_so_far(), 0
         self._num_run, num_pred = 0, 0
         tried = {e.config for e in self.leaderboard()}
@@ -356,6 +370,20 @@ class Search:
         board = self._remeasure_top()
         return SearchOutcome(self.study_record.id, board, self._num_run, num_pred,
                              time.monotonic() - start, stopped or "trial budget")
+
+    def _begin_calibration(self) -> None:
+        """The cluster the study runs on and its calibration, stored with the study."""
+        from autotune.study_calibration import StudyCalibration, describe_cluster
+
+        if self.study_calibration is not None:
+            return
+        self.study_calibration = StudyCalibration.begin(
+            self.db, self.study_record.id, self.cluster,
+            lambda: describe_cluster(self.spec.world_size, self.device_type), say=self._say)
+        c = self.study_calibration.cluster
+        self._say(f"cluster '{c.name}': {c.num_nodes} × {c.devices_per_node} "
+                  f"{c.device.name} ({c.backend}); step times predicted, the calibration "
+                  "refitted after each complete trial")
 
     def _stop_reason(self, done: int, start: float) -> str | None:
         spec = self.spec
@@ -396,6 +424,7 @@ class Search:
                 start: float) -> tuple[bool, int | None]:
         """(run it?, predicted peak or None if unknown); one predicted not to fit is recorded
         as infeasible and told to Optuna without running anything."""
+        self._predicted[trial.number] = self.study_calibration.predict(config)
         predicted = predict_peak(config, self.device_type)
         trial.set_user_attr("predicted_peak_bytes", predicted)
         if predicted_to_fit(predicted, self.limit):
@@ -474,13 +503,19 @@ class Search:
             _set_excess(trial, (measured - self.limit) / GIB)
         record, spans = to_record(result, study_id=self.study_record.id, number=trial.number,
                                   status=status)
+        record = dataclasses.replace(record, metrics={**record.metrics,
+                                                      **self._predicted.pop(trial.number, {})})
         record = dataclasses.replace(record, memory=tuple(
             dataclasses.replace(m, predicted_bytes=predicted) if m.category == "peak" else m
             for m in record.memory))
         if status != "complete":
             record = dataclasses.replace(record, error=(
                 f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"))
-        self.db.add_trial(record, spans)
+        trial_id = self.db.add_trial(record, spans)
+        if status == "complete":
+            self.study_calibration.remember_spans(trial_id, config,
+                                            [s for r in result.ranks for s in r.spans])
+            self.study_calibration.refit()
         value = result.throughput_tokens_per_s if status == "complete" else 0.0
         return value, status
 
@@ -490,9 +525,10 @@ class Search:
 
         from db import RankMemoryRecord, TrialRecord
 
+        metrics = {**(metrics or {}), **self._predicted.pop(number, {})}
         self.db.add_trial(TrialRecord(
             id=None, study_id=self.study_record.id, number=number, status=status,
-            config=config.resolved(), metrics=metrics or {}, env={}, error=error,
+            config=config.resolved(), metrics=metrics, env={}, error=error,
             created_at=datetime.now(UTC),
             memory=(RankMemoryRecord(0, "peak", predicted, None),)))
 

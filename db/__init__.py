@@ -5,6 +5,7 @@ from .records import (
     SPAN_KINDS,
     STEP_PHASES,
     TRIAL_STATUSES,
+    CalibrationRecord,
     RankMemoryRecord,
     SpanRecord,
     StepMetricRecord,
@@ -14,6 +15,7 @@ from .records import (
 from .storage import Database
 
 __all__ = [
+    "CalibrationRecord",
     "Database",
     "RankMemoryRecord",
     "SPAN_KINDS",

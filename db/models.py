@@ -28,6 +28,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     PrimaryKeyConstraint,
     String,
@@ -167,3 +168,23 @@ class SpanRow(Base):
 
 SPAN_COLUMNS = ("trial_id", "rank", "start_ns", "seq", "step", "name_id", "dur_ns", "bytes")
 """Column order of the tuples ``Database.add_trial`` bulk-inserts."""
+
+
+class CalibrationRow(Base):
+    """A study's cluster description and a performance-model calibration fitted on its trials.
+
+    One row per fit: the search stores the cluster it runs on before the first trial
+    (``num_trials`` 0) and a new fit after every complete trial; the latest row is the study's
+    calibration."""
+
+    __tablename__ = "autotune_calibrations"
+    __table_args__ = (Index("ix_autotune_calibrations_study", "study_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    num_trials: Mapped[int] = mapped_column(Integer)
+    """Complete trials the calibration was fitted on (0: the cluster's own figures)."""
+    cluster: Mapped[dict] = mapped_column(JSON)
+    calibration: Mapped[dict] = mapped_column(JSON)
+    residuals: Mapped[dict] = mapped_column(JSON)

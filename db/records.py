@@ -101,3 +101,21 @@ class StudyRecord:
     """The search spec (JSON-serialisable)."""
     created_at: datetime
     """Timezone-aware UTC."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRecord:
+    """A study's cluster and one fit of the performance model's calibration."""
+
+    id: int
+    study_id: int
+    created_at: datetime
+    """Timezone-aware UTC."""
+    num_trials: int
+    """Complete trials fitted on (0: the cluster's own figures, before any trial)."""
+    cluster: dict
+    """The cluster description (``autotune.cluster.ClusterSpec.to_dict``)."""
+    calibration: dict
+    """The fitted parameters (``autotune.perf_model.Calibration.to_dict``)."""
+    residuals: dict
+    """How well the fit matches: per-trial errors, MAPE, the span fits (JSON-serialisable)."""

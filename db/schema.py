@@ -43,8 +43,33 @@ class Migration:
     """Called with an ``alembic.operations.Operations`` bound to the migrating connection."""
 
 
-MIGRATIONS: tuple[Migration, ...] = ()
-"""Shipped migrations, above the baseline. Version 1 is the baseline, so none yet."""
+def _v2_add_calibrations(op) -> None:
+    """Version 2: ``autotune_calibrations``, a study's cluster and its fitted calibrations.
+
+    Spelled out column by column rather than taken from ``db.models``, so that this step stays
+    what version 2 was when later versions change the model."""
+    import sqlalchemy as sa
+
+    op.create_table(
+        "autotune_calibrations",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("study_id", sa.Integer(),
+                  sa.ForeignKey("autotune_studies.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("num_trials", sa.Integer(), nullable=False),
+        sa.Column("cluster", sa.JSON(), nullable=False),
+        sa.Column("calibration", sa.JSON(), nullable=False),
+        sa.Column("residuals", sa.JSON(), nullable=False),
+    )
+    op.create_index("ix_autotune_calibrations_study", "autotune_calibrations",
+                    ["study_id", "id"])
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(2, "autotune_calibrations: the study's cluster and calibration",
+              _v2_add_calibrations),
+)
+"""Shipped migrations, above the baseline (version 1)."""
 
 
 def latest_version(migrations: tuple[Migration, ...]) -> int:

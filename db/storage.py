@@ -1,4 +1,5 @@
-"""``Database``: studies, trials, per-rank memory, per-step metrics and spans in one SQL database.
+"""``Database``: studies, trials, per-rank memory, per-step metrics, spans and calibrations in one
+SQL database.
 
 Contract
 --------
@@ -40,6 +41,7 @@ from . import schema
 from .errors import StorageError, hide_password
 from .models import (
     SPAN_COLUMNS,
+    CalibrationRow,
     RankMemoryRow,
     SpanNameRow,
     SpanRow,
@@ -51,6 +53,7 @@ from .records import (
     SPAN_KINDS,
     STEP_PHASES,
     TRIAL_STATUSES,
+    CalibrationRecord,
     RankMemoryRecord,
     SpanRecord,
     StepMetricRecord,
@@ -396,6 +399,49 @@ class Database:
                 steps_by_trial.setdefault(s.trial_id, []).append(_step_record(s))
             return [_trial_record(r, memory_by_trial.get(r.id, ()), steps_by_trial.get(r.id, ()))
                     for r in session.scalars(trials)]
+
+    # ---- calibrations ------------------------------------------------------------------------
+    def add_calibration(self, study_id: int, *, num_trials: int, cluster: dict,
+                        calibration: dict, residuals: dict | None = None) -> CalibrationRecord:
+        """Stores a study's cluster and a calibration fitted on ``num_trials`` complete trials
+        (0: the cluster's own figures); the newest row is the study's calibration."""
+        if not _is_int(study_id):
+            raise StorageError(f"a calibration's study_id must be an int, got {study_id!r}")
+        if not _is_int(num_trials) or num_trials < 0:
+            raise StorageError(f"a calibration's num_trials must be an int ≥ 0, got "
+                               f"{num_trials!r}")
+        residuals = {} if residuals is None else residuals
+        for what, value in (("the calibration's cluster", cluster),
+                            ("the calibration", calibration),
+                            ("the calibration's residuals", residuals)):
+            _check_json(what, value)
+        with self._session(f"storing a calibration of study {study_id}",
+                           write=True) as session:
+            if session.get(StudyRow, study_id) is None:
+                raise StorageError(f"no study with id {study_id} in {self.url_for_display}; "
+                                   "create the study first")
+            row = CalibrationRow(study_id=study_id, created_at=datetime.now(timezone.utc),
+                                 num_trials=num_trials, cluster=cluster,
+                                 calibration=calibration, residuals=residuals)
+            session.add(row)
+            session.flush()
+            return _calibration_record(row)
+
+    def latest_calibration(self, study_id: int) -> CalibrationRecord | None:
+        """The study's newest calibration, or None when none is stored."""
+        with self._session(f"reading the calibration of study {study_id}") as session:
+            row = session.scalars(select(CalibrationRow)
+                                  .where(CalibrationRow.study_id == study_id)
+                                  .order_by(CalibrationRow.id.desc()).limit(1)).first()
+            return None if row is None else _calibration_record(row)
+
+    def list_calibrations(self, study_id: int) -> list[CalibrationRecord]:
+        """Every calibration of the study, oldest first."""
+        with self._session(f"listing the calibrations of study {study_id}") as session:
+            rows = session.scalars(select(CalibrationRow)
+                                   .where(CalibrationRow.study_id == study_id)
+                                   .order_by(CalibrationRow.id))
+            return [_calibration_record(row) for row in rows]
 
     # ---- spans -------------------------------------------------------------------------------
     def trial_spans(self, trial_id: int, rank: int | None = None) -> list[SpanRecord]:
@@ -764,6 +810,12 @@ def _intern_span_name(session: Session, key: tuple[str, str, str, str], index: i
 # ---- records out -----------------------------------------------------------------------------
 def _study_record(row: StudyRow) -> StudyRecord:
     return StudyRecord(id=row.id, name=row.name, spec=row.spec, created_at=row.created_at)
+
+
+def _calibration_record(row: CalibrationRow) -> CalibrationRecord:
+    return CalibrationRecord(id=row.id, study_id=row.study_id, created_at=row.created_at,
+                             num_trials=row.num_trials, cluster=row.cluster,
+                             calibration=row.calibration, residuals=row.residuals)
 
 
 def _memory_record(row: RankMemoryRow) -> RankMemoryRecord:

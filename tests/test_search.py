@@ -84,6 +84,10 @@ def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     for e in outcome.leaderboard:
         if e.status == "complete":
             assert e.predicted_peak * (1 + MEMORY_MARGIN) <= limit
+    # Skipped trials keep the step time the model predicted for them too.
+    for t in database.list_trials(outcome.study_id):
+        assert t.metrics["predicted_step_time_s"] > 0 and "compute" in \
+            t.metrics["predicted_breakdown"]
     import optuna
 
     study = optuna.load_study(study_name="autotune:limited", storage=database.connect_url)

@@ -60,6 +60,9 @@ def test_small_search_end_to_end_then_export(tmp_path):
     (["--model", "gpt-huge"], 2, "unknown model 'gpt-huge'"),
     (["--sampler", "annealing"], 2, "invalid choice: 'annealing'"),
     (["--parallel", "0"], 2, "must be ≥ 1"),
+    (["--cluster", "nowhere"], 2, "unknown cluster 'nowhere'"),
+    (["--cluster", "cpu-local", "--world-size", "4"], 2,
+     "cluster 'cpu-local' has 1 node(s) × 2 devices = 2, fewer than the world size 4"),
     (["--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1"], 1,
      "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has"),
 ])

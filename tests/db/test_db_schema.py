@@ -16,10 +16,13 @@ import sqlalchemy as sa
 from db_testdata import count_rows, make_spans, make_trial, timeline_order
 
 from db import Database, StorageError
-from db.schema import VERSION_TABLE, Migration
+from db.schema import VERSION_TABLE, Migration, latest_version
+
+LATEST = latest_version(Database.migrations)
+"""The version this code writes; the tests below build the one after it."""
 
 
-def _v2_rebuild_trials(op) -> None:
+def _next_rebuild_trials(op) -> None:
     """A migration of the kind SQLite makes hard: it rebuilds autotune_trials, the parent of
     memory, steps and spans (with foreign keys on, dropping the old table would cascade-delete
     every child row)."""
@@ -27,22 +30,23 @@ def _v2_rebuild_trials(op) -> None:
     with op.batch_alter_table("autotune_trials", recreate="always") as batch:
         batch.alter_column("status", type_=sa.String(64), existing_type=sa.String(32),
                            existing_nullable=False)
-    op.execute("UPDATE autotune_trials SET note = 'migrated from v1'")
+    op.execute(f"UPDATE autotune_trials SET note = 'migrated from v{LATEST}'")
 
 
-class DatabaseV2(Database):
+class DatabaseNext(Database):
     """The same code one schema version later, as a future release would ship it."""
 
-    migrations = (Migration(2, "trials gain a note; status widened", _v2_rebuild_trials),)
+    migrations = Database.migrations + (
+        Migration(LATEST + 1, "trials gain a note; status widened", _next_rebuild_trials),)
 
 
-def _failing_v2(op) -> None:
+def _failing_next(op) -> None:
     op.add_column("autotune_trials", sa.Column("note", sa.Text(), nullable=True))
     op.execute("UPDATE autotune_no_such_table SET x = 1")
 
 
-class BrokenDatabaseV2(Database):
-    migrations = (Migration(2, "fails half-way", _failing_v2),)
+class BrokenDatabaseNext(Database):
+    migrations = Database.migrations + (Migration(LATEST + 1, "fails half-way", _failing_next),)
 
 
 def _digest(path) -> str:
@@ -61,38 +65,41 @@ def test_open_migrates_an_older_schema_and_keeps_the_data(tmp_path):
     path = tmp_path / "old.db"
     url = f"sqlite:///{path}"
     spans = make_spans(5_000, ranks=4)
-    with Database.open(url) as v1:
-        study = v1.create_study("s", {"world_size": 4})
-        trial_id = v1.add_trial(make_trial(study.id, 0, ranks=4), spans)
-        before = v1.get_trial(trial_id)
-    assert _stored_version(path) == 1
+    with Database.open(url) as current:
+        study = current.create_study("s", {"world_size": 4})
+        trial_id = current.add_trial(make_trial(study.id, 0, ranks=4), spans)
+        before = current.get_trial(trial_id)
+        calibration = current.add_calibration(study.id, num_trials=1, cluster={"name": "c"},
+                                              calibration={"compute_efficiency": 0.5})
+    assert _stored_version(path) == LATEST
 
-    with DatabaseV2.open(url) as v2:
-        assert v2.schema_version == 2
-        assert v2.get_trial(trial_id) == before
-        assert v2.trial_spans(trial_id) == timeline_order(spans)
-        assert v2.get_study("s") == study
+    with DatabaseNext.open(url) as upgraded:
+        assert upgraded.schema_version == LATEST + 1
+        assert upgraded.get_trial(trial_id) == before
+        assert upgraded.trial_spans(trial_id) == timeline_order(spans)
+        assert upgraded.get_study("s") == study
+        assert upgraded.latest_calibration(study.id) == calibration
         # Still writable, and the constraints survived the rebuild.
-        second = v2.add_trial(make_trial(study.id, 1), make_spans(10))
+        second = upgraded.add_trial(make_trial(study.id, 1), make_spans(10))
         with pytest.raises(StorageError, match="UNIQUE constraint failed"):
-            v2.add_trial(make_trial(study.id, 1))
-    assert _stored_version(path) == 2
+            upgraded.add_trial(make_trial(study.id, 1))
+    assert _stored_version(path) == LATEST + 1
     connection = sqlite3.connect(path)
     try:
         notes = connection.execute("SELECT id, note FROM autotune_trials ORDER BY id").fetchall()
-        assert notes == [(trial_id, "migrated from v1"), (second, None)]
+        assert notes == [(trial_id, f"migrated from v{LATEST}"), (second, None)]
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
     finally:
         connection.close()
     assert count_rows(path, "autotune_rank_memory") == (
         len(before.memory) + len(make_trial(study.id, 1).memory))
 
-    # The v1 code now meets a schema from its future.
+    # The current code now meets a schema from its future.
     digest = _digest(path)
     with pytest.raises(StorageError) as excinfo:
         Database.open(url)
-    assert str(excinfo.value) == ("database schema version 2 is newer than this autotune "
-                                  f"understands (1); upgrade autotune ({url})")
+    assert str(excinfo.value) == (f"database schema version {LATEST + 1} is newer than this "
+                                  f"autotune understands ({LATEST}); upgrade autotune ({url})")
     assert _digest(path) == digest
 
 
@@ -100,20 +107,20 @@ def test_a_failing_migration_leaves_the_old_schema_untouched(tmp_path):
     path = tmp_path / "old.db"
     url = f"sqlite:///{path}"
     spans = make_spans(100)
-    with Database.open(url) as v1:
-        trial_id = v1.add_trial(make_trial(), spans)
-    with pytest.raises(StorageError, match="migrating the autotune schema from version 1 to 2 "
-                                           "failed.*no such table"):
-        BrokenDatabaseV2.open(url)
-    assert _stored_version(path) == 1
+    with Database.open(url) as current:
+        trial_id = current.add_trial(make_trial(), spans)
+    with pytest.raises(StorageError, match=f"migrating the autotune schema from version {LATEST} "
+                                           f"to {LATEST + 1} failed.*no such table"):
+        BrokenDatabaseNext.open(url)
+    assert _stored_version(path) == LATEST
     connection = sqlite3.connect(path)
     try:
         columns = [row[1] for row in connection.execute("PRAGMA table_info(autotune_trials)")]
     finally:
         connection.close()
     assert "note" not in columns  # the ALTER TABLE was rolled back with the rest
-    with Database.open(url) as v1:
-        assert v1.count_spans(trial_id) == len(spans)
+    with Database.open(url) as current:
+        assert current.count_spans(trial_id) == len(spans)
 
 
 def test_newer_schema_is_refused_before_anything_is_written(tmp_path):
@@ -127,7 +134,8 @@ def test_newer_schema_is_refused_before_anything_is_written(tmp_path):
     digest = _digest(path)
     for create in (True, False):
         with pytest.raises(StorageError, match=r"^database schema version 7 is newer than this "
-                                               r"autotune understands \(1\); upgrade autotune"):
+                                               rf"autotune understands \({LATEST}\); upgrade "
+                                               "autotune"):
             Database.open(f"sqlite:///{path}", create=create)
     assert _digest(path) == digest
 
@@ -189,7 +197,7 @@ def test_optuna_and_autotune_share_one_sqlite_file(tmp_path):
     ours_tables = {t for t in tables if t.startswith("autotune_")}
     assert ours_tables == {"autotune_schema_version", "autotune_studies", "autotune_trials",
                            "autotune_rank_memory", "autotune_step_metrics",
-                           "autotune_span_names", "autotune_spans"}
+                           "autotune_span_names", "autotune_spans", "autotune_calibrations"}
     assert optuna_revision is not None
 
     # And the other way round: autotune first, then Optuna creates its tables next to ours.

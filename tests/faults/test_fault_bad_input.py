@@ -101,7 +101,7 @@ def _newer(path: Path) -> None:
 @pytest.mark.parametrize("kind, message", [
     ("damaged", ("database disk image is malformed; the file is damaged: restore it from a "
                  "backup or use a new database")),
-    ("newer", ("database schema version 99 is newer than this autotune understands (1); "
+    ("newer", ("database schema version 99 is newer than this autotune understands (2); "
                "upgrade autotune")),
 ], ids=["damaged", "newer"])
 def test_a_damaged_or_newer_database(study_db, tmp_path, monkeypatch, capsys, command, kind,

@@ -1,0 +1,164 @@
+"""The study's calibration: a real search predicts each trial's step time before running it,
+stores the cluster and a refit after every complete trial, and ``autotune calibrate`` fits the
+same calibration again and writes it as a cluster file the search reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from test_search import spec
+
+from autotune.cli import main
+from autotune.cluster import ClusterSpec, load_cluster, local_cpu_cluster
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.layouts import short_name
+from autotune.perf_model import TERMS, Calibration, predict_step_time
+from autotune.search import Search
+from autotune.study_calibration import StudyCalibration
+from db import Database
+
+STUDY = "calibrated"
+
+
+@pytest.fixture(scope="module")
+def searched(executor, tmp_path_factory):
+    """A real search on 2 CPU ranks: 3 configurations, each with one profiled step."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('calibrate') / 'study.db'}"
+    database = Database.open(url)
+    search = Search(spec(study_name=STUDY, n_trials=3, num_profiled_steps=1, top_k=1,
+                         remeasure_repeats=0), database, executor, out=None)
+    outcome = search.run()
+    yield url, database, outcome.study_id, search
+    database.close()
+
+
+def _complete(database, study_id):
+    return [t for t in database.list_trials(study_id) if t.status == "complete"]
+
+
+def test_each_trial_was_predicted_with_the_calibration_of_the_trials_before_it(searched):
+    _, database, study_id, _ = searched
+    trials = _complete(database, study_id)
+    rows = database.list_calibrations(study_id)
+    assert len(trials) == 3
+    # The cluster as described first (nothing fitted), then one refit per complete trial.
+    assert [r.num_trials for r in rows] == [0, 1, 2, 3]
+    assert rows[0].cluster == local_cpu_cluster(2).to_dict()
+    assert rows[0].calibration == Calibration().to_dict()
+    for k, trial in enumerate(trials):
+        metrics = trial.metrics
+        breakdown = metrics["predicted_breakdown"]
+        assert set(breakdown) == set(TERMS)
+        assert sum(breakdown.values()) == pytest.approx(metrics["predicted_step_time_s"])
+        # Predicted before it ran, with what the k trials before it had fitted.
+        expected = predict_step_time(TrialConfig.from_dict(trial.config),
+                                     ClusterSpec.from_dict(rows[k].cluster),
+                                     Calibration.from_dict(rows[k].calibration))
+        assert metrics["predicted_step_time_s"] == expected.step_time_s
+        assert breakdown == expected.breakdown
+
+
+def test_the_stored_fit_reproduces_its_residuals(searched):
+    _, database, study_id, search = searched
+    latest = database.latest_calibration(study_id)
+    assert search.study_calibration.calibration.to_dict() == latest.calibration
+    cluster = ClusterSpec.from_dict(latest.cluster)
+    calibration = Calibration.from_dict(latest.calibration)
+    trials = {t.id: t for t in _complete(database, study_id)}
+    rows = latest.residuals["trials"]
+    assert sorted(r["trial_id"] for r in rows) == sorted(trials)
+    errors = []
+    for row in rows:
+        trial = trials[row["trial_id"]]
+        config = TrialConfig.from_dict(trial.config)
+        assert row["config"] == short_name(config)
+        assert row["measured_s"] == trial.metrics["step_time_s"]
+        predicted = predict_step_time(config, cluster, calibration).step_time_s
+        assert row["predicted_s"] == pytest.approx(predicted, rel=1e-9)
+        errors.append(abs(predicted / row["measured_s"] - 1))
+    assert latest.residuals["mape"] == pytest.approx(sum(errors) / len(errors), rel=1e-9)
+    # The profiled spans gave the fit its starting point: the dp all-reduce of every gradient.
+    link = latest.residuals["spans"]["links"]["intra_node"]
+    assert link["num_points"] >= 3 and link["bandwidth_gbs"] > 0
+    assert latest.residuals["spans"]["compute"]["num_trials"] == 3
+
+
+def test_calibrate_writes_the_latest_calibration_as_a_cluster_file(searched, tmp_path, capsys):
+    url, database, study_id, _ = searched
+    out = tmp_path / "cluster.json"
+    assert main(["calibrate", "--study", STUDY, "--db", url, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    latest = database.latest_calibration(study_id)
+    for trial in _complete(database, study_id):
+        assert short_name(TrialConfig.from_dict(trial.config)) in printed
+    assert f"MAPE {100 * latest.residuals['mape']:.1f}%" in printed
+    for name in ("compute_efficiency", "comm_efficiency", "layer_overhead_s"):
+        assert name in printed
+    loaded = ClusterSpec.from_file(out)
+    assert loaded.calibration == latest.calibration
+    assert dataclasses.replace(loaded, calibration=None) == dataclasses.replace(
+        ClusterSpec.from_dict(latest.cluster), calibration=None)
+    assert load_cluster(str(out)) == loaded
+    # The search reads it as its cluster (checked before anything runs) and starts from it.
+    other = Database.open(f"sqlite:///{tmp_path / 'next.db'}")
+    try:
+        search = Search(spec(study_name="next", cluster=str(out)), other, None, out=None)
+        assert search.cluster == loaded
+        assert Calibration.for_cluster(search.cluster).to_dict() == latest.calibration
+    finally:
+        other.close()
+
+
+def test_a_cluster_too_small_for_the_world_is_refused(tmp_path):
+    with Database.open(f"sqlite:///{tmp_path / 'x.db'}") as database:
+        with pytest.raises(ConfigError, match=r"cluster 'cpu-local' has 1 node\(s\) × 2 devices "
+                                              r"= 2, fewer than the world size 4"):
+            Search(spec(study_name="big", world_size=4, cluster="cpu-local"), database, None,
+                   out=None)
+        with pytest.raises(ConfigError, match="unknown cluster 'nowhere'"):
+            Search(spec(study_name="big", cluster="nowhere"), database, None, out=None)
+
+
+def test_a_failing_refit_keeps_the_calibration_and_says_so_once(searched):
+    _, database, study_id, _ = searched
+    # A cluster file that gives no float32 peak: the model cannot price these trials.
+    cluster = local_cpu_cluster(2)
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(
+        cluster.device, peak_flops={"bfloat16": 1e12}))
+    said = []
+    calibration = StudyCalibration(database, study_id, cluster, Calibration(), say=said.append)
+    before = len(database.list_calibrations(study_id))
+    assert calibration.refit() is None and calibration.refit() is None
+    assert calibration.calibration == Calibration()
+    assert len(said) == 1 and "calibration refit failed" in said[0]
+    assert "no peak FLOP/s for float32" in said[0]
+    assert len(database.list_calibrations(study_id)) == before
+    config = TrialConfig.from_dict(_complete(database, study_id)[0].config)
+    assert calibration.predict(config) == {}  # no prediction rather than a crash
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--db", "none"], "calibrate reads a study's trials from a database: give --db URL"),
+    (["--study", "missing"], "no study named 'missing' in"),
+    (["--study", "empty"], "study 'empty' has no complete trials of a built-in workload to "
+                           "calibrate from; run a search first"),
+])
+def test_bad_calibrate_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with Database.open(url) as database:
+        database.create_study("empty", {})
+    argv = ["calibrate", "--study", "empty", "--db", url, *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("autotune: error: ") and message in err
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_predictions_are_finite_for_every_stored_trial(searched):
+    _, database, study_id, _ = searched
+    for trial in database.list_trials(study_id):
+        value = trial.metrics["predicted_step_time_s"]
+        assert math.isfinite(value) and value > 0
