@@ -459,10 +459,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 COMMANDS = {"trial": cmd_trial, "profile": cmd_profile, "trace": cmd_trace,
             "search": cmd_search, "export": cmd_export, "estimate": _cmd_estimate,
-            "rank": _cmd_rank, "dashboard": cmd_dashboard}
-
-
-            "calibrate": _cmd_calibrate, "dashboard": cmd_dashboard}
+            "rank": _cmd_rank, "calibrate": _cmd_calibrate, "dashboard": cmd_dashboard}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
