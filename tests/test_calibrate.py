@@ -47,7 +47,7 @@ def test_each_trial_was_predicted_with_the_calibration_of_the_trials_before_it(s
     # The cluster as described first (nothing fitted), then one refit per complete trial.
     assert [r.num_trials for r in rows] == [0, 1, 2, 3]
     assert rows[0].cluster == local_cpu_cluster(2).to_dict()
-    assert rows[0].calibration == Calibration().to_dict()
+    assert rows[0].calibration == Calibration.for_cluster(local_cpu_cluster(2)).to_dict()
     for k, trial in enumerate(trials):
         metrics = trial.metrics
         breakdown = metrics["predicted_breakdown"]
