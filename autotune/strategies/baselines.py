@@ -108,15 +108,15 @@ class TPEStrategy:
     """Optuna's TPE (``TPESampler(seed, multivariate=True, n_startup_trials)``) over the knobs
     that vary among the candidates, in an in-memory study; no baseline trial is enqueued.
 
-    Each proposal asks the study for one value of every such knob (``TPE_KNOBS``: ordered knobs
-    as an index into their sorted values, the others categorical). The combination need not
-    be a valid candidate (tp 8 with a micro-batch only tp 1 allows), so it is mapped to the
-    nearest untried candidate: the fewest steps along ordered knobs plus one per other knob
-    that differs, ties to the earlier candidate. The asked trial is then discarded (told
-    FAIL, which TPE ignores), and each measured candidate is added to the study as a finished
-    trial with its own knob values and step time to minimise (``FAILED_VALUE`` for a failed or
-    infeasible one), so TPE learns only from what was measured. Stops when every candidate
-    has been tried."""
+    Each proposal asks the study, define-by-run, for one value of every such knob
+    (``TPE_KNOBS``: ordered knobs as an index into their sorted values, the others
+    categorical). The combination need not be a valid candidate (tp 8 with a micro-batch only
+    tp 1 allows), so it is mapped to the nearest untried candidate: the fewest steps along
+    ordered knobs plus one per other knob that differs, ties to the earlier candidate. The
+    asked trial is then discarded (told FAIL, which TPE ignores), and each measured candidate
+    is added to the study as a finished trial with its own knob values and step time to
+    minimise (``FAILED_VALUE`` for a failed or infeasible one), so TPE learns only from what
+    was measured. Stops when every candidate has been tried."""
 
     name = "tpe"
 
@@ -174,8 +174,9 @@ class TPEStrategy:
             self._told.add(m.config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            trial = self._study.ask(distributions)
-        suggested = dict(trial.params)
+            trial = self._study.ask()  # define-by-run, one knob at a time
+            suggested = {k: trial.suggest_int(k, 0, len(v) - 1) if k in ORDINAL_KNOBS
+                         else trial.suggest_categorical(k, v) for k, v in self._space.items()}
         self._study.tell(trial, state=TrialState.FAIL)
 
         def distance(c: TrialConfig) -> int:
