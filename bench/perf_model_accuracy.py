@@ -31,57 +31,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.calibration import Sample, fit_calibration  # noqa: E402
 from autotune.cluster import load_cluster  # noqa: E402
-from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
-from autotune.models.shapes import ModelShape  # noqa: E402
 from autotune.perf_model import ENGINES, predict_step_time  # noqa: E402
+from autotune.replay import (  # noqa: E402
+    CSV_COLUMNS,
+    TableTraining,
+    csv_group_key,
+    csv_row,
+    read_csv_rows,
+)
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
-COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
-           "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
-           "iteration time (ms)")
+COLUMNS = CSV_COLUMNS
 WITHIN = 0.03
 
 
 def read_table(path: str) -> list[dict[str, float]]:
-    """Rows of a table in the shared format, as numbers; a missing column is one clear error."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(f"table '{path}' lacks column(s): {', '.join(missing)}")
-            rows = [{k: float(r[k]) for k in COLUMNS} for r in reader]
-    except OSError as e:
-        raise ConfigError(f"cannot read table '{path}': {e.strerror}") from None
-    except ValueError as e:
-        raise ConfigError(f"table '{path}' has a non-numeric cell: {e}") from None
-    if not rows:
-        raise ConfigError(f"table '{path}' has no rows")
-    return rows
+    """Rows of a table in the shared format, as numbers (``autotune.replay.read_csv_rows``)."""
+    return read_csv_rows(path)
+
+
+def training_of(args: argparse.Namespace) -> TableTraining:
+    """How the table's code trained, from the command line (defaults: the shared table's)."""
+    return TableTraining(dtype=args.dtype, activation_checkpointing=args.ac,
+                         pp_schedule=args.schedule, attention=args.attention,
+                         zero_stage=args.zero, overlap_enabled=not args.no_overlap,
+                         vocab_size=args.vocab_size)
 
 
 def row_sample(row: dict[str, float], args: argparse.Namespace) -> Sample:
-    """The TrialConfig and shape a table row describes."""
-    h, heads, layers = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
-    seq = int(row["sequence length"])
-    shape = ModelShape("gpt", layers, h, heads, heads, 4 * h, args.vocab_size, seq)
-    tp, dp, pp = (int(row["tensor parallelism"]), int(row["data parallelism"]),
-                  int(row["pipeline parallelism"]))
-    config = TrialConfig(
-        workload=WorkloadSpec(family="gpt", seq_len=seq, dtype=args.dtype,
-                              global_batch_size=int(row["global batch"]),
-                              vocab_size=args.vocab_size, workload="table:row"),
-        world_size=tp * dp * pp, tp_degree=tp, pp_degree=pp, zero_stage=args.zero,
-        micro_batch_size=int(row["micro batch"]), activation_checkpointing=args.ac,
-        pp_schedule=args.schedule, attention=args.attention,
-        overlap_enabled=not args.no_overlap, device="cuda")
-    return Sample(config, row["iteration time (ms)"] / 1000, shape)
+    """The TrialConfig and shape a table row describes (``autotune.replay.csv_row``)."""
+    measured = csv_row(row, training_of(args))
+    return Sample(measured.config, measured.step_time_s, measured.shape)
 
 
-def group_key(row: dict[str, float]) -> tuple:
-    return (row["# GPUs"], row["global batch"], row["hidden size"], row["attention heads"],
-            row["# layers"], row["sequence length"])
+group_key = csv_group_key
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

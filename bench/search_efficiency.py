@@ -46,6 +46,7 @@ import time  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.executor import RayExecutor  # noqa: E402
 from autotune.memory import estimate_memory  # noqa: E402
+from autotune.replay import MeasuredRow, TableExecutor  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
 from autotune.search import (  # noqa: E402
     DEFAULT_SAMPLER,
@@ -73,14 +74,19 @@ class TargetReached(Exception):
 
 
 class Replay:
-    """An executor that answers from the measured table (and ends the search at the target:
-    only the trials up to the first hit are counted)."""
+    """The search's executor on a measured sweep: ``autotune.replay.TableExecutor`` finds the
+    row that measured a proposed configuration (whatever its seed), the sweep's TrialResult of
+    that row is the answer, and the search ends at the target (only the trials up to the first
+    hit are counted)."""
 
     def __init__(self, table: dict, target: float) -> None:
         self.table, self.target, self.calls = table, target, []
+        self.executor = TableExecutor(
+            MeasuredRow(c, None, r.step_time_s, r.peak_memory_bytes, "complete")
+            for c, r in table.items())
 
     def run(self, config: TrialConfig):
-        key = dataclasses.replace(config, seed=0)  # the table was measured with seed 0
+        key = self.executor.row_for(config).config
         self.calls.append(key)
         if self.table[key].throughput_tokens_per_s >= self.target:
             raise TargetReached

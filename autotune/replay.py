@@ -1,0 +1,411 @@
+"""Measured tables, and a search replayed against one instead of run.
+
+A :class:`MeasuredTable` holds measured trials: each row a ``TrialConfig`` (with the model's
+``ModelShape`` when the workload is not built in), its step time, peak memory and status. It
+reads two formats:
+
+- the shared CSV format of ``shared/data/a100-megatron/single_node.csv`` (``# GPUs``, ``global
+  batch``, ``micro batch``, ``hidden size``, ``attention heads``, ``# layers``, ``sequence
+  length``, ``tensor/data/pipeline parallelism``, ``iteration time (ms)``; a UTF-8 byte-order
+  mark allowed). The columns say the layout and the model; how the table's code trained (dtype,
+  recomputation, schedule, …) they do not, so :class:`TableTraining` supplies it. Each row
+  becomes a GPT shape (4h MLP, learned positions) and a ``TrialConfig`` of that layout;
+- the JSON format ``bench/cpu_sweep.py measure`` writes (``{"rows": [{"config":
+  TrialConfig.to_dict(), "step_time_s", "peak_memory_bytes", "status"}, …]}``).
+
+``groups()`` splits a table into the sets of layouts a search would choose among: rows with the
+same world size, global batch, sequence length and model. :class:`TableExecutor` answers a
+trial from the table, and :func:`replay` runs a strategy (``autotune.strategies.base``) against
+one group, counting the trials it needs to come within 3% of the group's best: a tabular
+benchmark in which every strategy sees the same measured numbers.
+
+No torch here: replays run in the driver's process.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import (
+    ActivationCheckpointing,
+    Attention,
+    DType,
+    PipelineSchedule,
+    TrialConfig,
+    WorkloadSpec,
+    ZeroStage,
+)
+from autotune.errors import ConfigError
+from autotune.layouts import short_name
+from autotune.models.shapes import ModelShape
+from autotune.strategies.base import Measured, Strategy
+
+CSV_COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
+               "# layers", "sequence length", "tensor parallelism", "data parallelism",
+               "pipeline parallelism", "iteration time (ms)")
+"""The columns of the shared CSV format."""
+MIN_LAYOUTS = 8
+"""Groups with fewer layouts are too small for a search to matter."""
+WITHIN = 0.03
+"""A trial reaches the target when its step time is within 3% of the group's best."""
+
+# ---- what a replayed trial would have cost -------------------------------------------------
+_DEFAULTS = TrialConfig()
+TRIAL_STEPS = _DEFAULTS.num_warmup_steps + _DEFAULTS.num_timed_steps
+"""Steps a trial runs by default (TrialConfig: 2 warm-up + 5 timed). Profiled steps are not
+counted: a search can turn them off."""
+TRIAL_OVERHEAD_S = 0.020
+"""Fixed seconds per trial on a warm worker group: the median warm trial overhead that
+``bench/trial_overhead.py`` measured (docs/benchmarks.md, tiny GPT on 2 CPU ranks)."""
+
+
+def trial_wall_s(step_time_s: float | None) -> float:
+    """Wall seconds one trial costs: TRIAL_STEPS × step time + TRIAL_OVERHEAD_S (a failed or
+    infeasible trial, with no step time, costs the overhead alone)."""
+    return TRIAL_STEPS * (step_time_s or 0.0) + TRIAL_OVERHEAD_S
+
+
+# ---- the table -----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableTraining:
+    """How the code that measured a CSV table trained: what its columns do not say.
+
+    The defaults are the shared A100 table's (its README): Megatron-LM/DeepSpeed GPT, fp16
+    mixed precision, full activation recomputation, the 1F1B schedule, gradient
+    synchronisation after the backward (no overlap), unfused attention, vocabulary 50,257."""
+
+    dtype: DType = "float16"
+    """Compute dtype of the measured runs."""
+    activation_checkpointing: ActivationCheckpointing = "full"
+    """Activation recomputation of the measured runs."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule of the measured runs."""
+    overlap_enabled: bool = False
+    """Whether the measured runs overlapped gradient synchronisation with the backward."""
+    attention: Attention = "eager"
+    """Attention implementation of the measured runs (eager: explicit softmax)."""
+    zero_stage: ZeroStage = 0
+    """ZeRO stage of the measured runs."""
+    vocab_size: int = 50257
+    """Vocabulary of the measured GPT."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRow:
+    """One measured configuration."""
+
+    config: TrialConfig
+    shape: ModelShape | None
+    """The model's shape where the workload is not built in (a CSV row's GPT), else None."""
+    step_time_s: float | None
+    """Measured seconds per optimizer step; None when the trial did not complete."""
+    peak_memory_bytes: int | None
+    """Peak memory of the slowest rank, where the table has it."""
+    status: str
+    """'complete', 'infeasible' (over the memory limit or out of memory) or 'failed'."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableGroup:
+    """The layouts of one search: same world size, global batch, sequence length and model."""
+
+    key: str
+    rows: tuple[MeasuredRow, ...]
+
+    @property
+    def shape(self) -> ModelShape | None:
+        return self.rows[0].shape
+
+    @property
+    def world_size(self) -> int:
+        return self.rows[0].config.world_size
+
+    @property
+    def best_step_time_s(self) -> float:
+        return min(r.step_time_s for r in self.rows
+                   if r.status == "complete" and r.step_time_s is not None)
+
+
+def group_key(config: TrialConfig) -> str:
+    """World size, global batch, sequence length and model of a configuration."""
+    w = config.workload
+    return f"w{config.world_size}-gb{w.global_batch_size}-s{w.seq_len}-{w.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredTable:
+    """Measured rows read from a table file (or built from measurements in memory)."""
+
+    rows: tuple[MeasuredRow, ...]
+    source: str = "table"
+    """Where the rows come from (a path, for messages)."""
+    kind: str = "json"
+    """'csv' (the shared format, trained as ``training`` says) or 'json' (our own configs)."""
+    training: TableTraining | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The JSON table's other keys (``machine``, ``settings``, …)."""
+
+    @classmethod
+    def load(cls, path: str | Path, *, training: TableTraining | None = None) -> MeasuredTable:
+        """A CSV (.csv) or JSON (.json) table, by the file's suffix."""
+        suffix = Path(path).suffix.lower()
+        if suffix == ".csv":
+            return cls.from_csv(path, training=training or TableTraining())
+        if suffix == ".json":
+            return cls.from_json(path)
+        raise ConfigError(f"table '{path}' must be a .csv (the shared format) or a .json "
+                          "(bench/cpu_sweep.py's format) file")
+
+    @classmethod
+    def from_csv(cls, path: str | Path, *,
+                 training: TableTraining = TableTraining()) -> MeasuredTable:
+        rows = [csv_row(r, training) for r in read_csv_rows(path)]
+        return cls(tuple(rows), source=str(path), kind="csv", training=training)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> MeasuredTable:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        except OSError as e:
+            raise ConfigError(f"cannot read table '{path}': {e.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"table '{path}' is not valid JSON: {e}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ConfigError(f"table '{path}' must be an object with a 'rows' list "
+                              "(bench/cpu_sweep.py's format)")
+        rows = []
+        for i, item in enumerate(data["rows"]):
+            where = f"table '{path}' row {i}"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{where} must be an object")
+            missing = [k for k in ("config", "step_time_s", "status") if k not in item]
+            if missing:
+                raise ConfigError(f"{where} lacks {', '.join(missing)}")
+            try:
+                config = TrialConfig.from_dict(item["config"])
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+            rows.append(_json_row(item, config, where))
+        if not rows:
+            raise ConfigError(f"table '{path}' has no rows")
+        meta = {k: v for k, v in data.items() if k != "rows"}
+        return cls(tuple(rows), source=str(path), kind="json", meta=meta)
+
+    def groups(self, min_layouts: int = MIN_LAYOUTS) -> list[TableGroup]:
+        """Groups of at least ``min_layouts`` rows with one complete, in the table's order."""
+        by_key: dict[str, list[MeasuredRow]] = {}
+        for row in self.rows:
+            by_key.setdefault(group_key(row.config), []).append(row)
+        chosen = [TableGroup(k, tuple(rows)) for k, rows in by_key.items()
+                  if len(rows) >= min_layouts and any(r.status == "complete" for r in rows)]
+        if not chosen:
+            largest = max((len(r) for r in by_key.values()), default=0)
+            raise ConfigError(
+                f"table '{self.source}' has no group of ≥ {min_layouts} measured layouts with "
+                f"the same world size, global batch, sequence length and model (its largest "
+                f"has {largest}); measure more layouts per group")
+        return chosen
+
+    @property
+    def cores(self) -> int | None:
+        """CPU cores of the machine a JSON table was measured on, where it says."""
+        cores = self.meta.get("machine", {}).get("cores") if isinstance(
+            self.meta.get("machine"), dict) else None
+        return cores if isinstance(cores, int) and cores > 0 else None
+
+
+def _json_row(item: dict, config: TrialConfig, where: str) -> MeasuredRow:
+    status = item["status"]
+    if status not in ("complete", "infeasible", "failed"):
+        raise ConfigError(f"{where}: status must be complete, infeasible or failed, not "
+                          f"{status!r}")
+    step = item["step_time_s"]
+    if status == "complete" and not (_number(step) and step > 0):
+        raise ConfigError(f"{where}: a complete row needs a positive step_time_s, not {step!r}")
+    peak = item.get("peak_memory_bytes")
+    if peak is not None and not (isinstance(peak, int) and not isinstance(peak, bool)):
+        raise ConfigError(f"{where}: peak_memory_bytes must be an integer or null")
+    return MeasuredRow(config, None, float(step) if status == "complete" else None, peak, status)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# ---- the shared CSV format ---------------------------------------------------------------
+def read_csv_rows(path: str | Path) -> list[dict[str, float]]:
+    """Rows of a table in the shared format, as numbers; a missing column is one clear error."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(f"table '{path}' lacks column(s): {', '.join(missing)}")
+            rows = [{k: float(r[k]) for k in CSV_COLUMNS} for r in reader]
+    except OSError as e:
+        raise ConfigError(f"cannot read table '{path}': {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"table '{path}' is not UTF-8 text: {e.reason}") from None
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"table '{path}' has a non-numeric or missing cell: {e}") from None
+    if not rows:
+        raise ConfigError(f"table '{path}' has no rows")
+    return rows
+
+
+def csv_row(row: dict[str, float], training: TableTraining = TableTraining()) -> MeasuredRow:
+    """The TrialConfig and GPT shape one row of the shared format describes."""
+    h, heads, layers = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
+    seq = int(row["sequence length"])
+    shape = ModelShape("gpt", layers, h, heads, heads, 4 * h, training.vocab_size, seq)
+    tp, dp, pp = (int(row["tensor parallelism"]), int(row["data parallelism"]),
+                  int(row["pipeline parallelism"]))
+    config = TrialConfig(
+        workload=WorkloadSpec(family="gpt", seq_len=seq, dtype=training.dtype,
+                              global_batch_size=int(row["global batch"]),
+                              vocab_size=training.vocab_size,
+                              workload=f"table:gpt_h{h}_a{heads}_l{layers}"),
+        world_size=tp * dp * pp, tp_degree=tp, pp_degree=pp, zero_stage=training.zero_stage,
+        micro_batch_size=int(row["micro batch"]),
+        activation_checkpointing=training.activation_checkpointing,
+        pp_schedule=training.pp_schedule, attention=training.attention,
+        overlap_enabled=training.overlap_enabled, device="cuda")
+    return MeasuredRow(config, shape, row["iteration time (ms)"] / 1000, None, "complete")
+
+
+def csv_group_key(row: dict[str, float]) -> tuple:
+    """GPUs, global batch and model of a CSV row (the same partition as ``group_key``)."""
+    return (row["# GPUs"], row["global batch"], row["hidden size"], row["attention heads"],
+            row["# layers"], row["sequence length"])
+
+
+# ---- answering trials from a table ---------------------------------------------------------
+LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bucket_mb",
+                 "overlap_enabled", "activation_checkpointing", "pp_schedule", "attention",
+                 "optimizer_offload_enabled")
+"""TrialConfig fields that change what a trial measures, beside workload and world size."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableOutcome:
+    """What the table says a trial of a configuration measured."""
+
+    status: str
+    step_time_s: float | None
+    peak_memory_bytes: int | None
+
+
+class TableExecutor:
+    """Answers trials from measured rows instead of running them.
+
+    A configuration matches a row when their workload and world size are equal and so is every
+    layout field (``LAYOUT_FIELDS``) that varies among the rows; fields the table holds at one
+    value (a CSV table's ZeRO stage, recomputation, …) and the measurement's own settings
+    (seed, step counts, device) are not compared. Knobs without effect are not compared
+    either, as ``autotune.layouts`` and the search space treat them: the schedule without a
+    pipeline, and ZeRO stage, overlap and bucket size without data parallelism."""
+
+    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow]) -> None:
+        rows = tuple(table.rows if isinstance(table, MeasuredTable) else table)
+        self.source = table.source if isinstance(table, MeasuredTable) else "table"
+        if not rows:
+            raise ConfigError("a table executor needs at least one measured row")
+        self.compared = tuple(f for f in LAYOUT_FIELDS
+                              if len({getattr(r.config, f) for r in rows}) > 1)
+        self._rows: dict[tuple, MeasuredRow] = {}
+        for row in rows:
+            key = self._key(row.config)
+            if key in self._rows:
+                raise ConfigError(f"table '{self.source}' holds {short_name(row.config)} "
+                                  f"({row.config.workload.name}) twice; keep one row per "
+                                  "configuration")
+            self._rows[key] = row
+        self.calls: list[TrialConfig] = []
+        """Every configuration run, in order."""
+
+    def _key(self, config: TrialConfig) -> tuple:
+        ignored = set()
+        if config.pp_degree == 1:
+            ignored.add("pp_schedule")
+        if config.dp_degree == 1:
+            ignored.update(("zero_stage", "overlap_enabled", "bucket_mb"))
+        return (config.workload, config.world_size,
+                *((f, getattr(config, f)) for f in self.compared if f not in ignored))
+
+    def row_for(self, config: TrialConfig) -> MeasuredRow:
+        """The row that measured ``config``; ConfigError naming it when none did."""
+        row = self._rows.get(self._key(config))
+        if row is None:
+            raise ConfigError(f"configuration {short_name(config)} of "
+                              f"{config.workload.name} is not in table '{self.source}'; "
+                              "replay only the table's configurations")
+        return row
+
+    def run(self, config: TrialConfig) -> TableOutcome:
+        row = self.row_for(config)
+        self.calls.append(config)
+        return TableOutcome(row.status, row.step_time_s, row.peak_memory_bytes)
+
+
+# ---- replaying a strategy --------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    """One strategy replayed on one group."""
+
+    group: str
+    candidates: int
+    history: tuple[Measured, ...]
+    """The trials the strategy ran, in order."""
+    reached_at: int | None
+    """The trial (1-based) that first came within the target; None if none did."""
+    stopped: bool
+    """True when the strategy stopped by itself (proposed None) rather than at the target."""
+
+    @property
+    def trials_to_target(self) -> int:
+        """Trials until one within the target; a strategy that stopped before counts as the
+        number of candidates + 1 (it would need at least one more search to get there)."""
+        return self.reached_at if self.reached_at is not None else self.candidates + 1
+
+    @property
+    def wall_s(self) -> float:
+        """What the trials up to the target (all of them if never reached) would have cost:
+        Σ ``trial_wall_s``."""
+        counted = self.history[:self.reached_at] if self.reached_at else self.history
+        return sum(trial_wall_s(m.step_time_s) for m in counted)
+
+
+def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
+           until_target: bool = True) -> ReplayRun:
+    """Run ``strategy`` on a ``TableExecutor`` of ``group``'s rows: the candidates are the
+    group's configurations, the history grows by each measured row. Ends at the first trial
+    within ``within`` of the group's best step time (with ``until_target``), or when the
+    strategy stops."""
+    executor = TableExecutor(group.rows)
+    candidates = [r.config for r in group.rows]
+    target = group.best_step_time_s * (1 + within)
+    history: list[Measured] = []
+    tried: set[tuple] = set()
+    reached_at = None
+    while True:
+        proposal = strategy.propose(candidates, history, group.shape)
+        if proposal is None:
+            return ReplayRun(group.key, len(candidates), tuple(history), reached_at, True)
+        key = executor._key(proposal.config)
+        if key in tried:
+            raise RuntimeError(f"strategy {strategy.name} proposed "
+                               f"{short_name(proposal.config)} twice")
+        tried.add(key)
+        outcome = executor.run(proposal.config)
+        history.append(Measured(proposal.config, outcome.step_time_s, outcome.status))
+        if (reached_at is None and outcome.status == "complete"
+                and outcome.step_time_s <= target):
+            reached_at = len(history)
+            if until_target:
+                return ReplayRun(group.key, len(candidates), tuple(history), reached_at, False)

@@ -1,0 +1,222 @@
+"""Search strategies replayed on measured tables: trials to within 3% of each group's best.
+
+    python bench/search_replay.py --table TABLE [--json] [--strategies a,b,...] [--seeds N]
+        [--cluster FILE] [--min-layouts 8] [--full]
+
+TABLE is a CSV in the shared format (``shared/data/a100-megatron/single_node.csv``) or a JSON
+table of ``bench/cpu_sweep.py``. It is split into groups of rows with the same world size,
+global batch, sequence length and model (``autotune.replay.MeasuredTable.groups``); every group
+with at least ``--min-layouts`` layouts (8) is one search. Each strategy runs on a
+``TableExecutor`` of the group: its candidates are the group's configurations, every trial it
+proposes is answered with the measured row, and its history grows by that row. Counted: the
+trials until one measures within 3% of the group's best step time. A strategy that stops before
+that counts as the number of candidates + 1 (it would take another search), and how often it
+got there before stopping is printed beside it.
+
+Cost: the wall time its measured trials (up to the target) would have taken,
+Σ (warm-up + timed steps) × step time + a fixed overhead per trial, with the steps of
+``TrialConfig``'s defaults (2 + 5) and the warm per-trial overhead that
+``bench/trial_overhead.py`` measured (0.02 s); a failed trial costs the overhead alone
+(``autotune.replay.trial_wall_s``).
+
+Strategies (``--strategies``, default all): grid (DeepSpeed's order), random, tpe (Optuna TPE
+over the real knobs, no baseline), deepspeed (the DeepSpeed autotuner's heuristic), tp-in-node
+(the engineers' "TP inside the node, ZeRO-1/DP across nodes" rule), model (the model-guided
+strategy, ``autotune.strategies.model_guided.ModelGuided``; skipped with a note where it does
+not exist). Random and TPE are averaged over ``--seeds`` seeds (5). The model-guided strategy
+sees only the cluster and its own trials: for a CSV table the cluster is
+``examples/clusters/a100-megatron.json`` and the engine Megatron's, for a JSON table
+``local_cpu_cluster(world size)`` (the table's cores) and autotune's engine; ``--cluster``
+replaces the cluster.
+
+With ``--full`` each strategy runs until it stops by itself (the trials it spends in all are
+printed too); otherwise a replay ends at the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotune.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
+from autotune.errors import ConfigError  # noqa: E402
+from autotune.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
+from autotune.replay import (  # noqa: E402
+    MIN_LAYOUTS,
+    TRIAL_OVERHEAD_S,
+    TRIAL_STEPS,
+    WITHIN,
+    MeasuredTable,
+    ReplayRun,
+    TableGroup,
+    replay,
+    trial_wall_s,
+)
+from autotune.strategies.base import Strategy  # noqa: E402
+from autotune.strategies.baselines import (  # noqa: E402
+    DeepSpeedHeuristic,
+    GridStrategy,
+    RandomStrategy,
+    TPEStrategy,
+    TPInsideNodeRule,
+)
+
+A100_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
+STRATEGIES = ("grid", "random", "tpe", "deepspeed", "tp-in-node", "model")
+SEEDED = ("random", "tpe")
+"""Strategies whose order depends on a seed: replayed once per seed."""
+
+
+class Setting:
+    """The cluster and engine a table's groups ran on (what a model-guided strategy may see)."""
+
+    def __init__(self, table: MeasuredTable, cluster_file: str | None) -> None:
+        self.table = table
+        self.engine: EngineTraits = MEGATRON_ENGINE if table.kind == "csv" else AUTOTUNE_ENGINE
+        self.fixed: ClusterSpec | None = None
+        if cluster_file:
+            self.fixed = load_cluster(cluster_file)
+        elif table.kind == "csv":
+            self.fixed = load_cluster(str(A100_CLUSTER))
+
+    def cluster(self, group: TableGroup) -> ClusterSpec:
+        if self.fixed is not None:
+            return self.fixed
+        return local_cpu_cluster(group.world_size, cores=self.table.cores)
+
+
+def model_factory() -> tuple[Callable | None, str]:
+    """(ModelGuided's class, '') or (None, why it is skipped)."""
+    try:
+        from autotune.strategies.model_guided import ModelGuided
+    except ImportError as e:
+        return None, f"autotune.strategies.model_guided is not available ({e})"
+    return ModelGuided, ""
+
+
+def make_strategy(name: str, seed: int, group: TableGroup, setting: Setting,
+                  model_cls: Callable | None) -> Strategy:
+    """A fresh strategy for one replay (strategies keep per-search state)."""
+    if name == "grid":
+        return GridStrategy()
+    if name == "random":
+        return RandomStrategy(seed)
+    if name == "tpe":
+        return TPEStrategy(seed)
+    if name == "deepspeed":
+        return DeepSpeedHeuristic()
+    cluster = setting.cluster(group)
+    if name == "tp-in-node":
+        return TPInsideNodeRule(cluster.devices_per_node)
+    if name == "model":
+        return model_cls(cluster, engine=setting.engine)
+    raise ConfigError(f"unknown strategy '{name}'; choose among {', '.join(STRATEGIES)}")
+
+
+def parse_strategies(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown or not names:
+        raise ConfigError(f"unknown strategy '{', '.join(unknown) or text}'; choose among "
+                          f"{', '.join(STRATEGIES)} (comma-separated)")
+    return names
+
+
+def summarise(runs: list[ReplayRun], seeds: int) -> dict:
+    trials = [r.trials_to_target for r in runs]
+    walls = [r.wall_s for r in runs]
+    return {"median_trials": statistics.median(trials), "mean_trials": statistics.fmean(trials),
+            "reached_fraction": sum(r.reached_at is not None for r in runs) / len(runs),
+            "mean_wall_s": statistics.fmean(walls), "total_wall_s": sum(walls) / seeds,
+            "mean_trials_run": statistics.fmean(len(r.history) for r in runs),
+            "runs": len(runs), "seeds": seeds, "trials": trials}
+
+
+def run(args: argparse.Namespace) -> int:
+    names = parse_strategies(args.strategies)
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be ≥ 1, not {args.seeds}")
+    if args.min_layouts < 1:
+        raise ConfigError(f"--min-layouts must be ≥ 1, not {args.min_layouts}")
+    table = MeasuredTable.load(args.table)
+    groups = table.groups(args.min_layouts)
+    setting = Setting(table, args.cluster)
+    model_cls, why = model_factory() if "model" in names else (None, "")
+    skipped = {}
+    if "model" in names and model_cls is None:
+        skipped["model"] = why
+        names = [n for n in names if n != "model"]
+    results = {}
+    for name in names:
+        seeds = args.seeds if name in SEEDED else 1
+        start = time.perf_counter()
+        runs = [replay(make_strategy(name, seed, g, setting, model_cls), g,
+                       within=WITHIN, until_target=not args.full)
+                for seed in range(seeds) for g in groups]
+        results[name] = summarise(runs, seeds)
+        print(f"[search_replay] {name}: {len(runs)} replays in "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    sizes = [len(g.rows) for g in groups]
+    exhaustive = sum(sum(trial_wall_s(r.step_time_s) for r in g.rows) for g in groups)
+    report = {"table": str(args.table), "groups": len(groups), "min_layouts": args.min_layouts,
+              "layouts": {"median": statistics.median(sizes), "mean": statistics.fmean(sizes),
+                          "min": min(sizes), "max": max(sizes)},
+              "within": WITHIN, "full": args.full, "exhaustive_wall_s": exhaustive,
+              "strategies": results, "skipped": skipped}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"search replay on {args.table}: {len(groups)} groups of ≥ {args.min_layouts} "
+          f"layouts (median {statistics.median(sizes):g}, {min(sizes)}-{max(sizes)}); trials "
+          f"until one measures within {WITHIN:.0%} of the group's best")
+    print(f"{'strategy':<12}{'runs':>6}{'median':>8}{'mean':>7}{'reached':>9}"
+          f"{'wall s/group':>14}{'wall s total':>14}" + (f"{'trials run':>12}" if args.full
+                                                           else ""))
+    for name, s in results.items():
+        line = (f"{name:<12}{s['runs']:>6}{s['median_trials']:>8g}{s['mean_trials']:>7.2f}"
+                f"{s['reached_fraction']:>9.0%}{s['mean_wall_s']:>14.2f}"
+                f"{s['total_wall_s']:>14.1f}")
+        if args.full:
+            line += f"{s['mean_trials_run']:>12.2f}"
+        print(line)
+    print(f"(every layout once: {statistics.fmean(sizes):.1f} trials per group on average, "
+          f"{exhaustive:.1f} s in all. A strategy that stops before reaching the target counts "
+          f"as its group's layouts + 1; 'reached' is how often it got there. Wall time: "
+          f"Σ ({TRIAL_STEPS} steps × step time + {TRIAL_OVERHEAD_S} s) over the trials up to "
+          f"the target; random and tpe averaged over {args.seeds} seeds.)")
+    for name, why in skipped.items():
+        print(f"note: strategy '{name}' skipped: {why}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--table", required=True, metavar="TABLE",
+                   help="a CSV in the shared format or a JSON table of bench/cpu_sweep.py")
+    p.add_argument("--json", action="store_true", help="print the results as JSON only")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated, among {', '.join(STRATEGIES)} (default all)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds of random and tpe (5)")
+    p.add_argument("--cluster", metavar="FILE", help="the cluster the model-guided strategy "
+                   "sees (default: a100-megatron for a CSV, the local CPU for a JSON table)")
+    p.add_argument("--min-layouts", type=int, default=MIN_LAYOUTS,
+                   help=f"smallest group replayed ({MIN_LAYOUTS})")
+    p.add_argument("--full", action="store_true",
+                   help="run every strategy until it stops, not only to the target")
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as e:
+        print(f"search_replay: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

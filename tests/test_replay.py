@@ -1,0 +1,308 @@
+"""Measured tables, the table executor, the baseline strategies and the replay (no Ray)."""
+
+import dataclasses
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.layouts import enumerate_configs, short_name
+from autotune.models.shapes import ModelShape
+from autotune.replay import (
+    CSV_COLUMNS,
+    MeasuredRow,
+    MeasuredTable,
+    TableExecutor,
+    TableGroup,
+    TableTraining,
+    replay,
+)
+from autotune.strategies.base import Measured
+from autotune.strategies.baselines import (
+    DeepSpeedHeuristic,
+    GridStrategy,
+    RandomStrategy,
+    TPEStrategy,
+    TPInsideNodeRule,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (GPUs, global batch, micro batch, hidden, heads, layers, seq, tp, dp, pp, ms)
+BIG = [(4, 16, mb, 1024, 16, 24, 1024, tp, 4 // (tp * pp), pp, ms) for mb, tp, pp, ms in [
+    (1, 1, 1, 500.0), (2, 1, 1, 450.0), (4, 1, 1, 430.0), (1, 2, 1, 420.0), (2, 2, 1, 400.0),
+    (4, 2, 1, 410.0), (1, 4, 1, 600.0), (1, 1, 2, 480.0), (2, 1, 2, 470.0)]]
+SMALL = [(2, 8, mb, 2048, 16, 12, 1024, 2, 1, 1, ms) for mb, ms in [(1, 300.0), (2, 290.0)]]
+
+
+def write_csv(path: Path, rows, columns=CSV_COLUMNS) -> Path:
+    lines = [",".join(columns)] + [",".join(str(v) for v in r[:len(columns)]) for r in rows]
+    # The shared table's first line starts with a UTF-8 byte-order mark; so does this one.
+    path.write_text("\ufeff" + "\r\n".join(lines) + "\r\n", encoding="utf-8")
+    return path
+
+
+def tiny(world=4, gb=8, seq=64, family="gpt") -> TrialConfig:
+    return TrialConfig(workload=WorkloadSpec(family=family, seq_len=seq, global_batch_size=gb),
+                       world_size=world, device="cpu", num_warmup_steps=1, num_profiled_steps=0)
+
+
+def synthetic_candidates() -> list[TrialConfig]:
+    """50 valid layouts of tiny GPT on 4 ranks: tp, pp, dp, ZeRO 0-2, micro-batch, AC."""
+    return list(enumerate_configs(tiny(), zero_stages=(0, 1, 2),
+                                  activation_checkpointing=("none", "full"),
+                                  pp_schedules=("1f1b",)))
+
+
+def synthetic_time(c: TrialConfig) -> float:
+    """A landscape whose best is tp 2, pp 1, ZeRO 0, micro-batch 4, no recomputation (0.5 s)."""
+    t = 1.0 + 0.2 * abs(c.tp_degree - 2) + 0.3 * (c.pp_degree - 1) + 0.1 * c.zero_stage
+    t += 0.2 * (c.activation_checkpointing == "full") + 0.1 / c.micro_batch_size
+    return 0.5 if (c.tp_degree, c.pp_degree, c.zero_stage, c.micro_batch_size,
+                   c.activation_checkpointing) == (2, 1, 0, 4, "none") else t
+
+
+def synthetic_group(times=synthetic_time, configs=None) -> TableGroup:
+    configs = configs or synthetic_candidates()
+    return TableGroup("synthetic", tuple(MeasuredRow(c, None, times(c), 1000, "complete")
+                                         for c in configs))
+
+
+def exhaust(strategy, candidates, times) -> list[TrialConfig]:
+    """Propose until the strategy stops, feeding each proposal its measured time."""
+    history = []
+    while (p := strategy.propose(candidates, history)) is not None:
+        history.append(Measured(p.config, times(p.config)))
+        assert len(history) <= len(candidates), "proposed more than there are candidates"
+    return [m.config for m in history]
+
+
+# ---- reading tables --------------------------------------------------------------------
+def test_csv_table_rows_and_groups(tmp_path):
+    table = MeasuredTable.from_csv(write_csv(tmp_path / "t.csv", BIG + SMALL))
+    assert table.kind == "csv" and len(table.rows) == len(BIG) + len(SMALL)
+    row = table.rows[3]  # 4 GPUs, mb 1, tp 2, dp 2, pp 1, 420 ms
+    c = row.config
+    assert (c.world_size, c.tp_degree, c.pp_degree, c.dp_degree, c.micro_batch_size) == (
+        4, 2, 1, 2, 1)
+    assert c.workload.global_batch_size == 16 and c.workload.seq_len == 1024
+    assert (c.workload.dtype, c.activation_checkpointing, c.pp_schedule, c.overlap_enabled,
+            c.attention, c.zero_stage, c.workload.vocab_size) == (
+        "float16", "full", "1f1b", False, "eager", 0, 50257)
+    assert row.shape == ModelShape("gpt", 24, 1024, 16, 16, 4096, 50257, 1024)
+    assert row.step_time_s == pytest.approx(0.420) and row.status == "complete"
+    assert row.peak_memory_bytes is None
+    [group] = table.groups()  # only the 9-layout group has ≥ 8
+    assert [r.config.micro_batch_size for r in group.rows] == [r[2] for r in BIG]
+    assert group.best_step_time_s == pytest.approx(0.400) and group.world_size == 4
+    assert len(table.groups(min_layouts=2)) == 2
+    bf16 = MeasuredTable.from_csv(tmp_path / "t.csv",
+                                  training=TableTraining(dtype="bfloat16", zero_stage=1))
+    assert bf16.rows[0].config.workload.dtype == "bfloat16"
+    assert bf16.rows[0].config.zero_stage == 1
+
+
+def test_json_table_rows_and_groups(tmp_path):
+    configs = list(enumerate_configs(tiny(world=2)))[:9] + [tiny(world=2, seq=128)]
+    rows = [{"config": c.to_dict(), "step_time_s": 0.01 * (i + 1), "peak_memory_bytes": 100 + i,
+             "status": "complete", "rounds": [0.01]} for i, c in enumerate(configs)]
+    rows[2] = {**rows[2], "status": "failed", "step_time_s": None, "error": "boom"}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"machine": {"cores": 2}, "rows": rows}))
+    table = MeasuredTable.load(path)
+    assert table.kind == "json" and table.cores == 2 and len(table.rows) == 10
+    assert table.rows[0].config == configs[0] and table.rows[0].step_time_s == 0.01
+    assert table.rows[0].peak_memory_bytes == 100 and table.rows[0].shape is None
+    assert table.rows[2].status == "failed" and table.rows[2].step_time_s is None
+    [group] = table.groups()  # the seq-128 row is a group of its own
+    assert [r.config for r in group.rows] == configs[:9]
+    assert group.key == "w2-gb8-s64-gpt-tiny" and group.best_step_time_s == 0.01
+
+
+# ---- the table executor ------------------------------------------------------------------
+def test_table_executor_answers_each_row_and_refuses_others(tmp_path):
+    table = MeasuredTable.from_csv(write_csv(tmp_path / "t.csv", BIG))
+    ex = TableExecutor(table)
+    for row, raw in zip(table.rows, BIG):
+        out = ex.run(row.config)
+        assert (out.status, out.step_time_s, out.peak_memory_bytes) == (
+            "complete", raw[-1] / 1000, None)
+    # The measurement's own settings are not compared: another seed, other step counts.
+    other = dataclasses.replace(table.rows[0].config, seed=7, num_warmup_steps=9)
+    assert ex.run(other).step_time_s == BIG[0][-1] / 1000
+    missing = dataclasses.replace(table.rows[0].config, micro_batch_size=8)
+    with pytest.raises(ConfigError, match=short_name(missing)):
+        ex.run(missing)
+    assert len(ex.calls) == len(BIG) + 1
+
+
+def test_table_executor_ignores_knobs_without_effect():
+    # Without data parallelism overlap has no effect; without a pipeline, the schedule.
+    configs = [c for c in enumerate_configs(tiny(world=2), overlap=(True, False),
+                                            pp_schedules=("gpipe", "1f1b"))
+               if c.overlap_enabled or c.dp_degree > 1]
+    ex = TableExecutor([MeasuredRow(c, None, 1.0 + i, None, "complete")
+                        for i, c in enumerate(configs)])
+    tp2 = next(c for c in configs if c.tp_degree == 2)
+    assert ex.run(dataclasses.replace(tp2, overlap_enabled=False, pp_schedule="gpipe")
+                  ).step_time_s == 1.0 + configs.index(tp2)
+
+
+def test_table_executor_refuses_duplicate_rows():
+    c = tiny()
+    with pytest.raises(ConfigError, match="twice"):
+        TableExecutor([MeasuredRow(c, None, 1.0, None, "complete"),
+                       MeasuredRow(dataclasses.replace(c, seed=3), None, 2.0, None,
+                                   "complete")])
+
+
+# ---- baselines ---------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", [GridStrategy(), RandomStrategy(3), TPEStrategy(1),
+                                      TPInsideNodeRule(2)], ids=lambda s: s.name)
+def test_baseline_proposes_every_candidate_once_then_stops(strategy):
+    candidates = synthetic_candidates()
+    order = exhaust(strategy, candidates, synthetic_time)
+    assert sorted(map(short_name, order)) == sorted(map(short_name, candidates))
+    assert len(set(order)) == len(candidates)
+
+
+def test_grid_order_is_zero_then_tp_pp_micro_batch_ascending():
+    candidates = synthetic_candidates()
+    order = exhaust(GridStrategy(), candidates, synthetic_time)
+    keys = [(c.zero_stage, c.tp_degree, c.pp_degree, c.micro_batch_size) for c in order]
+    assert keys == sorted(keys)
+    # Within equal leading knobs, no recomputation comes first.
+    assert order[0].activation_checkpointing == "none"
+    assert (order[0].zero_stage, order[0].tp_degree, order[0].micro_batch_size) == (0, 1, 1)
+
+
+def test_tp_inside_node_order():
+    order = exhaust(TPInsideNodeRule(2), synthetic_candidates(), synthetic_time)
+    tps = [c.tp_degree for c in order]
+    # tp 2 (the largest inside a node of 2) first, then tp 1, tp 4 (spans nodes) last.
+    assert tps == sorted(tps, key=lambda t: {2: 0, 1: 1, 4: 2}[t])
+    first = order[0]
+    assert (first.tp_degree, first.pp_degree, first.micro_batch_size) == (2, 1, 4)
+
+
+def test_random_and_tpe_are_deterministic_given_a_seed():
+    c = synthetic_candidates()
+    assert exhaust(RandomStrategy(5), c, synthetic_time) == exhaust(RandomStrategy(5), c,
+                                                                    synthetic_time)
+    assert exhaust(RandomStrategy(5), c, synthetic_time) != exhaust(RandomStrategy(6), c,
+                                                                    synthetic_time)
+    first = [exhaust(TPEStrategy(2), c, synthetic_time)[:12] for _ in range(2)]
+    assert first[0] == first[1]
+
+
+def test_deepspeed_heuristic_follows_its_rules():
+    candidates = synthetic_candidates()
+    times = {(0, 2): 1.0, (0, 1): 0.9,   # smaller micro-batch > 5% faster: kept
+             (1, 2): 1.2, (1, 1): 1.3,   # slower: the stage ends
+             (2, 2): 0.8, (2, 1): 0.79}  # faster by < 5%: the stage ends
+
+    def time_of(c):
+        return times.get((c.zero_stage, c.micro_batch_size), 9.0)
+
+    order = exhaust(DeepSpeedHeuristic(), candidates, time_of)
+    assert all(c.tp_degree == 1 and c.pp_degree == 1 for c in order)
+    assert all(c.activation_checkpointing == "none" for c in order)  # the user's setting
+    assert [(c.zero_stage, c.micro_batch_size) for c in order] == [
+        (0, 2), (0, 1), (1, 2), (1, 1), (2, 2), (2, 1)]
+    # The largest micro-batch that runs: an infeasible one is passed over.
+    history, strategy = [], DeepSpeedHeuristic()
+    while (p := strategy.propose(candidates, history)) is not None:
+        c = p.config
+        if (c.zero_stage, c.micro_batch_size) == (0, 2):
+            history.append(Measured(c, None, "infeasible"))
+        else:
+            history.append(Measured(c, time_of(c)))
+    assert [(m.config.zero_stage, m.config.micro_batch_size) for m in history][:2] == [
+        (0, 2), (0, 1)]
+    # Nothing it can express: it stops at once.
+    tp2 = [c for c in candidates if c.tp_degree == 2]
+    assert DeepSpeedHeuristic().propose(tp2, []) is None
+
+
+# ---- the replay ------------------------------------------------------------------------
+def brute_force(order, times, within=0.03) -> int:
+    best = min(times(c) for c in order)
+    return next(i for i, c in enumerate(order, 1) if times(c) <= best * (1 + within))
+
+
+def test_replay_counts_trials_to_within_3_percent():
+    group = synthetic_group()
+    candidates = [r.config for r in group.rows]
+    run = replay(GridStrategy(), group)
+    grid_order = sorted(candidates, key=lambda c: (c.zero_stage, c.tp_degree, c.pp_degree,
+                                                   c.micro_batch_size,
+                                                   c.activation_checkpointing != "none"))
+    assert run.trials_to_target == brute_force(grid_order, synthetic_time)
+    expected_wall = sum(7 * synthetic_time(c) + 0.02
+                        for c in grid_order[:run.trials_to_target])
+    assert run.wall_s == pytest.approx(expected_wall)
+    shuffled = list(candidates)
+    random.Random(4).shuffle(shuffled)
+    assert replay(RandomStrategy(4), group).trials_to_target == brute_force(shuffled,
+                                                                            synthetic_time)
+    # The heuristic cannot reach tp 2: it stops, and counts as candidates + 1.
+    ds = replay(DeepSpeedHeuristic(), group)
+    assert ds.stopped and ds.reached_at is None and ds.trials_to_target == len(candidates) + 1
+
+
+# ---- bad input -------------------------------------------------------------------------
+def test_bad_tables(tmp_path):
+    with pytest.raises(ConfigError, match="lacks column.*iteration time"):
+        MeasuredTable.from_csv(write_csv(tmp_path / "a.csv", BIG, CSV_COLUMNS[:-1]))
+    with pytest.raises(ConfigError, match="cannot read table"):
+        MeasuredTable.load(tmp_path / "missing.csv")
+    with pytest.raises(ConfigError, match=r"\.csv .* or a \.json"):
+        MeasuredTable.load(tmp_path / "t.txt")
+    (tmp_path / "b.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="'rows' list"):
+        MeasuredTable.load(tmp_path / "b.json")
+    (tmp_path / "c.json").write_text(json.dumps({"rows": [{"config": tiny().to_dict()}]}))
+    with pytest.raises(ConfigError, match="row 0 lacks step_time_s, status"):
+        MeasuredTable.load(tmp_path / "c.json")
+    small = MeasuredTable.from_csv(write_csv(tmp_path / "d.csv", SMALL))
+    with pytest.raises(ConfigError, match="no group of ≥ 8.*largest has 2"):
+        small.groups()
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("search_replay",
+                                                  ROOT / "bench" / "search_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_replays_a_table_and_refuses_bad_input(tmp_path, capsys):
+    bench = _bench()
+    path = write_csv(tmp_path / "t.csv", BIG + SMALL)
+    assert bench.main(["--table", str(path), "--json", "--strategies",
+                       "grid,deepspeed,tp-in-node"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["groups"] == 1
+    # Grid: tp 1 pp 1 at mb 1, 2, 4 then tp 1 pp 2 … ; the best (400 ms) is tp 2, mb 2.
+    group = MeasuredTable.from_csv(path).groups()[0]
+    order = sorted((r.config for r in group.rows),
+                   key=lambda c: (c.tp_degree, c.pp_degree, c.micro_batch_size))
+    times = {r.config: r.step_time_s for r in group.rows}
+    assert report["strategies"]["grid"]["median_trials"] == brute_force(order, times.get)
+    # The heuristic's tp-1 layouts are all > 3% slower than the best: never reached.
+    assert report["strategies"]["deepspeed"]["reached_fraction"] == 0
+    # TP inside a node of 8: tp 4 (600 ms) first, then tp 2 at mb 4 (410 ms, within 3%).
+    assert report["strategies"]["tp-in-node"]["median_trials"] == 2
+    for argv, message in [(["--strategies", "grid,nope"], "unknown strategy 'nope'"),
+                          (["--min-layouts", "20"], "no group of ≥ 20")]:
+        assert bench.main(["--table", str(path), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    bad = write_csv(tmp_path / "bad.csv", BIG, CSV_COLUMNS[1:])
+    assert bench.main(["--table", str(bad)]) == 2
+    assert "lacks column(s): # GPUs" in capsys.readouterr().err
