@@ -112,7 +112,8 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
     measured = np.log([smp.step_time_s for smp in samples])
 
     def calibration_at(x) -> Calibration:
-        values = {n: float(math.exp(v)) for n, v in zip(names, x)}
+        # Clipped: a step of the solver far out of range must not overflow.
+        values = {n: float(math.exp(min(max(v, -60.0), 60.0))) for n, v in zip(names, x)}
         for capped in ("overlap_efficiency", "compute_efficiency", "comm_efficiency"):
             if capped in values:
                 values[capped] = min(1.0, values[capped])

@@ -22,8 +22,11 @@ Cost: the wall time its measured trials (up to the target) would have taken,
 Strategies (``--strategies``, default all): grid (DeepSpeed's order), random, tpe (Optuna TPE
 over the real knobs, no baseline), deepspeed (the DeepSpeed autotuner's heuristic), tp-in-node
 (the engineers' "TP inside the node, ZeRO-1/DP across nodes" rule), model (the model-guided
-strategy, ``autotune.strategies.model_guided.ModelGuided``; skipped with a note where it does
-not exist). Random and TPE are averaged over ``--seeds`` seeds (5). The model-guided strategy
+strategy, ``autotune.strategies.model_guided.ModelGuided``, each group from the cluster
+description alone), model-warm (the same, starting each group from a calibration fitted to the
+trials it ran itself in the earlier groups of this replay, in table order: what a cluster file
+calibrated by earlier searches gives a user). Random and TPE are averaged over ``--seeds``
+seeds (5). The model-guided strategy
 sees only the cluster and its own trials: for a CSV table the cluster is
 ``examples/clusters/a100-megatron.json`` and the engine Megatron's, for a JSON table
 ``local_cpu_cluster(world size)`` (the table's cores) and autotune's engine; ``--cluster``
@@ -69,7 +72,9 @@ from autotune.strategies.baselines import (  # noqa: E402
 )
 
 A100_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
-STRATEGIES = ("grid", "random", "tpe", "deepspeed", "tp-in-node", "model")
+STRATEGIES = ("grid", "random", "tpe", "deepspeed", "tp-in-node", "model", "model-warm")
+CARRIED_SAMPLES = 60
+"""model-warm refits its starting calibration on at most this many of its latest trials."""
 SEEDED = ("random", "tpe")
 """Strategies whose order depends on a seed: replayed once per seed."""
 
@@ -85,6 +90,27 @@ class Setting:
             self.fixed = load_cluster(cluster_file)
         elif table.kind == "csv":
             self.fixed = load_cluster(str(A100_CLUSTER))
+
+        self.samples: list = []
+        """model-warm's own trials in earlier groups of this replay (never the table's rows
+        it did not run)."""
+
+    def carried(self, cluster: ClusterSpec):
+        """The calibration fitted to model-warm's own earlier trials (None before any): what
+        a user's cluster file holds after earlier searches on the same cluster."""
+        if not self.samples:
+            return None
+        from autotune.calibration import fit_calibration
+
+        return fit_calibration(self.samples[-CARRIED_SAMPLES:], cluster,
+                               engine=self.engine).calibration
+
+    def carry(self, run: ReplayRun, group: TableGroup) -> None:
+        from autotune.calibration import Sample
+
+        cluster = self.cluster(group)
+        self.samples += [Sample(m.config, m.step_time_s, group.shape, cluster=cluster)
+                         for m in run.history if m.status == "complete" and m.step_time_s]
 
     def cluster(self, group: TableGroup) -> ClusterSpec:
         if self.fixed is not None:
@@ -117,6 +143,8 @@ def make_strategy(name: str, seed: int, group: TableGroup, setting: Setting,
         return TPInsideNodeRule(cluster.devices_per_node)
     if name == "model":
         return model_cls(cluster, engine=setting.engine)
+    if name == "model-warm":
+        return model_cls(cluster, engine=setting.engine, calibration=setting.carried(cluster))
     raise ConfigError(f"unknown strategy '{name}'; choose among {', '.join(STRATEGIES)}")
 
 
@@ -148,18 +176,24 @@ def run(args: argparse.Namespace) -> int:
     table = MeasuredTable.load(args.table)
     groups = table.groups(args.min_layouts)
     setting = Setting(table, args.cluster)
-    model_cls, why = model_factory() if "model" in names else (None, "")
+    wants_model = any(n.startswith("model") for n in names)
+    model_cls, why = model_factory() if wants_model else (None, "")
     skipped = {}
-    if "model" in names and model_cls is None:
-        skipped["model"] = why
-        names = [n for n in names if n != "model"]
+    if wants_model and model_cls is None:
+        skipped.update({n: why for n in names if n.startswith("model")})
+        names = [n for n in names if not n.startswith("model")]
     results = {}
     for name in names:
         seeds = args.seeds if name in SEEDED else 1
         start = time.perf_counter()
-        runs = [replay(make_strategy(name, seed, g, setting, model_cls), g,
-                       within=WITHIN, until_target=not args.full)
-                for seed in range(seeds) for g in groups]
+        runs = []
+        setting.samples = []
+        for seed in range(seeds):
+            for g in groups:  # in table order: model-warm carries its trials forward
+                runs.append(replay(make_strategy(name, seed, g, setting, model_cls), g,
+                                   within=WITHIN, until_target=not args.full))
+                if name == "model-warm":
+                    setting.carry(runs[-1], g)
         results[name] = summarise(runs, seeds)
         print(f"[search_replay] {name}: {len(runs)} replays in "
               f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

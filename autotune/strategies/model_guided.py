@@ -55,11 +55,11 @@ class ModelGuided:
     """Stop when nothing untried is predicted (optimistically) to beat the best by more."""
     kappa: float = 1.0
     """How many σ of optimism: 0 trusts the model blindly, larger explores more."""
-    prior_sigma: float = 0.3
+    prior_sigma: float = 0.5
     """Relative uncertainty of an uncalibrated prediction."""
     min_sigma: float = 0.05
     """The floor of a calibrated prediction's uncertainty (measurement noise)."""
-    unmeasured_shape_factor: float = 1.5
+    unmeasured_shape_factor: float = 3.0
     """σ multiplier for a candidate whose layer shape no trial has measured."""
     max_trials: int | None = None
     """A budget of trials (None: until the stopping rule says)."""
