@@ -1,14 +1,30 @@
 """Measured CPU trials of many layouts, and how well the performance model predicts them.
 
     python bench/cpu_sweep.py measure --out bench/data/cpu_sweep_a.json [--rounds 3] [--count 44]
+        [--seed 0] [--family gpt|llama] [--seq-len N] [--global-batch N] [--bucket-mb 5,25,100]
     python bench/cpu_sweep.py evaluate --table bench/data/cpu_sweep_a.json
         [--calibrate-count 8] [--seed 0] [--seeds 5] [--json]
 
 ``measure`` picks ``--count`` valid layouts of the built-in tiny GPT (and a quarter of tiny
 Llama) at world sizes 2 and 4 — tp, pp with each schedule, dp, ZeRO 0-3, micro-batch and
-accumulation, activation checkpointing, overlap on/off, seq_len 64/128, global batch 8/16 —
-from ``autotune.layouts.enumerate_configs`` by a seeded greedy choice that keeps every knob's
-values as evenly represented as the valid layouts allow (each value appears at least once).
+accumulation, activation checkpointing, overlap on/off, gradient bucket 5/25/100 MB (with
+dp > 1), seq_len 64/128, global batch 8/16 — from the search's own grid
+(``autotune.space.SearchSpace``: every row is a configuration a search could propose) by a
+seeded greedy choice that keeps every knob's values as evenly represented as the valid layouts
+allow (each value appears at least once).
+
+``--family``, ``--seq-len`` and ``--global-batch`` fix the model and the workload: with all
+three, the sweep is two groups of layouts (one per world size, half the count each) of one
+workload, each a search could be replayed on. ``--bucket-mb`` lists the bucket sizes (the
+first alone where dp is 1, as in the search's grid); sweep A was chosen with ``--bucket-mb 25``
+(the default bucket, before bucket size was a knob here), so this reproduces its layouts::
+
+    python bench/cpu_sweep.py measure --count 44 --seed 0 --bucket-mb 25 …       # sweep A
+    python bench/cpu_sweep.py measure --family gpt --seq-len 64 --global-batch 16 \
+        --count 48 --seed 1 --out bench/data/cpu_sweep_b.json                     # sweep B
+    python bench/cpu_sweep.py measure --family llama --seq-len 64 --global-batch 16 \
+        --count 48 --seed 2 --out bench/data/cpu_sweep_c.json                     # sweep C
+
 It runs each one ``--rounds`` times as short real trials on one ``RayExecutor``: round 1 over
 all layouts, then round 2 over all, … so that a drift in the shared machine's speed hits every
 layout alike; inside a round the layouts are grouped by world size (one worker group per world
@@ -57,19 +73,23 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import AutotuneError, ConfigError  # noqa: E402
-from autotune.layouts import enumerate_configs, short_name  # noqa: E402
+from autotune.layouts import short_name  # noqa: E402
+from autotune.space import DEFAULT_BUCKETS_MB, SearchSpace  # noqa: E402
 
 WORLD_SIZES = (2, 4)
 SEQ_LENS = (64, 128)
 GLOBAL_BATCHES = (8, 16)
+FAMILIES = ("gpt", "llama")
 LLAMA_SHARE = 0.25
-"""Fraction of each world size's layouts that train tiny Llama (the rest tiny GPT)."""
+"""Fraction of each world size's layouts that train tiny Llama (the rest tiny GPT), when both
+families are measured."""
 DEFAULT_COUNT = 44
 NUM_WARMUP_STEPS = 1
 NUM_TIMED_STEPS = 5
@@ -81,9 +101,31 @@ def log(msg: str) -> None:
 
 
 # ---- which layouts ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scope:
+    """The workloads and bucket sizes the layouts are chosen among."""
+
+    families: tuple[str, ...] = FAMILIES
+    seq_lens: tuple[int, ...] = SEQ_LENS
+    global_batches: tuple[int, ...] = GLOBAL_BATCHES
+    buckets_mb: tuple[float, ...] = DEFAULT_BUCKETS_MB
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Scope:
+        return cls(families=(args.family,) if args.family else FAMILIES,
+                   seq_lens=(args.seq_len,) if args.seq_len else SEQ_LENS,
+                   global_batches=(args.global_batch,) if args.global_batch else GLOBAL_BATCHES,
+                   buckets_mb=args.bucket_mb)
+
+    def describe(self) -> str:
+        return (f"{'/'.join(self.families)}, seq_len {'/'.join(map(str, self.seq_lens))}, "
+                f"global batch {'/'.join(map(str, self.global_batches))}, bucket "
+                f"{'/'.join(f'{b:g}' for b in self.buckets_mb)} MB")
+
+
 def knob_values(c: TrialConfig) -> dict[str, object]:
     """The knobs the choice spreads over; a knob without effect in a layout is left out (the
-    schedule without a pipeline, ZeRO and overlap without data parallelism)."""
+    schedule without a pipeline, ZeRO, overlap and bucket size without data parallelism)."""
     knobs: dict[str, object] = {
         "world_size": c.world_size, "family": c.workload.family,
         "seq_len": c.workload.seq_len, "global_batch": c.workload.global_batch_size,
@@ -95,47 +137,72 @@ def knob_values(c: TrialConfig) -> dict[str, object]:
     if c.dp_degree > 1:
         knobs["zero"] = c.zero_stage
         knobs["overlap"] = c.overlap_enabled
+        knobs["bucket_mb"] = c.bucket_mb
     return knobs
 
 
+def layout_name(c: TrialConfig) -> str:
+    """short_name plus the bucket size where there is data parallelism: …-noov-b5."""
+    return short_name(c) + (f"-b{c.bucket_mb:g}" if c.dp_degree > 1 else "")
+
+
 def row_name(c: TrialConfig) -> str:
-    """short_name plus the workload: w2-tp2-…-ac_none gpt-s64-gb8."""
+    """layout_name plus the workload: w2-tp2-…-ac_none gpt-s64-gb8."""
     w = c.workload
-    return f"{short_name(c)} {w.family}-s{w.seq_len}-gb{w.global_batch_size}"
+    return f"{layout_name(c)} {w.family}-s{w.seq_len}-gb{w.global_batch_size}"
 
 
-def candidate_pool(world_size: int, family: str) -> list[TrialConfig]:
-    """Every valid layout of tiny ``family`` at ``world_size`` over seq_len and global batch
-    (overlap off only where there is data parallelism for it to change)."""
+def candidate_pool(world_size: int, family: str, scope: Scope = Scope()) -> list[TrialConfig]:
+    """Every configuration of the search's grid (``SearchSpace``: overlap off only where there
+    is data parallelism for it to change, each bucket size only there too) for tiny
+    ``family`` at ``world_size`` over the scope's seq_lens and global batches."""
     pool = []
-    for seq_len, global_batch in itertools.product(SEQ_LENS, GLOBAL_BATCHES):
+    for seq_len, global_batch in itertools.product(scope.seq_lens, scope.global_batches):
         base = TrialConfig(
             workload=WorkloadSpec(family=family, size="tiny", seq_len=seq_len,
                                   global_batch_size=global_batch),
             world_size=world_size, device="cpu", num_warmup_steps=NUM_WARMUP_STEPS,
             num_timed_steps=NUM_TIMED_STEPS, num_profiled_steps=0)
-        pool += [c for c in enumerate_configs(base, overlap=(True, False))
-                 if c.overlap_enabled or c.dp_degree > 1]
+        try:
+            pool += SearchSpace(base, buckets_mb=scope.buckets_mb).configs
+        except ConfigError:
+            continue  # no valid layout of this workload (a stratum left empty is reported)
     return pool
 
 
-def select_configs(count: int, seed: int) -> list[TrialConfig]:
-    """``count`` layouts, half per world size, LLAMA_SHARE of them Llama: each pick is the
-    candidate whose knob values have been picked least so far (ties broken by a seeded
-    shuffle), so every knob's values spread as evenly as the valid layouts allow."""
+def select_configs(count: int, seed: int, scope: Scope = Scope()) -> list[TrialConfig]:
+    """``count`` layouts, half per world size, LLAMA_SHARE of them Llama when both families
+    are in scope: each pick is the candidate whose knob values have been picked least so far
+    (ties broken by a seeded shuffle), so every knob's values spread as evenly as the valid
+    layouts allow. A knob with one value in a stratum's pool (the bucket size with one
+    bucket, the workload when fixed) carries no choice and is left out of the score."""
     rng = random.Random(seed)
     strata = []
     for i, world in enumerate(WORLD_SIZES):
         n = count // len(WORLD_SIZES) + (1 if i < count % len(WORLD_SIZES) else 0)
-        num_llama = round(n * LLAMA_SHARE)
-        strata += [(world, "gpt", n - num_llama), (world, "llama", num_llama)]
+        if len(scope.families) == 1:
+            strata.append((world, scope.families[0], n))
+        else:
+            num_llama = round(n * LLAMA_SHARE)
+            strata += [(world, "gpt", n - num_llama), (world, "llama", num_llama)]
     # Counted per world size: tp 2 is a different split of 2 ranks than of 4.
     counts: dict[tuple[int, str], dict[object, int]] = defaultdict(lambda: defaultdict(int))
-    pools = {}
-    for world, family, _ in strata:
-        pool = candidate_pool(world, family)
+    pools, varying = {}, {}
+    for world, family, n in strata:
+        pool = candidate_pool(world, family, scope)
+        if len(pool) < n:
+            raise ConfigError(
+                f"only {len(pool)} valid layouts of tiny {family} at world size {world} "
+                f"({scope.describe()}), fewer than the {n} asked; lower --count or widen "
+                "the workload")
         rng.shuffle(pool)
         pools[world, family] = pool
+        values: dict[str, set] = defaultdict(set)
+        for c in pool:
+            for k, v in knob_values(c).items():
+                values[k].add(v)
+        varying[world, family] = {k for k, vs in values.items() if len(vs) > 1} - {
+            "world_size", "family"}
     quota = {(w, f): n for w, f, n in strata}
     chosen: list[TrialConfig] = []
     # Round-robin over the strata, so that each stratum's picks see the others' counts.
@@ -150,8 +217,8 @@ def select_configs(count: int, seed: int) -> list[TrialConfig]:
                 # knobs in effect, such as ZeRO and overlap with data parallelism, is not
                 # penalised for them).
                 cs = [counts[world, k][v] for k, v in knob_values(c).items()
-                      if k not in ("world_size", "family")]
-                return sum(cs) / len(cs)
+                      if k in varying[world, family]]
+                return sum(cs) / len(cs) if cs else 0.0
 
             best = min(range(len(pool)), key=lambda i: score(pool[i]))
             config = pool.pop(best)
@@ -170,10 +237,10 @@ def coverage(configs: list[TrialConfig]) -> dict[str, dict[str, int]]:
     return {k: dict(sorted(v.items())) for k, v in out.items()}
 
 
-def missing_values(configs: list[TrialConfig]) -> list[str]:
-    """Knob values that some valid layout has and none of ``configs`` has."""
-    every = coverage([c for w in WORLD_SIZES for f in ("gpt", "llama")
-                      for c in candidate_pool(w, f)])
+def missing_values(configs: list[TrialConfig], scope: Scope = Scope()) -> list[str]:
+    """Knob values that some valid layout in scope has and none of ``configs`` has."""
+    every = coverage([c for w in WORLD_SIZES for f in scope.families
+                      for c in candidate_pool(w, f, scope)])
     have = coverage(configs)
     return [f"{k}={v}" for k, vals in every.items() for v in vals if v not in have.get(k, {})]
 
@@ -221,11 +288,13 @@ def measure(args: argparse.Namespace) -> int:
     from autotune.executor import ExecutorSettings, RayExecutor
     from autotune.errors import TrialFailed, WorkloadError
 
-    configs = select_configs(args.count, args.seed)
+    scope = Scope.from_args(args)
+    configs = select_configs(args.count, args.seed, scope)
     if args.limit:
         configs = configs[:args.limit]
-    gaps = missing_values(configs)
-    log(f"{len(configs)} layouts ({sum(c.world_size == 2 for c in configs)} at world 2, "
+    gaps = missing_values(configs, scope)
+    log(f"{len(configs)} layouts of {scope.describe()} "
+        f"({sum(c.world_size == 2 for c in configs)} at world 2, "
         f"{sum(c.world_size == 4 for c in configs)} at world 4); knob values never picked: "
         f"{', '.join(gaps) or 'none'}")
     out = Path(args.out)
@@ -373,7 +442,7 @@ def run_seed(rows, clusters: dict, count: int, seed: int) -> dict:
         est = predict_step_time(c, clusters[c.world_size], report.calibration,
                                 engine=AUTOTUNE_ENGINE)
         top = max(est.breakdown, key=est.breakdown.get)
-        predictions.append({"index": i, "name": short_name(c), "family": c.workload.family,
+        predictions.append({"index": i, "name": layout_name(c), "family": c.workload.family,
                             "seq_len": c.workload.seq_len,
                             "global_batch": c.workload.global_batch_size,
                             "world_size": c.world_size, "measured_s": r["step_time_s"],
@@ -530,6 +599,18 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 # ---- command line -------------------------------------------------------------------------
+def bucket_list(text: str) -> tuple[float, ...]:
+    """'5,25,100' → (5.0, 25.0, 100.0); argparse turns the ValueError into a usage error."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a comma-separated list of sizes in MB, e.g. 5,25,100") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"bucket sizes must be > 0 MB, not '{text}'")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -540,6 +621,15 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--count", type=int, default=DEFAULT_COUNT,
                    help=f"layouts, half per world size (default {DEFAULT_COUNT})")
     m.add_argument("--seed", type=int, default=0, help="seed of the layout choice (default 0)")
+    m.add_argument("--family", choices=FAMILIES, default=None,
+                   help="measure only this tiny model (default: both, a quarter Llama)")
+    m.add_argument("--seq-len", type=int, default=None,
+                   help=f"fix the sequence length (default: each of {SEQ_LENS})")
+    m.add_argument("--global-batch", type=int, default=None,
+                   help=f"fix the global batch (default: each of {GLOBAL_BATCHES})")
+    m.add_argument("--bucket-mb", type=bucket_list, default=DEFAULT_BUCKETS_MB,
+                   help="gradient bucket sizes in MB, comma-separated, where dp > 1 (default "
+                        f"{','.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)}; sweep A: 25)")
     m.add_argument("--limit", type=int, default=0,
                    help="measure only the first N chosen layouts (a smoke run)")
     e = sub.add_parser("evaluate", help="calibrate on some rows, predict the rest")
@@ -554,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("rounds", "count", "seeds"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1")
+    for name in ("seq_len", "global_batch"):
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
         return measure(args) if args.command == "measure" else evaluate(args)
     except AutotuneError as e:
