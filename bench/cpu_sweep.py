@@ -382,13 +382,15 @@ def load_table(path: str) -> tuple[dict, list[tuple[TrialConfig, dict]]]:
 
 
 def calibration_rows(rows: list[tuple[TrialConfig, dict]], count: int, seed: int) -> list[int]:
-    """``count`` row indices by seed, split evenly over the world sizes present."""
+    """``count`` row indices by seed, split evenly over the strata (world size × whether tensor
+    parallel): a calibration that never saw a TP layout cannot know gloo's per-collective cost,
+    as one that never saw a world size cannot know its core sharing."""
     rng = random.Random(seed)
-    worlds = sorted({c.world_size for c, _ in rows})
+    strata = sorted({(c.world_size, c.tp_degree > 1) for c, _ in rows})
     chosen = []
-    for k, w in enumerate(worlds):
-        n = count // len(worlds) + (1 if k < count % len(worlds) else 0)
-        idx = [i for i, (c, _) in enumerate(rows) if c.world_size == w]
+    for k, key in enumerate(strata):
+        n = count // len(strata) + (1 if k < count % len(strata) else 0)
+        idx = [i for i, (c, _) in enumerate(rows) if (c.world_size, c.tp_degree > 1) == key]
         chosen += rng.sample(idx, min(n, len(idx)))
     return sorted(chosen)
 
