@@ -186,8 +186,7 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
     by_key: dict[str, list[Sample]] = {}
     for smp in samples:
         shape = smp.shape or smp.config.workload.shape
-        key = layer_shape_key(smp.config.micro_batch_size * smp.config.workload.seq_len,
-                              shape.hidden_size, smp.config.tp_degree, smp.config.workload.dtype)
+        key = layer_shape_key(smp.config, shape)
         by_key.setdefault(key, []).append(smp)
     factors: dict[str, dict[str, float]] = {"layer_shape_factors": {},
                                              "host_shape_factors": {}}

@@ -205,9 +205,13 @@ def layer_params(shape: ModelShape) -> int:
     return attn + 2 * h * f + 4 * h
 
 
-def layer_shape_key(rows: int, hidden: int, tp: int, dtype: str) -> str:
-    """The key of a per-rank layer shape: tokens per micro-batch, hidden size, tp, dtype."""
-    return f"{rows}x{hidden}/tp{tp}/{dtype}"
+def layer_shape_key(config: TrialConfig, shape: ModelShape) -> str:
+    """The key of a per-rank layer shape: the block's architecture (family, hidden, MLP width,
+    heads), the tokens per micro-batch, tp and dtype — what decides its kernels."""
+    rows = config.micro_batch_size * config.workload.seq_len
+    return (f"{shape.family} h{shape.hidden_size} f{shape.ffn_hidden_size} "
+            f"a{shape.num_heads}/{shape.num_kv_heads} rows{rows} tp{config.tp_degree} "
+            f"{config.workload.dtype}")
 
 
 SOFT_MAX_POWER = 32.0
@@ -334,7 +338,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     attn_core_s = score_flops / tp / flop_rate + score_s
     recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
     passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
-    shape_key = layer_shape_key(b * s, h, tp, dtype)
+    shape_key = layer_shape_key(config, shape)
     layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
         shape_key, 1.0)
     head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)

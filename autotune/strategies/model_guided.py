@@ -156,8 +156,6 @@ def _best_measured(history: Sequence[Measured]) -> float | None:
     return min(times) if times else None
 
 
-def _shape_key(config: TrialConfig, shape: ModelShape | None) -> str:
+def _shape_key(config: TrialConfig, shape: ModelShape | None) -> str | None:
     s = shape or config.workload.shape
-    hidden = s.hidden_size if s else 0
-    return layer_shape_key(config.micro_batch_size * config.workload.seq_len, hidden,
-                           config.tp_degree, config.workload.dtype)
+    return layer_shape_key(config, s) if s else None
