@@ -17,6 +17,7 @@ from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.perf_model import TERMS
 from autotune.search import GIB, Entry, build_leaderboard
+from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
 MAX_TIMELINES = 10
@@ -27,15 +28,15 @@ ops) at ~60 bytes each in the figure's JSON, and a browser draws each as an SVG 
 ten timelines take 1.5 MB of the report (plotly.js 4.8 MB). Step and communication spans are
 always kept, then the longest compute ops: the ones visible at the timeline's scale."""
 
-RAN = ("complete", "infeasible_measured")
+RAN = tuple(s for s in TrialStatus if s.ran)
 """Statuses of trials that ran (and so may have a timeline and a per-rank breakdown)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RankTimes:
     """One rank's time over a trial's profiled steps, as ``autotune.store`` keeps it in the
-    trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not recomputed,
-    and without importing ``profiler``, whose package import loads torch)."""
+    trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not
+    recomputed: the dashboard never imports ``profiler``)."""
 
     rank: int
     window_ns: int
