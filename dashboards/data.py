@@ -131,7 +131,7 @@ class StudyData:
 
     @property
     def best(self) -> TrialView | None:
-        return next((t for t in self.trials if t.status == "complete"), None)
+        return next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None)
 
     def by_status(self, *statuses: str) -> list[TrialView]:
         return [t for t in self.trials if t.status in statuses]
