@@ -59,6 +59,10 @@ class RankWorker:
                 sys.path.append(p)
         import torch
 
+        # The training stack loads with the worker, so a trial's time (and its timeout) does
+        # not include importing it; the driver never imports it.
+        import autotune.runner  # noqa: F401
+
         torch.set_num_threads(num_threads)
         self.rank = -1
 
