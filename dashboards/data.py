@@ -1,8 +1,8 @@
 """A study read out of the database into plain frozen data, the one input of every figure.
 
-``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders trials as
-the search's leaderboard does (``autotune.search.build_leaderboard``), so the dashboard and the
-printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
+``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders the trials
+it read as the search's leaderboard does (``autotune.leaderboard.build_leaderboard``), so the
+dashboard and the printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
 report escape what they show).
 """
 
@@ -16,7 +16,8 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.perf_model import TERMS
-from autotune.search import GIB, Entry, build_leaderboard
+from autotune.leaderboard import Entry, build_leaderboard
+from autotune.screen import GIB
 from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
@@ -144,9 +145,7 @@ def load_study(database: Database, name: str | None = None, *,
     study = _find_study(database, name)
     trials_read = database.list_trials(study.id)
     records = {t.id: t for t in trials_read}
-    # build_leaderboard reads the trials through list_trials: hand it the ones just read rather
-    # than reading (and building) every trial's records twice.
-    entries = build_leaderboard(_Read(trials_read), study.id)
+    entries = build_leaderboard(trials_read)
     trials = tuple(_trial_view(i, e, records[e.trial_id]) for i, e in enumerate(entries, 1))
     timelines = []
     for trial in trials:
@@ -164,16 +163,6 @@ def load_study(database: Database, name: str | None = None, *,
                      workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
                      trials=trials, timelines=tuple(timelines),
                      num_with_timeline=sum(t.has_timeline for t in trials))
-
-
-class _Read:
-    """The trials of one study, already read, behind ``Database.list_trials``'s signature."""
-
-    def __init__(self, trials: list[TrialRecord]) -> None:
-        self._trials = trials
-
-    def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
-        return [t for t in self._trials if study_id is None or t.study_id == study_id]
 
 
 def latest_study_name(database: Database) -> str:

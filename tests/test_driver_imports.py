@@ -16,9 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NO_TORCH_NO_RAY = ["autotune.search",
-                   "autotune.store", "autotune.result", "autotune.status", "autotune.cli",
-                   "dashboards.data", "profiler"]
+NO_TORCH_NO_RAY = ["autotune.search", "autotune.search_loop", "autotune.leaderboard",
+                   "autotune.screen", "autotune.store", "autotune.result", "autotune.status",
+                   "autotune.cli", "dashboards.data", "profiler"]
 NO_TORCH = ["autotune.executor", "autotune.pool"]
 """These start trials on Ray, so they import it; torch stays in the workers."""
 
