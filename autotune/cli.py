@@ -279,19 +279,21 @@ def cmd_search(args: argparse.Namespace) -> int:
         from autotune.executor import ExecutorSettings
         from autotune.export import export_study
         from autotune.pool import TrialPool
-        from autotune.search import Search, format_leaderboard
+        from autotune.leaderboard import format_leaderboard
+        from autotune.search import Search
 
-        search = Search(spec, database, None, resume=args.resume)
-        print(f"searching {len(search.space)} valid configurations of {workload.name} on "
-              f"{spec.world_size} ranks; study '{spec.study_name}' in "
-              f"{database.url_for_display}", file=sys.stderr, flush=True)
         settings = ExecutorSettings(ray_address=args.ray_address, trial_timeout_s=args.timeout,
                                     cpus_per_rank=args.cpus_per_rank)
+        # The pool starts Ray when first asked for its slots, after the search is set up: a
+        # bad spec or study name is refused before anything starts.
         with TrialPool(settings, args.parallel, world_size=spec.world_size,
                        device=spec.device) as pool:
+            search = Search(spec, database, pool, resume=args.resume)
+            print(f"searching {len(search.space)} valid configurations of {workload.name} on "
+                  f"{spec.world_size} ranks; study '{spec.study_name}' in "
+                  f"{database.url_for_display}", file=sys.stderr, flush=True)
             if pool.slots > 1:
                 print(f"running {pool.slots} trials at once", file=sys.stderr, flush=True)
-            search.executor = pool
             outcome = search.run()
         print(format_leaderboard(outcome, search.limit))
         print(f"stopped: {outcome.stopped_because}; {outcome.num_run} trials run, "

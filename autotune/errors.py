@@ -6,6 +6,8 @@ shown only with ``--debug``. Messages name the broken rule and the fix.
 
 from __future__ import annotations
 
+from autotune.status import FailureKind
+
 # Exit codes, documented in README.md: usage errors are distinct from runtime failures.
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -36,12 +38,12 @@ class ClusterError(AutotuneError):
 class TrialFailed(AutotuneError):
     """A trial raised on a rank; ``rank`` says where."""
 
-    def __init__(self, message: str, *, rank: int | None = None, kind: str = "error",
-                 traceback: str = "") -> None:
+    def __init__(self, message: str, *, rank: int | None = None,
+                 kind: FailureKind | str = FailureKind.ERROR, traceback: str = "") -> None:
         super().__init__(message)
         self.rank = rank
-        self.kind = kind
-        """'error', 'oom', 'crash' (a worker died) or 'timeout'."""
+        self.kind = FailureKind(kind)
+        """Why it failed: an error, out of memory, a crash (a worker died), a timeout, …"""
         self.traceback = traceback
         """The failing rank's traceback, shown with --debug."""
 
@@ -50,4 +52,4 @@ class TrialTimeout(TrialFailed):
     """A trial did not finish within its timeout (a hung collective, usually)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, kind="timeout")
+        super().__init__(message, kind=FailureKind.TIMEOUT)

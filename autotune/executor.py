@@ -15,7 +15,6 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -23,10 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
-from autotune.result import TrialResult, rank_from_dict, summarize_steps
-
-if TYPE_CHECKING:
-    from autotune.runner import RankResult
+from autotune.result import RankResult, TrialResult, rank_from_dict, summarize_steps
+from autotune.status import FailureKind
 
 # Errors raised before a trial's first collective: all ranks raise them alike and the process
 # group stays healthy.
@@ -61,6 +58,10 @@ class RankWorker:
             if p not in sys.path:
                 sys.path.append(p)
         import torch
+
+        # The training stack loads with the worker, so a trial's time (and its timeout) does
+        # not include importing it; the driver never imports it.
+        import autotune.runner  # noqa: F401
 
         torch.set_num_threads(num_threads)
         self.rank = -1
@@ -123,12 +124,12 @@ def _family(ip: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
-def _failure_kind(e: BaseException) -> str:
+def _failure_kind(e: BaseException) -> FailureKind:
     if isinstance(e, (ConfigError, WorkloadError)):
-        return "invalid"
+        return FailureKind.INVALID
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
-        return "oom"
-    return "error"
+        return FailureKind.OOM
+    return FailureKind.ERROR
 
 
 class WorkerGroup:
@@ -255,7 +256,7 @@ class RayExecutor:
             # Report the cause, not the ranks aborted because of it.
             # A dead worker is the cause; its peers' connection errors are the consequence.
             rank, first = min(failures, key=lambda f: (f[1]["type"] == "Aborted",
-                                                       f[1]["kind"] != "crash", f[0]))
+                                                       f[1]["kind"] != FailureKind.CRASH, f[0]))
             if not all(o["setup"] for _, o in failures) or len(failures) < len(outcomes):
                 self.discard_group()  # collectives may be half-done: rebuild next time
             if first["type"] in ("ConfigError",):
@@ -291,7 +292,8 @@ class RayExecutor:
                     # Another rank failed and these ones are stuck in a collective with it.
                     for ref in pending:
                         outcomes[index[ref]] = {
-                            "ok": False, "type": "Aborted", "setup": False, "kind": "error",
+                            "ok": False, "type": "Aborted", "setup": False,
+                            "kind": FailureKind.ERROR,
                             "message": "aborted after another rank failed", "traceback": ""}
                     break
                 raise TrialTimeout(f"trial did not finish within "
@@ -301,7 +303,8 @@ class RayExecutor:
             try:
                 outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                outcome = {"ok": False, "type": "WorkerDied", "setup": False, "kind": "crash",
+                outcome = {"ok": False, "type": "WorkerDied", "setup": False,
+                           "kind": FailureKind.CRASH,
                            "message": "worker process died (killed by a signal, e.g. the "
                                       "kernel's OOM killer: see dmesg; or a crash in native "
                                       f"code) [{e.__class__.__name__}]",

@@ -107,11 +107,10 @@ def _umask() -> int:
 
 def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, Path]:
     """Write best_config.json and ds_config.json of a stored study's best trial."""
-    from autotune.search import build_leaderboard
+    from autotune.leaderboard import best_entry, build_leaderboard
 
     study = database.get_study(study_name)
-    board = build_leaderboard(database, study.id)
-    best = next((e for e in board if e.status == "complete"), None)
+    best = best_entry(build_leaderboard(database.list_trials(study.id)))
     if best is None:
         raise AutotuneError(f"study '{study_name}' has no complete trial to export; run or "
                             "resume the search first")

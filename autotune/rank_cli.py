@@ -119,7 +119,7 @@ def add_rank_parser(sub) -> None:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    from autotune.search import MEMORY_MARGIN  # the search's margin (a torch-free module)
+    from autotune.screen import MEMORY_MARGIN  # the search's margin
 
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, not {args.top}")
@@ -265,7 +265,7 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
                  progress: _Progress | None = None) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
     search's margin), the step time; fastest first (ties: smaller peak first)."""
-    from autotune.search import predicted_to_fit  # the search's rule, imported when used
+    from autotune.screen import predicted_to_fit  # the search's rule, imported when used
 
     calibration = calibration or Calibration.for_cluster(cluster)
     fitting, smallest = [], None

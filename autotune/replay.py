@@ -44,6 +44,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.layouts import short_name
 from autotune.models.shapes import ModelShape
+from autotune.status import RowStatus
 from autotune.strategies.base import Measured, Strategy
 
 CSV_COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
@@ -107,8 +108,7 @@ class MeasuredRow:
     """Measured seconds per optimizer step; None when the trial did not complete."""
     peak_memory_bytes: int | None
     """Peak memory of the slowest rank, where the table has it."""
-    status: str
-    """'complete', 'infeasible' (over the memory limit or out of memory) or 'failed'."""
+    status: RowStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class TableGroup:
     @property
     def best_step_time_s(self) -> float:
         return min(r.step_time_s for r in self.rows
-                   if r.status == "complete" and r.step_time_s is not None)
+                   if r.status == RowStatus.COMPLETE and r.step_time_s is not None)
 
 
 def group_key(config: TrialConfig) -> str:
@@ -203,7 +203,8 @@ class MeasuredTable:
         for row in self.rows:
             by_key.setdefault(group_key(row.config), []).append(row)
         chosen = [TableGroup(k, tuple(rows)) for k, rows in by_key.items()
-                  if len(rows) >= min_layouts and any(r.status == "complete" for r in rows)]
+                  if len(rows) >= min_layouts
+                  and any(r.status == RowStatus.COMPLETE for r in rows)]
         if not chosen:
             largest = max((len(r) for r in by_key.values()), default=0)
             raise ConfigError(
@@ -222,16 +223,18 @@ class MeasuredTable:
 
 def _json_row(item: dict, config: TrialConfig, where: str) -> MeasuredRow:
     status = item["status"]
-    if status not in ("complete", "infeasible", "failed"):
+    if status not in tuple(RowStatus):
         raise ConfigError(f"{where}: status must be complete, infeasible or failed, not "
                           f"{status!r}")
     step = item["step_time_s"]
-    if status == "complete" and not (_number(step) and step > 0):
+    status = RowStatus(status)
+    if status == RowStatus.COMPLETE and not (_number(step) and step > 0):
         raise ConfigError(f"{where}: a complete row needs a positive step_time_s, not {step!r}")
     peak = item.get("peak_memory_bytes")
     if peak is not None and not (isinstance(peak, int) and not isinstance(peak, bool)):
         raise ConfigError(f"{where}: peak_memory_bytes must be an integer or null")
-    return MeasuredRow(config, None, float(step) if status == "complete" else None, peak, status)
+    return MeasuredRow(config, None, float(step) if status == RowStatus.COMPLETE else None, peak,
+                       status)
 
 
 def _number(x: Any) -> bool:
@@ -276,7 +279,8 @@ def csv_row(row: dict[str, float], training: TableTraining = TableTraining()) ->
         activation_checkpointing=training.activation_checkpointing,
         pp_schedule=training.pp_schedule, attention=training.attention,
         overlap_enabled=training.overlap_enabled, device="cuda")
-    return MeasuredRow(config, shape, row["iteration time (ms)"] / 1000, None, "complete")
+    return MeasuredRow(config, shape, row["iteration time (ms)"] / 1000, None,
+                       RowStatus.COMPLETE)
 
 
 def csv_group_key(row: dict[str, float]) -> tuple:
@@ -404,7 +408,7 @@ def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
         tried.add(key)
         outcome = executor.run(proposal.config)
         history.append(Measured(proposal.config, outcome.step_time_s, outcome.status))
-        if (reached_at is None and outcome.status == "complete"
+        if (reached_at is None and outcome.status == RowStatus.COMPLETE
                 and outcome.step_time_s <= target):
             reached_at = len(history)
             if until_target:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,51 +26,10 @@ from autotune.models.workload import Workload, build_workload
 from autotune.parallel.mesh import build_mesh
 from autotune.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.parallel.zero import local_tensor
+from autotune.result import MemoryBreakdown, RankResult
 from profiler import Span
 from profiler import record as profile_record
 from profiler.clock import measure_offset
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Measured bytes on one rank during the memory step."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-    """Everything above the model states at the peak: activations, comm buffers, temporaries."""
-    other: int
-    """Allocator bytes at rest that are not model states (CUDA only; 0 on CPU)."""
-    peak: int
-    source: str
-    """'cuda_allocator' or 'cpu_profiler'."""
-
-
-@dataclass(frozen=True)
-class RankResult:
-    rank: int
-    pp_rank: int
-    dp_rank: int
-    tp_rank: int
-    device: str
-    backend: str
-    num_threads: int
-    step_times: list[float]
-    """Seconds per step: warm-up, timed, profiled, then the memory step."""
-    losses: list[float]
-    """Loss of every step (the global-batch mean, identical on all ranks)."""
-    memory: MemoryBreakdown
-    setup_s: float
-    """Seconds to build and parallelise the workload on this rank."""
-    spans: list[Span] = field(default_factory=list)
-    """Timeline of the profiled steps, on rank 0's clock."""
-    clock_offset_ns: int = 0
-    """This rank's clock minus rank 0's (0 for ranks on one host)."""
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def resolve_device(config: TrialConfig) -> torch.device:

@@ -1,14 +1,19 @@
 """Between trial results and the database: TrialResult → db records, db spans → profiler spans.
 
-``db`` knows nothing of autotune or the profiler; this module is the one place that maps them.
+``db`` knows nothing of autotune or the profiler; this module is the one place that maps them:
+a measured trial (``to_record``, and ``search_record`` with what the search predicted before it
+ran), a trial that measured nothing (``unmeasured_record``: predicted not to fit, or failed),
+and stored spans back to profiler spans (``load_spans``). No torch: it runs in the driver.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
+from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StepMetricRecord, TrialRecord
 from profiler import Span, breakdown
 
@@ -39,7 +44,8 @@ def trial_metrics(result: TrialResult) -> dict:
 
 
 def to_record(result: TrialResult, *, study_id: int | None = None, number: int | None = None,
-              status: str = "complete") -> tuple[TrialRecord, list[SpanRecord]]:
+              status: TrialStatus = TrialStatus.COMPLETE
+              ) -> tuple[TrialRecord, list[SpanRecord]]:
     config = TrialConfig.from_dict(result.config)
     phases = step_phases(config)
     memory = tuple(RankMemoryRecord(r.rank, category, None, getattr(r.memory, category))
@@ -53,6 +59,33 @@ def to_record(result: TrialResult, *, study_id: int | None = None, number: int |
     spans = [SpanRecord(s.rank, s.step, s.kind, s.name, s.category, s.start_ns, s.dur_ns,
                         s.bytes, s.group) for r in result.ranks for s in r.spans]
     return record, spans
+
+
+def search_record(result: TrialResult, *, study_id: int, number: int, status: TrialStatus,
+                  predicted_peak: int | None, predictions: dict, error: str | None = None
+                  ) -> tuple[TrialRecord, list[SpanRecord]]:
+    """A trial the search ran: ``to_record`` plus what the search predicted before it ran (the
+    performance model's ``predictions`` in the metrics, the memory model's peak beside each
+    rank's measured one) and, for one that is not complete, why."""
+    record, spans = to_record(result, study_id=study_id, number=number, status=status)
+    record = dataclasses.replace(record, metrics={**record.metrics, **predictions})
+    record = dataclasses.replace(record, memory=tuple(
+        dataclasses.replace(m, predicted_bytes=predicted_peak) if m.category == "peak" else m
+        for m in record.memory))
+    if status != TrialStatus.COMPLETE:
+        record = dataclasses.replace(record, error=error)
+    return record, spans
+
+
+def unmeasured_record(config: TrialConfig, *, study_id: int, number: int, status: TrialStatus,
+                      predicted_peak: int | None, predictions: dict, error: str) -> TrialRecord:
+    """A trial the search stored without a measurement: predicted not to fit (not run), or
+    failed or out of memory while running. Its metrics are the performance model's
+    ``predictions``; its memory, the predicted peak alone."""
+    return TrialRecord(
+        id=None, study_id=study_id, number=number, status=status, config=config.resolved(),
+        metrics=dict(predictions), env={}, error=error, created_at=datetime.now(UTC),
+        memory=(RankMemoryRecord(0, "peak", predicted_peak, None),))
 
 
 def store_result(db: Database, result: TrialResult, **kwargs) -> int:

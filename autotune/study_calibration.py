@@ -36,6 +36,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.perf_model import Calibration, predict_step_time
 from autotune.span_fit import SpanFit, TrialSpans, fit_spans, summarize
+from autotune.status import TrialStatus
 
 GPU_CLUSTERS = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm4-80gb"))
 """A substring of ``torch.cuda.get_device_name`` → the built-in cluster whose node it is."""
@@ -136,7 +137,7 @@ def complete_trials(database, study_id: int) -> list:
     trials = []
     for t in database.list_trials(study_id):
         step = t.metrics.get("step_time_s")
-        if t.status != "complete" or not isinstance(step, (int, float)) or not step > 0:
+        if t.status != TrialStatus.COMPLETE or not isinstance(step, (int, float)) or not step > 0:
             continue
         if TrialConfig.from_dict(t.config).workload.shape is None:
             continue  # a user workload: the model has no shape to predict it with

@@ -13,9 +13,9 @@ One run, tiny GPT on 2 CPU ranks, on a fixed space small enough to sweep exhaust
      1, no activation checkpointing (knobs DeepSpeed's autotuner does not tune);
    - autotune-<sampler>: ``autotune.search.Search`` (define-by-run space, enqueued baseline,
      dedup) with each Optuna sampler it offers (TPE, GP, random), on an executor that replays
-     the table; and each "(no baseline)": the same without the enqueued baseline trial, which
-     measures the sampler alone. The search's default sampler is the one that needs the fewest
-     trials without the baseline.
+     the table; and each "(no baseline)": the same without the enqueued baseline trial
+     (``Search(..., baseline=None)``), which measures the sampler alone. The search's default
+     sampler is the one that needs the fewest trials without the baseline.
    "Trials to 3%" = trials run until one within 3% of the grid's best has been measured;
    medians over ``--seeds`` seeds × ``--sweeps`` independently measured sweeps (the tiny
    workload's configurations lie within a few percent of each other on 2 cores, so which one is
@@ -152,20 +152,14 @@ def strategies(space: SearchSpace, table: dict, seeds: int, db) -> dict[str, lis
                 replay = Replay(table, target)
                 spec = dataclasses.replace(make_spec(seed, len(configs)), sampler=sampler,
                                            study_name=f"{name}-{seed}-{id(table)}")
-                search = (Search if baseline else SamplerOnly)(spec, db, replay, out=None)
+                search = Search(spec, db, replay, out=None,
+                                baseline="plain" if baseline else None)
                 try:
                     search.run()
                 except TargetReached:
                     pass
                 rows[name].append(trials_to_target(replay.calls, table, target))
     return rows
-
-
-class SamplerOnly(Search):
-    """The search without its enqueued baseline trial: what the sampler finds by itself."""
-
-    def _enqueue_baseline(self) -> None:
-        pass
 
 
 def main() -> None:

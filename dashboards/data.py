@@ -1,8 +1,8 @@
 """A study read out of the database into plain frozen data, the one input of every figure.
 
-``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders trials as
-the search's leaderboard does (``autotune.search.build_leaderboard``), so the dashboard and the
-printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
+``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders the trials
+it read as the search's leaderboard does (``autotune.leaderboard.build_leaderboard``), so the
+dashboard and the printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
 report escape what they show).
 """
 
@@ -16,7 +16,9 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.perf_model import TERMS
-from autotune.search import GIB, Entry, build_leaderboard
+from autotune.leaderboard import Entry, build_leaderboard
+from autotune.screen import GIB
+from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
 MAX_TIMELINES = 10
@@ -27,15 +29,15 @@ ops) at ~60 bytes each in the figure's JSON, and a browser draws each as an SVG 
 ten timelines take 1.5 MB of the report (plotly.js 4.8 MB). Step and communication spans are
 always kept, then the longest compute ops: the ones visible at the timeline's scale."""
 
-RAN = ("complete", "infeasible_measured")
+RAN = tuple(s for s in TrialStatus if s.ran)
 """Statuses of trials that ran (and so may have a timeline and a per-rank breakdown)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RankTimes:
     """One rank's time over a trial's profiled steps, as ``autotune.store`` keeps it in the
-    trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not recomputed,
-    and without importing ``profiler``, whose package import loads torch)."""
+    trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not
+    recomputed: the dashboard never imports ``profiler``)."""
 
     rank: int
     window_ns: int
@@ -130,7 +132,7 @@ class StudyData:
 
     @property
     def best(self) -> TrialView | None:
-        return next((t for t in self.trials if t.status == "complete"), None)
+        return next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None)
 
     def by_status(self, *statuses: str) -> list[TrialView]:
         return [t for t in self.trials if t.status in statuses]
@@ -143,9 +145,7 @@ def load_study(database: Database, name: str | None = None, *,
     study = _find_study(database, name)
     trials_read = database.list_trials(study.id)
     records = {t.id: t for t in trials_read}
-    # build_leaderboard reads the trials through list_trials: hand it the ones just read rather
-    # than reading (and building) every trial's records twice.
-    entries = build_leaderboard(_Read(trials_read), study.id)
+    entries = build_leaderboard(trials_read)
     trials = tuple(_trial_view(i, e, records[e.trial_id]) for i, e in enumerate(entries, 1))
     timelines = []
     for trial in trials:
@@ -163,16 +163,6 @@ def load_study(database: Database, name: str | None = None, *,
                      workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
                      trials=trials, timelines=tuple(timelines),
                      num_with_timeline=sum(t.has_timeline for t in trials))
-
-
-class _Read:
-    """The trials of one study, already read, behind ``Database.list_trials``'s signature."""
-
-    def __init__(self, trials: list[TrialRecord]) -> None:
-        self._trials = trials
-
-    def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
-        return [t for t in self._trials if study_id is None or t.study_id == study_id]
 
 
 def latest_study_name(database: Database) -> str:

@@ -17,20 +17,24 @@ import plotly.graph_objects as go
 
 from autotune.memory import estimate_all_stages, estimate_memory
 from autotune.space import KNOB_ORDER
+from autotune.status import STATUS_ORDER, TrialStatus
 from dashboards.data import RAN, StudyData, Timeline, TrialView
 
 MIB = 2**20
 TEMPLATE = "plotly_white"
-STATUS_LABELS = {"complete": "complete", "infeasible_measured": "infeasible (measured)",
-                 "infeasible_predicted": "infeasible (predicted, not run)", "failed": "failed",
-                 "running": "running"}
+STATUS_LABELS = {TrialStatus.COMPLETE: "complete",
+                 TrialStatus.INFEASIBLE_MEASURED: "infeasible (measured)",
+                 TrialStatus.INFEASIBLE_PREDICTED: "infeasible (predicted, not run)",
+                 TrialStatus.FAILED: "failed", TrialStatus.RUNNING: "running"}
 # Tableau 10 (Vega's default categorical scheme).
-COLORS = {"complete": "#4C78A8", "pareto": "#54A24B", "infeasible_measured": "#E45756",
-          "infeasible_predicted": "#F58518", "failed": "#79706E", "running": "#B279A2",
+COLORS = {TrialStatus.COMPLETE: "#4C78A8", "pareto": "#54A24B",
+          TrialStatus.INFEASIBLE_MEASURED: "#E45756", TrialStatus.INFEASIBLE_PREDICTED: "#F58518",
+          TrialStatus.FAILED: "#79706E", TrialStatus.RUNNING: "#B279A2",
           "compute": "#4C78A8", "comm": "#F58518", "p2p": "#E45756", "step": "#BAB0AC",
           "idle": "#BAB0AC", "predicted": "#9ECAE9", "measured": "#4C78A8", "limit": "#E45756"}
-ROW_FILLS = {"complete": "#FFFFFF", "infeasible_measured": "#FDE2E1",
-             "infeasible_predicted": "#FEEBD6", "failed": "#ECEAE9", "running": "#F1E6EF"}
+ROW_FILLS = {TrialStatus.COMPLETE: "#FFFFFF", TrialStatus.INFEASIBLE_MEASURED: "#FDE2E1",
+             TrialStatus.INFEASIBLE_PREDICTED: "#FEEBD6", TrialStatus.FAILED: "#ECEAE9",
+             TrialStatus.RUNNING: "#F1E6EF"}
 MEMORY_VIEW = ("parameters", "gradients", "optimizer_state", "activations", "peak")
 MEMORY_LABELS = ("parameters", "gradients", "optimizer state", "activations & buffers", "peak")
 MAX_ERROR_CHARS = 300
@@ -75,7 +79,7 @@ def _mib(value: int | None) -> float | None:
 def status_text(trial: TrialView) -> str:
     """The status as the leaderboard shows it: label, then the reason when there is one."""
     label = STATUS_LABELS.get(trial.status, trial.status)
-    if trial.error and trial.status != "complete":
+    if trial.error and trial.status != TrialStatus.COMPLETE:
         error = trial.error if len(trial.error) <= MAX_ERROR_CHARS else \
             trial.error[:MAX_ERROR_CHARS] + "…"
         label += ": " + error
@@ -90,9 +94,9 @@ def _drawn_peak(trial: TrialView) -> int | None:
 def _drawn_throughput(trial: TrialView) -> float:
     """Where a trial sits on the throughput axis: the leaderboard's median for complete trials,
     what it measured for one that ran over the limit, 0 for trials that measured nothing."""
-    if trial.status == "complete":
+    if trial.status == TrialStatus.COMPLETE:
         return trial.throughput or 0.0
-    if trial.status == "infeasible_measured" and trial.run_throughput is not None:
+    if trial.status == TrialStatus.INFEASIBLE_MEASURED and trial.run_throughput is not None:
         return trial.run_throughput
     return 0.0
 
@@ -141,7 +145,7 @@ def best_so_far(trials: list[TrialView]) -> tuple[list[int], list[float]]:
     complete trial on."""
     numbers, best, current = [], [], None
     for t in sorted(trials, key=lambda t: t.number):
-        if t.status == "complete" and t.throughput is not None:
+        if t.status == TrialStatus.COMPLETE and t.throughput is not None:
             current = t.throughput if current is None else max(current, t.throughput)
         if current is not None:
             numbers.append(t.number)
@@ -153,8 +157,7 @@ def history(study: StudyData) -> go.Figure:
     """Each trial's throughput in the order the search ran them, and the best so far."""
     traces = []
     by_number = sorted(study.trials, key=lambda t: t.number)
-    for status in ("complete", "infeasible_measured", "infeasible_predicted", "failed",
-                   "running"):
+    for status in STATUS_ORDER:
         shown = [t for t in by_number if t.status == status]
         if not shown:
             continue
@@ -163,7 +166,7 @@ def history(study: StudyData) -> go.Figure:
             y=[_drawn_throughput(t) for t in shown],
             mode="markers", name=STATUS_LABELS[status],
             marker={"color": COLORS[status], "size": 9,
-                    "symbol": "circle" if status == "complete" else "x"},
+                    "symbol": "circle" if status == TrialStatus.COMPLETE else "x"},
             customdata=[[t.trial_id, esc(t.name), esc(status_text(t))] for t in shown],
             hovertemplate="trial %{x} (id %{customdata[0]})<br>%{customdata[1]}<br>"
                           "%{y:,.0f} tokens/s<br>%{customdata[2]}<extra></extra>"))
@@ -192,7 +195,7 @@ def knob_values(trials: list[TrialView]) -> dict[str, list]:
 def knobs_parallel(study: StudyData) -> go.Figure:
     """Parallel coordinates of the complete trials: one axis per knob that varied, then tokens/s
     (the line colour)."""
-    complete = study.by_status("complete")
+    complete = study.by_status(TrialStatus.COMPLETE)
     knobs = knob_values(complete)
     title = "Knobs against throughput"
     if not complete:
@@ -223,7 +226,7 @@ def knob_importances(study: StudyData) -> tuple[dict[str, float], str]:
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import create_trial
 
-    complete = study.by_status("complete")
+    complete = study.by_status(TrialStatus.COMPLETE)
     knobs = knob_values(complete)
     if len(complete) < 2 or not knobs:
         return {}, "needs at least two complete trials that differ in a knob"
@@ -254,7 +257,7 @@ def knob_importance(study: StudyData) -> go.Figure:
         return empty_figure(title, note)
     knobs = list(importances)[::-1]  # most important on top
     bars = dict(type="bar", x=[importances[k] for k in knobs], y=knobs, orientation="h",
-                marker={"color": COLORS["complete"]},
+                marker={"color": COLORS[TrialStatus.COMPLETE]},
                 hovertemplate="%{y}: %{x:.3f}<extra></extra>")
     return _figure([bars], title, note, xaxis=_axis("importance (sums to 1)"), height=360)
 
@@ -276,8 +279,9 @@ def memory_scatter(study: StudyData) -> go.Figure:
     """Throughput against peak memory for every trial with a peak, the limit drawn, the Pareto
     front of the complete trials marked, infeasible and failed trials in their own markers."""
     traces = []
-    symbols = {"complete": "circle", "infeasible_measured": "x", "infeasible_predicted":
-               "x-open", "failed": "triangle-down-open", "running": "diamond-open"}
+    symbols = {TrialStatus.COMPLETE: "circle", TrialStatus.INFEASIBLE_MEASURED: "x",
+               TrialStatus.INFEASIBLE_PREDICTED: "x-open", TrialStatus.FAILED: "triangle-down-open",
+               TrialStatus.RUNNING: "diamond-open"}
     unplaced = 0
     for status in symbols:
         trials = [t for t in study.by_status(status) if _drawn_peak(t) is not None]
@@ -296,7 +300,7 @@ def memory_scatter(study: StudyData) -> go.Figure:
             hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>%{y:,.0f} tokens/s<br>"
                           "%{customdata[3]} peak %{x:,.1f} MiB<br>%{customdata[2]}"
                           "<extra></extra>"))
-    complete = [t for t in study.by_status("complete") if t.measured_peak is not None]
+    complete = [t for t in study.by_status(TrialStatus.COMPLETE) if t.measured_peak is not None]
     points = [(t.measured_peak / MIB, t.throughput or 0.0) for t in complete]
     front = [complete[i] for i in pareto_front(points)]
     if front:
@@ -400,7 +404,7 @@ def step_time_scatter(study: StudyData) -> go.Figure:
     the measured one, for every complete trial that has both; y = x dashed, the mean absolute
     percentage error in the title. Log axes: a relative error is the same distance from the
     line at any step time."""
-    complete = study.by_status("complete")
+    complete = study.by_status(TrialStatus.COMPLETE)
     shown = [t for t in complete if t.step_time_error is not None and t.predicted_step_time_s]
     title = "Predicted against measured step time"
     if not shown:
@@ -414,9 +418,10 @@ def step_time_scatter(study: StudyData) -> go.Figure:
     span = [math.log10(low), math.log10(high)]
     traces = [
         dict(type="scatter", x=[low, high], y=[low, high], mode="lines", name="y = x",
-             line={"color": COLORS["failed"], "dash": "dash", "width": 1.5}, hoverinfo="skip"),
+             line={"color": COLORS[TrialStatus.FAILED], "dash": "dash", "width": 1.5},
+             hoverinfo="skip"),
         dict(type="scatter", x=measured, y=predicted, mode="markers", name="complete trials",
-             marker={"color": COLORS["complete"], "size": 10},
+             marker={"color": COLORS[TrialStatus.COMPLETE], "size": 10},
              customdata=[[t.number, esc(t.name), f"{t.step_time_error:+.1%}"] for t in shown],
              hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>measured %{x:,.2f} ms"
                            "<br>predicted %{y:,.2f} ms<br>error %{customdata[2]}"

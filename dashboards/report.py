@@ -23,6 +23,7 @@ from plotly.io.json import to_json_plotly
 from plotly.offline import get_plotlyjs
 
 from autotune.errors import AutotuneError
+from autotune.status import TrialStatus
 from dashboards import figures
 from dashboards.data import StudyData, load_study
 from db import Database
@@ -127,7 +128,7 @@ def _figures(study: StudyData):
 
 def _option(trial) -> str:
     label = figures.STATUS_LABELS.get(trial.status, trial.status)
-    status = "" if trial.status == "complete" else f" · {label}"
+    status = "" if trial.status == TrialStatus.COMPLETE else f" · {label}"
     return f"#{trial.position} · trial {trial.number} · {trial.name}{status}"
 
 

@@ -28,7 +28,8 @@ from autotune.config import TrialConfig
 from autotune.layouts import short_name
 from autotune.memory import estimate_all_stages, estimate_memory
 from autotune.perf_model import TERMS as PERF_TERMS
-from autotune.search import GIB, build_leaderboard
+from autotune.leaderboard import build_leaderboard
+from autotune.search import GIB
 from autotune.space import KNOB_ORDER
 from autotune.store import load_spans
 from dashboards.data import MAX_SPANS_PER_TIMELINE, cap_spans
@@ -74,7 +75,7 @@ def study(database):
     """(study record, trials by id, the leaderboard as the search computes it)."""
     record = database.get_study(ds.NAME)
     return (record, {t.id: t for t in database.list_trials(record.id)},
-            build_leaderboard(database, record.id))
+            build_leaderboard(database.list_trials(record.id)))
 
 
 def traces(fig: dict) -> dict[str, dict]:

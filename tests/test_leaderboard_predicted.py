@@ -17,7 +17,8 @@ from autotune.cluster import local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.layouts import short_name
 from autotune.perf_model import predict_step_time
-from autotune.search import SearchOutcome, build_leaderboard, format_leaderboard
+from autotune.leaderboard import build_leaderboard, format_leaderboard
+from autotune.search_loop import SearchOutcome
 from db import Database, RankMemoryRecord, TrialRecord
 
 # (micro-batch, measured step time ÷ predicted, tokens/s, store the prediction?): one trial
@@ -75,7 +76,7 @@ def _trial(study_id: int, number: int, c: TrialConfig, status: str, metrics: dic
 
 def test_entries_carry_the_stored_prediction(study):
     database, study_id, stored = study
-    board = build_leaderboard(database, study_id)
+    board = build_leaderboard(database.list_trials(study_id))
     assert len(board) == 5
     for e in board:
         metrics = stored[e.number]
@@ -96,7 +97,7 @@ def columns(row: str, entry) -> list[str]:
 
 def test_printed_leaderboard_shows_predicted_ms_and_error(study):
     database, study_id, stored = study
-    board = build_leaderboard(database, study_id)
+    board = build_leaderboard(database.list_trials(study_id))
     text = format_leaderboard(SearchOutcome(study_id, board, 3, 1, 1.0, "trial budget"), None)
     lines = text.splitlines()
     assert "step ms   pred ms    error" in lines[0]
@@ -123,7 +124,7 @@ def test_a_study_without_predictions_prints_as_before(tmp_path):
         record = database.create_study("old", {"world_size": 2})
         database.add_trial(_trial(record.id, 0, config(2), "complete",
                                   {"step_time_s": 0.05, "throughput_tokens_per_s": 9_000.0}))
-        board = build_leaderboard(database, record.id)
+        board = build_leaderboard(database.list_trials(record.id))
         text = format_leaderboard(SearchOutcome(record.id, board, 1, 0, 1.0, "trial budget"),
                                   None)
     assert board[0].predicted_step_time_s is None and board[0].step_time_error is None

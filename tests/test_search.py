@@ -8,6 +8,7 @@ import json
 import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
 from autotune.export import ds_config, export_study
 from autotune.search import GIB, Search, SearchSpec
 from db import Database
@@ -195,6 +196,29 @@ def test_search_starts_from_the_baseline(database):
     first = search.space.suggest(search.study.ask())
     assert (first.tp_degree, first.pp_degree, first.zero_stage,
             first.activation_checkpointing, first.micro_batch_size) == (1, 1, 0, "none", 4)
+
+
+def test_the_baseline_is_a_constructor_option(database):
+    """None enqueues nothing (the sampler starts alone); a configuration of the space is the
+    first proposal; one outside the space is refused before the study is created."""
+    from optuna.trial import TrialState
+
+    search = Search(spec(study_name="alone"), database, None, out=None, baseline=None)
+    assert search.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) == []
+    chosen = next(c for c in search.space.configs
+                  if (c.micro_batch_size, c.activation_checkpointing) == (1, "full"))
+    search = Search(spec(study_name="chosen"), database, None, out=None, baseline=chosen)
+    assert search.space.suggest(search.study.ask()) == chosen
+    outside = TrialConfig(world_size=2, device="cpu", tp_degree=2)
+    with pytest.raises(ConfigError, match="baseline w2-tp2.* is not a configuration of this "
+                                          "search's space"):
+        Search(spec(study_name="refused"), database, None, out=None, baseline=outside)
+    assert "refused" not in {s.name for s in database.list_studies()}
+
+
+def test_a_search_set_up_without_an_executor_refuses_to_run(database):
+    with pytest.raises(ConfigError, match="set up without an executor"):
+        Search(spec(study_name="idle"), database, None, out=None).run()
 
 
 def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor, database):

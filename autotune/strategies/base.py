@@ -16,6 +16,7 @@ from typing import Protocol
 
 from autotune.config import TrialConfig
 from autotune.models.shapes import ModelShape
+from autotune.status import RowStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +26,8 @@ class Measured:
     config: TrialConfig
     step_time_s: float | None
     """The measured step time; None when the trial failed or did not fit (``status`` says)."""
-    status: str = "complete"
-    """'complete', 'infeasible' (over the memory limit or out of memory) or 'failed'."""
+    status: RowStatus = RowStatus.COMPLETE
+    """Complete, infeasible (over the memory limit or out of memory) or failed."""
 
 
 @dataclass(frozen=True, slots=True)

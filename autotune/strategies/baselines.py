@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.models.shapes import ModelShape
+from autotune.status import RowStatus
 from autotune.strategies.base import Measured, Proposal
 
 AC_ORDER = {"none": 0, "selective": 1, "full": 2}
@@ -168,7 +169,8 @@ class TPEStrategy:
         for m in history:
             if m.config in self._told or m.config not in candidates:
                 continue
-            value = m.step_time_s if m.status == "complete" and m.step_time_s else FAILED_VALUE
+            complete = m.status == RowStatus.COMPLETE and m.step_time_s
+            value = m.step_time_s if complete else FAILED_VALUE
             self._study.add_trial(create_trial(params=self._params(m.config),
                                                distributions=distributions, value=value))
             self._told.add(m.config)
@@ -246,7 +248,7 @@ class DeepSpeedHeuristic:
                 if m is None:
                     return Proposal(by_micro[mb], reason=f"ZeRO-{stage}: largest micro-batch "
                                     "that fits")
-                if m.status == "complete" and m.step_time_s is not None:
+                if m.status == RowStatus.COMPLETE and m.step_time_s is not None:
                     largest, best = mb, m.step_time_s
                     break
             if largest is None or largest < largest_so_far:
@@ -256,7 +258,7 @@ class DeepSpeedHeuristic:
                 m = outcome.get(by_micro[mb])
                 if m is None:
                     return Proposal(by_micro[mb], reason=f"ZeRO-{stage}: smaller micro-batch")
-                if not (m.status == "complete" and m.step_time_s is not None
+                if not (m.status == RowStatus.COMPLETE and m.step_time_s is not None
                         and m.step_time_s * (1 + METRIC_PERCENT_DIFF) < best):
                     break
                 best = m.step_time_s

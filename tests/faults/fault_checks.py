@@ -25,9 +25,9 @@ def estimated_as_builtin():
     test_search_over_a_user_workload); while this is active, the driver predicts them as the
     built-in model their spec names, so a fault test can also exercise the memory screen.
     Nothing changes on the workers."""
-    from autotune import search
+    from autotune import screen
 
-    original = search.predict_peak
+    original = screen.predict_peak
 
     def predict(config, device_type):
         if config.workload.workload is not None:
@@ -36,7 +36,7 @@ def estimated_as_builtin():
         return original(config, device_type)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(search, "predict_peak", predict)
+        patch.setattr(screen, "predict_peak", predict)
         yield
 
 

@@ -133,7 +133,8 @@ def test_nothing_that_reads_the_database_can_unpickle_or_evaluate():
     from db.models import Base
 
     readers = sorted((ROOT / "db").glob("*.py")) + sorted((ROOT / "dashboards").glob("*.py")) + [
-        ROOT / "autotune" / name for name in ("store.py", "export.py", "search.py", "cli.py")]
+        ROOT / "autotune" / name for name in ("store.py", "export.py", "search.py",
+                                              "search_loop.py", "leaderboard.py", "cli.py")]
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
              for path in readers
              for number, line in enumerate(path.read_text().splitlines(), 1)

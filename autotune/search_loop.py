@@ -1,0 +1,354 @@
+"""The search loop: ask, screen, run, tell, until a budget is spent; then re-measure the best.
+
+    ask Optuna → config (``SearchSpace.suggest``)
+        tried before? tell Optuna its known outcome (from the index), run nothing
+      → predicted step time (the study's calibration), kept for the trial's metrics
+      → predicted peak > limit? store infeasible_predicted, run nothing (``autotune.screen``)
+      → executor.run → measured peak > limit or OOM? infeasible_measured; other failure: failed
+      → store trial + spans (one transaction; records built by ``autotune.store``)
+      → tell Optuna (value, and the memory constraint)
+      → complete? refit the study's calibration (``study_calibration``)
+    stop: trial budget, every valid configuration tried, time budget, or no improvement for
+          ``patience`` trials
+    then: re-measure the top few; the leaderboard ranks by median throughput (``leaderboard``).
+
+Up to the executor's ``slots`` trials run at once, each on a thread of its own that only
+measures; storing and telling Optuna happen on the loop's thread as each one finishes. With one
+slot no thread is started, so Ctrl-C reaches the trial where it runs.
+
+``search.Search`` sets a loop up (the study, the space, the limit, the calibration) and runs it
+once. The loop keeps an index of the configurations tried so far and their outcomes, read from
+the study once when it starts (a resumed study's trials) and updated as each trial is stored,
+so a configuration Optuna proposes again is answered from memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed
+from autotune.leaderboard import Entry, best_entry, build_leaderboard
+from autotune.screen import GIB, MEMORY_MARGIN
+from autotune.status import FailureKind, TrialStatus
+
+if TYPE_CHECKING:
+    from autotune.result import TrialResult
+    from autotune.search import SearchSpec
+    from autotune.space import SearchSpace
+    from autotune.study_calibration import StudyCalibration
+
+CONSTRAINT_ATTR = "memory_excess_gib"
+MAX_DUPLICATES = 20
+"""Proposals of already-measured configurations tolerated in a row before an untried one is
+taken instead (TPE re-proposes its favourites once a small space is mostly explored)."""
+
+
+class TrialExecutor(Protocol):
+    """What runs the search's trials: a ``RayExecutor``, a ``TrialPool``, or a replay.
+
+    ``run`` measures one configuration and returns its ``TrialResult``, or raises
+    ``TrialFailed`` (of kind ``oom``: the trial is infeasible; any other kind: it failed).
+    An executor may also have ``slots`` (an int; 1 when absent): how many trials it runs at
+    once. With more than one, ``run`` is called from that many threads at once and must be
+    thread-safe (``TrialPool.run`` is). The loop calls nothing else on it; whoever made the
+    executor closes it."""
+
+    def run(self, config: TrialConfig) -> TrialResult: ...
+
+
+def executor_slots(executor: TrialExecutor) -> int:
+    """How many trials ``executor`` runs at once (its ``slots``, 1 without)."""
+    return max(1, int(getattr(executor, "slots", 1)))
+
+
+@dataclass
+class SearchOutcome:
+    study_id: int
+    leaderboard: list[Entry]
+    """Complete trials by median throughput, then the infeasible and failed ones."""
+    num_run: int
+    num_infeasible_predicted: int
+    elapsed_s: float
+    stopped_because: str
+
+    @property
+    def best(self) -> Entry | None:
+        return best_entry(self.leaderboard)
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A tried configuration's stored outcome: what Optuna is told when it proposes it again."""
+
+    status: TrialStatus
+    value: float
+    """The objective Optuna was told: tokens/s of the first run when complete, else 0."""
+    peak: int
+    """Measured peak bytes, else the predicted peak, else 0 (an infeasible one's constraint)."""
+
+
+def set_excess(trial, excess_gib: float) -> None:
+    """Tell Optuna how far over the memory limit a trial was (its constraint; ≤ 0 feasible)."""
+    trial.set_constraint(CONSTRAINT_ATTR, excess_gib)
+    trial.set_user_attr(CONSTRAINT_ATTR, excess_gib)
+
+
+class SearchLoop:
+    """One run of the loop over a study that ``search.Search`` has set up."""
+
+    def __init__(self, *, spec: SearchSpec, space: SearchSpace, study, database, study_id: int,
+                 executor: TrialExecutor, limit: int | None, device_type: str,
+                 calibration: StudyCalibration, say: Callable[[str], None]) -> None:
+        self.spec, self.space, self.study, self.db = spec, space, study, database
+        self.study_id, self.executor, self.limit = study_id, executor, limit
+        self.device_type, self.calibration, self._say = device_type, calibration, say
+        self._known: dict[TrialConfig, Known] = {}
+        """The index: every configuration stored in the study, and its outcome."""
+        self._predictions: dict[int, dict[str, Any]] = {}
+        """Trial number → the predicted step time metrics, until the trial is stored."""
+        self._duplicates = 0
+
+    def leaderboard(self) -> list[Entry]:
+        return build_leaderboard(self.db.list_trials(self.study_id))
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self, start: float) -> SearchOutcome:
+        """Propose, screen and measure until a budget is spent (the time budget counts from
+        ``start``, a ``time.monotonic()``); up to the executor's ``slots`` trials run at once,
+        each told to Optuna as it finishes."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        board = self.leaderboard()
+        for e in board:  # a resumed study's trials
+            self._known.setdefault(e.config, Known(
+                e.status, e.throughputs[0] if e.throughputs else 0.0,
+                e.measured_peak or e.predicted_peak or 0))
+        self._best = max((e.throughput for e in board if e.status == TrialStatus.COMPLETE),
+                         default=0.0)
+        self._since_best = 0
+        self._num_run, num_pred = 0, 0
+        tried = set(self._known)
+        self._initial_done = len(tried)
+        width = executor_slots(self.executor)
+        threads = ThreadPoolExecutor(width, "trial") if width > 1 else None
+        in_flight: dict = {}  # future → (optuna trial, config, predicted peak)
+        stopped = None
+        try:
+            while True:
+                while stopped is None and len(in_flight) < width:
+                    stopped = self._stop_reason(len(tried), start)
+                    if stopped is not None:
+                        break
+                    trial, config = self._propose(tried, in_flight)
+                    if trial is None:
+                        continue
+                    tried.add(config)
+                    run, predicted = self._screen(trial, config, len(tried), start)
+                    if not run:
+                        num_pred += 1
+                        continue
+                    future = (threads.submit(self._run_trial, config) if threads
+                              else _done_future(self._run_trial, config))
+                    in_flight[future] = (trial, config, predicted)
+                if not in_flight:
+                    break
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=lambda f: in_flight[f][0].number):
+                    trial, config, predicted = in_flight.pop(future)
+                    self._finish(trial, config, predicted, future.result(),
+                                 len(tried) - len(in_flight), start)
+        finally:
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
+        board = self._remeasure_top()
+        return SearchOutcome(self.study_id, board, self._num_run, num_pred,
+                             time.monotonic() - start, stopped or "trial budget")
+
+    def _stop_reason(self, done: int, start: float) -> str | None:
+        spec = self.spec
+        if done >= spec.n_trials:
+            return "trial budget"
+        if done >= len(self.space):
+            return "every valid configuration tried"
+        if spec.timeout_s is not None and time.monotonic() - start >= spec.timeout_s:
+            return "time budget"
+        if spec.patience is not None and self._since_best >= spec.patience:
+            return f"no improvement in {spec.patience} trials"
+        return None
+
+    # ---- ask --------------------------------------------------------------------------------
+    def _propose(self, tried: set[TrialConfig], in_flight: dict):
+        """Ask Optuna for an untried configuration: (trial, config), or (None, None) when it
+        proposed one already measured or running (then told and counted)."""
+        from optuna.trial import TrialState
+
+        trial = self.study.ask()
+        config = self.space.suggest(trial)
+        if config not in tried:
+            self._duplicates = 0
+            return trial, config
+        # Optuna proposed a configuration already measured: tell it the stored outcome instead
+        # of paying for the trial again; after a run of these, take an untried configuration so
+        # the search keeps moving. One still running has no outcome yet: it is dropped.
+        if any(c == config for _, c, _ in in_flight.values()):
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self._tell_known(trial, config)
+        self._duplicates += 1
+        if self._duplicates < MAX_DUPLICATES:
+            return None, None
+        self._duplicates = 0
+        return self.study.ask(), self._untried(tried)  # a parameter-less trial, an untried config
+
+    def _tell_known(self, trial, config: TrialConfig) -> None:
+        from optuna.trial import TrialState
+
+        known = self._known[config]
+        if known.status == TrialStatus.FAILED:
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        if known.status.infeasible:
+            excess = (known.peak - self.limit) / GIB if self.limit is not None else 0.0
+            set_excess(trial, max(excess, 1e-9))
+        self.study.tell(trial, known.value)
+
+    def _untried(self, tried: set[TrialConfig]) -> TrialConfig:
+        import random
+
+        untried = [c for c in self.space.configs if c not in tried]
+        return random.Random(self.spec.seed + len(tried)).choice(untried)
+
+    # ---- screen -----------------------------------------------------------------------------
+    def _screen(self, trial, config: TrialConfig, done: int,
+                start: float) -> tuple[bool, int | None]:
+        """(run it?, predicted peak or None if unknown); one predicted not to fit is recorded
+        as infeasible and told to Optuna without running anything."""
+        from autotune import screen  # through the module: tests may stand in for the model
+
+        self._predictions[trial.number] = self.calibration.predict(config)
+        predicted = screen.predict_peak(config, self.device_type)
+        trial.set_user_attr("predicted_peak_bytes", predicted)
+        if screen.predicted_to_fit(predicted, self.limit):
+            return True, predicted
+        set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
+        self._store_unmeasured(
+            trial.number, config, TrialStatus.INFEASIBLE_PREDICTED, predicted,
+            error=f"predicted peak {predicted / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} margin) > "
+                  f"limit {self.limit / GIB:.3g} GiB")
+        self.study.tell(trial, 0.0)
+        self._progress(done, config, "infeasible (predicted)", start)
+        return False, predicted
+
+    # ---- run --------------------------------------------------------------------------------
+    def _run_trial(self, config: TrialConfig):
+        """Runs on a trial thread: the measurement only; the database and Optuna are touched
+        on the loop's own thread."""
+        try:
+            return self.executor.run(config)
+        except TrialFailed as e:
+            return e
+
+    # ---- tell -------------------------------------------------------------------------------
+    def _finish(self, trial, config: TrialConfig, predicted: int | None, outcome, done: int,
+                start: float) -> None:
+        from optuna.trial import TrialState
+
+        value, status = self._store(trial, config, predicted, outcome)
+        self._num_run += 1
+        if status == TrialStatus.FAILED:
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, value)
+        if status == TrialStatus.COMPLETE and value > self._best:
+            self._best, self._since_best = value, 0
+        else:
+            self._since_best += 1
+        self._progress(done, config, status, start)
+
+    def _store(self, trial, config: TrialConfig, predicted: int | None,
+               result: TrialResult | TrialFailed) -> tuple[float, TrialStatus]:
+        """Classify and store a measured trial (a TrialResult, or the TrialFailed it raised):
+        (the value to tell Optuna, its status)."""
+        from autotune.store import search_record
+
+        if isinstance(result, TrialFailed):
+            status = (TrialStatus.INFEASIBLE_MEASURED if result.kind == FailureKind.OOM
+                      else TrialStatus.FAILED)
+            if status == TrialStatus.INFEASIBLE_MEASURED:
+                set_excess(trial, 1.0)
+            self._store_unmeasured(trial.number, config, status, predicted, error=str(result))
+            return 0.0, status
+        measured = result.peak_memory_bytes
+        status, error = TrialStatus.COMPLETE, None
+        if self.limit is not None and measured > self.limit:
+            status = TrialStatus.INFEASIBLE_MEASURED
+            set_excess(trial, (measured - self.limit) / GIB)
+            error = f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"
+        record, spans = search_record(
+            result, study_id=self.study_id, number=trial.number, status=status,
+            predicted_peak=predicted, predictions=self._predictions.pop(trial.number, {}),
+            error=error)
+        trial_id = self.db.add_trial(record, spans)
+        if status == TrialStatus.COMPLETE:
+            self.calibration.remember_spans(trial_id, config,
+                                            [s for r in result.ranks for s in r.spans])
+            self.calibration.refit()
+        value = result.throughput_tokens_per_s if status == TrialStatus.COMPLETE else 0.0
+        self._known[config] = Known(status, value, measured or predicted or 0)
+        return value, status
+
+    def _store_unmeasured(self, number: int, config: TrialConfig, status: TrialStatus,
+                          predicted: int | None, *, error: str) -> None:
+        from autotune.store import unmeasured_record
+
+        self.db.add_trial(unmeasured_record(
+            config, study_id=self.study_id, number=number, status=status,
+            predicted_peak=predicted, predictions=self._predictions.pop(number, {}),
+            error=error))
+        self._known[config] = Known(status, 0.0, predicted or 0)
+
+    def _progress(self, i: int, config: TrialConfig, status: str, start: float) -> None:
+        from autotune.layouts import short_name
+
+        elapsed = time.monotonic() - start
+        per = elapsed / max(1, i - self._initial_done)
+        left = max(0, self.spec.n_trials - i)
+        eta = f", ~{per * left:.0f}s left" if per else ""
+        self._say(f"[{i}/{self.spec.n_trials}] {short_name(config)}: {status}; best "
+                  f"{self._best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}")
+
+    # ---- then -------------------------------------------------------------------------------
+    def _remeasure_top(self) -> list[Entry]:
+        """Measure the top_k again (noisy machines) and store the extra figures."""
+        board = self.leaderboard()
+        top = [e for e in board if e.status == TrialStatus.COMPLETE][: self.spec.top_k]
+        for entry in top:
+            have = len(entry.throughputs) - 1
+            extra = []
+            for _ in range(max(0, self.spec.remeasure_repeats - have)):
+                try:
+                    extra.append(self.executor.run(entry.config).throughput_tokens_per_s)
+                except TrialFailed:
+                    break
+            if extra:
+                record = self.db.get_trial(entry.trial_id)
+                metrics = {**record.metrics, "remeasured_throughputs":
+                           record.metrics.get("remeasured_throughputs", []) + extra}
+                self.db.update_trial(entry.trial_id, status=record.status, metrics=metrics)
+                self._say(f"re-measured trial {entry.number}: "
+                          f"{', '.join(f'{x:,.0f}' for x in extra)} tok/s")
+        return self.leaderboard()
+
+
+def _done_future(fn, *args):
+    """A future already resolved by calling ``fn`` here (one trial at a time: no thread, so
+    Ctrl-C reaches the trial where it runs)."""
+    from concurrent.futures import Future
+
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
