@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from autotune.config import TrialConfig
 from autotune.errors import EXIT_RUNTIME, AutotuneError, ConfigError
-from autotune.search import DEFAULT_SAMPLER, SAMPLERS
+from autotune.search import DEFAULT_STRATEGY, SAMPLERS, STRATEGIES
 
 EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_dp2.json"
 
@@ -99,9 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--parallel", type=_positive_int, metavar="N",
                         help="trials run at once (default: GPUs // world size on a GPU "
                         "cluster, 1 on CPUs, whose ranks would time each other)")
-    search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
-                        help=f"Optuna sampler (default {DEFAULT_SAMPLER}: fewest trials to the "
-                        "best in bench/search_efficiency.py)")
+    search.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
+                        help="what proposes the next trial: model (the performance model, "
+                        "refitted after every trial), an Optuna sampler (tpe, gp, random), or "
+                        f"auto (default: model on GPUs, TPE on CPUs, as "
+                        "bench/search_replay.py measured)")
+    search.add_argument("--sampler", choices=SAMPLERS, dest="strategy",
+                        help="an Optuna sampler as the strategy (same as --strategy NAME)")
     search.add_argument("--cluster", metavar="FILE|NAME",
                         help="the cluster, for predicted step times: a built-in name or a "
                         "JSON/TOML file such as 'autotune calibrate -o' writes (default: "
@@ -271,7 +275,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                       timeout_s=args.time_budget, patience=args.patience,
                       study_name=args.study, seed=args.seed, fixed=fixed, narrowed=narrowed,
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
-                      num_timed_steps=args.timed_steps, sampler=args.sampler,
+                      num_timed_steps=args.timed_steps, sampler=args.strategy,
                       cluster=args.cluster)
     spec.validate()
     database = _open_db(args.db, required_by="autotune search keeps its study in a database")

@@ -16,6 +16,9 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 
 
+DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -56,11 +59,14 @@ def enumerate_configs(
 
 
 def short_name(c: TrialConfig) -> str:
-    """A compact id: w4-tp2-pp1-dp2-z3-mb2x2-ac_full[-1f1b][-noov]."""
+    """A compact id: w4-tp2-pp1-dp2-z3-mb2x2-ac_full[-1f1b][-noov][-b5] (the bucket where
+    there is a gradient sync and it is not the default)."""
     name = (f"w{c.world_size}-tp{c.tp_degree}-pp{c.pp_degree}-dp{c.dp_degree}-z{c.zero_stage}"
             f"-mb{c.micro_batch_size}x{c.grad_accum_steps}-ac_{c.activation_checkpointing}")
     if c.pp_degree > 1:
         name += f"-{c.pp_schedule}"
     if not c.overlap_enabled:
         name += "-noov"
+    if c.dp_degree > 1 and c.bucket_mb != DEFAULT_BUCKET_MB:
+        name += f"-b{c.bucket_mb:g}"
     return name

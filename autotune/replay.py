@@ -358,6 +358,43 @@ class TableExecutor:
 
 
 # ---- replaying a strategy --------------------------------------------------------------
+class ReplayTrialExecutor:
+    """A ``TableExecutor`` behind the search's executor protocol (``search_loop.TrialExecutor``):
+    ``run`` returns a ``TrialResult`` built from the measured row (its step time on every rank,
+    its peak memory, no timeline), or raises ``TrialFailed`` for a row that failed or ran out of
+    memory. ``Search`` runs on it exactly as on Ray, so a search over a table is stored, resumed
+    and exported like any other."""
+
+    slots = 1
+
+    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow]) -> None:
+        self.table = TableExecutor(table)
+
+    def contains(self, config: TrialConfig) -> bool:
+        return self.table._key(config) in self.table._rows
+
+    def run(self, config: TrialConfig):
+        from autotune.errors import TrialFailed
+        from autotune.result import MemoryBreakdown, RankResult, TrialResult
+
+        outcome = self.table.run(config)
+        if outcome.status != "complete" or not outcome.step_time_s:
+            kind = "oom" if outcome.status == "infeasible" else "error"
+            raise TrialFailed(f"the table measured {short_name(config)} as {outcome.status}",
+                              kind=kind)
+        t, peak = outcome.step_time_s, outcome.peak_memory_bytes or 0
+        steps = config.num_warmup_steps + config.num_timed_steps + config.num_profiled_steps + 1
+        ranks = [RankResult(rank=r, pp_rank=0, dp_rank=0, tp_rank=0, device="table",
+                            backend="table", num_threads=1, step_times=[t] * steps, losses=[],
+                            memory=MemoryBreakdown(0, 0, 0, 0, 0, peak, "table"), setup_s=0.0)
+                 for r in range(config.world_size)]
+        return TrialResult(config=config.resolved(), step_time_s=t,
+                           throughput_tokens_per_s=config.tokens_per_step / t,
+                           losses=[None] * steps,  # a table keeps no losses
+                           ranks=ranks, wall_s=t * steps, steps_s=t * steps, cold_start=False,
+                           env={"executor": "table", "table": self.table.source})
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayRun:
     """One strategy replayed on one group."""

@@ -23,6 +23,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Literal, TextIO
 
 from autotune import screen
@@ -33,7 +34,8 @@ from autotune.screen import GIB, MEMORY_MARGIN, predicted_to_fit
 from autotune.search_loop import CONSTRAINT_ATTR, SearchLoop, SearchOutcome, TrialExecutor
 from autotune.space import SearchSpace
 
-__all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "GIB", "MEMORY_MARGIN", "SAMPLERS", "Entry",
+__all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "DEFAULT_STRATEGY", "GIB", "MEMORY_MARGIN",
+           "SAMPLERS", "STRATEGIES", "Entry", "resolve_strategy",
            "Search", "SearchOutcome", "SearchSpec", "base_config", "default_world_size",
            "device_type", "format_leaderboard", "make_sampler", "memory_limit_bytes",
            "plain_baseline", "predicted_to_fit"]
@@ -41,6 +43,12 @@ __all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "GIB", "MEMORY_MARGIN", "SAMPLE
 caller of ``Search`` uses (each also importable from its own module)."""
 
 SAMPLERS = ("tpe", "gp", "random")
+STRATEGIES = ("auto", "model", *SAMPLERS)
+"""``--strategy``: the model-guided strategy (``strategies/model_guided.py``), one of Optuna's
+samplers, or auto: model-guided on GPUs, TPE on CPU ranks — what bench/search_replay.py
+measured best on each (the A100 groups; our CPU sweeps, where trial-to-trial noise of 20-28%
+hides a 3% difference from any model)."""
+DEFAULT_STRATEGY = "auto"
 DEFAULT_SAMPLER = "tpe"
 
 
@@ -93,9 +101,9 @@ class SearchSpec:
     num_timed_steps: int = 5
     num_profiled_steps: int = 2
     device: str = "auto"
-    sampler: str = DEFAULT_SAMPLER
-    """Optuna sampler: one of ``SAMPLERS``; the default is the one bench/search_efficiency.py
-    measured to need the fewest trials."""
+    sampler: str = DEFAULT_STRATEGY
+    """The search strategy: one of ``STRATEGIES`` (model, or an Optuna sampler: tpe, gp,
+    random; auto picks model on GPUs and TPE on CPUs, as bench/search_replay.py measured)."""
     cluster: str | None = None
     """The cluster the trials run on, for the performance model: a built-in name or a
     JSON/TOML file (``autotune.cluster.load_cluster``); None: described from Ray and torch."""
@@ -112,9 +120,9 @@ class SearchSpec:
             raise ConfigError(f"--memory-limit must be > 0 GiB, not {self.memory_limit_gib}")
         if self.patience is not None and self.patience < 1:
             raise ConfigError(f"patience must be ≥ 1, not {self.patience}")
-        if self.sampler not in SAMPLERS:
-            raise ConfigError(f"unknown sampler '{self.sampler}'; choose one of "
-                              f"{', '.join(SAMPLERS)}")
+        if self.sampler not in STRATEGIES:
+            raise ConfigError(f"unknown strategy '{self.sampler}'; choose one of "
+                              f"{', '.join(STRATEGIES)}")
         if self.top_k < 1 or self.remeasure_repeats < 0:
             raise ConfigError("top_k must be ≥ 1 and remeasure_repeats ≥ 0")
 
@@ -181,16 +189,23 @@ class Search:
     running it. ``baseline`` is the first trial of a new study, enqueued before the sampler
     proposes anything: ``"plain"`` (the default) is ``plain_baseline``'s layout, a
     ``TrialConfig`` of the space is that configuration, None enqueues nothing (the sampler
-    starts alone)."""
+    starts alone). ``include`` keeps only the space's configurations it accepts (a replay
+    over a measured table: ``replay.ReplayTrialExecutor.contains``)."""
 
     def __init__(self, spec: SearchSpec, database, executor: TrialExecutor | None, *,
                  resume: bool = False, out: TextIO | None = sys.stderr,
-                 baseline: TrialConfig | Literal["plain"] | None = "plain") -> None:
+                 baseline: TrialConfig | Literal["plain"] | None = "plain",
+                 include: Callable[[TrialConfig], bool] | None = None) -> None:
         import optuna
 
         spec.validate()
         self.spec, self.db, self.executor, self.out = spec, database, executor, out
         self.space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
+        if include is not None:  # e.g. the configurations a measured table holds
+            self.space.configs = [c for c in self.space.configs if include(c)]
+            if not self.space.configs:
+                raise ConfigError("no configuration of the search space is among those "
+                                  "included (a replay table must hold this workload's layouts)")
         self.limit = memory_limit_bytes(spec)
         self.device_type = device_type(spec)
         self._check_something_fits()
@@ -229,8 +244,12 @@ class Search:
                                        if self.limit is not None else None)
         self.study_record = (database.get_study(spec.study_name) if resume
                              else database.create_study(spec.study_name, resolved.to_dict()))
-        # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible.
-        sampler = make_sampler(spec.sampler, spec.seed)
+        self.strategy, note = resolve_strategy(spec.sampler, self.device_type, spec.workload)
+        if note:
+            self._say(f"autotune: note: {note}")
+        # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible. The
+        # model-guided strategy enqueues its choices; TPE stands behind it for anything asked.
+        sampler = make_sampler(self.strategy if self.strategy in SAMPLERS else "tpe", spec.seed)
         self.study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
                                          storage=storage, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
@@ -286,15 +305,34 @@ class Search:
                               "Search(...) to run it")
         start = time.monotonic()
         self._begin_calibration()
+        strategy = None
+        if self.strategy == "model":
+            from autotune.strategies.model_guided import ModelGuided
+
+            strategy = ModelGuided(self.study_calibration.cluster,
+                                   calibration=self.study_calibration.calibration)
         loop = SearchLoop(spec=self.spec, space=self.space, study=self.study, database=self.db,
                           study_id=self.study_record.id, executor=self.executor,
                           limit=self.limit, device_type=self.device_type,
-                          calibration=self.study_calibration, say=self._say)
+                          calibration=self.study_calibration, say=self._say,
+                          strategy=strategy)
         return loop.run(start)
 
     def leaderboard(self) -> list[Entry]:
         """The study's trials as they stand, ranked."""
         return build_leaderboard(self.db.list_trials(self.study_record.id))
+
+
+def resolve_strategy(name: str, device_type: str, workload: WorkloadSpec) -> tuple[str, str]:
+    """(the strategy to run, a note to print or ''): auto becomes model on GPUs and TPE on CPU
+    ranks; model falls back to TPE for a workload the performance model cannot describe."""
+    if name == "auto":
+        name = "model" if device_type == "cuda" else "tpe"
+    if name == "model" and workload.shape is None:
+        return "tpe", (f"--strategy model needs a model the performance model can describe; "
+                       f"user workload '{workload.name}' has no known shape, so the search "
+                       "uses TPE")
+    return name, ""
 
 
 def _optuna_storage(url: str):

@@ -39,9 +39,13 @@ if TYPE_CHECKING:
     from autotune.result import TrialResult
     from autotune.search import SearchSpec
     from autotune.space import SearchSpace
+    from autotune.strategies.model_guided import ModelGuided
     from autotune.study_calibration import StudyCalibration
 
 CONSTRAINT_ATTR = "memory_excess_gib"
+SKIPPED_RECORDED = 3
+"""When the model-guided strategy stops, this many of the untried configurations it ranks best
+are stored as skipped, with its reason (the rest rank lower still)."""
 MAX_DUPLICATES = 20
 """Proposals of already-measured configurations tolerated in a row before an untried one is
 taken instead (TPE re-proposes its favourites once a small space is mostly explored)."""
@@ -102,7 +106,8 @@ class SearchLoop:
 
     def __init__(self, *, spec: SearchSpec, space: SearchSpace, study, database, study_id: int,
                  executor: TrialExecutor, limit: int | None, device_type: str,
-                 calibration: StudyCalibration, say: Callable[[str], None]) -> None:
+                 calibration: StudyCalibration, say: Callable[[str], None],
+                 strategy: ModelGuided | None = None) -> None:
         self.spec, self.space, self.study, self.db = spec, space, study, database
         self.study_id, self.executor, self.limit = study_id, executor, limit
         self.device_type, self.calibration, self._say = device_type, calibration, say
@@ -111,6 +116,9 @@ class SearchLoop:
         self._predictions: dict[int, dict[str, Any]] = {}
         """Trial number → the predicted step time metrics, until the trial is stored."""
         self._duplicates = 0
+        self.strategy = strategy
+        """The model-guided strategy, or None: Optuna's sampler proposes."""
+        self._strategy_stopped: str | None = None
 
     def leaderboard(self) -> list[Entry]:
         return build_leaderboard(self.db.list_trials(self.study_id))
@@ -178,7 +186,7 @@ class SearchLoop:
             return "time budget"
         if spec.patience is not None and self._since_best >= spec.patience:
             return f"no improvement in {spec.patience} trials"
-        return None
+        return self._strategy_stopped
 
     # ---- ask --------------------------------------------------------------------------------
     def _propose(self, tried: set[TrialConfig], in_flight: dict):
@@ -186,6 +194,8 @@ class SearchLoop:
         proposed one already measured or running (then told and counted)."""
         from optuna.trial import TrialState
 
+        if self.strategy is not None and not self._enqueue_model_choice(tried, in_flight):
+            return None, None
         trial = self.study.ask()
         config = self.space.suggest(trial)
         if config not in tried:
@@ -203,6 +213,59 @@ class SearchLoop:
             return None, None
         self._duplicates = 0
         return self.study.ask(), self._untried(tried)  # a parameter-less trial, an untried config
+
+    def _enqueue_model_choice(self, tried: set[TrialConfig], in_flight: dict) -> bool:
+        """Ask the model-guided strategy for the next configuration and enqueue it, so Optuna's
+        next trial is that one (the study stays an Optuna study: resume, optuna-dashboard).
+        False when the strategy stops: the best few it passed over are stored as skipped."""
+        from autotune import screen
+        from autotune.status import RowStatus
+        from autotune.strategies.base import Measured
+
+        if self._queued():
+            return True  # the baseline (or an earlier choice) is still waiting to be asked
+        history = [Measured(c, c.tokens_per_step / k.value if k.value > 0 else None,
+                            RowStatus.COMPLETE if k.status == TrialStatus.COMPLETE
+                            else RowStatus.FAILED)
+                   for c, k in self._known.items()]
+        busy = {c for _, c, _ in in_flight.values()}
+        candidates = [c for c in self.space.configs if c not in tried and c not in busy
+                      and screen.predicted_to_fit(screen.predict_peak(c, self.device_type),
+                                                  self.limit)]
+        proposal = self.strategy.propose(candidates, history)
+        if proposal is None:
+            if not in_flight:
+                self._record_skipped(candidates, history)
+            self._strategy_stopped = ("the performance model predicts no untried configuration "
+                                      f"faster than the best measured by "
+                                      f"{self.strategy.tolerance:.0%}")
+            return False
+        self.study.enqueue_trial(self.space.params_for(proposal.config))
+        self._say(f"model-guided: next {_short(proposal.config)}: {proposal.reason}")
+        return True
+
+    def _queued(self) -> bool:
+        from optuna.trial import TrialState
+
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def _record_skipped(self, candidates: list[TrialConfig], history: list) -> None:
+        """Store the best few configurations the strategy will not run, with its reason."""
+        from autotune import screen
+        from autotune.store import unmeasured_record
+
+        ranked = self.strategy.ranked(candidates, history)
+        for _, _, config in ranked[:SKIPPED_RECORDED]:
+            reason = self.strategy.skip_reason(config, history)
+            if reason is None:
+                continue
+            self.db.add_trial(unmeasured_record(
+                config, study_id=self.study_id, number=None,
+                status=TrialStatus.SKIPPED_PREDICTED,
+                predicted_peak=screen.predict_peak(config, self.device_type),
+                predictions=self.calibration.predict(config), error=f"skipped: {reason}"))
+            self._known[config] = Known(TrialStatus.SKIPPED_PREDICTED, 0.0, 0)
+            self._say(f"skipped {_short(config)}: {reason}")
 
     def _tell_known(self, trial, config: TrialConfig) -> None:
         from optuna.trial import TrialState
@@ -342,6 +405,12 @@ class SearchLoop:
                 self._say(f"re-measured trial {entry.number}: "
                           f"{', '.join(f'{x:,.0f}' for x in extra)} tok/s")
         return self.leaderboard()
+
+
+def _short(config: TrialConfig) -> str:
+    from autotune.layouts import short_name
+
+    return short_name(config)
 
 
 def _done_future(fn, *args):

@@ -21,6 +21,8 @@ class TrialStatus(StrEnum):
     """Ran, but measured over the memory limit or out of memory."""
     INFEASIBLE_PREDICTED = "infeasible_predicted"
     """Not run: the memory model predicted it over the limit."""
+    SKIPPED_PREDICTED = "skipped_predicted"
+    """Not run: the performance model predicted it no faster than the best measured."""
     FAILED = "failed"
     """Raised, crashed or timed out."""
     RUNNING = "running"
@@ -38,7 +40,8 @@ class TrialStatus(StrEnum):
 
 
 STATUS_ORDER: tuple[TrialStatus, ...] = tuple(TrialStatus)
-"""The leaderboard's order: complete, infeasible (measured, then predicted), failed, running."""
+"""The leaderboard's order: complete, infeasible (measured, then predicted), skipped, failed,
+running."""
 
 
 def status_rank(status: str) -> int:

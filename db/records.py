@@ -12,7 +12,8 @@ from datetime import datetime
 SPAN_KINDS = ("compute", "comm", "p2p", "step")
 """Allowed ``SpanRecord.kind`` values."""
 
-TRIAL_STATUSES = ("complete", "infeasible_predicted", "infeasible_measured", "failed", "running")
+TRIAL_STATUSES = ("complete", "infeasible_predicted", "infeasible_measured", "skipped_predicted",
+                  "failed", "running")
 """Allowed ``TrialRecord.status`` values."""
 
 STEP_PHASES = ("warmup", "timed", "memory", "profiled")

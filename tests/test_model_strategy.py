@@ -1,0 +1,92 @@
+"""The model-guided strategy inside the real search: on a measured table (no Ray), its choices
+are Optuna trials of the study, it stops by its rule and records what it skipped, and an
+interrupted search resumes without measuring anything twice."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import WorkloadSpec
+from autotune.replay import MeasuredTable, ReplayTrialExecutor
+from autotune.search import Search, SearchSpec, resolve_strategy
+from autotune.status import TrialStatus
+from db import Database
+
+TABLE = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_b.json"
+
+
+@pytest.fixture
+def world2_rows():
+    """Sweep B's world-2 group: 24 measured layouts of the tiny GPT (seq 64, batch 16)."""
+    table = MeasuredTable.load(TABLE)
+    (group,) = [g for g in table.groups(8) if g.world_size == 2]
+    return group.rows
+
+
+def spec(name: str, n_trials: int) -> SearchSpec:
+    return SearchSpec(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
+                                            global_batch_size=16),
+                      world_size=2, device="cpu", study_name=name, n_trials=n_trials,
+                      patience=None, top_k=1, remeasure_repeats=0, sampler="model")
+
+
+def search(db, rows, name, n_trials, *, resume=False):
+    executor = ReplayTrialExecutor(rows)
+    s = Search(spec(name, n_trials), db, executor, resume=resume, out=io.StringIO(),
+               baseline=None, include=executor.contains)
+    return s, executor
+
+
+def test_model_guided_search_on_a_table(tmp_path, world2_rows):
+    db = Database.open(f"sqlite:///{tmp_path / 'm.db'}")
+    s, executor = search(db, world2_rows, "m", 24)
+    assert len(s.space) == len(world2_rows)  # the space is the table's layouts
+    outcome = s.run()
+    calls = executor.table.calls
+    assert len(calls) == len(set(calls)) == outcome.num_run  # nothing measured twice
+    assert outcome.num_run < len(world2_rows)  # it stopped by its own rule
+    assert "performance model predicts no untried configuration" in outcome.stopped_because
+    trials = db.list_trials(outcome.study_id)
+    complete = [t for t in trials if t.status == TrialStatus.COMPLETE]
+    skipped = [t for t in trials if t.status == TrialStatus.SKIPPED_PREDICTED]
+    assert len(complete) == outcome.num_run
+    assert all("predicted_step_time_s" in t.metrics for t in complete)
+    assert 1 <= len(skipped) <= 3 and all(t.error.startswith("skipped: predicted")
+                                           for t in skipped)
+    # Each run trial is an Optuna trial of the study with the same parameters.
+    assert len([t for t in s.study.trials if t.value is not None]) >= outcome.num_run
+    # The best it measured is the table's value for that layout.
+    best = outcome.best
+    assert best.throughput == pytest.approx(
+        best.config.tokens_per_step / executor.table.row_for(best.config).step_time_s)
+
+
+def test_an_interrupted_replayed_search_resumes_without_rerunning(tmp_path, world2_rows):
+    db = Database.open(f"sqlite:///{tmp_path / 'r.db'}")
+    first, ex1 = search(db, world2_rows, "r", 2)
+    first.run()
+    assert len(ex1.table.calls) == 2
+    second, ex2 = search(db, world2_rows, "r", 24, resume=True)
+    second.run()
+    assert ex2.table.calls  # it went on
+    assert not set(ex1.table.calls) & set(ex2.table.calls)  # and ran nothing again
+
+
+def test_model_falls_back_to_tpe_for_a_workload_it_cannot_describe():
+    user = WorkloadSpec(workload="tests.user_workload:build")
+    name, note = resolve_strategy("model", "cpu", user)
+    assert name == "tpe" and "uses TPE" in note and "tests.user_workload:build" in note
+    assert resolve_strategy("auto", "cpu", WorkloadSpec()) == ("tpe", "")
+    assert resolve_strategy("auto", "cuda", WorkloadSpec()) == ("model", "")
+
+
+def test_unknown_strategy_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["search", "--strategy", "annealing", "--db", "none"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'annealing'" in err and "Traceback" not in err
