@@ -15,7 +15,8 @@ Each proposal:
    exp(−κ·σ)`` (a lower confidence bound, as in GP-LCB; Srinivas et al. 2010): where the model
    is sure it picks the predicted best, where it is unsure it explores.
 5. **Stop** when no untried candidate's optimistic time beats the best measured step time by
-   more than ``tolerance`` (default 3%), or the budget is spent.
+   more than ``tolerance`` (default 3%) — on a noisy cluster (the fit's own residuals above
+   10%) only after ``noisy_min_trials`` trials — or the budget is spent.
 
 Configurations whose optimistic time is far slower than the best measured are never run; the
 search records them as skipped with that reason (``skip_reason``).
@@ -63,6 +64,11 @@ class ModelGuided:
     """σ multiplier for a candidate whose layer shape no trial has measured."""
     max_trials: int | None = None
     """A budget of trials (None: until the stopping rule says)."""
+    noisy_min_trials: int = 10
+    """On a noisy cluster — the fit's residuals above ``noisy_residual`` — the stopping rule
+    waits for this many trials: a measured best there may be a lucky round, and a model that
+    cannot fit its own trials closely may be biased where it has not looked."""
+    noisy_residual: float = 0.10
     name: str = "model"
     last_fit: FitReport | None = field(default=None, init=False)
     _fitted_on: int = field(default=-1, init=False)
@@ -87,14 +93,17 @@ class ModelGuided:
             self._fitted_on = len(measured)
         return self._calibration
 
+    def _residual_rms(self) -> float:
+        residuals = self.last_fit.residuals if self.last_fit else ()
+        return math.sqrt(statistics.fmean(r * r for r in residuals)) if residuals else 0.0
+
     def sigma(self, config: TrialConfig, calibration: Calibration, history: Sequence[Measured],
               shape: ModelShape | None) -> float:
         """Relative uncertainty of ``config``'s predicted step time."""
         measured = [m for m in history if m.step_time_s]
         if not measured or self.last_fit is None:
             return self.prior_sigma
-        residuals = self.last_fit.residuals
-        spread = math.sqrt(statistics.fmean(r * r for r in residuals)) if residuals else 0.0
+        spread = self._residual_rms()
         # Few trials fit themselves too well: the doubt falls from the prior as 1/√n.
         n = len(measured)
         sigma = max(self.min_sigma, spread, self.prior_sigma / math.sqrt(n))
@@ -128,7 +137,9 @@ class ModelGuided:
             return None
         optimistic, predicted, config = ranked[0]
         best = _best_measured(history)
-        if best is not None and optimistic >= best * (1 - self.tolerance):
+        if (best is not None and optimistic >= best * (1 - self.tolerance)
+                and (len(history) >= self.noisy_min_trials or self._residual_rms()
+                     <= self.noisy_residual)):
             return None
         why = (f"predicted {predicted * 1e3:.1f} ms (optimistic {optimistic * 1e3:.1f} ms)"
                + (f" against the best measured {best * 1e3:.1f} ms" if best else ""))
