@@ -45,9 +45,8 @@ caller of ``Search`` uses (each also importable from its own module)."""
 SAMPLERS = ("tpe", "gp", "random")
 STRATEGIES = ("auto", "model", *SAMPLERS)
 """``--strategy``: the model-guided strategy (``strategies/model_guided.py``), one of Optuna's
-samplers, or auto: model-guided on GPUs, TPE on CPU ranks — what bench/search_replay.py
-measured best on each (the A100 groups; our CPU sweeps, where trial-to-trial noise of 20-28%
-hides a 3% difference from any model)."""
+samplers, or auto: model-guided on GPUs (best on bench/search_replay.py's A100 groups), TPE on
+CPU ranks (the CPU model still misses by 22-31%; see docs/benchmarks.md)."""
 DEFAULT_STRATEGY = "auto"
 DEFAULT_SAMPLER = "tpe"
 
