@@ -344,9 +344,12 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
                           memory_bandwidth_gbs=20.0, memory_gib=16.0, asynchronous=False),
         intra_node=LinkSpec(bandwidth_gbs=5.0, latency_us=100.0),
         inter_node=LinkSpec(bandwidth_gbs=1.0, latency_us=200.0),
-        backend="gloo", cores_per_node=cores, source=f"nominal figures for {cores} CPU cores; calibrated by trials",
+        backend="gloo", cores_per_node=cores,
+        source=f"nominal figures for {cores} CPU cores; calibrated by trials",
         # Where a fit starts on CPU ranks, whose small layers cost the interpreter and the
-        # operator dispatch far more than their FLOPs: about 0.2 ms a layer pass, 0.1 ms a
-        # collective, 1 ms a micro-batch (orders of magnitude read off tiny-GPT trials).
-        calibration={"layer_overhead_s": 2e-4, "collective_overhead_s": 3e-3,
-                     "microbatch_overhead_s": 1e-3, "step_overhead_s": 1e-3})
+        # operator dispatch far more than their FLOPs: about 0.2 ms a layer pass, 1 ms a gloo
+        # collective, 1 ms a micro-batch (orders of magnitude read off the tiny-GPT sweeps).
+        calibration={"layer_overhead_s": 2e-4, "collective_overhead_s": 1e-3,
+                     "microbatch_overhead_s": 1e-3, "step_overhead_s": 1e-3,
+                     # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
+                     "half_efficiency_rows": 16.0, "half_efficiency_cols": 8.0})

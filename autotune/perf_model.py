@@ -107,6 +107,8 @@ class Calibration:
     """Bytes moved per attention-score element b·(a/tp)·s² per layer forward (eager attention)."""
     layer_overhead_s: float = 20e-6
     """Host seconds per layer per pass (forward, backward, recompute): launching its kernels."""
+    tp_layer_overhead_s: float = 0.0
+    """Extra host seconds per layer pass when tensor parallel (sharded-tensor dispatch)."""
     collective_overhead_s: float = 10e-6
     """Host seconds per collective (launch and the ranks' synchronisation)."""
     microbatch_overhead_s: float = 0.0
@@ -365,7 +367,9 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     host_share = 1.0
     if cluster.cores_per_node and not cluster.device.asynchronous:
         host_share = max(1.0, cluster.devices_per_node / cluster.cores_per_node)
-    host_layer_s = (passes * cal.layer_overhead_s + tp_collectives * cal.collective_overhead_s
+    tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
+    host_layer_s = (passes * cal.layer_overhead_s + tp_dispatch_s
+                    + tp_collectives * cal.collective_overhead_s
                     ) * cal.host_shape_factors.get(shape_key, 1.0) * host_share
     if cluster.device.asynchronous:
         busy = layer_device_s + tp_layer_s

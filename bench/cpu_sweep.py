@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import AutotuneError, ConfigError  # noqa: E402
-from autotune.layouts import short_name  # noqa: E402
+from autotune.layouts import DEFAULT_BUCKET_MB, short_name  # noqa: E402
 from autotune.space import DEFAULT_BUCKETS_MB, SearchSpace  # noqa: E402
 
 WORLD_SIZES = (2, 4)
@@ -142,8 +142,10 @@ def knob_values(c: TrialConfig) -> dict[str, object]:
 
 
 def layout_name(c: TrialConfig) -> str:
-    """short_name plus the bucket size where there is data parallelism: …-noov-b5."""
-    return short_name(c) + (f"-b{c.bucket_mb:g}" if c.dp_degree > 1 else "")
+    """short_name with the bucket size wherever there is data parallelism: …-noov-b25
+    (short_name itself names only a bucket other than the default)."""
+    named = c.dp_degree > 1 and c.bucket_mb == DEFAULT_BUCKET_MB
+    return short_name(c) + (f"-b{c.bucket_mb:g}" if named else "")
 
 
 def row_name(c: TrialConfig) -> str:

@@ -134,7 +134,7 @@ def test_compute_rate_is_the_model_flops_over_the_measured_time():
                                                  rel=1e-9)
     assert 0 < fit.compute_efficiency <= 1 and fit.residual < 1e-6
     # The prior it gives makes the model's compute term what the spans measured.
-    start = fit_spans([trial], cluster).start_calibration(Calibration())
+    start = fit_spans([trial], cluster).start_calibration(Calibration.for_cluster(cluster))
     assert predict_step_time(config, cluster, start).breakdown["compute"] == pytest.approx(
         0.034, rel=1e-6)
 
