@@ -15,8 +15,8 @@ Each proposal:
    exp(−κ·σ)`` (a lower confidence bound, as in GP-LCB; Srinivas et al. 2010): where the model
    is sure it picks the predicted best, where it is unsure it explores.
 5. **Stop** when no untried candidate's optimistic time beats the best measured step time by
-   more than ``tolerance`` (default 3%) — on a noisy cluster (the fit's own residuals above
-   10%) only after ``noisy_min_trials`` trials — or the budget is spent.
+   more than ``tolerance`` (default 3%), once ``min_trials`` (10) have run, or the budget is
+   spent.
 
 Configurations whose optimistic time is far slower than the best measured are never run; the
 search records them as skipped with that reason (``skip_reason``).
@@ -64,11 +64,9 @@ class ModelGuided:
     """σ multiplier for a candidate whose layer shape no trial has measured."""
     max_trials: int | None = None
     """A budget of trials (None: until the stopping rule says)."""
-    noisy_min_trials: int = 10
-    """On a noisy cluster — the fit's residuals above ``noisy_residual`` — the stopping rule
-    waits for this many trials: a measured best there may be a lucky round, and a model that
-    cannot fit its own trials closely may be biased where it has not looked."""
-    noisy_residual: float = 0.10
+    min_trials: int = 10
+    """The stopping rule waits for this many trials: a fit of a few trials can be tight and
+    still biased where it has not looked, and a measured best may be a lucky round."""
     name: str = "model"
     last_fit: FitReport | None = field(default=None, init=False)
     _fitted_on: int = field(default=-1, init=False)
@@ -138,8 +136,7 @@ class ModelGuided:
         optimistic, predicted, config = ranked[0]
         best = _best_measured(history)
         if (best is not None and optimistic >= best * (1 - self.tolerance)
-                and (len(history) >= self.noisy_min_trials or self._residual_rms()
-                     <= self.noisy_residual)):
+                and len(history) >= self.min_trials):
             return None
         why = (f"predicted {predicted * 1e3:.1f} ms (optimistic {optimistic * 1e3:.1f} ms)"
                + (f" against the best measured {best * 1e3:.1f} ms" if best else ""))
