@@ -46,7 +46,7 @@ SAMPLERS = ("tpe", "gp", "random")
 STRATEGIES = ("auto", "model", *SAMPLERS)
 """``--strategy``: the model-guided strategy (``strategies/model_guided.py``), one of Optuna's
 samplers, or auto: model-guided on GPUs (best on bench/search_replay.py's A100 groups), TPE on
-CPU ranks (the CPU model still misses by 22-31%; see docs/benchmarks.md)."""
+CPU ranks (the CPU model still misses by 17-32%; see docs/benchmarks.md)."""
 DEFAULT_STRATEGY = "auto"
 DEFAULT_SAMPLER = "tpe"
 
