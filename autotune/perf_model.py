@@ -379,11 +379,13 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
 
     # ---- per stage (pipeline rank) per micro-batch ------------------------------------------
     counts = stage_layer_counts(shape.num_layers, pp * v)
+    # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
+    stage_layers = [sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp)]
     t_p2p = p2p_time(cluster, cal, act_bytes / (tp if engine.vocab_parallel else 1),
                      crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
     stages = []
     for rank in range(pp):
-        layers = sum(counts[i] for i in range(rank, pp * v, pp))
+        layers = stage_layers[rank]
         first, last = rank == 0, rank == pp - 1
         compute = layers * layer_device_s + (head_s if last else 0.0)
         tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
@@ -409,7 +411,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
     head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
     params_rank = max(
-        (sum(counts[i] for i in range(r, pp * v, pp)) * layer_params(shape) / tp
+        (stage_layers[r] * layer_params(shape) / tp
          + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
         for r in range(pp))
     grad_bytes = params_rank * e
@@ -446,7 +448,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         if zero <= 1:
             dp_collectives = math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
         else:
-            layers_rank = max(sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp))
+            layers_rank = max(stage_layers)
             per_unit = max(1, math.ceil(bucket / max(layer_params(shape) / tp * e, 1.0)))
             units = math.ceil(layers_rank / per_unit) + 1  # + the root's unit
             dp_collectives = units * (1 + m * (2 if zero == 3 else 1))
