@@ -308,8 +308,11 @@ class Search:
         if self.strategy == "model":
             from autotune.strategies.model_guided import ModelGuided
 
-            strategy = ModelGuided(self.study_calibration.cluster,
-                                   calibration=self.study_calibration.calibration)
+            # The study refits after every trial already; the strategy reads that fit
+            # rather than fitting the same trials again.
+            study = self.study_calibration
+            strategy = ModelGuided(study.cluster, calibration=study.calibration,
+                                   fitted=lambda: study.last_report)
         loop = SearchLoop(spec=self.spec, space=self.space, study=self.study, database=self.db,
                           study_id=self.study_record.id, executor=self.executor,
                           limit=self.limit, device_type=self.device_type,

@@ -202,6 +202,8 @@ class StudyCalibration:
         self._warned = False
         self.fit_seconds: list[float] = []
         """Wall time of each refit, for the record."""
+        self.last_report: FitReport | None = None
+        """The latest refit's step-time fit (its residuals), None before the first."""
 
     @classmethod
     def begin(cls, database, study_id: int, cluster: ClusterSpec | None,
@@ -246,5 +248,6 @@ class StudyCalibration:
                           "keep the previous calibration")
             return None
         self.calibration = fit.calibration
+        self.last_report = fit.report
         self.fit_seconds.append(fit.seconds)
         return fit

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autotune.calibration import FitReport, Sample, fit_calibration
@@ -67,6 +67,10 @@ class ModelGuided:
     min_trials: int = 10
     """The stopping rule waits for this many trials: a fit of a few trials can be tight and
     still biased where it has not looked, and a measured best may be a lucky round."""
+    fitted: Callable[[], FitReport | None] | None = None
+    """Where the refit comes from when someone else already refits after every trial (the
+    search's ``StudyCalibration``): its latest fit, or None before any. Without it the
+    strategy fits the history itself (a replay)."""
     name: str = "model"
     last_fit: FitReport | None = field(default=None, init=False)
     _fitted_on: int = field(default=-1, init=False)
@@ -77,6 +81,9 @@ class ModelGuided:
                             shape: ModelShape | None) -> Calibration:
         """The calibration refitted to ``history``'s measured trials (cached per length)."""
         start = self.calibration or Calibration.for_cluster(self.cluster)
+        if self.fitted is not None:
+            self.last_fit = self.fitted()
+            return self.last_fit.calibration if self.last_fit else start
         measured = [m for m in history if m.step_time_s]
         if not measured:
             return start
