@@ -277,7 +277,15 @@ class SearchLoop:
         if known.status.infeasible:
             excess = (known.peak - self.limit) / GIB if self.limit is not None else 0.0
             set_excess(trial, max(excess, 1e-9))
+        else:
+            self._set_feasible(trial, known.peak)
         self.study.tell(trial, known.value)
+
+    def _set_feasible(self, trial, peak: int | None) -> None:
+        """Under a memory limit every trial told with a value carries the constraint, feasible
+        ones too (≤ 0): GP refuses a history where only some trials have one."""
+        if self.limit is not None:
+            set_excess(trial, min((peak or 0) - self.limit, 0) / GIB)
 
     def _untried(self, tried: set[TrialConfig]) -> TrialConfig:
         import random
@@ -351,6 +359,8 @@ class SearchLoop:
             status = TrialStatus.INFEASIBLE_MEASURED
             set_excess(trial, (measured - self.limit) / GIB)
             error = f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"
+        else:
+            self._set_feasible(trial, measured)
         record, spans = search_record(
             result, study_id=self.study_id, number=trial.number, status=status,
             predicted_peak=predicted, predictions=self._predictions.pop(trial.number, {}),

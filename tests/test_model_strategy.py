@@ -90,3 +90,29 @@ def test_unknown_strategy_is_a_usage_error(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'annealing'" in err and "Traceback" not in err
+
+
+def test_gp_sampler_under_a_memory_limit(tmp_path, world2_rows):
+    """GP needs a constraint on every trial once one has it: a search under a memory limit that
+    some layouts break runs to its budget, and every trial Optuna was told about carries it."""
+    import dataclasses
+
+    import optuna
+
+    from autotune.search import GIB
+
+    peaks = sorted(r.peak_memory_bytes for r in world2_rows if r.peak_memory_bytes)
+    limit = peaks[len(peaks) // 2]
+    db = Database.open(f"sqlite:///{tmp_path / 'gp.db'}")
+    executor = ReplayTrialExecutor(world2_rows)
+    s = Search(dataclasses.replace(spec("gp", 12), sampler="gp", memory_limit_gib=limit / GIB),
+               db, executor, out=io.StringIO(), baseline=None, include=executor.contains)
+    outcome = s.run()
+    assert outcome.stopped_because == "trial budget"
+    trials = db.list_trials(outcome.study_id)
+    complete = [t for t in trials if t.status == TrialStatus.COMPLETE]
+    assert complete and all(t.metrics["peak_memory_bytes"] <= limit for t in complete)
+    assert any(TrialStatus(t.status).infeasible for t in trials)
+    told = [t for t in s.study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.COMPLETE]
+    assert told and all(any(k.startswith("constraints") for k in t.system_attrs) for t in told)
