@@ -45,7 +45,10 @@ def main(url: str, stop_file: str, report_dir: str) -> int:
     reports = 0
     database = _wait_for_the_database(url, stop_file)
     try:
-        while not os.path.exists(stop_file):
+        while True:
+            # The writers are done once the stop file exists: one last pass then sees the
+            # final state (a pass begun before the last write would miss it).
+            stopping = os.path.exists(stop_file)
             try:
                 current = set()
                 for study in database.list_studies():
@@ -69,6 +72,8 @@ def main(url: str, stop_file: str, report_dir: str) -> int:
                 trials_per_pass.append(len(current))
             except Exception as e:  # noqa: BLE001 - every failed read is reported
                 errors.append(f"{type(e).__name__}: {e}")
+            if stopping:
+                break
             time.sleep(0.2)
     finally:
         database.close()
