@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 from datetime import datetime
@@ -225,3 +226,24 @@ def test_duplicate_memory_category_names_the_constraint(db_url):
     assert str(excinfo.value).endswith("; a row with that key is already stored (study name, "
                                        "trial number in its study, or a rank's memory category "
                                        "or step)")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_a_wrong_password_on_a_real_server_is_named_never_shown(postgres, capsys, caplog,
+                                                                 debug):
+    """The server refuses the password: one line that says so (or the --debug traceback), and
+    neither the wrong password nor the right one anywhere in the output or the log."""
+    from autotune.cli import main
+
+    wrong = "wr0ng-" + postgres.password[::-1]
+    url = postgres.url("postgres").replace(postgres.password, wrong)
+    caplog.set_level(logging.DEBUG)
+    code = main((["--debug"] if debug else []) + ["export", "--db", url])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert ('password authentication failed for user "autotune"; check the user name and '
+            "password") in err
+    assert "postgresql+psycopg://autotune:***@127.0.0.1:" in err
+    assert ("Traceback" in err) is debug
+    for secret in (wrong, postgres.password):
+        assert secret not in out + err + caplog.text
