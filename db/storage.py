@@ -12,10 +12,11 @@ Contract
   creating or migrating the schema (``LOCK_SCHEMA``; two drivers starting on a new database
   would otherwise both create the tables, and one would fail), and interning new span names
   (``LOCK_SPAN_NAMES``; two trials adding the same names in different orders would otherwise
-  wait on each other's unique-index entries until PostgreSQL aborts one). Another program's
-  tables in the same database (Optuna's) are created under :meth:`Database.setup_lock`. On
-  SQLite every write transaction takes the file's write lock up front, so writers are serialised
-  anyway.
+  wait on each other's unique-index entries until PostgreSQL aborts one; after taking the lock
+  a transaction reads the names again, and under READ COMMITTED, PostgreSQL's default, it sees
+  what the lock's previous holder committed). Another program's tables in the same database
+  (Optuna's) are created under :meth:`Database.setup_lock`. On SQLite every write transaction
+  takes the file's write lock up front, so writers are serialised anyway.
 - **Threads.** A ``Database`` may be shared by threads: every method opens its own session on the
   engine's connection pool and closes it before returning.
 - **Immutability.** Reads return the frozen dataclasses of ``db.records``, copied out of the
@@ -163,8 +164,8 @@ class Database:
             compiled.string
             if compiled.positional and tuple(compiled.positiontup or ()) == SPAN_COLUMNS
             else None)
-        # psycopg 3 streams rows with COPY: ~2x its multi-row INSERT (40,000 spans: 2.4 s
-        # against 5.2 s on a loaded 2-core machine, tests/db/test_db_roundtrip.py's data).
+        # psycopg 3 streams rows with COPY: ~2x its multi-row INSERT (40,000 spans of
+        # tests/db/db_testdata.make_spans: 2.4 s against 5.2 s on a loaded 2-core machine).
         self._span_copy: str | None = (
             f"COPY {SpanRow.__tablename__} ({', '.join(SPAN_COLUMNS)}) FROM STDIN"
             if engine.dialect.driver == "psycopg" else None)
@@ -229,7 +230,8 @@ class Database:
                     connection.execute(select(func.pg_advisory_unlock(*key)))
                     connection.commit()
                 except (SQLAlchemyError, self._dbapi_error):
-                    # Never back to the pool holding the lock: closing the session releases it.
+                    # Never back to the pool holding the lock: the server drops it with the
+                    # connection.
                     connection.invalidate()
 
     def close(self) -> None:
