@@ -53,7 +53,7 @@ def _driver(url: str, writer: int, barrier, results) -> None:
             study = optuna.create_study(study_name=f"autotune:{name}", storage=storage,
                                         direction="maximize", load_if_exists=True)
             record = database.create_study(name, {"writer": writer})
-            barrier.wait(timeout=120)
+            barrier.wait(timeout=300)
             for _ in range(TRIALS):
                 trial = study.ask()
                 trial.suggest_int("micro_batch_size", 1, 8)
@@ -75,7 +75,7 @@ def test_two_drivers_write_two_studies_into_one_database_at_once(postgres):
                for writer in range(len(STUDIES))]
     for driver in drivers:
         driver.start()
-    outcomes = sorted(results.get(timeout=300) for _ in drivers)
+    outcomes = sorted(results.get(timeout=500) for _ in drivers)
     for driver in drivers:
         driver.join(timeout=60)
     assert outcomes == [(0, ""), (1, "")]
