@@ -227,7 +227,7 @@ class Search:
                         else None)
         self.study_calibration = None  # a StudyCalibration once run() starts
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = _optuna_storage(database.connect_url)
+        storage = _optuna_storage(database)
         names = {s.name for s in database.list_studies()}
         if resume and spec.study_name not in names:
             raise ConfigError(f"no study named '{spec.study_name}' to resume in "
@@ -337,9 +337,15 @@ def resolve_strategy(name: str, device_type: str, workload: WorkloadSpec) -> tup
     return name, ""
 
 
-def _optuna_storage(url: str):
-    """Optuna's RDB storage on the same database (its tables have no autotune_ prefix)."""
+def _optuna_storage(database):
+    """Optuna's RDB storage on the ``db.Database``'s database (its tables have no autotune_
+    prefix). Created under the database's setup lock: Optuna creates its tables
+    check-then-create, which fails for one of two drivers starting together on a new
+    PostgreSQL database."""
     import optuna
 
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}}
-                                      if url.startswith("sqlite") else {})
+    url = database.connect_url
+    kwargs = ({"connect_args": {"timeout": 30}} if url.startswith("sqlite")
+              else {"pool_pre_ping": True})
+    with database.setup_lock():
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

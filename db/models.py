@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     CheckConstraint,
     DateTime,
@@ -37,6 +36,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from .json_values import JSONDocument
 
 # 64-bit integers everywhere; SQLite's INTEGER is already 64-bit, and STRICT tables accept only
 # the type name INTEGER (not BIGINT).
@@ -81,7 +82,7 @@ class StudyRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
-    spec: Mapped[dict] = mapped_column(JSON)
+    spec: Mapped[dict] = mapped_column(JSONDocument)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
@@ -95,9 +96,9 @@ class TrialRow(Base):
         ForeignKey("autotune_studies.id", ondelete="CASCADE"))
     number: Mapped[Optional[int]] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(32))
-    config: Mapped[dict] = mapped_column(JSON)
-    metrics: Mapped[dict] = mapped_column(JSON)
-    env: Mapped[dict] = mapped_column(JSON)
+    config: Mapped[dict] = mapped_column(JSONDocument)
+    metrics: Mapped[dict] = mapped_column(JSONDocument)
+    env: Mapped[dict] = mapped_column(JSONDocument)
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     span_origin_ns: Mapped[Optional[int]] = mapped_column(BigInt)
@@ -185,6 +186,6 @@ class CalibrationRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     num_trials: Mapped[int] = mapped_column(Integer)
     """Complete trials the calibration was fitted on (0: the cluster's own figures)."""
-    cluster: Mapped[dict] = mapped_column(JSON)
-    calibration: Mapped[dict] = mapped_column(JSON)
-    residuals: Mapped[dict] = mapped_column(JSON)
+    cluster: Mapped[dict] = mapped_column(JSONDocument)
+    calibration: Mapped[dict] = mapped_column(JSONDocument)
+    residuals: Mapped[dict] = mapped_column(JSONDocument)

@@ -3,9 +3,20 @@ SQL database.
 
 Contract
 --------
-- **One writer.** The search driver is the only process that writes; workers send results to it.
-  Readers (dashboards, the CLI) may open the same database at the same time: SQLite runs in WAL
-  mode, so reads never wait for the writer and see only committed trials.
+- **One writer per study.** A study's search driver is the only process that writes it; workers
+  send results to it. Readers (dashboards, the CLI) may open the same database at the same time:
+  SQLite runs in WAL mode, so reads never wait for the writer and see only committed trials.
+- **Drivers side by side (PostgreSQL).** Several drivers may write their own studies into one
+  PostgreSQL database at once, from any machines. What they share is serialised by advisory
+  locks (``pg_advisory_xact_lock``), held only to the end of the transaction that needs them:
+  creating or migrating the schema (``LOCK_SCHEMA``; two drivers starting on a new database
+  would otherwise both create the tables, and one would fail), and interning new span names
+  (``LOCK_SPAN_NAMES``; two trials adding the same names in different orders would otherwise
+  wait on each other's unique-index entries until PostgreSQL aborts one; after taking the lock
+  a transaction reads the names again, and under READ COMMITTED, PostgreSQL's default, it sees
+  what the lock's previous holder committed). Another program's tables in the same database
+  (Optuna's) are created under :meth:`Database.setup_lock`. On SQLite every write transaction
+  takes the file's write lock up front, so writers are serialised anyway.
 - **Threads.** A ``Database`` may be shared by threads: every method opens its own session on the
   engine's connection pool and closes it before returning.
 - **Immutability.** Reads return the frozen dataclasses of ``db.records``, copied out of the
@@ -65,6 +76,14 @@ SPAN_CHUNK = 20_000
 """Spans per executemany call. Bounds the memory of one batch; the speed is the same from 2,000
 to all spans in one call (measured with bench/span_ingest.py's data)."""
 
+# PostgreSQL advisory lock keys, (namespace, key) as pg_advisory_lock(int, int) takes them: the
+# namespace keeps autotune's locks apart from any other program's in the same database.
+LOCK_NAMESPACE = 0x6175_746F  # 'auto'
+LOCK_SCHEMA = 1
+"""Creating or migrating the schema, ours (per transaction) or Optuna's (``setup_lock``)."""
+LOCK_SPAN_NAMES = 2
+"""Adding rows to ``autotune_span_names``."""
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 """Server databases: give up on an unreachable host after this long instead of the OS default."""
@@ -82,6 +101,9 @@ DRIVER_PACKAGES = {
     "aiosqlite": "aiosqlite",
 }
 
+_MISSING_PARENT = "it refers to a study or trial that does not exist"
+_DUPLICATE_KEY = ("a row with that key is already stored (study name, trial number in its study, "
+                  "or a rank's memory category or step)")
 # Driver messages (lower-cased substrings) and what the user should do about them.
 _HINTS = (
     ("file is not a database", "point the URL at an autotune database or at a new file"),
@@ -105,9 +127,11 @@ _HINTS = (
     ("does not exist", "create the database on the server first"),
     ("no such table", "the autotune tables are missing or damaged: use a new database"),
     ("no such column", "the autotune tables are damaged: use a new database"),
-    ("foreign key constraint failed", "it refers to a study or trial that does not exist"),
-    ("unique constraint failed", "a row with that key is already stored (study name, trial "
-                                 "number in its study, or a rank's memory category or step)"),
+    # SQLite's words, then PostgreSQL's.
+    ("foreign key constraint failed", _MISSING_PARENT),
+    ("violates foreign key constraint", _MISSING_PARENT),
+    ("unique constraint failed", _DUPLICATE_KEY),
+    ("violates unique constraint", _DUPLICATE_KEY),
 )
 
 
@@ -140,6 +164,11 @@ class Database:
             compiled.string
             if compiled.positional and tuple(compiled.positiontup or ()) == SPAN_COLUMNS
             else None)
+        # psycopg 3 streams rows with COPY: ~2x its multi-row INSERT (40,000 spans of
+        # tests/db/db_testdata.make_spans: 2.4 s against 5.2 s on a loaded 2-core machine).
+        self._span_copy: str | None = (
+            f"COPY {SpanRow.__tablename__} ({', '.join(SPAN_COLUMNS)}) FROM STDIN"
+            if engine.dialect.driver == "psycopg" else None)
 
     # ---- opening -----------------------------------------------------------------------------
     @classmethod
@@ -172,6 +201,38 @@ class Database:
         """The full URL, password included, for another client of the same database (Optuna's
         storage). Never print it; ``url_for_display`` is the printable form."""
         return self._engine.url.render_as_string(hide_password=False)
+
+    @contextmanager
+    def setup_lock(self) -> Iterator[None]:
+        """Holds autotune's schema lock across processes while the block runs (PostgreSQL; a
+        no-op elsewhere).
+
+        For another client creating its tables in this database: Optuna's ``RDBStorage`` checks
+        for its tables and then creates them, which fails for one of two drivers that start
+        together on a new PostgreSQL database. The lock is a session-level advisory lock on a
+        connection of its own, released when the block ends.
+        """
+        if self._engine.dialect.name != "postgresql":
+            yield
+            return
+        key = (LOCK_NAMESPACE, LOCK_SCHEMA)
+        with self._engine.connect() as connection:
+            try:
+                connection.execute(select(func.pg_advisory_lock(*key)))
+                connection.commit()
+            except (SQLAlchemyError, self._dbapi_error) as exc:
+                raise _translate(exc, "taking the schema lock", self.url_for_display,
+                                 self._password) from exc
+            try:
+                yield
+            finally:
+                try:
+                    connection.execute(select(func.pg_advisory_unlock(*key)))
+                    connection.commit()
+                except (SQLAlchemyError, self._dbapi_error):
+                    # Never back to the pool holding the lock: the server drops it with the
+                    # connection.
+                    connection.invalidate()
 
     def close(self) -> None:
         """Closes every pooled connection (SQLite then checkpoints and removes its WAL file)."""
@@ -285,11 +346,8 @@ class Database:
         if problem:
             raise StorageError(f"span 0 {problem}; nothing was stored")
         origin = first.start_ns
-        names: dict[tuple[str, str, str, str], int] = {
-            (kind, name, category, group): name_id
-            for name_id, kind, name, category, group in session.execute(select(
-                SpanNameRow.id, SpanNameRow.kind, SpanNameRow.name, SpanNameRow.category,
-                SpanNameRow.group_name))}
+        names = _span_names(session)
+        names_locked = False
         connection = session.connection()
         chunk: list[tuple[int, ...]] = []
         chunk_start = 0
@@ -308,6 +366,12 @@ class Database:
                                        "nothing was stored")
                 key = (span.kind, span.name, span.category, span.group)
                 name_id = names.get(key)
+                if name_id is None and not names_locked:
+                    # Another driver may be interning the same name right now (PostgreSQL).
+                    names_locked = True
+                    if _lock(connection, LOCK_SPAN_NAMES):
+                        names = _span_names(session)
+                        name_id = names.get(key)
                 if name_id is None:
                     name_id = names[key] = _intern_span_name(session, key, index)
                 chunk.append((trial_id, rank, start_ns - origin, index, step, name_id, dur_ns,
@@ -326,7 +390,15 @@ class Database:
     def _insert_span_chunk(self, connection: Connection, chunk: list[tuple[int, ...]],
                            chunk_start: int) -> None:
         try:
-            if self._span_sql is not None:
+            if self._span_copy is not None:
+                cursor = connection.connection.cursor()
+                try:
+                    with cursor.copy(self._span_copy) as copy:
+                        for row in chunk:
+                            copy.write_row(row)
+                finally:
+                    cursor.close()
+            elif self._span_sql is not None:
                 cursor = connection.connection.cursor()
                 try:
                     cursor.executemany(self._span_sql, chunk)
@@ -636,6 +708,7 @@ def _prepare_schema(engine: Engine, migrations: tuple[schema.Migration, ...], *,
         with engine.connect() as connection:
             if version is None:
                 with connection.execution_options(autotune_write=True).begin():
+                    _lock(connection, LOCK_SCHEMA)
                     version_now, _ = schema.read_version(connection)  # another process may
                     if version_now is None:                            # have just created it
                         schema.create_schema(connection, latest)
@@ -661,6 +734,7 @@ def _migrate(connection: Connection, migrations: tuple[schema.Migration, ...], l
         _pragma(connection, "PRAGMA foreign_keys = OFF")
     try:
         with connection.execution_options(autotune_write=True).begin():
+            _lock(connection, LOCK_SCHEMA)
             version, _ = schema.read_version(connection)
             if version is None or version > latest:
                 raise StorageError(f"the schema of {display} changed while opening it; retry")
@@ -675,6 +749,15 @@ def _migrate(connection: Connection, migrations: tuple[schema.Migration, ...], l
     finally:
         if sqlite:
             _pragma(connection, "PRAGMA foreign_keys = ON")
+
+
+def _lock(connection: Connection, key: int) -> bool:
+    """Takes autotune's advisory lock ``key`` until the transaction ends, waiting for another
+    holder; True on PostgreSQL, False (nothing done) elsewhere."""
+    if connection.dialect.name != "postgresql":
+        return False
+    connection.execute(select(func.pg_advisory_xact_lock(LOCK_NAMESPACE, key)))
+    return True
 
 
 def _pragma(connection: Connection, statement: str) -> None:
@@ -790,6 +873,14 @@ def _span_row_problem(row: tuple) -> str | None:
         if column in ("dur_ns", "bytes") and value < 0:
             return f"has {column}={value}; it must be >= 0"
     return None
+
+
+def _span_names(session: Session) -> dict[tuple[str, str, str, str], int]:
+    """Every interned (kind, name, category, group) and its id."""
+    return {(kind, name, category, group): name_id
+            for name_id, kind, name, category, group in session.execute(select(
+                SpanNameRow.id, SpanNameRow.kind, SpanNameRow.name, SpanNameRow.category,
+                SpanNameRow.group_name))}
 
 
 def _intern_span_name(session: Session, key: tuple[str, str, str, str], index: int) -> int:

@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from password_scan import files_holding, rows_holding
+from sqlalchemy.engine import make_url
 
 from autotune.config import TrialConfig
+from db import Database
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,12 +32,15 @@ def _one_line(proc, code: int, text: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_small_search_end_to_end_then_export(tmp_path):
+def test_small_search_end_to_end_then_export(tmp_path, db_url):
+    """Search, export and dashboard on SQLite (the default URL) and on PostgreSQL, whose URL
+    carries a password that no output, file or stored row may show."""
+    db = [] if db_url.startswith("sqlite") else ["--db", db_url]
     proc = autotune("search", "--trials", "3", "--patience", "3", "--top-k", "1",
                     "--remeasure", "1", "--timed-steps", "2", "--fix", "pp_degree=1",
-                    "--fix", "tp_degree=1", cwd=tmp_path)
+                    "--fix", "tp_degree=1", *db, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "autotune.db").exists()
+    assert (tmp_path / "autotune.db").exists() == (not db)
     assert "[3/3]" in proc.stderr  # progress: trial i of N
     assert "best:" in proc.stdout and "tok/s" in proc.stdout
     best = json.loads((tmp_path / "best_config.json").read_text())
@@ -43,9 +49,28 @@ def test_small_search_end_to_end_then_export(tmp_path):
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds["train_batch_size"] == config.workload.global_batch_size
     (tmp_path / "best_config.json").unlink()
-    proc = autotune("export", "--out", "again", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    exported = autotune("export", "--out", "again", *db, cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "again" / "best_config.json").read_text()) == best
+    dashboard = autotune("dashboard", "-o", "dashboard.html", *db, cwd=tmp_path)
+    assert dashboard.returncode == 0, dashboard.stderr
+    with Database.open(db_url, create=False) as database:
+        stored = database.list_trials(database.get_study("autotune").id)
+    assert f"({len(stored)} trials" in dashboard.stdout, dashboard.stdout
+    assert "<html" in (tmp_path / "dashboard.html").read_text()[:200].lower()
+
+    password = make_url(db_url).password
+    if password is None:
+        return
+    (tmp_path / "control.txt").write_text(db_url)  # the scan's control: it finds the password
+    assert files_holding(password, tmp_path) == [str(tmp_path / "control.txt")]
+    (tmp_path / "control.txt").unlink()
+    outputs = "".join(p.stdout + p.stderr for p in (proc, exported, dashboard))
+    assert "autotune:***@127.0.0.1" in proc.stderr  # the URL is shown, its password hidden
+    assert password not in outputs
+    assert files_holding(password, tmp_path) == []
+    assert "autotune:***@" in (tmp_path / "dashboard.html").read_text()
+    assert rows_holding(db_url, password) == []
 
 
 @pytest.mark.parametrize("args, code, message", [

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
-import sqlite3
 from datetime import datetime, timedelta, timezone
+
+import sqlalchemy as sa
 
 from db import RankMemoryRecord, SpanRecord, StepMetricRecord, TrialRecord
 
@@ -73,9 +74,13 @@ def timeline_order(spans: list[SpanRecord]) -> list[SpanRecord]:
     return sorted(spans, key=lambda s: (s.rank, s.start_ns))
 
 
-def count_rows(path, table: str) -> int:
-    connection = sqlite3.connect(path)
+def count_rows(url_or_path, table: str) -> int:
+    """Rows of ``table``, counted on a connection of its own (a SQLite file may be given by its
+    path)."""
+    url = url_or_path if isinstance(url_or_path, str) else f"sqlite:///{url_or_path}"
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
-        return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        with engine.connect() as connection:
+            return connection.scalar(sa.text(f"SELECT count(*) FROM {table}"))
     finally:
-        connection.close()
+        engine.dispose()

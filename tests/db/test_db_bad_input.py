@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
+import re
 from datetime import datetime
 
 import pytest
@@ -132,7 +134,7 @@ def _bad_span(index, **changes):
     return corrupt
 
 
-@pytest.mark.parametrize("corrupt, expected", [
+_FAILURES = [
     # Found in Python while converting (exact int checks), in the third chunk: two chunks of
     # 20,000 spans are already in the transaction when it fails.
     (_bad_span(2 * SPAN_CHUNK + 7, start_ns="1764000000000000000"),
@@ -151,18 +153,28 @@ def _bad_span(index, **changes):
     # negative duration in the second chunk, after the first was inserted.
     (_bad_span(3, bytes=2**64), "span 3 has bytes outside the 64-bit integer range"),
     (_bad_span(SPAN_CHUNK + 5, dur_ns=-1), f"span {SPAN_CHUNK + 5} has dur_ns=-1; it must be >= 0"),
-], ids=["str-start", "float-dur", "whole-float-start", "none-rank", "bad-kind", "not-a-span",
-        "huge-bytes", "negative-dur"])
-def test_failure_in_the_middle_of_add_trial_stores_nothing(tmp_path, corrupt, expected):
-    path = tmp_path / "a.db"
-    with Database.open(f"sqlite:///{path}") as database:
+]
+_FAILURE_IDS = ["str-start", "float-dur", "whole-float-start", "none-rank", "bad-kind",
+                "not-a-span", "huge-bytes", "negative-dur"]
+_FOUND_BY_THE_SERVER = "negative-dur"
+
+
+@pytest.mark.parametrize("corrupt, expected, db_url", [
+    pytest.param(corrupt, expected, backend, id=f"{name}-{backend}")
+    for (corrupt, expected), name in zip(_FAILURES, _FAILURE_IDS)
+    # On PostgreSQL the case its server refuses (a CHECK constraint, after a chunk went in):
+    # what Python refuses first is the same code on every backend (trimmed for time).
+    for backend in (("sqlite", "postgresql") if name == _FOUND_BY_THE_SERVER else ("sqlite",))
+], indirect=["db_url"])
+def test_failure_in_the_middle_of_add_trial_stores_nothing(db_url, corrupt, expected):
+    with Database.open(db_url) as database:
         study = database.create_study("s", {})
         spans = corrupt(make_spans(3 * SPAN_CHUNK, ranks=8))
         with pytest.raises(StorageError) as excinfo:
             database.add_trial(make_trial(study.id, 0, ranks=8), spans)
         assert str(excinfo.value) == expected + "; nothing was stored"
         for table in AUTOTUNE_TABLES:
-            assert count_rows(path, table) == 0, table
+            assert count_rows(db_url, table) == 0, table
         assert database.count_spans() == 0 and database.list_trials() == []
         # The database is fine afterwards: the same trial, without the bad span, goes in.
         good = make_spans(3 * SPAN_CHUNK, ranks=8)
@@ -170,30 +182,68 @@ def test_failure_in_the_middle_of_add_trial_stores_nothing(tmp_path, corrupt, ex
         assert database.count_spans(trial_id) == len(good)
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"status": "done"}, "trial status 'done' is not one of complete, infeasible_predicted"),
+# (change, expected message, backends): checks made in Python run on SQLite alone, those the
+# database answers on both.
+_BAD_TRIALS = [
+    ({"status": "done"}, "trial status 'done' is not one of complete, infeasible_predicted",
+     ("sqlite",)),
     ({"config": {"layers": {1, 2}}}, "trial config is not JSON-serialisable (Object of type set "
-                                     "is not JSON serializable); convert it to dicts"),
-    ({"created_at": datetime(2025, 1, 1)}, "trial created_at must be a timezone-aware datetime"),
-    ({"id": 5}, "add_trial stores a new trial (id None), got id 5; use update_trial"),
-    ({"study_id": 42}, "no study with id 42 in sqlite:///"),
+                                     "is not JSON serializable); convert it to dicts", ("sqlite",)),
+    ({"created_at": datetime(2025, 1, 1)}, "trial created_at must be a timezone-aware datetime",
+     ("sqlite",)),
+    ({"id": 5}, "add_trial stores a new trial (id None), got id 5; use update_trial",
+     ("sqlite",)),
+    ({"study_id": 42}, "no study with id 42 in {url}", ("sqlite", "postgresql")),
     ({"memory": (RankMemoryRecord(0, "peak", 1, 2), RankMemoryRecord(0, "peak", 3, 4))},
-     "storing a trial failed on sqlite:///"),
-])
-def test_bad_trials_store_nothing(tmp_path, change, expected):
-    path = tmp_path / "a.db"
-    with Database.open(f"sqlite:///{path}") as database:
+     "storing a trial failed on {url}", ("sqlite", "postgresql")),
+]
+
+
+@pytest.mark.parametrize("change, expected, db_url", [
+    pytest.param(change, expected, backend, id=f"{'-'.join(change)}-{backend}")
+    for change, expected, backends in _BAD_TRIALS for backend in backends
+], indirect=["db_url"])
+def test_bad_trials_store_nothing(db_url, change, expected):
+    with Database.open(db_url) as database:
         with pytest.raises(StorageError) as excinfo:
             database.add_trial(dataclasses.replace(make_trial(), **change), make_spans(100))
-        assert str(excinfo.value).startswith(expected) and "\n" not in str(excinfo.value)
+        message = str(excinfo.value)
+        assert message.startswith(expected.format(url=database.url_for_display))
+        assert "\n" not in message
     for table in AUTOTUNE_TABLES:
-        assert count_rows(path, table) == 0, table
+        assert count_rows(db_url, table) == 0, table
 
 
-def test_duplicate_memory_category_names_the_constraint(tmp_path):
-    with Database.open(f"sqlite:///{tmp_path / 'a.db'}") as database:
+def test_duplicate_memory_category_names_the_constraint(db_url):
+    with Database.open(db_url) as database:
         trial = dataclasses.replace(make_trial(), memory=(RankMemoryRecord(0, "peak", 1, 2),
                                                           RankMemoryRecord(0, "peak", 3, 4)))
-        with pytest.raises(StorageError, match="UNIQUE constraint failed: "
-                                               "autotune_rank_memory.trial_id"):
+        with pytest.raises(StorageError) as excinfo:
             database.add_trial(trial)
+    # Each backend's words for the same constraint, then the same hint.
+    assert re.search(r"UNIQUE constraint failed: autotune_rank_memory\.trial_id|"
+                     r'violates unique constraint "uq_autotune_rank_memory"', str(excinfo.value))
+    assert str(excinfo.value).endswith("; a row with that key is already stored (study name, "
+                                       "trial number in its study, or a rank's memory category "
+                                       "or step)")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_a_wrong_password_on_a_real_server_is_named_never_shown(postgres, capsys, caplog,
+                                                                 debug):
+    """The server refuses the password: one line that says so (or the --debug traceback), and
+    neither the wrong password nor the right one anywhere in the output or the log."""
+    from autotune.cli import main
+
+    wrong = "wr0ng-" + postgres.password[::-1]
+    url = postgres.url("postgres").replace(postgres.password, wrong)
+    caplog.set_level(logging.DEBUG)
+    code = main((["--debug"] if debug else []) + ["export", "--db", url])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert ('password authentication failed for user "autotune"; check the user name and '
+            "password") in err
+    assert "postgresql+psycopg://autotune:***@127.0.0.1:" in err
+    assert ("Traceback" in err) is debug
+    for secret in (wrong, postgres.password):
+        assert secret not in out + err + caplog.text

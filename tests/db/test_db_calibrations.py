@@ -1,17 +1,18 @@
 """A study's calibrations: stored and read back whole, newest wins, and a database of the schema
-before them (version 1) gains their table on opening, its data intact."""
+before them (version 1) gains their table on opening, its data intact; on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
-from db_testdata import make_spans, make_trial, timeline_order
+from db_testdata import count_rows, make_spans, make_trial, timeline_order
 
 from db import CalibrationRecord, Database, StorageError
+from db.models import CalibrationRow
 from db.schema import VERSION_TABLE
 
 CLUSTER = {"name": "cpu-local", "num_nodes": 1, "devices_per_node": 2,
@@ -23,8 +24,8 @@ RESIDUALS = {"trials": [{"number": 0, "measured_s": 0.05, "predicted_s": 0.051}]
 
 
 @pytest.fixture
-def database(tmp_path):
-    with Database.open(f"sqlite:///{tmp_path / 'cal.db'}") as db:
+def database(db_url):
+    with Database.open(db_url) as db:
         yield db
 
 
@@ -51,7 +52,7 @@ def test_round_trip_and_the_newest_is_the_latest(database):
         second.num_trials = 4  # type: ignore[misc]
 
 
-def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database, tmp_path):
+def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database):
     study = database.create_study("s", {})
     with pytest.raises(StorageError, match="no study with id 999 .*create the study first"):
         database.add_calibration(999, num_trials=0, cluster={}, calibration={})
@@ -62,27 +63,24 @@ def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database, tm
                                  calibration={"x": object()})
     assert database.latest_calibration(study.id) is None  # nothing half-stored
     database.add_calibration(study.id, num_trials=0, cluster=CLUSTER, calibration={})
-    connection = sqlite3.connect(tmp_path / "cal.db")
-    try:
-        connection.execute("PRAGMA foreign_keys = ON")
-        connection.execute("DELETE FROM autotune_studies WHERE id = ?", (study.id,))
-        connection.commit()
-        assert connection.execute("SELECT count(*) FROM autotune_calibrations").fetchone() == (0,)
-    finally:
-        connection.close()
+    # On the database's own connections (SQLite enforces foreign keys only when told to).
+    with database._engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM autotune_studies WHERE id = :id"),
+                           {"id": study.id})
+    assert count_rows(database.connect_url, "autotune_calibrations") == 0
 
 
-def _make_version_1(path) -> None:
+def _make_version_1(url: str) -> None:
     """A database as version 1 wrote it: version 2 only added the calibration table, so the
     version-1 layout is today's without it."""
-    connection = sqlite3.connect(path)
+    engine = sa.create_engine(url)
     try:
-        connection.execute("DROP INDEX ix_autotune_calibrations_study")
-        connection.execute("DROP TABLE autotune_calibrations")
-        connection.execute(f"UPDATE {VERSION_TABLE} SET version = 1")
-        connection.commit()
+        with engine.begin() as connection:
+            connection.execute(sa.text("DROP INDEX ix_autotune_calibrations_study"))
+            connection.execute(sa.text("DROP TABLE autotune_calibrations"))
+            connection.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version = 1"))
     finally:
-        connection.close()
+        engine.dispose()
 
 
 def _layout(url: str, table: str) -> tuple:
@@ -101,16 +99,17 @@ def _layout(url: str, table: str) -> tuple:
         engine.dispose()
 
 
-def test_a_version_1_database_gains_the_calibration_table(tmp_path):
-    path = tmp_path / "v1.db"
-    url = f"sqlite:///{path}"
+def test_a_version_1_database_gains_the_calibration_table(db_url):
+    url = db_url
     spans = make_spans(300)
     with Database.open(url) as database:
         study = database.create_study("s", {"world_size": 2})
         trial_id = database.add_trial(make_trial(study.id, 0), spans)
         before = database.get_trial(trial_id)
-    _make_version_1(path)
-    assert "autotune_calibrations" not in sa.inspect(sa.create_engine(url)).get_table_names()
+    _make_version_1(url)
+    engine = sa.create_engine(url)
+    assert "autotune_calibrations" not in sa.inspect(engine).get_table_names()
+    engine.dispose()
 
     with Database.open(url) as migrated:
         assert migrated.schema_version == 2
@@ -120,14 +119,18 @@ def test_a_version_1_database_gains_the_calibration_table(tmp_path):
         stored = migrated.add_calibration(study.id, num_trials=1, cluster=CLUSTER,
                                           calibration=CALIBRATION, residuals=RESIDUALS)
         assert migrated.latest_calibration(study.id) == stored
-    # The migrated table is the one a new database gets.
-    fresh = tmp_path / "fresh.db"
-    Database.open(f"sqlite:///{fresh}").close()
-    assert _layout(url, "autotune_calibrations") == _layout(f"sqlite:///{fresh}",
-                                                             "autotune_calibrations")
-    connection = sqlite3.connect(path)
+    engine = sa.create_engine(url)
     try:
-        assert connection.execute(f"SELECT version FROM {VERSION_TABLE}").fetchone() == (2,)
-        assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
+        with engine.connect() as connection:
+            assert connection.scalar(sa.text(f"SELECT version FROM {VERSION_TABLE}")) == 2
+            if url.startswith("sqlite"):
+                assert connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
+        # The migrated table is the one a new database gets: the models' table, made in its
+        # place on the same backend.
+        migrated = _layout(url, "autotune_calibrations")
+        with engine.begin() as connection:
+            CalibrationRow.__table__.drop(connection)
+            CalibrationRow.__table__.create(connection)
+        assert _layout(url, "autotune_calibrations") == migrated
     finally:
-        connection.close()
+        engine.dispose()

@@ -1,12 +1,16 @@
-"""Round trips through real SQLite files: what is stored is what is read back, as frozen records."""
+"""Round trips through real SQLite files and a real PostgreSQL server: what is stored is what is
+read back, as frozen records. Tests on ``database`` run on both backends."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import sqlite3
 from datetime import timezone
 
 import pytest
+import sqlalchemy as sa
 from db_testdata import count_rows, make_spans, make_trial, timeline_order
 
 from db import (
@@ -23,12 +27,19 @@ from db.storage import SPAN_CHUNK
 
 
 @pytest.fixture
+def database(db_url):
+    database = Database.open(db_url)
+    yield database
+    database.close()
+
+
+@pytest.fixture
 def db_path(tmp_path):
     return tmp_path / "autotune.db"
 
 
 @pytest.fixture
-def database(db_path):
+def sqlite_database(db_path):
     database = Database.open(f"sqlite:///{db_path}")
     yield database
     database.close()
@@ -136,8 +147,9 @@ def test_spans_from_a_generator_across_chunks(database):
     assert database.count_spans() == len(spans)
 
 
-def test_core_insert_path_stores_the_same_spans(database):
-    """Drivers with named parameters (psycopg's pyformat) take Core's insert(); same result."""
+def test_core_insert_path_stores_the_same_spans(sqlite_database):
+    """Drivers with named parameters (psycopg2's pyformat) take Core's insert(); same result."""
+    database = sqlite_database
     spans = make_spans(SPAN_CHUNK + 50, ranks=4, seed=2)
     fast_id = database.add_trial(make_trial(ranks=4), spans)
     database._span_sql = None  # what Database.__init__ sets for a non-positional paramstyle
@@ -145,26 +157,30 @@ def test_core_insert_path_stores_the_same_spans(database):
     assert database.trial_spans(core_id) == database.trial_spans(fast_id) == timeline_order(spans)
 
 
-def test_span_strings_are_interned_once(database, db_path):
+def test_span_strings_are_interned_once(database, db_url):
     spans = make_spans(2_000)
     database.add_trial(make_trial(), spans)
     database.add_trial(make_trial(), spans)
     distinct = {(s.kind, s.name, s.category, s.group) for s in spans}
-    assert count_rows(db_path, "autotune_span_names") == len(distinct)
-    assert count_rows(db_path, "autotune_spans") == 2 * len(spans)
+    assert count_rows(db_url, "autotune_span_names") == len(distinct)
+    assert count_rows(db_url, "autotune_spans") == 2 * len(spans)
 
 
-def test_reopen_and_concurrent_reader_see_committed_data(db_path, database):
+def test_reopen_and_concurrent_reader_see_committed_data(db_url, database):
     trial_id = database.add_trial(make_trial(), make_spans(100))
-    reader = Database.open(f"sqlite:///{db_path}", create=False)
+    reader = Database.open(db_url, create=False)
     try:
         assert reader.get_trial(trial_id) == database.get_trial(trial_id)
         assert reader.schema_version == database.schema_version == 2
     finally:
         reader.close()
     database.close()
-    with Database.open(f"sqlite:///{db_path}") as reopened:
+    with Database.open(db_url) as reopened:
         assert reopened.trial_spans(trial_id) == timeline_order(make_spans(100))
+
+
+def test_sqlite_file_is_wal_and_spans_are_strict_without_rowid(db_path, sqlite_database):
+    sqlite_database.add_trial(make_trial(), make_spans(10))
     connection = sqlite3.connect(db_path)
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -175,14 +191,56 @@ def test_reopen_and_concurrent_reader_see_committed_data(db_path, database):
         connection.close()
 
 
-def test_foreign_keys_are_enforced(database, db_path):
+def test_foreign_keys_are_enforced(database):
+    """On the database's own connections (SQLite enforces foreign keys only when told to)."""
     trial_id = database.add_trial(make_trial(), make_spans(10))
-    connection = database._engine.raw_connection()
-    try:
-        cursor = connection.cursor()
-        assert cursor.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-            cursor.execute("INSERT INTO autotune_rank_memory (trial_id, rank, category) "
-                           "VALUES (?, 0, 'peak')", (trial_id + 1,))
-    finally:
-        connection.close()
+    with database._engine.connect() as connection:
+        with pytest.raises(sa.exc.IntegrityError, match="(?i)foreign key"):
+            connection.execute(sa.text("INSERT INTO autotune_rank_memory (trial_id, rank, "
+                                       "category) VALUES (:trial, 0, 'peak')"),
+                               {"trial": trial_id + 1})
+    assert count_rows(database.connect_url, "autotune_rank_memory") == len(make_trial().memory)
+
+
+def _strict_json(text: str):
+    """Parses ``text`` as RFC 8259 JSON: the bare NaN/Infinity tokens are refused."""
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_floats_round_trip_as_strict_json(database, db_url):
+    """PostgreSQL's json type refuses NaN and Infinity: they are stored as tagged objects, on
+    both backends, and read back as the same floats; a string "NaN" stays a string."""
+    metrics = {"loss": math.nan, "mfu": math.inf, "spread": [-math.inf, 1.5, None, "NaN"],
+               "nested": {"ratio": math.nan, "ok": 0.25}}
+    study = database.create_study("s", {"memory_limit_gib": math.inf})
+    trial_id = database.add_trial(dataclasses.replace(make_trial(study.id, 0), metrics=metrics))
+    other_id = database.add_trial(make_trial(study.id, 1))
+    database.update_trial(other_id, status="failed", metrics={"loss": -math.inf})
+    database.add_calibration(study.id, num_trials=1, cluster={}, calibration={"x": math.nan},
+                             residuals={"mape": math.inf})
+
+    # json.dumps writes NaN and infinities as tokens on both sides: equal text, equal floats.
+    assert json.dumps(database.get_trial(trial_id).metrics) == json.dumps(metrics)
+    assert math.isinf(database.get_study("s").spec["memory_limit_gib"])
+    assert database.get_trial(other_id).metrics == {"loss": -math.inf}
+    calibration = database.latest_calibration(study.id)
+    assert math.isnan(calibration.calibration["x"]) and calibration.residuals == {"mape": math.inf}
+    assert json.dumps(database.list_trials(study.id)[0].metrics) == json.dumps(metrics)
+
+    # What the database holds is strict JSON, read by the server itself.
+    with database._engine.connect() as connection:
+        stored = connection.scalar(sa.text("SELECT CAST(metrics AS TEXT) FROM autotune_trials "
+                                           "WHERE id = :id"), {"id": trial_id})
+    assert _strict_json(stored)["loss"] == {"$float": "NaN"}
+    assert _strict_json(stored)["spread"][:1] == [{"$float": "-Infinity"}]
+
+
+def test_bare_nan_tokens_written_before_the_encoding_still_read(db_path, sqlite_database):
+    trial_id = sqlite_database.add_trial(make_trial())
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("UPDATE autotune_trials SET metrics = ? WHERE id = ?",
+                           ('{"loss": NaN, "mfu": -Infinity}', trial_id))
+    metrics = sqlite_database.get_trial(trial_id).metrics
+    assert math.isnan(metrics["loss"]) and metrics["mfu"] == -math.inf
