@@ -3,7 +3,7 @@
 | stage | mechanism                                   | sharded over dp          |
 |-------|---------------------------------------------|--------------------------|
 | 0     | DDP (``bucket_cap_mb``)                     | nothing                  |
-| 1     | DDP + ``ZeroRedundancyOptimizer``           | optimizer state          |
+| 1     | DDP + ``ZeroRedundancyOptimizer`` (TP, replicate: ``DistributedOptimizer``) | optimizer state |
 | 2     | FSDP2 ``fully_shard(reshard_after_forward=False)`` | + gradients (params gathered once per step) |
 | 3     | FSDP2 ``fully_shard(reshard_after_forward=True)``  | + parameters (gathered per use) |
 
@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.config import TrialConfig
+from autotune.parallel.distributed_optimizer import DistributedOptimizer
 
 LEARNING_RATE = 1e-3
 """Adam's learning rate in trials: large enough that losses move within a few steps."""
@@ -83,7 +84,7 @@ class DataParallelParts:
     """Model parts after ZeRO wrapping, their optimizer and how to synchronise gradients."""
 
     parts: list[nn.Module]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
     grad_sync: Callable[[], None] | None = None
     """Called after the last micro-batch's backward (non-overlapped stages 0/1), else None."""
 
@@ -144,8 +145,12 @@ def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
             replicate(part, mesh=dp_mesh)
     # Parameters are collected only now: replicate swaps them for new objects.
     params = [p for m in parts for p in m.parameters()]
-    if config.zero_stage == 1:
-        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
+    if config.zero_stage == 1 and any(isinstance(p, DTensor) for p in params):
+        # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them.
+        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb, _adam)
+    elif config.zero_stage == 1:
+        optimizer = ZeroRedundancyOptimizer(
             params, optimizer_class=torch.optim.AdamW, process_group=dp_group,
             lr=LEARNING_RATE, weight_decay=0.0)
     else:
