@@ -65,6 +65,10 @@ def test_grid_covers_every_layout():
     assert layouts == {(2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1),
                        (4, 1, 2), (4, 2, 2), (4, 1, 4)}
     assert {c.zero_stage for c in ALL if c.dp_degree > 1} == {0, 1, 2, 3}
+    # ZeRO-1 of DTensor parameters: with TP, and under a pipeline with overlap on.
+    assert any(c.zero_stage == 1 and c.tp_degree == 2 and c.dp_degree == 2 for c in ALL)
+    assert any(c.zero_stage == 1 and c.pp_degree == 2 and c.dp_degree == 2 and c.overlap_enabled
+               for c in ALL)
     assert {c.grad_accum_steps for c in ALL} >= {1, 2, 4, 8}
     assert {c.pp_schedule for c in ALL if c.pp_degree > 1} == {"gpipe", "1f1b",
                                                                "interleaved_1f1b"}

@@ -32,6 +32,7 @@ import math
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.memory import estimate_all_stages
 from autotune.models.workload import build_workload
 from reference import reference_losses
 
@@ -158,6 +159,10 @@ def test_stage1_shards_optimizer_state_of_dtensor_parameters(zero1_dtensor, layo
         assert share <= 2 * local / n + 2 * 4 * (n - 1) * buckets + STEP_BYTES * (tensors + buckets)
         key = (r.pp_rank, r.tp_rank)
         moments_by_replica[key] = moments_by_replica.get(key, 0) + share
+    # The memory model reproduces the partition: its worst rank of each stage is the measured one.
+    for e in estimate_all_stages(config):
+        assert e.optimizer_state == max(r.memory.optimizer_state for r in result.ranks
+                                        if r.pp_rank == e.stage)
     for (pp_rank, _), total in moments_by_replica.items():
         numel, tensors = _expected_local(config, pp_rank)
         # every moment held exactly once over the dp group
