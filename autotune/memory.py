@@ -21,9 +21,9 @@ implementation* wherever it stores something differently from the paper's settin
   ZeRO-1 (``ZeroRedundancyOptimizer``) shards only the optimizer state, assigning whole tensors
   greedily, largest first, to the least-loaded rank (reproduced exactly, so the worst rank's share
   is exact); for DTensor parameters (tp > 1, or a pipeline with overlap) ZeRO-1 is Megatron's
-  distributed optimizer, which splits each bucket of the TP-local parameters into N equal shares
-  (reproduced exactly too); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at rest, each tensor on dim 0
-  padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
+  distributed optimizer, which splits each bucket of the TP-local parameters into N equal
+  shares (reproduced exactly too); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at
+  rest, each tensor on dim 0 padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
   Megatron-sharded Linear weights by tp (``builtin_tp_plan``); embeddings, norms and the output
   head are replicated. A pipeline rank holds its stages' layers (``split_for_pipeline``), the
   first stage the embeddings, the last the final norm and head.

@@ -13,9 +13,9 @@ share may exceed 1/N of the total by at most the state of the largest tensor.
 
 ZeRO-1 where the parameters are DTensors (Megatron's distributed optimizer,
 ``parallel/distributed_optimizer.py``) runs at world 4 as tp 2 × dp 2 and as pp 2 × dp 2 with
-overlap on (FSDP2's replicate). Its expected figures are the rank's own parameters (a TP rank holds
-1/tp of every block matrix — Megatron's column/row split — and all of the rest; a pipeline rank its
-stage's layers with the embeddings or the final norm and head); each rank owns 1/N of every
+overlap on (FSDP2's replicate). Its expected figures are the rank's own parameters (a TP rank
+holds 1/tp of every block matrix — Megatron's column/row split — and all of the rest; a pipeline
+rank its stage's layers with the embeddings or the final norm and head); each rank owns 1/N of every
 bucket (bucket_mb 0.1 MB: several buckets), padded to a multiple of N, so its share of the moments
 may exceed 1/N by the padding (N − 1 elements per bucket), and a tensor cut between two ranks has
 a step counter on each. The same two trials record their collectives (two profiled steps), and

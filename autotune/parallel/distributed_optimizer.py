@@ -31,7 +31,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (TP's slice, or replicate's whole tensor); a plain tensor."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -58,7 +59,7 @@ class Bucket:
 
     @property
     def numel(self) -> int:
-        return sum(_local(p).numel() for p in self.params)
+        return sum(local_tensor(p).numel() for p in self.params)
 
 
 @torch.no_grad()
@@ -70,20 +71,20 @@ def partition(params: list[nn.Parameter], world: int, rank: int,
     size = 0
     limit = bucket_mb * 2**20
     for p in params:
-        local = _local(p)
-        if not groups or size >= limit or _kind(_local(groups[-1][-1])) != _kind(local):
+        local = local_tensor(p)
+        if not groups or size >= limit or _kind(local_tensor(groups[-1][-1])) != _kind(local):
             groups.append([])
             size = 0
         groups[-1].append(p)
         size += local.numel() * local.element_size()
     buckets = []
     for group in groups:
-        total = sum(_local(p).numel() for p in group)
+        total = sum(local_tensor(p).numel() for p in group)
         shard = -(-total // world)
         lo, hi = rank * shard, (rank + 1) * shard
         owned, start = [], 0
         for p in group:
-            local = _local(p).detach()
+            local = local_tensor(p).detach()
             if not local.is_contiguous():
                 raise RuntimeError("the distributed optimizer needs contiguous local parameters")
             n = local.numel()
@@ -113,7 +114,7 @@ class DistributedOptimizer:
         self.buckets = partition(self.params, self.world, dist.get_rank(group), bucket_mb)
         self.owned = [s for b in self.buckets for s in b.owned]
         # A rank may own no slice (more ranks than elements); the optimizer still needs a tensor.
-        first = _local(self.params[0])
+        first = local_tensor(self.params[0])
         self.optim = make_optimizer([s.tensor for s in self.owned]
                                     or [first.new_zeros(0)])
 
@@ -125,7 +126,7 @@ class DistributedOptimizer:
     def step(self) -> None:
         for s in self.owned:
             g = s.param.grad
-            s.tensor.grad = None if g is None else _local(g).reshape(-1)[s.start:s.stop]
+            s.tensor.grad = None if g is None else local_tensor(g).reshape(-1)[s.start:s.stop]
         self.optim.step()
         self._publish()
         for bucket in self.buckets:
@@ -136,7 +137,7 @@ class DistributedOptimizer:
 
     def gather(self, bucket: Bucket) -> None:
         """All-gather one bucket: every rank's share, in rank order, is the flat bucket."""
-        first = _local(bucket.params[0])
+        first = local_tensor(bucket.params[0])
         share = torch.zeros(bucket.shard_numel, dtype=first.dtype, device=first.device)
         for s in bucket.owned:
             share[s.offset: s.offset + s.stop - s.start] = s.tensor
@@ -145,7 +146,7 @@ class DistributedOptimizer:
         dist.all_gather_into_tensor(flat, share, group=self.group)
         offset = 0
         for p in bucket.params:
-            local = _local(p).detach()
+            local = local_tensor(p).detach()
             local.view(-1).copy_(flat[offset: offset + local.numel()])
             offset += local.numel()
 
