@@ -198,3 +198,33 @@ def test_stage1_with_dtensor_parameters_moves_the_local_parameters(zero1_dtensor
 @functools.cache
 def _reference(num_steps: int) -> list[float]:
     return reference_losses(CONFIG, num_steps)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_distributed_optimizer_shares_tile_every_parameter_once(n):
+    """Without a process group: over n ranks (3 pads every bucket) the owned slices cover every
+    element of every parameter exactly once, each bucket's shares are equal and padded by less
+    than n, and the memory model's worst rank is the partition's."""
+    from autotune.memory import _flat_partition
+    from autotune.parallel.distributed_optimizer import partition
+
+    params = list(build_workload(CONFIG.workload).model.parameters())
+    bucket_mb = 0.1
+    covered = {id(p): [] for p in params}
+    per_rank = []
+    for rank in range(n):
+        buckets = partition(params, n, rank, bucket_mb)
+        for b in buckets:
+            assert b.numel <= n * b.shard_numel < b.numel + n
+        owned = [s for b in buckets for s in b.owned]
+        for s in owned:
+            covered[id(s.param)].append((s.start, s.stop))
+            assert s.tensor.data_ptr() == s.param.data_ptr() + 4 * s.start  # a view, not a copy
+        per_rank.append((sum(s.stop - s.start for s in owned), len(owned)))
+    for p in params:
+        spans = sorted(covered[id(p)])
+        assert spans[0][0] == 0 and spans[-1][1] == p.numel()
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    worst = max(per_rank, key=lambda r: 8 * r[0] + 4 * r[1])
+    sizes = tuple(p.numel() for p in params)
+    assert _flat_partition(sizes, n, bucket_mb * 2**20 / 4, 4)[:2] == worst
