@@ -196,19 +196,6 @@ class TrialConfig:
             )
         if self.pp_degree > 1:
             self._validate_pipeline(num_layers)
-        if self.zero_stage == 1 and self.tp_degree > 1 and self.dp_degree > 1:
-            raise ConfigError(
-                "zero_stage 1 with tp_degree > 1 is not supported: ZeroRedundancyOptimizer "
-                "cannot shard tensor-parallel (DTensor) parameters; use zero_stage 0, 2 or 3"
-            )
-        if (self.zero_stage == 1 and self.pp_degree > 1 and self.dp_degree > 1
-                and self.overlap_enabled):
-            raise ConfigError(
-                "zero_stage 1 with pp_degree > 1 needs overlap_enabled false: DDP's hooks "
-                "cannot follow pipeline schedules, and ZeroRedundancyOptimizer cannot shard the "
-                "DTensor parameters of FSDP2's replicate; set overlap_enabled false or use "
-                "zero_stage 0, 2 or 3"
-            )
         if self.optimizer_offload_enabled:
             if self.device == "cpu":
                 raise ConfigError(

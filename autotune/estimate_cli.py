@@ -349,8 +349,7 @@ def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: st
                           "architecture flags, or drop --params")
     if not (args.params >= 1 and math.isfinite(args.params)):
         raise ConfigError(f"--params must be a positive parameter count, not {args.params:g}")
-    checked = dataclasses.replace(config, zero_stage=0) if config.zero_stage == 1 else config
-    checked = dataclasses.replace(checked, workload=dataclasses.replace(
+    checked = dataclasses.replace(config, workload=dataclasses.replace(
         config.workload, workload=EXPLICIT_WORKLOAD))
     checked.validate()
     parameters, gradients, optimizer_state = model_state_bytes(

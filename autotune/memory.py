@@ -20,8 +20,10 @@ implementation* wherever it stores something differently from the paper's settin
   (4 + 4 + 8)Φ = 16Φ in float32, 8Φ in bfloat16. What is sharded follows ``parallel/zero.py``:
   ZeRO-1 (``ZeroRedundancyOptimizer``) shards only the optimizer state, assigning whole tensors
   greedily, largest first, to the least-loaded rank (reproduced exactly, so the worst rank's share
-  is exact); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at rest, each tensor on dim 0
-  padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
+  is exact); for DTensor parameters (tp > 1, or a pipeline with overlap) ZeRO-1 is Megatron's
+  distributed optimizer, which splits each bucket of the TP-local parameters into N equal
+  shares (reproduced exactly too); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at
+  rest, each tensor on dim 0 padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
   Megatron-sharded Linear weights by tp (``builtin_tp_plan``); embeddings, norms and the output
   head are replicated. A pipeline rank holds its stages' layers (``split_for_pipeline``), the
   first stage the embeddings, the last the final norm and head.
@@ -33,7 +35,8 @@ implementation* wherever it stores something differently from the paper's settin
   outside it (``gradient_as_bucket_view`` makes the bucket the gradients otherwise), FSDP2's
   unsharded parameters (ZeRO-2: every unit from forward through backward; ZeRO-3: two units at
   a time) with their all-gather staging buffers, its unsharded gradients while accumulating,
-  and the flat bucket of the non-overlapped all-reduce.
+  the flat bucket of the non-overlapped all-reduce, and the distributed optimizer's all-gather
+  of one bucket (its share and the gathered bucket).
 - **Other**: torch pipelining's receive buffers (one per micro-batch, allocated once), and with
   ``device_type="cpu"`` an allowance for the CPU measurement's blind spot (see below).
 
@@ -55,8 +58,10 @@ temporaries) come from reading torch's code.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -206,11 +211,13 @@ class _States:
     largest_tensor_numel: int
     optimizer_numel: int
     """Parameters whose AdamW state this rank holds (its ZeRO-1 share, or its FSDP shard)."""
+    gather_numel: int = 0
+    """The distributed optimizer's largest bucket, padded (its all-gather output)."""
 
 
 @lru_cache(maxsize=65536)
 def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp: int,
-            zero: int, pbytes: int, bucket_mb: float) -> _States:
+            zero: int, pbytes: int, bucket_mb: float, flat_zero1: bool = False) -> _States:
     layer = _layer_tensors(shape, tp)
     roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
@@ -232,6 +239,20 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
         return _States(numel * pbytes, numel * pbytes,
                        2 * numel * pbytes + ADAM_STEP_BYTES * num_tensors,
                        numel, root_numel, tuple(units), biggest, numel)
+    if zero == 1 and flat_zero1:
+        # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
+        # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
+        sizes = []
+        for p, r in zip(parts, roots):
+            head = 2 if p.first and shape.family == "gpt" else int(p.first)  # the embeddings
+            sizes += [a * b for a, b in r.shapes[:head]]
+            sizes += [a * b for a, b in layer.shapes] * p.num_layers
+            sizes += [a * b for a, b in r.shapes[head:]]
+        worst_numel, worst_count, gather = _flat_partition(tuple(sizes), dp,
+                                                           bucket_mb * MIB / pbytes, pbytes)
+        return _States(numel * pbytes, numel * pbytes,
+                       2 * worst_numel * pbytes + ADAM_STEP_BYTES * worst_count,
+                       numel, root_numel, tuple(units), biggest, worst_numel, gather)
     if zero == 1:
         # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
         # (``_partition_parameters``); the worst rank's moments and step counters.
@@ -259,6 +280,41 @@ def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
         heapq.heappush(heap, (elements + size, rank, count + 1))
     elements, _, count = max(heap)
     return elements, count
+
+
+def _uses_distributed_optimizer(config: TrialConfig) -> bool:
+    """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
+    which carries data parallelism under a pipeline with overlap on."""
+    return (config.zero_stage == 1 and config.dp_degree > 1
+            and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled)))
+
+
+@lru_cache(maxsize=4096)
+def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
+                    pbytes: int) -> tuple[int, int, int]:
+    """(elements, tensors) of the rank of n with the most optimizer-state bytes, and the largest
+    padded bucket, under the
+    distributed optimizer's partition of tensors of ``sizes`` (in order): buckets closed once
+    they reach ``bucket_numel``, each padded to a multiple of n and split into n equal shares.
+    A tensor cut between two ranks has a share, and a step counter, on both."""
+    elements, tensors = [0] * n, [0] * n
+    start = largest = 0
+    while start < len(sizes):
+        stop, total = start, 0
+        while stop < len(sizes) and (stop == start or total < bucket_numel):
+            total += sizes[stop]
+            stop += 1
+        share = -(-total // n)
+        largest = max(largest, share * n)
+        ends = list(itertools.accumulate(sizes[start:stop]))
+        for r in range(n):
+            lo, hi = r * share, min((r + 1) * share, total)
+            if lo < hi:
+                elements[r] += hi - lo
+                tensors[r] += bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo) + 1
+        start = stop
+    worst = max(range(n), key=lambda r: 2 * pbytes * elements[r] + ADAM_STEP_BYTES * tensors[r])
+    return elements[worst], tensors[worst], largest
 
 
 def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
@@ -447,14 +503,8 @@ def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
-    """The shape to estimate, after checking the layout's structural rules.
-
-    The rules the trial engine adds for ZeRO-1 (ZeroRedundancyOptimizer cannot hold TP's
-    DTensors; DDP cannot follow pipeline schedules) are limits of torch's mechanisms, not of
-    the layout, so a ZeRO-1 layout is checked as its ZeRO-0 twin and still estimated (as
-    ZeRO-1: optimizer state sharded over dp).
-    """
-    checked = dataclasses.replace(config, zero_stage=0) if config.zero_stage == 1 else config
+    """The shape to estimate, after checking the layout's structural rules."""
+    checked = config
     if shape is None:
         shape = config.workload.shape
         if shape is None:
@@ -490,7 +540,8 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
     parts = _parts(shape.num_layers, pp, interleaved, pp_rank)
     last = any(p.last for p in parts)
-    st = _states(shape, vocab, parts, tp, dp, zero, e, config.bucket_mb)
+    st = _states(shape, vocab, parts, tp, dp, zero, e, config.bucket_mb,
+                 flat_zero1=_uses_distributed_optimizer(config))
     sbh = s * b * shape.hidden_size
     sbv = s * b * vocab
     ac = config.activation_checkpointing
@@ -560,6 +611,11 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
             # alive, later the two units in use and their two staging buffers.
             extra = [(transient, 2 * st.root_numel * e), (0, 2 * two_largest)]
 
+    if st.gather_numel:
+        # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
+        # gathered bucket, padded); the gradient sync's buffers are gone by then.
+        comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * e)
+
     # ---- other ----------------------------------------------------------------------------
     other = 0
     if pp > 1:
@@ -584,7 +640,9 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     # tensor (measured on CPU). Foreach AdamW (CUDA, plain parameters; torch.optim.adam
     # ``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor.
     optimizer_temps = 2 * st.largest_tensor_numel * e
-    plain_params = tp == 1 and (dp == 1 or zero == 1 or (zero == 0 and pp == 1))
+    # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
+    # DTensors' local tensors).
+    plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
     if device_type == "cuda" and plain_params and not config.optimizer_offload_enabled:
         optimizer_temps = max(optimizer_temps, st.optimizer_numel * e)
 

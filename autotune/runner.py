@@ -157,7 +157,8 @@ def _tensor_bytes(tensors) -> int:
 
 
 def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard
+    # ZeroRedundancyOptimizer and the distributed optimizer keep their shard in ``optim``.
+    inner = getattr(optimizer, "optim", optimizer)
     for state in inner.state.values():
         yield from state.values()
 
@@ -236,8 +237,8 @@ def mesh_group_of(launch: str) -> str:
 
     Gloo's events name no process group, but each mechanism here talks on one mesh dim:
     DTensor (tensor parallelism) launches functional collectives on tp; pipelining sends and
-    receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer and the bucketed all-reduce
-    launch c10d collectives on dp."""
+    receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer, the distributed optimizer and
+    the bucketed all-reduce launch c10d collectives on dp."""
     if launch.startswith("_c10d_functional::"):
         return "tp"
     if launch.startswith(("c10d::send", "c10d::recv")):

@@ -189,6 +189,26 @@ def test_enqueued_parameters_propose_exactly_that_configuration():
         study.tell(trial, 1.0)
 
 
+def test_the_space_offers_zero1_with_tensor_and_pipeline_parallelism():
+    """TP inside the node with ZeRO-1 across (Megatron's distributed optimizer), and ZeRO-1 under
+    a pipeline with overlap on: the grid lists them and the search can propose them, where both
+    used to be refused."""
+    import optuna
+
+    from autotune.space import SearchSpace
+
+    space = SearchSpace(TrialConfig(world_size=4))
+    wanted = [c for c in space.configs if c.zero_stage == 1 and c.dp_degree == 2
+              and (c.tp_degree == 2 or (c.pp_degree == 2 and c.overlap_enabled))]
+    assert {(c.tp_degree, c.pp_degree) for c in wanted} == {(2, 1), (1, 2)}
+    study = optuna.create_study(direction="maximize")
+    for config in wanted[::7]:
+        study.enqueue_trial(space.params_for(config))
+        trial = study.ask()
+        assert space.suggest(trial) == config
+        study.tell(trial, 1.0)
+
+
 def test_search_starts_from_the_baseline(database):
     """The first proposal is the plain layout: no TP/PP, no recomputation, ZeRO-0, largest
     micro-batch (predicted to fit)."""

@@ -10,17 +10,31 @@ forward through backward. Expected figures are computed from the model's shapes,
 Tolerances: unsharded quantities and FSDP shards are exact (padding included); the step counters
 are allowed as 8 bytes per tensor; ZeRO-1 partitions whole tensors greedily, so a rank's optimizer
 share may exceed 1/N of the total by at most the state of the largest tensor.
+
+ZeRO-1 where the parameters are DTensors (Megatron's distributed optimizer,
+``parallel/distributed_optimizer.py``) runs at world 4 as tp 2 × dp 2 and as pp 2 × dp 2 with
+overlap on (FSDP2's replicate). Its expected figures are the rank's own parameters (a TP rank
+holds 1/tp of every block matrix — Megatron's column/row split — and all of the rest; a pipeline
+rank its stage's layers with the embeddings or the final norm and head); each rank owns 1/N of every
+bucket (bucket_mb 0.1 MB: several buckets), padded to a multiple of N, so its share of the moments
+may exceed 1/N by the padding (N − 1 elements per bucket), and a tensor cut between two ranks has
+a step counter on each. The same two trials record their collectives (two profiled steps), and
+their data-parallel payloads are checked against the same expected parameters, under the payload
+convention of ``tests/profiler/test_truth.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.memory import estimate_all_stages
 from autotune.models.workload import build_workload
+from reference import reference_losses
 
 WORLD = 4
 # bucket_mb 0.1: each ~0.2 MB block is its own FSDP unit (a larger bucket groups blocks).
@@ -96,3 +110,121 @@ def test_all_stages_train_the_same_model(by_stage):
     losses = [by_stage[s].losses for s in (0, 1, 2, 3)]
     for other in losses[1:]:
         assert other == pytest.approx(losses[0], abs=2e-5)
+
+
+# ---- ZeRO-1 with DTensor parameters: tensor parallelism, pipelines with overlap --------------
+ZERO1_LAYOUTS = {"tp2xdp2": dict(tp_degree=2), "pp2xdp2": dict(pp_degree=2)}
+TP_SPLIT = ("attention.w", "feed_forward.w")  # the block matrices Megatron splits by tp
+
+
+def _local_numel(name: str, shape, tp: int) -> int:
+    return _numel(shape) // (tp if any(k in name for k in TP_SPLIT) else 1)
+
+
+def _stage_of(name: str, pp: int, num_layers: int) -> int:
+    if name.startswith("layers."):
+        return int(name.split(".")[1]) * pp // num_layers
+    return 0 if "embeddings" in name else pp - 1
+
+
+def _expected_local(config: TrialConfig, pp_rank: int) -> tuple[int, int]:
+    """(elements, tensors) of one rank's parameters, from the model's shapes."""
+    model = build_workload(config.workload).model
+    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()
+             if _stage_of(n, config.pp_degree, len(model.layers)) == pp_rank]
+    return sum(_local_numel(n, s, config.tp_degree) for n, s in named), len(named)
+
+
+@pytest.fixture(scope="module")
+def zero1_dtensor(executor):
+    configs = {name: dataclasses.replace(CONFIG, zero_stage=1, num_profiled_steps=2, **layout)
+               for name, layout in ZERO1_LAYOUTS.items()}
+    return {name: (c, executor.run(c)) for name, c in configs.items()}
+
+
+@pytest.mark.parametrize("layout", ZERO1_LAYOUTS)
+def test_stage1_shards_optimizer_state_of_dtensor_parameters(zero1_dtensor, layout):
+    config, result = zero1_dtensor[layout]
+    n = config.dp_degree
+    assert n == 2
+    buckets = math.ceil(4 * _expected_local(config, 0)[0] / (config.bucket_mb * 2**20)) + 1
+    moments_by_replica: dict[tuple[int, int], int] = {}
+    for r in result.ranks:
+        numel, tensors = _expected_local(config, r.pp_rank)
+        local = 4 * numel
+        assert r.memory.parameters == local  # whole: not sharded over dp
+        assert r.memory.gradients == local
+        share = r.memory.optimizer_state
+        assert 2 * local / n - 2 * 4 * (n - 1) * buckets <= share
+        assert share <= 2 * local / n + 2 * 4 * (n - 1) * buckets + STEP_BYTES * (tensors + buckets)
+        key = (r.pp_rank, r.tp_rank)
+        moments_by_replica[key] = moments_by_replica.get(key, 0) + share
+    # The memory model reproduces the partition: its worst rank of each stage is the measured one.
+    for e in estimate_all_stages(config):
+        assert e.optimizer_state == max(r.memory.optimizer_state for r in result.ranks
+                                        if r.pp_rank == e.stage)
+    for (pp_rank, _), total in moments_by_replica.items():
+        numel, tensors = _expected_local(config, pp_rank)
+        # every moment held exactly once over the dp group
+        assert 0 <= total - 2 * 4 * numel <= STEP_BYTES * (tensors + buckets)
+
+
+@pytest.mark.parametrize("layout", ZERO1_LAYOUTS)
+def test_stage1_with_dtensor_parameters_trains_the_reference_model(zero1_dtensor, layout):
+    """The layout sweep's criterion (tests/test_layouts.py): every step's loss equals the
+    single-process reference within fp32 summation-order noise (2e-5 at loss ≈ 6.2)."""
+    config, result = zero1_dtensor[layout]
+    assert result.losses == pytest.approx(_reference(len(result.losses)), abs=2e-5)
+
+
+@pytest.mark.parametrize("layout", ZERO1_LAYOUTS)
+def test_stage1_with_dtensor_parameters_moves_the_local_parameters(zero1_dtensor, layout):
+    """Profiler truth: per step, the gradients all-reduced once (on the last micro-batch) and the
+    updated shares all-gathered once, each carrying exactly the rank's own parameters (fp32).
+    Every tensor of this model has an even number of elements, so no bucket is padded at dp 2."""
+    from profiler import bytes_per_step
+
+    config, result = zero1_dtensor[layout]
+    assert config.grad_accum_steps == 2
+    per_step = bytes_per_step([s for r in result.ranks for s in r.spans])
+    for r in result.ranks:
+        numel, _ = _expected_local(config, r.pp_rank)
+        assert numel % config.dp_degree == 0
+        dp_bytes = {k: v for k, v in per_step[r.rank].items() if k[2] == "dp"}
+        assert dp_bytes == {("comm", "all_reduce", "dp"): 4 * numel,
+                            ("comm", "all_gather", "dp"): 4 * numel}
+
+
+@functools.cache
+def _reference(num_steps: int) -> list[float]:
+    return reference_losses(CONFIG, num_steps)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_distributed_optimizer_shares_tile_every_parameter_once(n):
+    """Without a process group: over n ranks (3 pads every bucket) the owned slices cover every
+    element of every parameter exactly once, each bucket's shares are equal and padded by less
+    than n, and the memory model's worst rank is the partition's."""
+    from autotune.memory import _flat_partition
+    from autotune.parallel.distributed_optimizer import partition
+
+    params = list(build_workload(CONFIG.workload).model.parameters())
+    bucket_mb = 0.1
+    covered = {id(p): [] for p in params}
+    per_rank = []
+    for rank in range(n):
+        buckets = partition(params, n, rank, bucket_mb)
+        for b in buckets:
+            assert b.numel <= n * b.shard_numel < b.numel + n
+        owned = [s for b in buckets for s in b.owned]
+        for s in owned:
+            covered[id(s.param)].append((s.start, s.stop))
+            assert s.tensor.data_ptr() == s.param.data_ptr() + 4 * s.start  # a view, not a copy
+        per_rank.append((sum(s.stop - s.start for s in owned), len(owned)))
+    for p in params:
+        spans = sorted(covered[id(p)])
+        assert spans[0][0] == 0 and spans[-1][1] == p.numel()
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    worst = max(per_rank, key=lambda r: 8 * r[0] + 4 * r[1])
+    sizes = tuple(p.numel() for p in params)
+    assert _flat_partition(sizes, n, bucket_mb * 2**20 / 4, 4)[:2] == worst

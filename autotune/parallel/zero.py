@@ -3,7 +3,7 @@
 | stage | mechanism                                   | sharded over dp          |
 |-------|---------------------------------------------|--------------------------|
 | 0     | DDP (``bucket_cap_mb``)                     | nothing                  |
-| 1     | DDP + ``ZeroRedundancyOptimizer``           | optimizer state          |
+| 1     | DDP + ``ZeroRedundancyOptimizer`` (DTensors: ``DistributedOptimizer``) | optimizer state |
 | 2     | FSDP2 ``fully_shard(reshard_after_forward=False)`` | + gradients (params gathered once per step) |
 | 3     | FSDP2 ``fully_shard(reshard_after_forward=True)``  | + parameters (gathered per use) |
 
@@ -12,6 +12,10 @@ all-reduce after the last backward (:class:`BucketedAllReduce`); for stages 2/3 
 explicit prefetch of the next block's all-gather. ``bucket_mb`` sets DDP's buckets, the
 all-reduce buckets, and for FSDP how many consecutive blocks share one all-gather.
 With dp_degree 1 there is nothing to shard or synchronise and no wrapper is applied.
+
+ZeRO-1 of DTensor parameters (TP's, or replicate's under a pipeline with overlap on) cannot use
+``ZeroRedundancyOptimizer``; it is Megatron's distributed optimizer
+(``distributed_optimizer.py``), behind the same gradient sync as stage 0.
 """
 
 from __future__ import annotations
@@ -30,13 +34,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.config import TrialConfig
+from autotune.parallel.distributed_optimizer import DistributedOptimizer, local_tensor
 
 LEARNING_RATE = 1e-3
 """Adam's learning rate in trials: large enough that losses move within a few steps."""
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class BucketedAllReduce:
@@ -83,7 +84,7 @@ class DataParallelParts:
     """Model parts after ZeRO wrapping, their optimizer and how to synchronise gradients."""
 
     parts: list[nn.Module]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
     grad_sync: Callable[[], None] | None = None
     """Called after the last micro-batch's backward (non-overlapped stages 0/1), else None."""
 
@@ -144,8 +145,12 @@ def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
             replicate(part, mesh=dp_mesh)
     # Parameters are collected only now: replicate swaps them for new objects.
     params = [p for m in parts for p in m.parameters()]
-    if config.zero_stage == 1:
-        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
+    if config.zero_stage == 1 and any(isinstance(p, DTensor) for p in params):
+        # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them.
+        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb, _adam)
+    elif config.zero_stage == 1:
+        optimizer = ZeroRedundancyOptimizer(
             params, optimizer_class=torch.optim.AdamW, process_group=dp_group,
             lr=LEARNING_RATE, weight_decay=0.0)
     else:
