@@ -3,8 +3,12 @@
 ``build_leaderboard`` takes trial records (``db.TrialRecord``s, however they were read), not a
 database handle: the search ranks the records it reads once, and the dashboard the ones it has
 already loaded, so both show the same order and the same medians. Order: complete trials by
-median throughput (the first run and every re-measurement), then the others by
-``status.STATUS_ORDER`` (infeasible measured, infeasible predicted, failed).
+median throughput (the first run and every re-measurement) — first the finalists, those the
+search re-measured in interleaved rounds, then those measured once — then the others by
+``status.STATUS_ORDER`` (infeasible measured, infeasible predicted, failed). A figure measured
+once, at another time, is not comparable with figures measured side by side under the same
+drift (issue 9: a trial's runs vary by 10–23% with the machine's load), so a lucky single run
+does not overtake the finalists.
 
 Every complete entry has a confidence interval of its tokens/s (``autotune.noise``): over its
 runs once it was re-measured, else over the timed steps of its one run. ``declare_best`` names
@@ -104,7 +108,7 @@ def build_leaderboard(records: Iterable[TrialRecord]) -> list[Entry]:
                              _seconds(t.metrics.get("step_time_s")),
                              _seconds(t.metrics.get("predicted_step_time_s")),
                              rounds, timed_steps(t)))
-    entries.sort(key=lambda e: (status_rank(e.status), -e.throughput, e.number))
+    entries.sort(key=lambda e: (status_rank(e.status), not e.rounds, -e.throughput, e.number))
     return entries
 
 

@@ -412,25 +412,27 @@ class SearchLoop:
         """Measure the top_k again in interleaved rounds, store each figure with its round, then
         store every complete trial's interval; the final leaderboard.
 
-        Each round measures every configuration of the current top_k once, starting one further
-        along each round (A B C, B C A, …), so drift over a round's minutes falls on all of them
-        alike and the per-round ratios cancel it (``leaderboard.compare``). Rounds continue until
-        each of the top_k has ``remeasure_repeats`` of them and the runner-up is no longer tied
-        with the fastest, or ``remeasure_max_repeats`` rounds have run. A configuration that
-        enters the top_k on the way joins the next round; one that fails is measured no more."""
+        The finalists are the top_k by the figure each measured during the search (fixed before
+        the first round, so every round compares the same ones). Each round measures every
+        finalist once, starting one further along each round (A B C, B C A, …), so drift over a
+        round's minutes falls on all of them alike and the per-round ratios cancel it
+        (``leaderboard.compare``). Rounds continue until each finalist has
+        ``remeasure_repeats`` of them and the runner-up is no longer tied with the fastest, or
+        ``remeasure_max_repeats`` rounds have run. A finalist that fails is measured no more."""
         spec = self.spec
         board = self.leaderboard()
         most = max(spec.remeasure_repeats, spec.remeasure_max_repeats)
         if spec.remeasure_repeats == 0:
             most = 0
         next_round = 1 + max((r for e in board for r in e.rounds if r > 0), default=0)
+        complete = [e for e in board if e.status == TrialStatus.COMPLETE]
+        finalists = {e.trial_id for e in sorted(complete, key=lambda e: -e.throughputs[0])
+                     [:spec.top_k]}
         failed: set[int] = set()
         for done in range(most):
-            top = [e for e in board if e.status == TrialStatus.COMPLETE
-                   and e.trial_id not in failed][:spec.top_k]
+            top = [e for e in board if e.trial_id in finalists and e.trial_id not in failed]
             short = [e for e in top if len(e.rounds) < spec.remeasure_repeats]
-            verdict = declare_best(board)
-            if not top or (not short and (verdict is None or not verdict.is_tie)):
+            if not top or (not short and not self._tie_to_resolve(board, top)):
                 break
             shift = done % len(top)
             figures = []
@@ -448,6 +450,15 @@ class SearchLoop:
             board = self.leaderboard()
         self._store_intervals(board)
         return board
+
+    @staticmethod
+    def _tie_to_resolve(board: list[Entry], top: list[Entry]) -> bool:
+        """The runner-up is tied with the fastest and both are among those re-measured (with
+        top_k 1 another round cannot separate them)."""
+        verdict = declare_best(board)
+        ids = {e.trial_id for e in top}
+        return (verdict is not None and verdict.is_tie and verdict.fastest.trial_id in ids
+                and verdict.runner_up.trial_id in ids)
 
     def _add_remeasurement(self, trial_id: int, throughput: float, round_: int) -> None:
         record = self.db.get_trial(trial_id)
