@@ -375,6 +375,9 @@ class SearchLoop:
         if config in self._cold:
             predictions = {**predictions,
                            "cold_start_discarded_tokens_per_s": self._cold.pop(config)}
+        interval = run_interval(result, config)
+        if interval is not None:  # re-measurements replace it with one over the runs
+            predictions = {**predictions, "throughput_interval": interval.to_dict()}
         record, spans = search_record(
             result, study_id=self.study_id, number=trial.number, status=status,
             predicted_peak=predicted, predictions=predictions, error=error)
@@ -409,8 +412,8 @@ class SearchLoop:
 
     # ---- then -------------------------------------------------------------------------------
     def _remeasure_top(self) -> list[Entry]:
-        """Measure the top_k again in interleaved rounds, store each figure with its round, then
-        store every complete trial's interval; the final leaderboard.
+        """Measure the top_k again in interleaved rounds and store each figure with its round;
+        the final leaderboard.
 
         The finalists are the top_k by the figure each measured during the search (fixed before
         the first round, so every round compares the same ones). Each round measures every
@@ -448,7 +451,6 @@ class SearchLoop:
             self._say(f"re-measured, round {next_round}: {'; '.join(figures)} tok/s")
             next_round += 1
             board = self.leaderboard()
-        self._store_intervals(board)
         return board
 
     @staticmethod
@@ -461,26 +463,29 @@ class SearchLoop:
                 and verdict.runner_up.trial_id in ids)
 
     def _add_remeasurement(self, trial_id: int, throughput: float, round_: int) -> None:
+        """Append a re-measurement and its round to a trial's metrics, and store its interval
+        over all its runs now (``throughput_interval``)."""
+        from autotune.noise import throughput_interval
+
         record = self.db.get_trial(trial_id)
         m = record.metrics
-        metrics = {**m, "remeasured_throughputs": m.get("remeasured_throughputs", [])
-                   + [throughput],
-                   "remeasured_rounds": m.get("remeasured_rounds", []) + [round_]}
+        runs = m.get("remeasured_throughputs", []) + [throughput]
+        metrics = {**m, "remeasured_throughputs": runs,
+                   "remeasured_rounds": m.get("remeasured_rounds", []) + [round_],
+                   "throughput_interval": throughput_interval(
+                       [m["throughput_tokens_per_s"], *runs]).to_dict()}
         self.db.update_trial(trial_id, status=record.status, metrics=metrics)
 
-    def _store_intervals(self, board: list[Entry]) -> None:
-        """Each complete trial's confidence interval, in its metrics (``throughput_interval``),
-        for whoever reads the records without this code."""
-        for entry in board:
-            interval = entry.interval
-            if entry.status != TrialStatus.COMPLETE or interval is None:
-                continue
-            record = self.db.get_trial(entry.trial_id)
-            if record.metrics.get("throughput_interval") == interval.to_dict():
-                continue
-            self.db.update_trial(entry.trial_id, status=record.status,
-                                 metrics={**record.metrics,
-                                          "throughput_interval": interval.to_dict()})
+
+def run_interval(result: TrialResult, config: TrialConfig):
+    """The interval of one run's tokens/s from its timed steps (the slowest rank's each), or
+    None with fewer than two (``noise.throughput_interval``)."""
+    from autotune.noise import throughput_interval
+
+    timed = range(config.num_warmup_steps, config.num_warmup_steps + config.num_timed_steps)
+    steps = [max(r.step_times[i] for r in result.ranks) for i in timed]
+    return throughput_interval([result.throughput_tokens_per_s], steps,
+                               config.tokens_per_step)
 
 
 def _short(config: TrialConfig) -> str:

@@ -126,18 +126,18 @@ def test_tie_rule():
 
 @pytest.fixture
 def rows():
-    """The 4 fastest complete layouts of sweep B's world-2 group (tiny GPT, seq 64, batch 16):
-    a search space the search covers in 4 trials (each trial refits the calibration, the
+    """The 3 fastest complete layouts of sweep B's world-2 group (tiny GPT, seq 64, batch 16):
+    a search space the search covers in 3 trials (each trial refits the calibration, the
     search's dearest step on a table)."""
     (group,) = [g for g in MeasuredTable.load(TABLE).groups(8) if g.world_size == 2]
-    return sorted((r for r in group.rows if r.step_time_s), key=lambda r: r.step_time_s)[:4]
+    return sorted((r for r in group.rows if r.step_time_s), key=lambda r: r.step_time_s)[:3]
 
 
 def replayed(db, rows, name, **kw):
     executor = ReplayTrialExecutor(rows)
     spec = SearchSpec(**{**dict(
         workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
-        world_size=2, device="cpu", study_name=name, n_trials=4, patience=None, top_k=3,
+        world_size=2, device="cpu", study_name=name, n_trials=3, patience=None, top_k=3,
         remeasure_repeats=2, remeasure_max_repeats=4, sampler="random"), **kw})
     search = Search(spec, db, executor, out=io.StringIO(), include=executor.contains)
     return search, executor
@@ -148,11 +148,11 @@ def test_remeasurement_is_interleaved_and_stops_once_separated(tmp_path, rows):
     search, executor = replayed(db, rows, "sep")
     outcome = search.run()
     calls = executor.table.calls
-    assert len(calls[:4]) == len(set(calls[:4])) == 4  # the search's trials
+    assert len(calls[:3]) == len(set(calls[:3])) == 3  # the search's trials
     top = [e.config for e in outcome.leaderboard[:3]]
     # Two rounds (the table's figures never change, so the fastest is separated at once),
     # round-robin over the top 3 starting one further along each round — never back to back.
-    assert calls[4:] == top + top[1:] + top[:1]
+    assert calls[3:] == top + top[1:] + top[:1]
     for e in outcome.leaderboard[:3]:
         assert e.rounds == (1, 2) and len(e.throughputs) == 3
     stored = {t.id: t.metrics for t in db.list_trials(outcome.study_id)}
@@ -180,7 +180,7 @@ def test_a_tie_is_measured_to_the_round_limit_and_exported_as_a_tie(tmp_path, ro
     names = {short_name(c) for c in (verdict.fastest.config, verdict.runner_up.config)}
     assert names == {short_name(best.config), short_name(twin.config)}
     assert verdict.is_tie and short_name(verdict.pick.config) == short_name(twin.config)
-    assert len(verdict.pick.rounds) == 4 and len(executor.table.calls) == 4 + 3 * 4  # the limit
+    assert len(verdict.pick.rounds) == 4 and len(executor.table.calls) == 3 + 3 * 4  # the limit
     assert outcome.best is verdict.pick or outcome.best.trial_id == verdict.pick.trial_id
     best_path, _ = export_study(db, "tie", tmp_path / "out")
     doc = json.loads(best_path.read_text())
