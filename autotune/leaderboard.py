@@ -129,13 +129,14 @@ def best_entry(entries: Iterable[Entry]) -> Entry | None:
 
 
 # ---- the declared best ---------------------------------------------------------------------
-TIE_PICK_WITHIN = 0.03
-"""How far below the fastest median a configuration tied with it may be and still be picked
-for less memory: the 3% within which the project calls two throughputs equal (``replay.WITHIN``,
-the model-guided strategy's tolerance)."""
-TIE_RULE = ("tied within noise: among the configurations tied with the fastest whose median is "
-            f"within {TIE_PICK_WITHIN:.0%} of it, the one with the least measured peak memory, "
-            "then the simplest layout (fewest tp × pp ranks, least recomputation, lowest ZeRO "
+EQUIVALENT_WITHIN = 0.03
+"""Two configurations are equivalent when the paired interval of their ratio lies within
+1 ± 3%: the 3% within which the project calls two throughputs equal (``replay.WITHIN``, the
+model-guided strategy's tolerance)."""
+TIE_RULE = ("tied within noise: the fastest by median is kept, unless a configuration tied with "
+            "it is shown equivalent — the paired interval of its ratio to the fastest within "
+            f"1 ± {EQUIVALENT_WITHIN:.0%} — and uses less measured peak memory or, with equal "
+            "memory, a simpler layout (fewer tp × pp ranks, less recomputation, a lower ZeRO "
             "stage)")
 AC_ORDER = ("none", "selective", "full")
 
@@ -159,6 +160,15 @@ def compare(fastest: Entry, other: Entry) -> tuple[bool, Interval | None]:
         return ratio.contains(1.0), ratio
     ia, ib = fastest.interval, other.interval
     return (ia is not None and ib is not None and ia.overlaps(ib)), None
+
+
+def equivalent(fastest: Entry, other: Entry) -> bool:
+    """The paired interval of other / fastest over their shared rounds lies within
+    1 ± ``EQUIVALENT_WITHIN`` (an equivalence test by two one-sided intervals, Schuirmann 1987,
+    here at the 95% two-sided level: conservative). Without two shared rounds, never."""
+    _, ratio = compare(fastest, other)
+    return (ratio is not None and ratio.low >= 1 - EQUIVALENT_WITHIN
+            and ratio.high <= 1 + EQUIVALENT_WITHIN)
 
 
 @dataclass(frozen=True)
@@ -196,8 +206,8 @@ class Verdict:
             names = ", ".join(f"trial {e.number}" for e in (self.fastest, *self.tied))
             lines.append(f"tied within noise: {names} ({how})")
             lines.append(f"picked by the rule — {TIE_RULE}" if self.pick is not self.fastest
-                         else "picked the fastest: no tied configuration within "
-                              f"{TIE_PICK_WITHIN:.0%} of it uses less memory or a simpler "
+                         else "kept the fastest: no tied configuration is shown within "
+                              f"{EQUIVALENT_WITHIN:.0%} of it with less memory or a simpler "
                               "layout")
         else:
             lines.append(f"ahead of trial {second.number} ({second.throughput:,.0f} tok/s) "
@@ -222,7 +232,7 @@ def declare_best(entries: Sequence[Entry]) -> Verdict | None:
 
     The fastest is the first complete entry (highest median). Every other complete entry is
     compared with it (``compare``); if the runner-up is tied with it, the pick follows
-    ``TIE_RULE`` among the tied entries within ``TIE_PICK_WITHIN`` of the fastest."""
+    ``TIE_RULE`` among the tied entries shown ``equivalent`` to the fastest."""
     complete = [e for e in entries if e.status == TrialStatus.COMPLETE]
     if not complete:
         return None
@@ -237,8 +247,7 @@ def declare_best(entries: Sequence[Entry]) -> Verdict | None:
             tied.append(e)
     pick = fastest
     if runner_up is not None and runner_up in tied:
-        floor = fastest.throughput * (1 - TIE_PICK_WITHIN)
-        candidates = [fastest] + [e for e in tied if e.throughput >= floor]
+        candidates = [fastest] + [e for e in tied if equivalent(fastest, e)]
         pick = min(candidates, key=lambda e: (
             e.measured_peak if e.measured_peak is not None else math.inf,
             simplicity(e.config), -e.throughput))

@@ -10,14 +10,17 @@
    in rotated order) on one warm worker group (its cold first run discarded). Truth's best =
    the highest median over the rounds; the truth's noise around it = the paired per-round
    interval (``noise.paired_ratio_interval``) of each candidate against that best.
-3. A run is **correct** when its pick's truth median is within 3% of the truth's best. A tie is
+3. A run is **correct** when its pick's truth median is within 3% of the truth's best; it is
+   also counted **within the truth's noise** when the truth's own paired interval of pick / best
+   holds 1 (the truth cannot tell them apart either). A tie is
    **reported as a tie** when a run's fastest and runner-up are also tied in the truth (their
    truth paired interval contains 1) and the run said so; a run that declared a tie the truth
-   separates is counted apart (correct or not by rule 3: the tie rule picks within 3% of the
-   fastest's median only).
+   separates is counted apart (correct or not by rule 3: the tie rule trades the fastest for
+   less memory only when the two are shown equivalent within 3%).
 
-Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 8] [--json out.json]
-About 3-4 min per run and 3 min of truth on the 2-core machine.
+Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 6] [--json out.json]
+About 3-5 min per run and 4 min of truth on the 2-core machine under others' load (load
+average 15-50): 25-30 minutes in all.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def tied_in_truth(truth: dict, a: TrialConfig, b: TrialConfig) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--truth-rounds", type=int, default=8)
+    ap.add_argument("--truth-rounds", type=int, default=6)
     ap.add_argument("--json", metavar="FILE", help="also write every figure here")
     args = ap.parse_args()
     began = time.monotonic()
@@ -129,12 +132,15 @@ def main() -> None:
         ci = f"{ratio.low:.3f}–{ratio.high:.3f}" if ratio and c != best else "–"
         print(f"| {short_name(c)} | {median[c]:,.0f} | {median[c] / median[best]:.3f} | {ci} |")
     print("\n| run | declared best | its tok/s (95% CI) | tie declared | truth: top two tied "
-          "| pick / truth best | correct | rounds | s | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    correct = ties_truth = ties_reported = ties_extra = 0
+          "| pick / truth best | correct | within truth's noise | rounds | s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    correct = within_noise = ties_truth = ties_reported = ties_extra = 0
     for r in runs:
         ok = median[r["pick"]] >= median[best] * (1 - WITHIN)
         correct += ok
+        # the truth cannot tell the pick from its best: their paired interval holds 1
+        noise_ok = r["pick"] == best or tied_in_truth(truth, best, r["pick"])
+        within_noise += noise_ok
         truth_tie = (r["runner_up"] is not None and r["runner_up"] in truth
                      and r["fastest"] in truth and tied_in_truth(truth, r["fastest"],
                                                                 r["runner_up"]))
@@ -145,8 +151,10 @@ def main() -> None:
         print(f"| {r['run']} | {short_name(r['pick'])} | {r['pick_tok_s']:,.0f} ({ci}) | "
               f"{'yes' if r['tie'] else 'no'} | {'yes' if truth_tie else 'no'} | "
               f"{median[r['pick']] / median[best]:.3f} | {'yes' if ok else 'NO'} | "
+              f"{'yes' if noise_ok else 'no'} | "
               f"{r['rounds']} | {r['seconds']:.0f} | {r['load_before']:.1f} |")
     print(f"\ndeclared best within {WITHIN:.0%} of the truth's best: {correct} of {len(runs)}; "
+          f"within the truth's own noise of it: {within_noise} of {len(runs)}; "
           f"ties in the truth reported as ties: {ties_reported} of {ties_truth}; ties declared "
           f"that the truth separates: {ties_extra}; {time.monotonic() - began:.0f}s in all")
     if args.json:
