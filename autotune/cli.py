@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--top-k", type=_positive_int, default=3, metavar="K",
                         help="configurations measured again before one is declared best")
     search.add_argument("--remeasure", type=int, default=2, metavar="N",
-                        help="extra measurements of each of the top K (default 2)")
+                        help="interleaved re-measurement rounds over the top K, at least "
+                        "(default 2; 0: none)")
+    search.add_argument("--remeasure-max", type=int, default=6, metavar="N",
+                        help="rounds at most: more are run while the runner-up is tied with "
+                        "the fastest within noise (default 6)")
     search.add_argument("--timed-steps", type=_positive_int, default=5, metavar="N")
     search.add_argument("--parallel", type=_positive_int, metavar="N",
                         help="trials run at once (default: GPUs // world size on a GPU "
@@ -268,13 +272,15 @@ def cmd_search(args: argparse.Namespace) -> int:
         load_builder(args.workload)  # before the database and Ray: one line, exit 2
     fixed = parse_fix(args.fix)
     narrowed = load_space_file(args.space) if args.space else {}
-    if args.remeasure < 0:
-        raise ConfigError(f"--remeasure must be ≥ 0, not {args.remeasure}")
+    if args.remeasure < 0 or args.remeasure_max < 0:
+        raise ConfigError(f"--remeasure and --remeasure-max must be ≥ 0, not "
+                          f"{args.remeasure} and {args.remeasure_max}")
     spec = SearchSpec(workload=workload, world_size=args.world_size or default_world_size(),
                       memory_limit_gib=args.memory_limit, n_trials=args.trials,
                       timeout_s=args.time_budget, patience=args.patience,
                       study_name=args.study, seed=args.seed, fixed=fixed, narrowed=narrowed,
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
+                      remeasure_max_repeats=args.remeasure_max,
                       num_timed_steps=args.timed_steps, sampler=args.strategy,
                       cluster=args.cluster)
     spec.validate()
@@ -306,8 +312,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         if outcome.best is None:
             raise AutotuneError("no configuration completed; see the leaderboard's reasons")
         best_path, ds_path = export_study(database, spec.study_name, args.out)
-        print(f"best: trial {outcome.best.number}, {outcome.best.throughput:,.0f} tokens/s; "
-              f"wrote {best_path} and {ds_path}")
+        print(f"exported trial {outcome.best.number}: wrote {best_path} and {ds_path}")
     finally:
         database.close()
     return 0

@@ -107,16 +107,20 @@ def _umask() -> int:
 
 def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, Path]:
     """Write best_config.json and ds_config.json of a stored study's best trial."""
-    from autotune.leaderboard import best_entry, build_leaderboard
+    from autotune.leaderboard import build_leaderboard, declare_best
 
     study = database.get_study(study_name)
-    best = best_entry(build_leaderboard(database.list_trials(study.id)))
-    if best is None:
+    verdict = declare_best(build_leaderboard(database.list_trials(study.id)))
+    if verdict is None:
         raise AutotuneError(f"study '{study_name}' has no complete trial to export; run or "
                             "resume the search first")
+    best = verdict.pick
     record = database.get_trial(best.trial_id)
+    # The pick's confidence interval and, when the runner-up is tied with the fastest within
+    # noise, the tie and the rule that chose (leaderboard.declare_best).
     metrics = {**record.metrics, "median_throughput_tokens_per_s": best.throughput,
-               "throughput_spread": best.spread}
+               "throughput_spread": best.spread, "num_measurements": len(best.throughputs),
+               **verdict.to_dict()}
     out = Path(out_dir)
     try:
         ds = ds_config(best.config)

@@ -95,7 +95,10 @@ class SearchSpec:
     top_k: int = 3
     """How many of the best configurations are measured again before one is declared best."""
     remeasure_repeats: int = 2
-    """Extra measurements of each of the top_k."""
+    """Interleaved re-measurement rounds over the top_k, at least (0: none)."""
+    remeasure_max_repeats: int = 6
+    """Rounds at most: beyond remeasure_repeats, rounds go on while the runner-up is tied with
+    the fastest within noise."""
     num_warmup_steps: int = 2
     num_timed_steps: int = 5
     num_profiled_steps: int = 2
@@ -122,8 +125,9 @@ class SearchSpec:
         if self.sampler not in STRATEGIES:
             raise ConfigError(f"unknown strategy '{self.sampler}'; choose one of "
                               f"{', '.join(STRATEGIES)}")
-        if self.top_k < 1 or self.remeasure_repeats < 0:
-            raise ConfigError("top_k must be ≥ 1 and remeasure_repeats ≥ 0")
+        if self.top_k < 1 or self.remeasure_repeats < 0 or self.remeasure_max_repeats < 0:
+            raise ConfigError("top_k must be ≥ 1, remeasure_repeats and remeasure_max_repeats "
+                              "≥ 0")
 
 
 

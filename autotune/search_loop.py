@@ -10,7 +10,16 @@
       → complete? refit the study's calibration (``study_calibration``)
     stop: trial budget, every valid configuration tried, time budget, or no improvement for
           ``patience`` trials
-    then: re-measure the top few; the leaderboard ranks by median throughput (``leaderboard``).
+    then: re-measure the top few in interleaved rounds (each round measures every one of them
+          once, in rotated order), at least ``remeasure_repeats`` rounds and more, up to
+          ``remeasure_max_repeats``, while the runner-up is tied with the fastest within noise;
+          the leaderboard ranks by median throughput and declares the best with its interval
+          (``leaderboard.declare_best``).
+
+The first trial on a newly built worker group is measured again and its cold figure discarded
+(kept in the trial's metrics as ``cold_start_discarded_tokens_per_s``): a cold group measured
+20,155 tok/s where its re-measurements gave 34,801 and 31,995 (issue 9), so the baseline, the
+search's first trial, would otherwise start behind by chance of being first.
 
 Up to the executor's ``slots`` trials run at once, each on a thread of its own that only
 measures; storing and telling Optuna happen on the loop's thread as each one finishes. With one
@@ -31,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
-from autotune.leaderboard import Entry, best_entry, build_leaderboard
+from autotune.leaderboard import Entry, best_entry, build_leaderboard, declare_best
 from autotune.screen import GIB, MEMORY_MARGIN
 from autotune.status import FailureKind, TrialStatus
 
@@ -119,6 +128,8 @@ class SearchLoop:
         self.strategy = strategy
         """The model-guided strategy, or None: Optuna's sampler proposes."""
         self._strategy_stopped: str | None = None
+        self._cold: dict[TrialConfig, float] = {}
+        """Configuration → the tokens/s of a cold first run that was discarded, until stored."""
 
     def leaderboard(self) -> list[Entry]:
         return build_leaderboard(self.db.list_trials(self.study_id))
@@ -319,9 +330,18 @@ class SearchLoop:
         """Runs on a trial thread: the measurement only; the database and Optuna are touched
         on the loop's own thread."""
         try:
-            return self.executor.run(config)
+            return self._measure(config)
         except TrialFailed as e:
             return e
+
+    def _measure(self, config: TrialConfig) -> TrialResult:
+        """One measurement of ``config``; a run that had to build its worker group is run again
+        and the warm figure kept (the cold one is remembered for the trial's metrics)."""
+        result = self.executor.run(config)
+        if result.cold_start:
+            self._cold[config] = result.throughput_tokens_per_s
+            result = self.executor.run(config)
+        return result
 
     # ---- tell -------------------------------------------------------------------------------
     def _finish(self, trial, config: TrialConfig, predicted: int | None, outcome, done: int,
@@ -361,10 +381,16 @@ class SearchLoop:
             error = f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"
         else:
             self._set_feasible(trial, measured)
+        predictions = self._predictions.pop(trial.number, {})
+        if config in self._cold:
+            predictions = {**predictions,
+                           "cold_start_discarded_tokens_per_s": self._cold.pop(config)}
+        interval = run_interval(result, config)
+        if interval is not None:  # re-measurements replace it with one over the runs
+            predictions = {**predictions, "throughput_interval": interval.to_dict()}
         record, spans = search_record(
             result, study_id=self.study_id, number=trial.number, status=status,
-            predicted_peak=predicted, predictions=self._predictions.pop(trial.number, {}),
-            error=error)
+            predicted_peak=predicted, predictions=predictions, error=error)
         trial_id = self.db.add_trial(record, spans)
         if status == TrialStatus.COMPLETE:
             self.calibration.remember_spans(trial_id, config,
@@ -396,25 +422,80 @@ class SearchLoop:
 
     # ---- then -------------------------------------------------------------------------------
     def _remeasure_top(self) -> list[Entry]:
-        """Measure the top_k again (noisy machines) and store the extra figures."""
+        """Measure the top_k again in interleaved rounds and store each figure with its round;
+        the final leaderboard.
+
+        The finalists are the top_k by the figure each measured during the search (fixed before
+        the first round, so every round compares the same ones). Each round measures every
+        finalist once, starting one further along each round (A B C, B C A, …), so drift over a
+        round's minutes falls on all of them alike and the per-round ratios cancel it
+        (``leaderboard.compare``). Rounds continue until each finalist has
+        ``remeasure_repeats`` of them and the runner-up is no longer tied with the fastest, or
+        ``remeasure_max_repeats`` rounds have run. A finalist that fails is measured no more."""
+        spec = self.spec
         board = self.leaderboard()
-        top = [e for e in board if e.status == TrialStatus.COMPLETE][: self.spec.top_k]
-        for entry in top:
-            have = len(entry.throughputs) - 1
-            extra = []
-            for _ in range(max(0, self.spec.remeasure_repeats - have)):
+        most = max(spec.remeasure_repeats, spec.remeasure_max_repeats)
+        if spec.remeasure_repeats == 0:
+            most = 0
+        next_round = 1 + max((r for e in board for r in e.rounds if r > 0), default=0)
+        complete = [e for e in board if e.status == TrialStatus.COMPLETE]
+        finalists = {e.trial_id for e in sorted(complete, key=lambda e: -e.throughputs[0])
+                     [:spec.top_k]}
+        failed: set[int] = set()
+        for done in range(most):
+            top = [e for e in board if e.trial_id in finalists and e.trial_id not in failed]
+            short = [e for e in top if len(e.rounds) < spec.remeasure_repeats]
+            if not top or (not short and not self._tie_to_resolve(board, top)):
+                break
+            shift = done % len(top)
+            figures = []
+            for entry in top[shift:] + top[:shift]:
                 try:
-                    extra.append(self.executor.run(entry.config).throughput_tokens_per_s)
-                except TrialFailed:
-                    break
-            if extra:
-                record = self.db.get_trial(entry.trial_id)
-                metrics = {**record.metrics, "remeasured_throughputs":
-                           record.metrics.get("remeasured_throughputs", []) + extra}
-                self.db.update_trial(entry.trial_id, status=record.status, metrics=metrics)
-                self._say(f"re-measured trial {entry.number}: "
-                          f"{', '.join(f'{x:,.0f}' for x in extra)} tok/s")
-        return self.leaderboard()
+                    x = self._measure(entry.config).throughput_tokens_per_s
+                except TrialFailed as e:
+                    failed.add(entry.trial_id)
+                    self._say(f"re-measuring trial {entry.number} failed: {e}")
+                    continue
+                self._add_remeasurement(entry.trial_id, x, next_round)
+                figures.append(f"trial {entry.number} {x:,.0f}")
+            self._say(f"re-measured, round {next_round}: {'; '.join(figures)} tok/s")
+            next_round += 1
+            board = self.leaderboard()
+        return board
+
+    @staticmethod
+    def _tie_to_resolve(board: list[Entry], top: list[Entry]) -> bool:
+        """The runner-up is tied with the fastest and both are among those re-measured (with
+        top_k 1 another round cannot separate them)."""
+        verdict = declare_best(board)
+        ids = {e.trial_id for e in top}
+        return (verdict is not None and verdict.is_tie and verdict.fastest.trial_id in ids
+                and verdict.runner_up.trial_id in ids)
+
+    def _add_remeasurement(self, trial_id: int, throughput: float, round_: int) -> None:
+        """Append a re-measurement and its round to a trial's metrics, and store its interval
+        over all its runs now (``throughput_interval``)."""
+        from autotune.noise import throughput_interval
+
+        record = self.db.get_trial(trial_id)
+        m = record.metrics
+        runs = m.get("remeasured_throughputs", []) + [throughput]
+        metrics = {**m, "remeasured_throughputs": runs,
+                   "remeasured_rounds": m.get("remeasured_rounds", []) + [round_],
+                   "throughput_interval": throughput_interval(
+                       [m["throughput_tokens_per_s"], *runs]).to_dict()}
+        self.db.update_trial(trial_id, status=record.status, metrics=metrics)
+
+
+def run_interval(result: TrialResult, config: TrialConfig):
+    """The interval of one run's tokens/s from its timed steps (the slowest rank's each), or
+    None with fewer than two (``noise.throughput_interval``)."""
+    from autotune.noise import throughput_interval
+
+    timed = range(config.num_warmup_steps, config.num_warmup_steps + config.num_timed_steps)
+    steps = [max(r.step_times[i] for r in result.ranks) for i in timed]
+    return throughput_interval([result.throughput_tokens_per_s], steps,
+                               config.tokens_per_step)
 
 
 def _short(config: TrialConfig) -> str:

@@ -16,7 +16,8 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.perf_model import TERMS
-from autotune.leaderboard import Entry, build_leaderboard
+from autotune.leaderboard import Entry, build_leaderboard, declare_best
+from autotune.noise import Interval
 from autotune.screen import GIB
 from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
@@ -85,6 +86,9 @@ class TrialView:
     predicted_breakdown: tuple[tuple[str, float], ...] = ()
     """(term, seconds per step) of that prediction, in ``perf_model.TERMS`` order; ()
     without one."""
+    interval: Interval | None = None
+    """The 95% confidence interval of its tokens/s (``Entry.interval``); None unless
+    complete with two runs or two timed steps."""
 
     @property
     def has_timeline(self) -> bool:
@@ -129,10 +133,17 @@ class StudyData:
     """Leaderboard order, so the best trial's comes first when it has one."""
     num_with_timeline: int
     """Trials that have a timeline, embedded or not."""
+    best_trial_id: int | None = None
+    """The declared best (``leaderboard.declare_best``); None when no trial completed."""
+    verdict: str = ""
+    """The declared best with its interval, and the tie when there is one
+    (``Verdict.describe``)."""
 
     @property
     def best(self) -> TrialView | None:
-        return next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None)
+        """The declared best: the fastest, or by the tie rule one tied with it."""
+        return next((t for t in self.trials if t.trial_id == self.best_trial_id),
+                    next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None))
 
     def by_status(self, *statuses: str) -> list[TrialView]:
         return [t for t in self.trials if t.status in statuses]
@@ -158,11 +169,14 @@ def load_study(database: Database, name: str | None = None, *,
             timelines.append(Timeline(trial.trial_id, trial.number, trial.name,
                                       cap_spans(spans, max_spans), len(spans),
                                       tuple(sorted({s.rank for s in spans}))))
+    verdict = declare_best(entries)
     return StudyData(name=study.name, spec=study.spec,
                      database=database.url_for_display,
                      workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
                      trials=trials, timelines=tuple(timelines),
-                     num_with_timeline=sum(t.has_timeline for t in trials))
+                     num_with_timeline=sum(t.has_timeline for t in trials),
+                     best_trial_id=verdict.pick.trial_id if verdict else None,
+                     verdict=verdict.describe() if verdict else "")
 
 
 def latest_study_name(database: Database) -> str:
@@ -200,7 +214,8 @@ def _trial_view(position: int, entry: Entry, record: TrialRecord) -> TrialView:
         step_time_s=metrics.get("step_time_s"), measured_peak=entry.measured_peak,
         predicted_peak=entry.predicted_peak, error=entry.error, memory=record.memory,
         ranks=ranks, predicted_step_time_s=entry.predicted_step_time_s,
-        predicted_breakdown=predicted_terms(metrics.get("predicted_breakdown")))
+        predicted_breakdown=predicted_terms(metrics.get("predicted_breakdown")),
+        interval=entry.interval)
 
 
 def predicted_terms(stored) -> tuple[tuple[str, float], ...]:

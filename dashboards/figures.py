@@ -104,8 +104,17 @@ def _drawn_throughput(trial: TrialView) -> float:
 # ---- leaderboard ---------------------------------------------------------------------------
 STATUS_CHARS_PER_LINE = 55
 """About how many characters of the status column fit on one line (it wraps; rows grow)."""
-LEADERBOARD_COLUMNS = ("#", "trial", "configuration", "tokens/s (median)", "spread (n)",
+LEADERBOARD_COLUMNS = ("#", "trial", "configuration", "tokens/s (median)", "95% CI (n)",
                        "step ms", "peak MiB", "of limit", "predicted MiB", "status")
+
+
+def interval_cell(t) -> str:
+    """A trial's 95% interval and its number of runs; "s" after the count when the interval
+    comes from the timed steps of its one run."""
+    if t.interval is None:
+        return "–"
+    steps = "" if t.interval.source == "runs" else " s"
+    return f"{t.interval.low:,.0f}–{t.interval.high:,.0f} ({t.num_measurements}{steps})"
 
 
 def leaderboard_table(study: StudyData) -> go.Figure:
@@ -116,7 +125,7 @@ def leaderboard_table(study: StudyData) -> go.Figure:
         rows.append((
             t.position, t.number, t.name,
             f"{t.throughput:,.0f}" if t.throughput is not None else "–",
-            f"{t.spread:.1%} ({t.num_measurements})" if t.num_measurements > 1 else "–",
+            interval_cell(t),
             f"{t.step_time_s * 1e3:.2f}" if t.step_time_s is not None else "–",
             f"{peak:,.1f}" if peak is not None else "–",
             f"{t.measured_peak / study.limit_bytes:.0%}"
@@ -134,7 +143,8 @@ def leaderboard_table(study: StudyData) -> go.Figure:
     limit = (f"memory limit {study.limit_bytes / MIB:,.1f} MiB per device"
              if study.limit_bytes else "no memory limit recorded in the study's spec")
     return _figure([table], "Leaderboard",
-                   f"complete trials by median throughput, then infeasible and failed; {limit}",
+                   f"complete trials by median throughput, then infeasible and failed; 95% CI: "
+                   f"Student t over the runs (s: the timed steps of one run); {limit}",
                    height=min(200 + sum(24 + 14 * (len(r[-1]) // STATUS_CHARS_PER_LINE)
                                         for r in rows), 640))
 

@@ -169,6 +169,8 @@ def _header(study: StudyData, when: str) -> str:
                           "trials with one"),
             ("best", f"trial {best.number}: {best.name}, {best.throughput:,.0f} tokens/s"
              if best is not None else "no complete trial yet"),
+            ("ranking", study.verdict.split("\n", 1)[1] if "\n" in study.verdict
+             else study.verdict or "–"),
             ("generated", when)]
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
     return (f'<h1>Study <span id="study-name">{html.escape(study.name)}</span></h1>'

@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -136,7 +138,13 @@ def test_leaderboard_rows_follow_the_search(report, study):
             assert html.escape(e.error, quote=False) in cells[9][row]
     best = board[0]
     assert best.status == "complete" and len(best.throughputs) == 2  # re-measured once
-    assert cells[4][0] == f"{best.spread:.1%} (2)"
+    # its 95% interval over the two runs, by hand: exp(mean ± t(0.975, 1) · s / √2) of log tok/s
+    logs = [math.log(x) for x in best.throughputs]
+    half = 12.706 * statistics.stdev(logs) / math.sqrt(2)
+    low, high = cells[4][0].removesuffix(" (2)").replace(",", "").split("–")
+    assert (float(low), float(high)) == pytest.approx(
+        (math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)),
+        rel=1e-3, abs=1)
 
 
 def test_history_shows_each_trial_and_the_best_so_far(report, study):

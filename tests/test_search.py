@@ -26,7 +26,8 @@ SMALL = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_en
 def spec(**kw) -> SearchSpec:
     return SearchSpec(**{**dict(world_size=2, n_trials=4, patience=None, device="cpu",
                                 num_warmup_steps=1, num_timed_steps=4, num_profiled_steps=0,
-                                top_k=2, remeasure_repeats=1, study_name="s"), **SMALL, **kw})
+                                top_k=2, remeasure_repeats=1, remeasure_max_repeats=1,
+                                study_name="s"), **SMALL, **kw})
 
 
 @pytest.fixture
@@ -50,6 +51,7 @@ class CountingExecutor:
 
 
 def test_search_finds_the_best_by_construction(executor, database):
+    executor.discard_group()  # the search's first trial builds the worker group: a cold one
     s = spec()
     search = Search(s, database, CountingExecutor(executor), out=None)
     assert len(search.space) == 4
@@ -57,10 +59,14 @@ def test_search_finds_the_best_by_construction(executor, database):
     assert outcome.stopped_because in ("trial budget", "every valid configuration tried")
     best = outcome.best
     assert (best.config.micro_batch_size, best.config.activation_checkpointing) == (4, "none")
-    # every configuration ran once; the top 2 were measured once more
+    # every configuration ran once, the first twice (its cold run discarded); the top 2 were
+    # measured once more
     runs = search.executor.runs
-    assert len({c for c in runs}) == 4 and len(runs) == 4 + 2
-    assert len(best.throughputs) == 2 and best.spread >= 0
+    assert runs[0] == runs[1] and len({c for c in runs}) == 4 and len(runs) == 1 + 4 + 2
+    first = min(database.list_trials(outcome.study_id), key=lambda t: t.number)
+    assert first.metrics["cold_start_discarded_tokens_per_s"] > 0
+    assert first.metrics["cold_start"] is False  # the figure kept is the warm one
+    assert len(best.throughputs) == 2 and best.spread >= 0 and best.interval.n == 2
     complete = [e for e in outcome.leaderboard if e.status == "complete"]
     assert [e.throughput for e in complete] == sorted((e.throughput for e in complete),
                                                       reverse=True)

@@ -191,9 +191,10 @@ class RecordingExecutor:
 
 def without_remeasurements(trial: TrialRecord) -> TrialRecord:
     """A trial as first stored: the re-measurement of the top configurations at the end of a
-    search appends ``remeasured_throughputs`` to its metrics (by design) and changes nothing
-    else."""
-    metrics = {k: v for k, v in trial.metrics.items() if k != "remeasured_throughputs"}
+    search appends ``remeasured_throughputs`` and their rounds to its metrics, and then each
+    trial's ``throughput_interval`` (by design), and changes nothing else."""
+    added = ("remeasured_throughputs", "remeasured_rounds", "throughput_interval")
+    metrics = {k: v for k, v in trial.metrics.items() if k not in added}
     return dataclasses.replace(trial, metrics=metrics)
 
 
