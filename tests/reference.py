@@ -13,6 +13,15 @@ from autotune.models.workload import build_workload
 from autotune.parallel.zero import LEARNING_RATE
 
 HALF = {"bf16": torch.bfloat16, "16": torch.float16}
+BF16_LOSS_ATOL = 1e-3
+"""|Δloss| of a parallel mixed-precision run against the mixed-precision reference, at losses
+≈ 6.2 (1.6e-4 relative): summation order and where bf16 rounds differ between layouts
+(observed ≤ 2.3e-4 over 4 steps, tp 2 the largest); a skipped gradient sync moves the loss by
+more than 1e-3 within 2 steps (test_layouts.test_wrong_layout_is_detected)."""
+MIXED_VS_FP32_LOSS_ATOL = 3e-3
+"""|Δloss| of a mixed-precision run against the fp32 reference: bf16 rounds every matmul's
+inputs (8 mantissa bits, 2⁻⁸ ≈ 4e-3 relative each), averaged over the batch's tokens
+(observed ≤ 2e-4 over 4 steps)."""
 LOSS_SCALE = 2.0 ** 16
 """Constant loss scale of the 16-mixed reference (the runner's dynamic scale starts here)."""
 
