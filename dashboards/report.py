@@ -163,7 +163,8 @@ def _header(study: StudyData, when: str) -> str:
     limit = (f"{study.limit_bytes / figures.MIB:,.1f} MiB per device" if study.limit_bytes
              else "none recorded")
     # Stored configs name their precision (older ones their dtype, the same *-true).
-    precisions = sorted({t.config.resolved_precision("cuda") for t in study.trials})
+    precisions = sorted({t.config.resolved_precision("cpu" if t.config.device == "cpu"
+                                                     else "cuda") for t in study.trials})
     rows = [("database", study.database), ("workload", study.workload),
             ("precision", ", ".join(precisions) or "no trial yet"),
             ("world size", str(study.spec.get("world_size", "?"))), ("memory limit", limit),
