@@ -167,6 +167,13 @@ def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
         yield from state.values()
 
 
+def master_copy_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the fp32 master copy a mixed-precision optimizer holds (counted under the
+    optimizer state too; 0 under FSDP2, whose fp32 parameter shards are the master copy)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return _tensor_bytes(state["master"] for state in inner.state.values() if "master" in state)
+
+
 def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
     """Run one training step and measure this rank's memory by category."""
     pm, device = trainer.pm, trainer.device
@@ -298,6 +305,6 @@ def run_rank(config: TrialConfig) -> RankResult:
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
         step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
         clock_offset_ns=offset,
-        extra={"pid": os.getpid(),
+        extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else "cpu"})

@@ -115,41 +115,33 @@ def mixed_by_stage(executor):
             for stage in (0, 1, 2, 3)}
 
 
-def _master_and_moments(shapes, stage: int, world: int) -> tuple[int, int]:
-    """(bytes of the master copy, bytes of both moments) summed over all ranks."""
-    numel = sum(_numel(s) for s in shapes)
-    if stage >= 2:  # FSDP2: the fp32 parameter shards are the master copy
-        return 0, 2 * FP32 * sum(_padded_shard_numel(s, world) for s in shapes) * world
-    return FP32 * numel * (world if stage == 0 else 1), 2 * FP32 * numel * (
-        world if stage == 0 else 1)
-
-
 def check_mixed_precision_bytes(result, stage: int) -> None:
-    """Measured bytes per category of a bf16-mixed run against the formula above."""
+    """Measured bytes per category of a bf16-mixed run against the formula above: parameters,
+    gradients, the fp32 master copy (``master_copy_bytes``, part of the optimizer state) and
+    the moments (the rest of it, less AdamW's step counters)."""
     shapes = _shapes()
     numel = sum(_numel(s) for s in shapes)
     shard = sum(_padded_shard_numel(s, WORLD) for s in shapes)
     largest = max(_numel(s) for s in shapes)
     ranks = result.ranks
-    for r in ranks:
+    masters = [r.extra["master_copy_bytes"] for r in ranks]
+    moments = [r.memory.optimizer_state - m for r, m in zip(ranks, masters)]
+    steps = STEP_BYTES * len(shapes)
+    for r, master, moment in zip(ranks, masters, moments):
         m = r.memory
         if stage <= 1:  # the bf16 model, whole on every rank
             assert m.parameters == BF16 * numel and m.gradients == BF16 * numel, stage
-        else:  # fp32 shards (master copy), fp32 gradient shards
+        else:  # fp32 shards (the master copy), fp32 gradient shards
             assert m.parameters == FP32 * shard and m.gradients == FP32 * shard, stage
-    master, moments = _master_and_moments(shapes, stage, WORLD)
-    state = [r.memory.optimizer_state for r in ranks]
-    steps = STEP_BYTES * len(shapes) * (WORLD if stage != 1 else 1)
-    assert 0 <= sum(state) - master - moments <= steps, (stage, sum(state), master, moments)
-    if stage == 1:  # each rank holds ≈ 1/N of the master copy and moments (whole tensors)
-        per_element = FP32 + 2 * FP32
-        assert max(state) <= per_element * (numel / WORLD + largest) + steps
-    if stage == 0:
-        assert all(s - per_rank_state(numel) <= STEP_BYTES * len(shapes) for s in state)
-
-
-def per_rank_state(numel: int) -> int:
-    return (FP32 + 2 * FP32) * numel  # master copy + two moments: the paper's 12Φ
+        if stage == 0:  # master copy and moments of every parameter on every rank
+            assert master == FP32 * numel and 0 <= moment - 2 * FP32 * numel <= steps
+        elif stage == 1:  # ≈ 1/N of them, by whole tensors, moments beside their masters
+            assert master <= FP32 * (numel / WORLD + largest)
+            assert 0 <= moment - 2 * master <= steps
+        else:  # no separate master; fp32 moments of the shard
+            assert master == 0 and 0 <= moment - 2 * FP32 * shard <= steps
+    if stage == 1:  # every master element held exactly once
+        assert sum(masters) == FP32 * numel
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -164,10 +156,9 @@ def test_mixed_precision_bytes_per_category(mixed_by_stage, stage):
     for category in ("parameters", "gradients", "optimizer_state"):
         assert getattr(est, category) == max(getattr(r.memory, category)
                                              for r in result.ranks), (stage, category)
-    # Model states sum to the paper's 16Φ at ZeRO-0 (2 + 2 + 12 bytes per parameter).
-    if stage == 0:
+    if stage == 0:  # the paper's 16Φ: 2 + 2 + 12 bytes per parameter
         numel = sum(_numel(s) for s in _shapes())
-        m = mixed_by_stage[0].ranks[0].memory
+        m = result.ranks[0].memory
         states = m.parameters + m.gradients + m.optimizer_state
         assert 0 <= states - 16 * numel <= STEP_BYTES * len(_shapes())
 
