@@ -81,7 +81,7 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
         parts = split_stages(model, config, coords.pp_rank, workload.pipeline_split)
     else:
         parts = [model]
-    parts = [apply_precision(p.to(device), config, config.precision) for p in parts]
+    parts = [apply_precision(p.to(device), config) for p in parts]
     if config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]

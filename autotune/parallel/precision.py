@@ -83,8 +83,10 @@ def check_device_precision(precision: str, device: torch.device) -> None:
                 including_emulation=False), device_name=torch.cuda.get_device_name(device))
 
 
-def apply_precision(part: nn.Module, config: TrialConfig, precision: str) -> nn.Module:
-    """Put a model part's parameters in the dtype they are stored in at rest."""
+def apply_precision(part: nn.Module, config: TrialConfig) -> nn.Module:
+    """Put a model part's parameters in the dtype they are stored in at rest
+    (``config.precision`` resolved)."""
+    precision = config.precision
     if precision == "32-true":
         return part
     half = compute_dtype(precision)
