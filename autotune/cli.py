@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--seq-len", type=_positive_int, default=64, metavar="N")
     search.add_argument("--global-batch", type=_positive_int, default=8, metavar="N",
                         help="sequences per optimizer step (fixed across configurations)")
-    search.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                        default="float32")
+    from autotune.estimate_cli import add_precision_args
+
+    add_precision_args(search)
     search.add_argument("--world-size", type=_positive_int, metavar="N",
                         help="ranks per trial (default: visible GPUs, or 2 on CPU)")
     search.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
@@ -258,6 +259,7 @@ def _positive_int(text: str) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from autotune.config import WorkloadSpec
+    from autotune.estimate_cli import precision_arg
     from autotune.search import SearchSpec, default_world_size
     from autotune.space import load_space_file, parse_fix
 
@@ -266,6 +268,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                             global_batch_size=args.global_batch, dtype=args.dtype,
                             workload=args.workload)
     workload.validate()
+    TrialConfig(workload=workload, precision=precision_arg(args.precision)).validate_precision()
     if args.workload:
         from autotune.models.workload import load_builder
 
@@ -282,6 +285,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                       top_k=args.top_k, remeasure_repeats=args.remeasure,
                       remeasure_max_repeats=args.remeasure_max,
                       num_timed_steps=args.timed_steps, sampler=args.strategy,
+                      precision=args.precision,
                       cluster=args.cluster)
     spec.validate()
     database = _open_db(args.db, required_by="autotune search keeps its study in a database")

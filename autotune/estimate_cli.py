@@ -24,12 +24,12 @@ import math
 import sys
 
 from autotune.cluster import ClusterSpec, builtin_names, load_cluster
-from autotune.config import TrialConfig, WorkloadSpec
+from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.memory import (
-    BYTES_PER_ELEMENT,
     CATEGORIES,
     estimate_all_stages,
+    gathered_parameter_bytes,
     model_state_bytes,
 )
 from autotune.models.shapes import MODEL_SHAPES, ModelShape, model_names
@@ -58,7 +58,7 @@ def add_estimate_parser(sub) -> None:
         "(see autotune/memory.py). With --cluster, also the predicted step time, tokens/s, MFU "
         "and where the time goes (autotune/perf_model.py).",
         epilog="example: autotune estimate --model llama-70b --world-size 512 --tp 8 --pp 8 "
-        "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --dtype bfloat16 "
+        "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --precision bf16-mixed "
         "--cluster a100-sxm4-80gb")
     p.add_argument("--config", metavar="FILE",
                    help="TrialConfig JSON; knob flags given as well override its fields")
@@ -78,8 +78,7 @@ def add_estimate_parser(sub) -> None:
                        help="activation checkpointing")
     knobs.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
                        help="pipeline schedule (with --pp > 1)")
-    knobs.add_argument("--dtype", choices=tuple(BYTES_PER_ELEMENT),
-                       help="parameter and activation dtype")
+    add_precision_args(knobs)
     knobs.add_argument("--attention", choices=("sdpa", "eager"), help="attention kernel")
     knobs.add_argument("--bucket-mb", type=float, metavar="MB",
                        help="gradient bucket / FSDP unit size in MB")
@@ -96,6 +95,26 @@ def add_estimate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
+
+
+def add_precision_args(group) -> None:
+    """``--precision`` and the older ``--dtype`` (``estimate``, ``rank`` and ``search``)."""
+    group.add_argument("--precision", metavar="NAME",
+                       help=f"{', '.join(PRECISION_COMPUTE_DTYPE)} (Lightning's names; mixed: "
+                       "fp32 master weights and optimizer state, half-precision compute); "
+                       "default: bf16-mixed on GPUs, 32-true on CPUs")
+    group.add_argument("--dtype", choices=tuple(DTYPE_PRECISION),
+                       help="older spelling of the *-true precisions (float32 = 32-true, "
+                       "bfloat16 = bf16-true, float16 = 16-true)")
+
+
+def precision_arg(text: str | None) -> str | None:
+    """--precision checked: an unknown name is one line, exit 2 (argparse's choices would
+    print the usage too)."""
+    if text is not None and text not in PRECISION_COMPUTE_DTYPE:
+        raise ConfigError(f"unknown precision '{text}'; choose one of "
+                          f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
+    return text
 
 
 def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -126,6 +145,8 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
 def cmd_estimate(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     device = args.device or ("cpu" if config.device == "cpu" else "cuda")
+    config.validate_precision()
+    config = config.with_precision(device)
     if args.nodes is not None and args.cluster is None:
         raise ConfigError("--nodes sizes the cluster of --cluster NAME|FILE: give --cluster too")
     cluster = cluster_for_world(args.cluster, args.nodes, config.world_size) if (
@@ -185,6 +206,8 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
               "attention": args.attention, "bucket_mb": args.bucket_mb}
     if args.no_overlap:
         fields["overlap_enabled"] = False
+    if precision_arg(args.precision) is not None:
+        fields["precision"] = args.precision
     config = dataclasses.replace(config, workload=workload,
                                  **{k: v for k, v in fields.items() if v is not None})
     if config.zero_stage not in (0, 1, 2, 3):
@@ -286,7 +309,8 @@ def _describe(config: TrialConfig, shape: ModelShape | None, device: str) -> str
     return (f"{name}: world {config.world_size} = tp {config.tp_degree} × pp "
             f"{config.pp_degree} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
             f"micro-batch {config.micro_batch_size} × {config.grad_accum_steps} accumulation, "
-            f"seq {wl.seq_len}, {wl.dtype}, checkpointing {config.activation_checkpointing}"
+            f"seq {wl.seq_len}, {config.precision}, checkpointing "
+            f"{config.activation_checkpointing}"
             f"{schedule} (device {device})")
 
 
@@ -352,13 +376,18 @@ def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: st
     checked = dataclasses.replace(config, workload=dataclasses.replace(
         config.workload, workload=EXPLICIT_WORKLOAD))
     checked.validate()
-    parameters, gradients, optimizer_state = model_state_bytes(
-        int(args.params), zero_stage=config.zero_stage, dp_degree=config.dp_degree,
-        tp_degree=config.tp_degree, pp_degree=config.pp_degree, dtype=config.workload.dtype)
+    kw = dict(zero_stage=config.zero_stage, dp_degree=config.dp_degree,
+              tp_degree=config.tp_degree, pp_degree=config.pp_degree,
+              precision=config.precision)
+    parameters, gradients, optimizer_state = model_state_bytes(int(args.params), **kw)
+    gathered = gathered_parameter_bytes(int(args.params), **kw)
+    # Model states at the step's peak: at rest, plus what ZeRO-2 keeps gathered from forward
+    # through backward (the ZeRO paper's unpartitioned 2Φ of fp16 parameters).
     row: dict[str, int | None] = {
         "parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state,
         "activations": None, "comm_buffers": None, "other": None, "total": None,
-        "model_states": parameters + gradients + optimizer_state}
+        "gathered_parameters": gathered,
+        "model_states": parameters + gradients + optimizer_state + gathered}
     no_time = ("note: --params gives no architecture, so no step time is predicted on "
                f"cluster '{cluster.name}'; give --model or the architecture flags instead"
                ) if cluster is not None else None
@@ -371,10 +400,13 @@ def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: st
         return 0
     print(f"{int(args.params):,} parameters: world {config.world_size} = tp "
           f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, "
-          f"ZeRO-{config.zero_stage}, {config.workload.dtype}")
+          f"ZeRO-{config.zero_stage}, {config.precision}")
     print("per rank, model states only (parameters spread evenly over tp × pp; activations "
           "need the architecture):")
     _print_table(row)
+    if gathered:
+        print(f"  {'+ gathered':<16} {gathered:>18,} {_human(gathered):>12}  (ZeRO-2 "
+              "parameters gathered from forward through backward)")
     print(f"  {'model states':<16} {row['model_states']:>18,} "
           f"{_human(row['model_states']):>12}")
     if no_time:

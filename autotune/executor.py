@@ -246,6 +246,8 @@ class RayExecutor:
         self.start()
         start = time.perf_counter()  # Ray's own start-up is not a trial's overhead
         use_gpu = self._use_gpu(config)
+        # A config that names no precision trains in the device's default: record which.
+        config = config.with_precision("cuda" if use_gpu else "cpu")
         group, cold = self._group_for(config, use_gpu)
         payload = config.to_dict()
         refs = [w.run_trial.remote(payload) for w in group.workers]
@@ -355,7 +357,7 @@ def _mfu(config: TrialConfig, step_time: float, rank0: RankResult) -> float | No
 
     shape = config.workload.shape
     device_name = rank0.extra.get("device_name", "")
-    peak = peak_flops(device_name, config.workload.dtype) if device_name else None
+    peak = peak_flops(device_name, config.compute_dtype()) if device_name else None
     if shape is None or peak is None:
         return None
     n = shape.num_params(config.workload.resolved_vocab_size)

@@ -12,16 +12,30 @@ import os
 import tempfile
 from pathlib import Path
 
-from autotune.config import TrialConfig
+from autotune.config import MIXED_PRECISIONS, PRECISION_COMPUTE_DTYPE, TrialConfig
 from autotune.errors import AutotuneError, ConfigError
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def _precision_sections(precision: str) -> dict:
+    """DeepSpeed's ``bf16`` / ``fp16`` sections. Both keep fp32 master weights and optimizer
+    state (DeepSpeed's mixed precision); ``fp16.loss_scale`` 0 is its dynamic loss scale,
+    starting at 2^initial_scale_power as 16-mixed's does (``parallel/precision.py``)."""
+    dtype = PRECISION_COMPUTE_DTYPE[precision]
+    fp16: dict = {"enabled": dtype == "float16"}
+    if precision == "16-mixed":
+        fp16.update(loss_scale=0, initial_scale_power=16, loss_scale_window=2000,
+                    hysteresis=1, min_loss_scale=1)
+    return {"bf16": {"enabled": dtype == "bfloat16"}, "fp16": fp16}
+
+
 def ds_config(config: TrialConfig) -> dict:
     """The same choice in DeepSpeed's keys, with notes where DeepSpeed cannot follow it."""
     w = config.workload
-    bucket_elements = int(config.bucket_mb * 2**20 // ELEMENT_BYTES[w.dtype])
+    precision = config.resolved_precision("cpu" if config.device == "cpu" else "cuda")
+    bucket_elements = int(config.bucket_mb * 2**20
+                          // ELEMENT_BYTES[PRECISION_COMPUTE_DTYPE[precision]])
     ds: dict = {
         "train_batch_size": w.global_batch_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
@@ -33,8 +47,7 @@ def ds_config(config: TrialConfig) -> dict:
             "overlap_comm": config.overlap_enabled,
             "contiguous_gradients": True,
         },
-        "bf16": {"enabled": w.dtype == "bfloat16"},
-        "fp16": {"enabled": w.dtype == "float16"},
+        **_precision_sections(precision),
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
     }
     if config.optimizer_offload_enabled:
@@ -45,6 +58,10 @@ def ds_config(config: TrialConfig) -> dict:
     if config.tp_degree > 1:
         ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
     notes = []
+    if precision not in MIXED_PRECISIONS and precision != "32-true":
+        notes.append(f"precision {precision} (no fp32 master copy) has no DeepSpeed "
+                     "equivalent: its bf16/fp16 modes keep fp32 master weights and optimizer "
+                     "state, as bf16-mixed/16-mixed do")
     if config.pp_degree > 1:
         notes.append(f"pipeline parallelism (pp_degree {config.pp_degree}, schedule "
                      f"{config.pp_schedule}) is configured in DeepSpeed's PipelineModule "

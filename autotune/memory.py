@@ -14,11 +14,17 @@ implementation* wherever it stores something differently from the paper's settin
   2Φ (fp16 parameters) + 2Φ (fp16 gradients) + 12Φ (fp32 master parameters, momentum and
   variance) bytes for Φ parameters, i.e. 16Φ; ZeRO-1 shards the 12Φ over N data-parallel ranks
   (4Φ + 12Φ/N), ZeRO-2 also the gradients (2Φ + 14Φ/N), ZeRO-3 everything (16Φ/N). Here the
-  parameters and gradients are kept in the workload's dtype (``build_builtin`` casts the model:
-  4 bytes for float32, 2 for bfloat16/float16 — there is no separate fp32 master copy) and AdamW
-  keeps two moments in that dtype plus one 4-byte fp32 step counter per parameter tensor:
-  (4 + 4 + 8)Φ = 16Φ in float32, 8Φ in bfloat16. What is sharded follows ``parallel/zero.py``:
-  ZeRO-1 (``ZeroRedundancyOptimizer``) shards only the optimizer state, assigning whole tensors
+  bytes per element follow the trial's precision and the mechanism that trains it
+  (:func:`state_bytes`, ``parallel/precision.py``): bf16-mixed/16-mixed under DDP, ZeRO-1 or no
+  data parallelism keep the paper's split exactly (half-precision parameters and gradients,
+  the optimizer holding fp32 master copies and moments: 2 + 2 + 12 bytes); under FSDP2
+  (ZeRO-2/3) the fp32 shards are the master copy, so a shard holds 4 + 4 + 8 bytes and the
+  parameters are gathered in half precision for compute (``comm_buffers``; ZeRO-2 keeps them from
+  forward through backward, the paper's whole 2Φ). 32-true holds 4 + 4 + 8, bf16-true and
+  16-true 2 + 2 + 4 (no master copy). AdamW adds one 4-byte fp32 step counter per parameter
+  tensor. What is sharded follows ``parallel/zero.py``:
+  ZeRO-1 (``ZeroRedundancyOptimizer``) shards only the optimizer state (master copies
+  included), assigning whole tensors
   greedily, largest first, to the least-loaded rank (reproduced exactly, so the worst rank's share
   is exact); for DTensor parameters (tp > 1, or a pipeline with overlap) ZeRO-1 is Megatron's
   distributed optimizer, which splits each bucket of the TP-local parameters into N equal
@@ -66,12 +72,17 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autotune.config import INTERLEAVED_STAGES_PER_RANK, TrialConfig
+from autotune.config import (
+    INTERLEAVED_STAGES_PER_RANK,
+    MIXED_PRECISIONS,
+    PRECISION_COMPUTE_DTYPE,
+    TrialConfig,
+)
 from autotune.errors import ConfigError
 from autotune.models.shapes import ModelShape
 
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""Parameter, gradient, optimizer-moment and activation element size per workload dtype."""
+"""Element size per dtype."""
 FP32_BYTES = 4
 ADAM_STEP_BYTES = 4
 """AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
@@ -122,6 +133,32 @@ class MemoryEstimate:
         d = {name: getattr(self, name) for name in CATEGORIES}
         d["total"] = self.total
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter element of each model state, for one precision and mechanism."""
+
+    parameter: int
+    """The model's parameters at rest (FSDP2: its shards)."""
+    gradient: int
+    master: int
+    """The optimizer's fp32 master copy (0: none, or the parameters are the master)."""
+    moment: int
+    """Each of AdamW's two moments."""
+    compute: int
+    """Activations, and parameters and gradients FSDP2 gathers for compute."""
+
+
+def state_bytes(precision: str, *, fsdp: bool) -> StateBytes:
+    """Element sizes of ``precision`` (``parallel/precision.py``); ``fsdp``: ZeRO-2/3 over
+    more than one rank, where FSDP2's MixedPrecisionPolicy keeps fp32 shards."""
+    c = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
+    if precision not in MIXED_PRECISIONS:
+        return StateBytes(c, c, 0, c, c)
+    if fsdp:
+        return StateBytes(FP32_BYTES, FP32_BYTES, 0, FP32_BYTES, c)
+    return StateBytes(c, c, FP32_BYTES, FP32_BYTES, c)
 
 
 # ---- the parameter tensors a rank holds --------------------------------------------------
@@ -217,7 +254,7 @@ class _States:
 
 @lru_cache(maxsize=65536)
 def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp: int,
-            zero: int, pbytes: int, bucket_mb: float, flat_zero1: bool = False) -> _States:
+            zero: int, sb: StateBytes, bucket_mb: float, flat_zero1: bool = False) -> _States:
     layer = _layer_tensors(shape, tp)
     roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
@@ -225,7 +262,7 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
     num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
     # FSDP units: consecutive blocks grouped until their bytes reach bucket_mb
     # (``zero.group_blocks``), per part; each part's root is a unit of its own.
-    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * pbytes)))
+    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * sb.parameter)))
     units: list[int] = []
     for p, r in zip(parts, roots):
         full, rest = divmod(p.num_layers, per_unit)
@@ -234,10 +271,12 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
             units.append(r.numel)
     root_numel = sum(r.numel for r in roots)
     biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
+    state = sb.master + 2 * sb.moment  # optimizer bytes per element: master copy, moments
     if dp == 1 or zero == 0:
-        # Nothing sharded: parameters, gradients, two AdamW moments, one step per tensor.
-        return _States(numel * pbytes, numel * pbytes,
-                       2 * numel * pbytes + ADAM_STEP_BYTES * num_tensors,
+        # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
+        # per tensor.
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * numel + ADAM_STEP_BYTES * num_tensors,
                        numel, root_numel, tuple(units), biggest, numel)
     if zero == 1 and flat_zero1:
         # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
@@ -248,10 +287,10 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
             sizes += [a * b for a, b in r.shapes[:head]]
             sizes += [a * b for a, b in layer.shapes] * p.num_layers
             sizes += [a * b for a, b in r.shapes[head:]]
-        worst_numel, worst_count, gather = _flat_partition(tuple(sizes), dp,
-                                                           bucket_mb * MIB / pbytes, pbytes)
-        return _States(numel * pbytes, numel * pbytes,
-                       2 * worst_numel * pbytes + ADAM_STEP_BYTES * worst_count,
+        worst_numel, worst_count, gather = _flat_partition(
+            tuple(sizes), dp, bucket_mb * MIB / sb.parameter, state)
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
                        numel, root_numel, tuple(units), biggest, worst_numel, gather)
     if zero == 1:
         # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
@@ -260,13 +299,13 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
         for root in roots:
             sizes += [r * c for r, c in root.shapes]
         worst_numel, worst_count = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
-        return _States(numel * pbytes, numel * pbytes,
-                       2 * worst_numel * pbytes + ADAM_STEP_BYTES * worst_count,
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
                        numel, root_numel, tuple(units), biggest, worst_numel)
     # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
     shard = layers * layer.fsdp_shard_numel(dp) + sum(r.fsdp_shard_numel(dp) for r in roots)
-    return _States(shard * pbytes, shard * pbytes,
-                   2 * shard * pbytes + ADAM_STEP_BYTES * num_tensors,
+    return _States(shard * sb.parameter, shard * sb.gradient,
+                   state * shard + ADAM_STEP_BYTES * num_tensors,
                    numel, root_numel, tuple(units), biggest, shard)
 
 
@@ -291,7 +330,7 @@ def _uses_distributed_optimizer(config: TrialConfig) -> bool:
 
 @lru_cache(maxsize=4096)
 def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
-                    pbytes: int) -> tuple[int, int, int]:
+                    state_bytes_per_element: int) -> tuple[int, int, int]:
     """(elements, tensors) of the rank of n with the most optimizer-state bytes, and the largest
     padded bucket, under the
     distributed optimizer's partition of tensors of ``sizes`` (in order): buckets closed once
@@ -313,31 +352,47 @@ def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
                 elements[r] += hi - lo
                 tensors[r] += bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo) + 1
         start = stop
-    worst = max(range(n), key=lambda r: 2 * pbytes * elements[r] + ADAM_STEP_BYTES * tensors[r])
+    worst = max(range(n), key=lambda r: state_bytes_per_element * elements[r]
+                + ADAM_STEP_BYTES * tensors[r])
     return elements[worst], tensors[worst], largest
 
 
 def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
-                      tp_degree: int = 1, pp_degree: int = 1, dtype: str = "float32"
+                      tp_degree: int = 1, pp_degree: int = 1, precision: str = "32-true"
                       ) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer state) bytes per rank for Φ parameters spread evenly
-    over tp × pp, when only the count is known (no tensor shapes: no padding, no step counters).
+    """(parameters, gradients, optimizer state) bytes per rank at rest for Φ parameters spread
+    evenly over tp × pp, when only the count is known (no tensor shapes: no padding, no step
+    counters). The optimizer state includes the fp32 master copy.
 
-    ZeRO (Rajbhandari et al. 2020, §5) with this implementation's element sizes (e bytes per
-    parameter, gradient and each of AdamW's two moments): ZeRO-0 (e + e + 2e)Φ; ZeRO-1 shards
-    the 2eΦ of moments over N; ZeRO-2/3 (FSDP2) shard all three at rest. In float32 that is the
-    paper's 16Φ, 8Φ + 8Φ/N (paper: 4Φ + 12Φ/N, its fp32 master copy being sharded) and 16Φ/N;
-    ZeRO-2 gathers the 4Φ of parameters again in forward/backward (``comm_buffers``).
+    ZeRO (Rajbhandari et al. 2020, §5) with this implementation's element sizes
+    (:func:`state_bytes`). In 16-mixed / bf16-mixed: ZeRO-0 2Φ + 2Φ + 12Φ = 16Φ and ZeRO-1
+    2Φ + 2Φ + 12Φ/N, the paper's; ZeRO-2/3 (FSDP2, fp32 shards) 16Φ/N at rest, ZeRO-2 adding
+    the 2Φ it gathers (:func:`gathered_parameter_bytes`; the paper's 2Φ + 14Φ/N). In 32-true
+    4Φ + 4Φ + 8Φ (ZeRO-1: 8Φ + 8Φ/N); in bf16-true half of that.
     """
-    e = BYTES_PER_ELEMENT[dtype]
-    phi = _ceil(num_params, tp_degree * pp_degree)
     n = dp_degree
-    parameters, gradients, optimizer_state = e * phi, e * phi, 2 * e * phi
+    fsdp = n > 1 and zero_stage >= 2
+    sb = state_bytes(precision, fsdp=fsdp)
+    phi = _ceil(num_params, tp_degree * pp_degree)
+    parameters, gradients = sb.parameter * phi, sb.gradient * phi
+    optimizer_state = (sb.master + 2 * sb.moment) * phi
     if n > 1 and zero_stage >= 1:
         optimizer_state = _ceil(optimizer_state, n)
-    if n > 1 and zero_stage >= 2:
+    if fsdp:
         parameters, gradients = _ceil(parameters, n), _ceil(gradients, n)
     return parameters, gradients, optimizer_state
+
+
+def gathered_parameter_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
+                             tp_degree: int = 1, pp_degree: int = 1,
+                             precision: str = "32-true") -> int:
+    """Parameter bytes ZeRO-2 holds gathered, in the compute dtype, from forward through
+    backward (FSDP2 ``reshard_after_forward=False``); 0 for the other stages (ZeRO-3 gathers
+    one unit at a time, which needs the architecture)."""
+    if zero_stage != 2 or dp_degree == 1:
+        return 0
+    phi = _ceil(num_params, tp_degree * pp_degree)
+    return state_bytes(precision, fsdp=True).compute * phi
 
 
 # ---- activations ---------------------------------------------------------------------------
@@ -355,7 +410,7 @@ def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int,
 
     - no dropout: the paper's 1-byte masks (as²b + 2sbh) and the softmax-dropout output
       (2as²b) do not exist;
-    - element size ``e`` = the workload dtype (4 bytes in float32, not the paper's 2);
+    - element size ``e`` = the compute dtype (4 bytes in 32-true, not the paper's 2);
     - SDPA's CPU/flash kernel saves its output and a fp32 log-sum-exp (4·asb/t) instead of the
       as²b softmax; eager attention saves the softmax (e·as²b/t) and an s² bool mask;
     - replicated under TP (no sequence parallelism): the layer input and the norm outputs that
@@ -487,8 +542,10 @@ def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]
 
 def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
                         device_type: str = "cpu") -> list[MemoryEstimate]:
-    """One estimate per pipeline rank (pp rank 0 … pp − 1)."""
+    """One estimate per pipeline rank (pp rank 0 … pp − 1), in the precision the config
+    trains in on ``device_type``."""
     shape = _resolve_shape(config, shape)
+    config = config.with_precision(device_type)
     return [_estimate_stage(config, shape, r, device_type) for r in range(config.pp_degree)]
 
 
@@ -521,8 +578,6 @@ def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
         if shape.family == "gpt" and config.workload.seq_len > shape.max_seq_len:
             raise ConfigError(f"seq_len {config.workload.seq_len} exceeds the shape's context "
                               f"{shape.max_seq_len}; lower seq_len")
-    if config.workload.dtype not in BYTES_PER_ELEMENT:
-        raise ConfigError(f"dtype must be one of {', '.join(BYTES_PER_ELEMENT)}")
     return shape
 
 
@@ -533,14 +588,16 @@ def _ceil(a: int, b: int) -> int:
 def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
                     device_type: str) -> MemoryEstimate:
     spec = config.workload
-    e = BYTES_PER_ELEMENT[spec.dtype]
+    compute_dtype = PRECISION_COMPUTE_DTYPE[config.precision]
     vocab = spec.vocab_size or shape.vocab_size  # an explicit shape brings its own
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     s, b, m = spec.seq_len, config.micro_batch_size, config.grad_accum_steps
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
     parts = _parts(shape.num_layers, pp, interleaved, pp_rank)
     last = any(p.last for p in parts)
-    st = _states(shape, vocab, parts, tp, dp, zero, e, config.bucket_mb,
+    sb = state_bytes(config.precision, fsdp=dp > 1 and zero >= 2)
+    e = sb.compute  # activations and what FSDP2 gathers
+    st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb,
                  flat_zero1=_uses_distributed_optimizer(config))
     sbh = s * b * shape.hidden_size
     sbv = s * b * vocab
@@ -548,7 +605,7 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
 
     # ---- activations saved for backward ----------------------------------------------------
     layer = layer_activation_bytes(shape, seq_len=s, micro_batch=b, tp=tp, checkpointing=ac,
-                                   attention=config.attention, dtype=spec.dtype)
+                                   attention=config.attention, dtype=compute_dtype)
     per_microbatch = []
     for part in parts:
         saved = part.num_layers * layer
@@ -569,7 +626,7 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     transient = max(2 * FP32_BYTES * sbv if last else 0,
                     block_backward_bytes(shape, seq_len=s, micro_batch=b, tp=tp,
                                          checkpointing=ac, attention=config.attention,
-                                         dtype=spec.dtype))
+                                         dtype=compute_dtype))
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
     # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
@@ -584,7 +641,8 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     comm_post = 0
     if dp > 1 and zero <= 1 and not config.overlap_enabled:
         # BucketedAllReduce: one flat bucket (bucket_mb plus the tensor that overfilled it).
-        comm_post = min(grads, int(config.bucket_mb * MIB) + st.largest_tensor_numel * e)
+        comm_post = min(grads, int(config.bucket_mb * MIB)
+                        + st.largest_tensor_numel * sb.gradient)
     elif dp > 1 and zero <= 1:
         # DDP (gradient_as_bucket_view) and replicate: while no_sync accumulates, gradients
         # live outside the buckets, which hold a second copy from the last micro-batch on.
@@ -614,7 +672,7 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     if st.gather_numel:
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
-        comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * e)
+        comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * sb.parameter)
 
     # ---- other ----------------------------------------------------------------------------
     other = 0
@@ -639,12 +697,17 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     # FSDP, TP, replicate — which torch's foreach path does not take): about two of the largest
     # tensor (measured on CPU). Foreach AdamW (CUDA, plain parameters; torch.optim.adam
     # ``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor.
-    optimizer_temps = 2 * st.largest_tensor_numel * e
+    # Mixed precision's master-weight AdamW (single-tensor, parallel/precision.py) adds the
+    # largest gradient read as fp32.
+    optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
+    if sb.master:
+        optimizer_temps += st.largest_tensor_numel * FP32_BYTES
     # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
     # DTensors' local tensors).
     plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
-    if device_type == "cuda" and plain_params and not config.optimizer_offload_enabled:
-        optimizer_temps = max(optimizer_temps, st.optimizer_numel * e)
+    if (device_type == "cuda" and plain_params and not config.optimizer_offload_enabled
+            and not sb.master):
+        optimizer_temps = max(optimizer_temps, st.optimizer_numel * sb.moment)
 
     # ---- the peak: the larger of forward/backward and after backward -------------------
     fb = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum)

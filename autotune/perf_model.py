@@ -207,13 +207,13 @@ def layer_params(shape: ModelShape) -> int:
     return attn + 2 * h * f + 4 * h
 
 
-def layer_shape_key(config: TrialConfig, shape: ModelShape) -> str:
+def layer_shape_key(config: TrialConfig, shape: ModelShape, device_type: str = "cuda") -> str:
     """The key of a per-rank layer shape: the block's architecture (family, hidden, MLP width,
     heads), the tokens per micro-batch, tp and dtype — what decides its kernels."""
     rows = config.micro_batch_size * config.workload.seq_len
     return (f"{shape.family} h{shape.hidden_size} f{shape.ffn_hidden_size} "
             f"a{shape.num_heads}/{shape.num_kv_heads} rows{rows} tp{config.tp_degree} "
-            f"{config.workload.dtype}")
+            f"{config.compute_dtype(device_type)}")
 
 
 SOFT_MAX_POWER = 32.0
@@ -314,7 +314,10 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         raise ConfigError(f"cannot predict the step time of user workload "
                           f"'{config.workload.workload}' without its shape; pass a ModelShape")
     spec = config.workload
-    dtype = spec.dtype
+    # Mixed precision computes at the half-precision peak; a config naming no precision
+    # trains in the cluster's default (gloo: CPU ranks).
+    device_type = "cpu" if cluster.backend == "gloo" else "cuda"
+    dtype = config.compute_dtype(device_type)
     e = BYTES_PER_ELEMENT[dtype]
     peak = cluster.device.flops(dtype)
     mem_bw = cluster.device.memory_bandwidth_gbs * GB
@@ -340,7 +343,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     attn_core_s = score_flops / tp / flop_rate + score_s
     recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
     passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
-    shape_key = layer_shape_key(config, shape)
+    shape_key = layer_shape_key(config, shape, device_type)
     layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
         shape_key, 1.0)
     head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)

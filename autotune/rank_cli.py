@@ -128,7 +128,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
                           f"{args.memory_limit:g}")
     cluster = load_cluster(args.cluster, nodes=args.nodes)
     base, shape = _base_config(args, cluster)
-    cluster.device.flops(base.workload.dtype)  # a dtype the device gives no peak for: refuse now
+    # A dtype the device gives no peak for: refuse now.
+    cluster.device.flops(base.compute_dtype(_device_type(cluster)))
     limit_gib = args.memory_limit or cluster.device.memory_gib
     layouts = enumerate_layouts(base, shape)
     if not layouts:
@@ -156,7 +157,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
         f"{shape.num_heads} heads, vocab {shape.vocab_size})")
     print(f"{name} on {describe_cluster(cluster)}: world {base.world_size}, global batch "
-          f"{wl.global_batch_size} × seq {wl.seq_len}, {wl.dtype}")
+          f"{wl.global_batch_size} × seq {wl.seq_len}, "
+          f"{base.resolved_precision(_device_type(cluster))}")
     print(format_table(top))
     print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
           f"{limit_gib:g} GiB (peak + {MEMORY_MARGIN:.0%} margin); the top {len(top)} by "

@@ -25,6 +25,7 @@ from autotune.errors import ConfigError
 from autotune.models.workload import Workload, build_workload
 from autotune.parallel.mesh import build_mesh
 from autotune.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
+from autotune.parallel.precision import check_device_precision, compute_dtype
 from autotune.parallel.zero import local_tensor
 from autotune.result import MemoryBreakdown, RankResult
 from profiler import Span
@@ -51,8 +52,8 @@ class Trainer:
         self.workload = workload
         self.device = device
         self.config = pm.config
-        dtype = self.config.workload.dtype
-        self.autocast_dtype = None if dtype == "float32" else getattr(torch, dtype)
+        dtype = compute_dtype(self.config.precision)
+        self.autocast_dtype = None if dtype == torch.float32 else dtype
         self._local_losses: list[torch.Tensor] = []
 
     def _autocast(self):
@@ -81,7 +82,9 @@ class Trainer:
         if on_grads is not None:
             on_grads()
         with phase("optimizer"):
-            pm.dp.optimizer.step()
+            if pm.loss_scaler is None or pm.loss_scaler.unscale_and_check(
+                    [p for m in pm.parts for p in m.parameters()], self.device):
+                pm.dp.optimizer.step()
             pm.dp.optimizer.zero_grad(set_to_none=True)
         has_loss = loss is not None
         self._local_losses.append(torch.stack([
@@ -94,21 +97,23 @@ class Trainer:
         args = (inputs,) if pm.is_first_stage else ()
         kwargs = {"target": targets, "losses": losses} if pm.is_last_stage else {}
         kwargs["return_outputs"] = False  # else the last stage keeps every micro-batch's logits
+        scale = pm.loss_scaler.scale if pm.loss_scaler is not None else 1.0
         with self._autocast():
             pm.schedule.step(*args, **kwargs)
-        return torch.stack(losses).mean() if pm.is_last_stage else None
+        return torch.stack(losses).mean() / scale if pm.is_last_stage else None
 
     def _accumulation_step(self, inputs, targets, phase):
         pm, workload = self.pm, self.workload
         (model,) = pm.parts
         accum = self.config.grad_accum_steps
+        scale = pm.loss_scaler.scale if pm.loss_scaler is not None else 1.0
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
             with _grad_sync(model, enabled=i == accum - 1):
                 with phase("forward"), self._autocast():
                     loss = workload.loss_fn(model(x), y)
                 with phase("backward"):
-                    (loss / accum).backward()
+                    (loss * (scale / accum)).backward()
             total += loss.detach()
         return total / accum
 
@@ -161,6 +166,13 @@ def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
     inner = getattr(optimizer, "optim", optimizer)
     for state in inner.state.values():
         yield from state.values()
+
+
+def master_copy_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the fp32 master copy a mixed-precision optimizer holds (counted under the
+    optimizer state too; 0 under FSDP2, whose fp32 parameter shards are the master copy)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return _tensor_bytes(state["master"] for state in inner.state.values() if "master" in state)
 
 
 def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
@@ -250,6 +262,8 @@ def run_rank(config: TrialConfig) -> RankResult:
     """Run one trial on this rank of the (already initialised) default process group."""
     t0 = time.perf_counter()
     device = resolve_device(config)
+    config = config.with_precision(device.type)
+    check_device_precision(config.precision, device)
     workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
     check_workload_supports(config, workload)
     if dist.get_world_size() != config.world_size:
@@ -292,6 +306,6 @@ def run_rank(config: TrialConfig) -> RankResult:
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
         step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
         clock_offset_ns=offset,
-        extra={"pid": os.getpid(),
+        extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else "cpu"})

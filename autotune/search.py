@@ -103,6 +103,9 @@ class SearchSpec:
     num_timed_steps: int = 5
     num_profiled_steps: int = 2
     device: str = "auto"
+    precision: str | None = None
+    """Training precision (``TrialConfig.precision``); None: bf16-mixed on GPUs, 32-true on
+    CPUs (or the workload's old dtype)."""
     sampler: str = DEFAULT_STRATEGY
     """The search strategy: one of ``STRATEGIES`` (model, or an Optuna sampler: tpe, gp,
     random; auto picks model on GPUs and TPE on CPUs, as bench/search_replay.py measured)."""
@@ -160,7 +163,8 @@ def base_config(spec: SearchSpec) -> TrialConfig:
     return TrialConfig(workload=spec.workload, world_size=spec.world_size, seed=spec.seed,
                        num_warmup_steps=spec.num_warmup_steps,
                        num_timed_steps=spec.num_timed_steps,
-                       num_profiled_steps=spec.num_profiled_steps, device=spec.device)
+                       num_profiled_steps=spec.num_profiled_steps, device=spec.device,
+                       precision=spec.precision).with_precision(device_type(spec))
 
 
 AC_RANK = {"none": 0, "selective": 1, "full": 2}

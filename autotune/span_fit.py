@@ -305,7 +305,7 @@ def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
     total_flops = total_s = total_peak_s = 0.0
     terms = []
     for p in usable:
-        peak = cluster.device.flops(p.config.workload.dtype)
+        peak = cluster.device.flops(p.config.compute_dtype())
         flops = _compute_term(p.config, cluster, flops_cal) * peak
         total_flops += flops
         total_s += p.seconds

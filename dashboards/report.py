@@ -162,7 +162,11 @@ def _header(study: StudyData, when: str) -> str:
     best = study.best
     limit = (f"{study.limit_bytes / figures.MIB:,.1f} MiB per device" if study.limit_bytes
              else "none recorded")
+    # Stored configs name their precision (older ones their dtype, the same *-true).
+    precisions = sorted({t.config.resolved_precision("cpu" if t.config.device == "cpu"
+                                                     else "cuda") for t in study.trials})
     rows = [("database", study.database), ("workload", study.workload),
+            ("precision", ", ".join(precisions) or "no trial yet"),
             ("world size", str(study.spec.get("world_size", "?"))), ("memory limit", limit),
             ("trials", f"{len(study.trials)} ({summary or 'none yet'})"),
             ("timelines", f"{len(study.timelines)} embedded of {study.num_with_timeline} "

@@ -1,4 +1,8 @@
-"""The single-process reference: the same workload trained on one process, no parallelism."""
+"""The single-process reference: the same workload trained on one process, no parallelism.
+
+Written independently of ``autotune/parallel/precision.py``: mixed precision here is the
+textbook recipe (Micikevicius et al. 2018) with torch's own AdamW on an fp32 master copy.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,57 @@ from autotune.config import TrialConfig
 from autotune.models.workload import build_workload
 from autotune.parallel.zero import LEARNING_RATE
 
+HALF = {"bf16": torch.bfloat16, "16": torch.float16}
+BF16_LOSS_ATOL = 1e-3
+"""|Δloss| of a parallel mixed-precision run against the mixed-precision reference, at losses
+≈ 6.2 (1.6e-4 relative): summation order and where bf16 rounds differ between layouts
+(observed ≤ 2.3e-4 over 4 steps, tp 2 the largest); a skipped gradient sync moves the loss by
+more than 1e-3 within 2 steps (test_layouts.test_wrong_layout_is_detected)."""
+MIXED_VS_FP32_LOSS_ATOL = 3e-3
+"""|Δloss| of a mixed-precision run against the fp32 reference: bf16 rounds every matmul's
+inputs (8 mantissa bits, 2⁻⁸ ≈ 4e-3 relative each), averaged over the batch's tokens
+(observed ≤ 2e-4 over 4 steps)."""
+LOSS_SCALE = 2.0 ** 16
+"""Constant loss scale of the 16-mixed reference (the runner's dynamic scale starts here)."""
 
-def reference_losses(config: TrialConfig, num_steps: int) -> list[float]:
-    """Losses of ``num_steps`` AdamW steps on the whole global batch in one process (fp32)."""
+
+def reference_losses(config: TrialConfig, num_steps: int,
+                     precision: str = "32-true") -> list[float]:
+    """Losses of ``num_steps`` AdamW steps on the whole global batch in one process.
+
+    32-true: fp32 throughout. *-true: the model and AdamW in half precision, under autocast.
+    *-mixed: the model in half precision (from the fp32 initialisation, rounded), autocast,
+    gradients copied to fp32 master parameters that torch's AdamW updates, the half model
+    refreshed from them; 16-mixed scales the loss by ``LOSS_SCALE``.
+    """
     workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
     model = workload.model
-    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    kind, _, mode = precision.partition("-")
+    half = HALF.get(kind)
+    if half is not None:
+        model.to(half)
+    params = list(model.parameters())
+    masters = ([p.detach().float().clone().requires_grad_() for p in params]
+               if mode == "mixed" else params)
+    opt = torch.optim.AdamW(masters, lr=LEARNING_RATE, weight_decay=0.0)
+    scale = LOSS_SCALE if precision == "16-mixed" else 1.0
     losses = []
     for step in range(num_steps):
         inputs, targets = workload.batch(step)
-        loss = workload.loss_fn(model(inputs), targets)
-        loss.backward()
-        opt.step()
+        with torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
+            loss = workload.loss_fn(model(inputs), targets)
+        (loss * scale).backward()
+        if mode == "mixed":
+            for master, p in zip(masters, params):
+                master.grad = p.grad.float() / scale
+            opt.step()
+            with torch.no_grad():
+                for master, p in zip(masters, params):
+                    p.copy_(master)
+            for p in params:
+                p.grad = None
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses

@@ -89,7 +89,9 @@ GPT2_SMALL_TENSORS = 2 + 12 * 10 + 2 + 1  # wte, wpe; 6 Linears + 4 norm tensors
 
 
 def _config(**kw) -> TrialConfig:
+    # The hand-derived figures here are float32 (32-true); mixed precision has its own tests.
     workload = kw.pop("workload", {})
+    kw.setdefault("precision", None if "dtype" in workload else "32-true")
     return TrialConfig(workload=WorkloadSpec(**workload), **kw)
 
 
@@ -162,8 +164,8 @@ def test_model_state_bytes_reproduces_the_zero_papers_example():
     assert states[0] == 120_000_000_000
     assert states[1] == 60_000_000_000 + 937_500_000
     assert states[2] == states[3] == 1_875_000_000
-    # bfloat16 halves every element (no fp32 master copy in this implementation).
-    assert sum(model_state_bytes(phi, zero_stage=0, dp_degree=n, dtype="bfloat16")) == 60e9
+    # bf16-true halves every element (no fp32 master copy).
+    assert sum(model_state_bytes(phi, zero_stage=0, dp_degree=n, precision="bf16-true")) == 60e9
 
 
 # ---- tensor and pipeline parallelism -----------------------------------------------------------
@@ -545,7 +547,7 @@ def _run_cli(capsys, *argv: str) -> tuple[int, str]:
 
 LLAMA_70B_ARGS = ("--model", "llama-70b", "--world-size", "512", "--tp", "8", "--pp", "8",
                   "--zero", "1", "--micro-batch", "1", "--global-batch", "1024",
-                  "--seq-len", "4096")
+                  "--seq-len", "4096", "--precision", "32-true")
 
 
 def test_cli_table_for_llama_70b(capsys):
@@ -580,7 +582,7 @@ def test_cli_config_file_and_explicit_shape(capsys, tmp_path):
     # An explicit architecture: the same numbers as the equivalent ModelShape.
     code, out = _run_cli(capsys, "--num-layers", "6", "--hidden-size", "256", "--num-heads",
                          "8", "--seq-len", "128", "--vocab-size", "1000", "--world-size", "2",
-                         "--json")
+                         "--precision", "32-true", "--json")
     shape = ModelShape("gpt", 6, 256, 8, 8, 1024, 1000, 128)
     data = json.loads(out)
     assert data["per_rank"]["parameters"] == 4 * shape.num_params()

@@ -150,11 +150,12 @@ def test_ds_config_keys_and_batch_identity(layout):
                                       * ds["gradient_accumulation_steps"] * config.dp_degree)
     zero = ds["zero_optimization"]
     assert zero["stage"] == config.zero_stage
-    element = 2 if config.workload.dtype == "bfloat16" else 4
+    # A config naming no precision exports as a GPU job trains it: bf16-mixed.
+    element = 4 if config.compute_dtype() == "float32" else 2
     assert zero["reduce_bucket_size"] == config.bucket_mb * 2**20 / element  # elements, not MB
     assert zero["allgather_bucket_size"] == zero["reduce_bucket_size"]
     assert zero["overlap_comm"] is config.overlap_enabled
-    assert ds["bf16"]["enabled"] is (config.workload.dtype == "bfloat16")
+    assert ds["bf16"]["enabled"] is (config.compute_dtype() == "bfloat16")
     assert ("tensor_parallel" in ds) is (config.tp_degree > 1)
     if config.tp_degree > 1:
         assert ds["tensor_parallel"]["autotp_size"] == config.tp_degree

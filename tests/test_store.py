@@ -35,7 +35,8 @@ def test_stored_trial_reads_back_equal(result, tmp_path):
     assert stored == dataclasses.replace(record, id=trial_id)
     assert db.trial_spans(trial_id) == sorted(spans, key=lambda s: (s.rank, s.start_ns))
     # What was stored is what the trial measured.
-    assert TrialConfig.from_dict(stored.config) == CONFIG
+    # ... with the precision it trained in spelled out (the CPU default).
+    assert TrialConfig.from_dict(stored.config) == CONFIG.with_precision("cpu")
     assert stored.metrics["step_time_s"] == result.step_time_s
     assert stored.metrics["losses"] == result.losses
     assert len(stored.memory) == 2 * len(MEMORY_CATEGORIES)

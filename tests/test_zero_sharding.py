@@ -227,4 +227,90 @@ def test_distributed_optimizer_shares_tile_every_parameter_once(n):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     worst = max(per_rank, key=lambda r: 8 * r[0] + 4 * r[1])
     sizes = tuple(p.numel() for p in params)
-    assert _flat_partition(sizes, n, bucket_mb * 2**20 / 4, 4)[:2] == worst
+    assert _flat_partition(sizes, n, bucket_mb * 2**20 / 4, 8)[:2] == worst  # fp32 moments
+
+
+# ---- mixed precision (bf16-mixed): the ZeRO paper's own setting ----------------------------
+# Per element (parallel/precision.py): ZeRO-0/1 train a bf16 model (2 bytes of parameters and
+# of gradients) whose optimizer holds an fp32 master copy and two fp32 moments (12 bytes, the
+# paper's K = 12), ZeRO-1 sharding those 12 bytes greedily by whole tensors; FSDP2 (ZeRO-2/3)
+# keeps fp32 shards as the master copy (4 + 4 bytes) and two fp32 moments (8 bytes) per shard
+# element, gathering bf16 copies only for compute. Both are the paper's 16Φ at ZeRO-0.
+MIXED = dataclasses.replace(CONFIG, precision="bf16-mixed", num_timed_steps=3)
+MIXED_STEPS = 4  # 3 timed steps + the memory step
+BF16, FP32 = 2, 4
+
+
+@pytest.fixture(scope="module")
+def mixed_by_stage(executor):
+    return {stage: executor.run(dataclasses.replace(MIXED, zero_stage=stage))
+            for stage in (0, 1, 2, 3)}
+
+
+def check_mixed_precision_bytes(result, stage: int) -> None:
+    """Measured bytes per category of a bf16-mixed run against the formula above: parameters,
+    gradients, the fp32 master copy (``master_copy_bytes``, part of the optimizer state) and
+    the moments (the rest of it, less AdamW's step counters)."""
+    shapes = _shapes()
+    numel = sum(_numel(s) for s in shapes)
+    shard = sum(_padded_shard_numel(s, WORLD) for s in shapes)
+    largest = max(_numel(s) for s in shapes)
+    ranks = result.ranks
+    masters = [r.extra["master_copy_bytes"] for r in ranks]
+    moments = [r.memory.optimizer_state - m for r, m in zip(ranks, masters)]
+    steps = STEP_BYTES * len(shapes)
+    for r, master, moment in zip(ranks, masters, moments):
+        m = r.memory
+        if stage <= 1:  # the bf16 model, whole on every rank
+            assert m.parameters == BF16 * numel and m.gradients == BF16 * numel, stage
+        else:  # fp32 shards (the master copy), fp32 gradient shards
+            assert m.parameters == FP32 * shard and m.gradients == FP32 * shard, stage
+        if stage == 0:  # master copy and moments of every parameter on every rank
+            assert master == FP32 * numel and 0 <= moment - 2 * FP32 * numel <= steps
+        elif stage == 1:  # ≈ 1/N of them, by whole tensors, moments beside their masters
+            assert master <= FP32 * (numel / WORLD + largest)
+            assert 0 <= moment - 2 * master <= steps
+        else:  # no separate master; fp32 moments of the shard
+            assert master == 0 and 0 <= moment - 2 * FP32 * shard <= steps
+    if stage == 1:  # every master element held exactly once
+        assert sum(masters) == FP32 * numel
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_mixed_precision_bytes_per_category(mixed_by_stage, stage):
+    from autotune.memory import estimate_memory
+
+    result = mixed_by_stage[stage]
+    check_mixed_precision_bytes(result, stage)
+    # The memory model predicts the worst rank's model states exactly (ZeRO-1's greedy split
+    # included).
+    est = estimate_memory(dataclasses.replace(MIXED, zero_stage=stage), device_type="cpu")
+    for category in ("parameters", "gradients", "optimizer_state"):
+        assert getattr(est, category) == max(getattr(r.memory, category)
+                                             for r in result.ranks), (stage, category)
+    if stage == 0:  # the paper's 16Φ: 2 + 2 + 12 bytes per parameter
+        numel = sum(_numel(s) for s in _shapes())
+        m = result.ranks[0].memory
+        states = m.parameters + m.gradients + m.optimizer_state
+        assert 0 <= states - 16 * numel <= STEP_BYTES * len(_shapes())
+
+
+def test_missing_master_copy_is_detected(executor):
+    """Negative control: bf16-true (today's bfloat16: no fp32 master copy, bf16 moments) fails
+    the mixed-precision byte check."""
+    result = executor.run(dataclasses.replace(MIXED, zero_stage=1, precision="bf16-true"))
+    with pytest.raises(AssertionError):
+        check_mixed_precision_bytes(result, 1)
+
+
+def test_mixed_precision_stages_match_the_reference(mixed_by_stage):
+    """Every stage's bf16-mixed losses against the single-process bf16-mixed reference (bf16
+    tolerance) and the fp32 reference (looser): see tests/reference.py for both."""
+    from reference import BF16_LOSS_ATOL, MIXED_VS_FP32_LOSS_ATOL, reference_losses
+
+    mixed = reference_losses(MIXED, MIXED_STEPS, "bf16-mixed")
+    fp32 = reference_losses(MIXED, MIXED_STEPS)
+    for stage, result in mixed_by_stage.items():
+        assert result.losses == pytest.approx(mixed, abs=BF16_LOSS_ATOL), stage
+        assert result.losses == pytest.approx(fp32, abs=MIXED_VS_FP32_LOSS_ATOL), stage
+        assert result.losses != pytest.approx(fp32, abs=1e-7)  # bf16 really ran

@@ -33,7 +33,8 @@ class Workload:
     """A model with its data, built identically (same seed) on every rank."""
 
     model: nn.Module
-    """The full model, on the CPU, in its training dtype."""
+    """The full model, on the CPU (in float32 unless the builder chose a dtype; parallelize puts
+    it in the trial's precision)."""
     batch: Callable[[int], Batch]
     """batch(step) -> (inputs, targets) of the whole global batch of that step."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_loss
@@ -93,7 +94,7 @@ def build_builtin(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0)
     assert shape is not None  # internal: callers pass built-in specs only
     vocab = spec.resolved_vocab_size
     torch.manual_seed(seed)
-    model = Transformer(shape, vocab_size=vocab, attention=attention).to(_dtype(spec.dtype))
+    model = Transformer(shape, vocab_size=vocab, attention=attention)  # fp32: see precision.py
 
     def batch(step: int) -> Batch:
         return synthetic_batch(step, seed=seed, batch_size=spec.global_batch_size,
@@ -140,6 +141,3 @@ def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0
                             f"not {type(workload).__name__}")
     return workload
 
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

@@ -1,5 +1,7 @@
 """Apply every parallelism to a workload in the one order that composes.
 
+0. **Precision** (``parallel/precision.py``) before everything: TP, replicate and FSDP build
+   their DTensors and buckets from the parameters' dtype at rest.
 1. **Pipeline split** first: each stage is the full model minus the other stages' layers, so
    the TP plan's module paths still resolve and each stage is parallelised on its own (as in
    torchtitan, which splits before ``parallelize``). Splitting after TP would deep-copy DTensors.
@@ -28,6 +30,7 @@ from autotune.models.workload import Workload
 from autotune.parallel.activation_checkpoint import apply_ac
 from autotune.parallel.mesh import MeshCoords, coords_of
 from autotune.parallel.pipeline_parallel import build_schedule, split_stages
+from autotune.parallel.precision import LossScaler, apply_precision
 from autotune.parallel.tensor_parallel import apply_tp
 from autotune.parallel.zero import DataParallelParts, apply_zero
 
@@ -42,6 +45,8 @@ class ParallelModel:
     dp: DataParallelParts
     schedule: Any | None
     """A pipelining schedule when pp_degree > 1."""
+    loss_scaler: LossScaler | None = None
+    """The dynamic loss scale of 16-mixed, else None."""
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -69,19 +74,25 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
 
 def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
                 device: torch.device) -> ParallelModel:
+    """``config.precision`` must be resolved (``TrialConfig.with_precision``)."""
     coords = coords_of(mesh)
     model = workload.model
     if config.pp_degree > 1:
         parts = split_stages(model, config, coords.pp_rank, workload.pipeline_split)
     else:
         parts = [model]
-    parts = [p.to(device) for p in parts]
+    parts = [apply_precision(p.to(device), config) for p in parts]
     if config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
     dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
+    scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
     if config.pp_degree > 1:
+        loss_fn = workload.loss_fn
+        if scaler is not None:
+            def loss_fn(output, target, _loss=workload.loss_fn):  # the scaled loss backpropagates
+                return _loss(output, target) * scaler.scale
         schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device,
-                                  workload.loss_fn)
-    return ParallelModel(config, mesh, coords, dp, schedule)
+                                  loss_fn)
+    return ParallelModel(config, mesh, coords, dp, schedule, scaler)

@@ -16,6 +16,9 @@ With dp_degree 1 there is nothing to shard or synchronise and no wrapper is appl
 ZeRO-1 of DTensor parameters (TP's, or replicate's under a pipeline with overlap on) cannot use
 ``ZeroRedundancyOptimizer``; it is Megatron's distributed optimizer
 (``distributed_optimizer.py``), behind the same gradient sync as stage 0.
+Mixed precision (``parallel/precision.py``): FSDP2 gets a ``MixedPrecisionPolicy``; the other
+paths train a half-precision model with fp32 master weights in the optimizer (under the
+distributed optimizer, a master copy of the owned slices only).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.config import TrialConfig
 from autotune.parallel.distributed_optimizer import DistributedOptimizer, local_tensor
+from autotune.parallel.precision import mp_policy, optimizer_class
 
 LEARNING_RATE = 1e-3
 """Adam's learning rate in trials: large enough that losses move within a few steps."""
@@ -110,14 +114,15 @@ def apply_zero(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
                blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
                device: torch.device) -> DataParallelParts:
     if config.dp_degree == 1:
-        return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()]))
+        return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()],
+                                              config))
     if config.zero_stage <= 1:
         return _apply_ddp(parts, config, dp_mesh, blocks, device)
     return _apply_fsdp(parts, config, dp_mesh, blocks)
 
 
-def _adam(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0)
+def _adam(params: list[nn.Parameter], config: TrialConfig) -> torch.optim.Optimizer:
+    return optimizer_class(config)(params, lr=LEARNING_RATE, weight_decay=0.0)
 
 
 def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
@@ -147,14 +152,16 @@ def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
     params = [p for m in parts for p in m.parameters()]
     optimizer: torch.optim.Optimizer | DistributedOptimizer
     if config.zero_stage == 1 and any(isinstance(p, DTensor) for p in params):
-        # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them.
-        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb, _adam)
+        # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them. The inner
+        # optimizer (with its fp32 master copy under mixed precision) steps on the owned slices.
+        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb,
+                                         lambda owned: _adam(owned, config))
     elif config.zero_stage == 1:
         optimizer = ZeroRedundancyOptimizer(
-            params, optimizer_class=torch.optim.AdamW, process_group=dp_group,
+            params, optimizer_class=optimizer_class(config), process_group=dp_group,
             lr=LEARNING_RATE, weight_decay=0.0)
     else:
-        optimizer = _adam(params)
+        optimizer = _adam(params, config)
     return DataParallelParts(parts, optimizer, grad_sync)
 
 
@@ -164,18 +171,20 @@ def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh
     reshard = config.zero_stage == 3
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=True)
                               if config.optimizer_offload_enabled else OffloadPolicy())
+    policy = mp_policy(config.precision)
     for part in parts:
         units: list[FSDPModule] = []
         for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
             # Several blocks in one unit share one all-gather / reduce-scatter (the bucket).
             fully_shard(group if len(group) > 1 else group[0], mesh=dp_mesh,
-                        reshard_after_forward=reshard, offload_policy=offload)
+                        reshard_after_forward=reshard, offload_policy=offload, mp_policy=policy)
             units.append(group[0])  # type: ignore[arg-type]
         # The root holds what no block holds (embeddings, final norm, head).
-        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload)
+        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload,
+                    mp_policy=policy)
         if config.overlap_enabled and len(units) > 1:
             for prev, nxt in zip(units, units[1:]):
                 prev.set_modules_to_forward_prefetch([nxt])
                 nxt.set_modules_to_backward_prefetch([prev])
     params = [p for m in parts for p in m.parameters()]
-    return DataParallelParts(parts, _adam(params))
+    return DataParallelParts(parts, _adam(params, config))
