@@ -132,6 +132,8 @@ def test_wrong_layout_is_detected():
 PRECISION_LAYOUTS = [  # world 4 first: the LLAMA layouts before leave that group warm
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3),
     dict(precision="bf16-mixed", world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=2),
+    # ZeRO-1 of TP's DTensors: the distributed optimizer keeps the master copy of its slices
+    dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=1),
     dict(precision="bf16-mixed", micro_batch_size=2, overlap_enabled=False),
     dict(precision="bf16-mixed", micro_batch_size=2, zero_stage=1),
     dict(precision="bf16-mixed", tp_degree=2),
