@@ -12,7 +12,9 @@ import sqlalchemy as sa
 from db_testdata import make_spans, make_trial, timeline_order
 
 from db import CalibrationRecord, Database, StorageError
-from db.schema import VERSION_TABLE
+from db.schema import MIGRATIONS, VERSION_TABLE, latest_version
+
+LATEST = latest_version(MIGRATIONS)
 
 CLUSTER = {"name": "cpu-local", "num_nodes": 1, "devices_per_node": 2,
            "device": {"name": "cpu", "peak_flops": {"float32": 8e10}},
@@ -73,10 +75,11 @@ def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database, tm
 
 
 def _make_version_1(path) -> None:
-    """A database as version 1 wrote it: version 2 only added the calibration table, so the
-    version-1 layout is today's without it."""
+    """A database as version 1 wrote it: versions 2 and 3 only added the calibration and the
+    rank-node tables, so the version-1 layout is today's without them."""
     connection = sqlite3.connect(path)
     try:
+        connection.execute("DROP TABLE autotune_rank_nodes")
         connection.execute("DROP INDEX ix_autotune_calibrations_study")
         connection.execute("DROP TABLE autotune_calibrations")
         connection.execute(f"UPDATE {VERSION_TABLE} SET version = 1")
@@ -113,7 +116,7 @@ def test_a_version_1_database_gains_the_calibration_table(tmp_path):
     assert "autotune_calibrations" not in sa.inspect(sa.create_engine(url)).get_table_names()
 
     with Database.open(url) as migrated:
-        assert migrated.schema_version == 2
+        assert migrated.schema_version == LATEST
         assert migrated.get_trial(trial_id) == before
         assert migrated.trial_spans(trial_id) == timeline_order(spans)
         assert migrated.latest_calibration(study.id) is None
@@ -127,7 +130,7 @@ def test_a_version_1_database_gains_the_calibration_table(tmp_path):
                                                              "autotune_calibrations")
     connection = sqlite3.connect(path)
     try:
-        assert connection.execute(f"SELECT version FROM {VERSION_TABLE}").fetchone() == (2,)
+        assert connection.execute(f"SELECT version FROM {VERSION_TABLE}").fetchone() == (LATEST,)
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
     finally:
         connection.close()
