@@ -121,8 +121,13 @@ class RankWorker:
 
 def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings,
                    fix: str) -> None:
-    """Refuse, in one line, more ranks than the Ray cluster has GPUs (or CPUs) for."""
-    resources = ray.cluster_resources()
+    """Refuse, in one line, more ranks than the Ray cluster's alive nodes have GPUs (or CPUs)
+    for: a node that has just died may still count in ``ray.cluster_resources()``."""
+    resources: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for key in ("CPU", "GPU"):
+                resources[key] = resources.get(key, 0) + node["Resources"].get(key, 0)
     if use_gpu:
         have, need, what = resources.get("GPU", 0), num_ranks, "GPUs"
     else:
