@@ -220,11 +220,10 @@ class WorkerGroup:
         """(node id, host name) of this group's nodes that Ray reports dead, waiting up to
         ``wait_s`` for Ray to notice (its health checks take a few seconds)."""
         deadline = time.monotonic() + wait_s
-        mine = set(self.rank_nodes)
         while True:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             lost = [(node, self.hostnames.get(node, "")) for node in dict.fromkeys(
-                self.rank_nodes) if node in mine and node not in alive]
+                self.rank_nodes) if node not in alive]
             if lost or time.monotonic() >= deadline:
                 return lost
             time.sleep(0.2)

@@ -197,7 +197,7 @@ def oom_config_args(device_bytes: int) -> tuple[int, list[str]]:
                    "--world-size", "1", "--fix", f"micro_batch_size={batch}",
                    "--fix", "zero_stage=0", "--fix", "activation_checkpointing=none",
                    "--fix", "device=cuda", "--fix", "num_warmup_steps=0",
-                   "--fix", "num_profiled_steps=0"]
+                   "--fix", "num_profiled_steps=0", "--strategy", "random"]
 
 
 def oom_check(device_bytes: int, timeout_s: float) -> Check:

@@ -114,7 +114,7 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
     proc = cluster.autotune(
         "search", "--world-size", "4", "--seq-len", "32", "--global-batch", "8",
         "--space", str(space), *(a for f in fixed for a in ("--fix", f)),
-        "--timed-steps", "8", "--trials", "6", "--remeasure", "0", "--top-k", "1",
+        "--timed-steps", "2", "--trials", "6", "--remeasure", "0", "--top-k", "1",
         "--strategy", "random", "--seed", str(SEED), "--db", db_url, "--out", str(tmp_path))
     try:
         measured = _wait_for_trials(db_url, 3, proc)
