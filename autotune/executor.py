@@ -39,6 +39,10 @@ from autotune.status import FailureKind
 _SETUP_ERRORS = (ConfigError, WorkloadError)
 SETUP_FAILURE_GRACE_S = 3.0
 """After one rank fails, how long the others get to finish before they are taken as stuck."""
+NODE_DEATH_WAIT_S = 2.0
+"""After a rank on another node than the driver's dies, how long to wait for Ray to declare
+that node dead, so the failure names the lost node (Ray's health checks take a few seconds;
+the ranks on the driver's own node are not waited for: if that node died, so did the driver)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +181,9 @@ class WorkerGroup:
         self.rank_nodes = ranks_of(groups, bundle_nodes, tp)
         """The Ray node id of every rank."""
         self.hostnames = {n["NodeID"]: n.get("NodeManagerHostname", "") for n in ray.nodes()}
+        # A rank on another node than the driver's can lose its node while the driver lives on.
+        driver_node = ray.get_runtime_context().get_node_id()
+        self.off_driver_node = any(node != driver_node for node in self.rank_nodes)
         local_ranks = Counter(self.rank_nodes)
         node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in ray.nodes()}
         self.workers = []
@@ -370,7 +377,9 @@ class RayExecutor:
             try:
                 outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                lost = self._group.lost_nodes(wait_s=2.0) if self._group else []
+                group = self._group
+                lost = (group.lost_nodes(wait_s=NODE_DEATH_WAIT_S if group.off_driver_node
+                                         else 0.0) if group else [])
                 message = (f"{describe_lost(lost)} mid-trial; its ranks died with it" if lost
                            else "worker process died (killed by a signal, e.g. the kernel's "
                                 "OOM killer: see dmesg; or a crash in native code) "
