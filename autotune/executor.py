@@ -295,12 +295,13 @@ class RayExecutor:
         g = self._group
         if g is not None and g.suits(config, use_gpu):
             return g, False
-        self.discard_group()
+        # Refused layouts leave the warm group in place for the next trial.
         check_capacity(f"world_size {config.world_size} needs", config.world_size, use_gpu,
                        self.settings, "lower world_size or add nodes (--ray-address)")
         check_tp_fits(config.tp_degree, config.world_size,
                       read_nodes(use_gpu, self.settings.cpus_per_rank),
                       "1 GPU" if use_gpu else f"{self.settings.cpus_per_rank:g} CPU")
+        self.discard_group()
         self._group = WorkerGroup(config, use_gpu, self.settings)
         return self._group, True
 

@@ -1,10 +1,11 @@
 """A search on a real Ray cluster of two nodes (two raylets on loopback, 2 CPUs each, one CPU per
 rank): every TP group inside one node and both nodes used; pipeline stages across nodes; the
-losses of the single-process reference; losing a node mid-trial records the loss by node, leaves
-no process of the trial behind, and stops the search on one line with what it measured.
+losses of the single-process reference; a TP group wider than the nodes refused before it runs,
+naming the node sizes; losing a node mid-trial records the loss by node, leaves no process of the
+trial behind, and stops the search on one line with what it measured.
 
-One search covers it all: a cold worker group costs ~100 s on two loaded cores, a warm trial a
-few seconds (the search's four layouts all reuse the first group). The cluster is a module
+One search covers it all: a cold worker group costs ~40-100 s on two loaded cores, a warm trial
+a few seconds (every layout the search runs reuses the first group). The cluster is a module
 fixture for further tests; a test that kills a node must run last. The drivers are ``autotune`` CLI subprocesses that join with ``--ray-address``,
 as a user would, with token authentication on (``RAY_AUTH_TOKEN``), as ``ray start`` has it.
 """
@@ -89,24 +90,26 @@ def _expected_losses(config: TrialConfig) -> list[float]:
                             + config.num_profiled_steps + NUM_STEPS_EXTRA)
 
 
-LAYOUTS = {(1, 1): "dp4", (1, 2): "pp2 x dp2", (2, 1): "tp2 x dp2", (2, 2): "tp2 x pp2"}
+LAYOUTS = {(1, 1): "dp4", (1, 2): "pp2 x dp2", (2, 1): "tp2 x dp2", (2, 2): "tp2 x pp2",
+           (4, 1): "tp4"}
 """(tp, pp) → name, over the search space: micro-batch 1 or 2, every other knob fixed."""
-SEED = 16
-"""Optuna's RandomSampler with this seed runs, after the plain baseline (dp4), tp2 × dp2 then
-pp2 × dp2, and tp2 × pp2 fourth (a different order fails the test, naming it); the space has
-eight configurations (micro-batch 1 or 2), so the search has more to propose after the fourth."""
+SEED = 22
+"""Optuna's RandomSampler with this seed proposes, after the plain baseline (dp4), tp2 × dp2,
+tp4, pp2 × dp2, then tp2 × pp2 fifth (a different order fails the test, naming it); the space
+has ten configurations, so the search has more to propose after the fifth."""
 
 
 def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
-    """One search, one worker group (its ranks are placed well for all four layouts): dp4,
-    pp2 × dp2 (a stage per node), tp2 × dp2 (each TP pair on one node, both nodes used), all
-    with the single-process reference's losses. Once three trials are stored a node is killed
-    while the fourth runs: that trial is stored failed, naming the node; every rank process of
+    """One search, one worker group (its ranks are placed well for all the layouts it runs):
+    dp4, tp2 × dp2 (each TP pair on one node, both nodes used), pp2 × dp2 (a stage per node),
+    all with the single-process reference's losses; tp4 is refused before it runs, naming the
+    node sizes, and the warm group stays. Once four trials are stored a node is killed while
+    the fifth runs: that trial is stored failed, naming the node; every rank process of
     the trial dies; the next proposal finds 2 CPUs for 4 ranks and the search stops on that one
     line, exporting the best it measured."""
     db_url = f"sqlite:///{tmp_path / 'search.db'}"
     space = tmp_path / "space.json"
-    space.write_text(json.dumps({"tp_degree": [1, 2], "pp_degree": [1, 2],
+    space.write_text(json.dumps({"tp_degree": [1, 2, 4], "pp_degree": [1, 2],
                                  "micro_batch_size": [1, 2]}))
     fixed = ["zero_stage=0", "num_warmup_steps=1", "num_profiled_steps=0", "device=cpu",
              "activation_checkpointing=none", "overlap_enabled=true",
@@ -117,11 +120,11 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
         "--timed-steps", "2", "--trials", "6", "--remeasure", "0", "--top-k", "1",
         "--strategy", "random", "--seed", str(SEED), "--db", db_url, "--out", str(tmp_path))
     try:
-        measured = _wait_for_trials(db_url, 3, proc)
+        stored = _wait_for_trials(db_url, 4, proc)
         workers = cluster.ask("workers")
         victim = workers[0]["node_id"]
         assert cluster.ask(f"kill {victim}") == "killed"
-        failed = _wait_for_trials(db_url, 4, proc)[3]
+        failed = _wait_for_trials(db_url, 5, proc)[4]
         # The failed trial is stored after its worker group was torn down.
         assert _wait_dead([w["pid"] for w in workers], timeout=20) == []
         out, err = proc.communicate(timeout=300)
@@ -130,8 +133,16 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
 
-    layouts = [LAYOUTS[(t.config["tp_degree"], t.config["pp_degree"])] for t in measured]
-    assert layouts == ["dp4", "tp2 x dp2", "pp2 x dp2"]
+    layouts = [LAYOUTS[(t.config["tp_degree"], t.config["pp_degree"])] for t in stored]
+    assert layouts == ["dp4", "tp2 x dp2", "tp4", "pp2 x dp2"]
+    refused = stored.pop(2)
+    assert refused.status == "failed" and refused.nodes == ()
+    assert refused.error == ("not run: tp_degree 4 cannot sit inside one node: the Ray "
+                             "cluster's 2 node(s) hold 2 and 2 ranks (1 CPU per rank); use "
+                             "tp_degree ≤ 2 or nodes with more devices")
+    measured = stored
+    # One worker group for all: the trials after the first ran on its processes.
+    assert not any(t.metrics["cold_start"] for t in measured[1:])
     assert [t.status for t in measured] == ["complete"] * 3, [t.error for t in measured]
     for trial in measured:
         node = {n.rank: n.node_id for n in trial.nodes}
