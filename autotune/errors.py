@@ -48,6 +48,14 @@ class TrialFailed(AutotuneError):
         """The failing rank's traceback, shown with --debug."""
 
 
+class PlacementError(TrialFailed):
+    """A layout the Ray cluster's nodes cannot hold with every TP group inside one node; it
+    is refused before anything runs (a search records it as not run and goes on)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind=FailureKind.INVALID)
+
+
 class TrialTimeout(TrialFailed):
     """A trial did not finish within its timeout (a hung collective, usually)."""
 

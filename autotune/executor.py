@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 
 import ray
@@ -22,6 +23,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
+from autotune.placement import (
+    assign_groups,
+    best_cost,
+    check_tp_fits,
+    placement_cost,
+    ranks_of,
+    read_nodes,
+)
 from autotune.result import RankResult, TrialResult, rank_from_dict, summarize_steps
 from autotune.status import FailureKind
 
@@ -30,6 +39,10 @@ from autotune.status import FailureKind
 _SETUP_ERRORS = (ConfigError, WorkloadError)
 SETUP_FAILURE_GRACE_S = 3.0
 """After one rank fails, how long the others get to finish before they are taken as stuck."""
+NODE_DEATH_WAIT_S = 2.0
+"""After a rank on another node than the driver's dies, how long to wait for Ray to declare
+that node dead, so the failure names the lost node (Ray's health checks take a few seconds;
+the ranks on the driver's own node are not waited for: if that node died, so did the driver)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +113,10 @@ class RankWorker:
 
         try:
             result = run_rank(TrialConfig.from_dict(config))
-            return {"ok": True, "result": result.to_dict()}
+            # Where the rank ran: the Ray node (several may share a host) and its host name.
+            return {"ok": True, "result": {**result.to_dict(),
+                                           "node_id": ray.get_runtime_context().get_node_id(),
+                                           "hostname": socket.gethostname()}}
         except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
             return {"ok": False, "type": type(e).__name__, "message": str(e),
                     "setup": isinstance(e, _SETUP_ERRORS), "kind": _failure_kind(e),
@@ -109,8 +125,13 @@ class RankWorker:
 
 def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings,
                    fix: str) -> None:
-    """Refuse, in one line, more ranks than the Ray cluster has GPUs (or CPUs) for."""
-    resources = ray.cluster_resources()
+    """Refuse, in one line, more ranks than the Ray cluster's alive nodes have GPUs (or CPUs)
+    for: a node that has just died may still count in ``ray.cluster_resources()``."""
+    resources: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for key in ("CPU", "GPU"):
+                resources[key] = resources.get(key, 0) + node["Resources"].get(key, 0)
     if use_gpu:
         have, need, what = resources.get("GPU", 0), num_ranks, "GPUs"
     else:
@@ -133,48 +154,98 @@ def _failure_kind(e: BaseException) -> FailureKind:
 
 
 class WorkerGroup:
-    """A placement group of ``world_size`` rank actors with an initialised process group."""
+    """A placement group of ``world_size`` rank actors with an initialised process group,
+    placed so that every TP group of ``config``'s layout sits inside one node and each
+    pipeline stage on as few nodes as the cluster allows (``autotune.placement``)."""
 
-    def __init__(self, world_size: int, use_gpu: bool, settings: ExecutorSettings) -> None:
+    def __init__(self, config: TrialConfig, use_gpu: bool, settings: ExecutorSettings) -> None:
+        world_size, tp = config.world_size, config.tp_degree
         self.world_size, self.use_gpu = world_size, use_gpu
         self.backend = "nccl" if use_gpu else "gloo"
         cpus = 1.0 if use_gpu else settings.cpus_per_rank
-        bundle = {"CPU": cpus, **({"GPU": 1.0} if use_gpu else {})}
-        # PACK fills one node before the next, so consecutive ranks (a TP group) share a node.
-        self.pg = placement_group([bundle] * world_size, strategy="PACK")
+        # One bundle per TP group: Ray puts a bundle on one node, so no TP group is ever split;
+        # PACK fills one node before the next.
+        bundle = {"CPU": cpus * tp, **({"GPU": float(tp)} if use_gpu else {})}
+        self.pg = placement_group([bundle] * (world_size // tp), strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=settings.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(self.pg)
             raise ClusterError(
-                f"the Ray cluster could not place {world_size} ranks of {bundle} within "
-                f"{settings.placement_timeout_s:.0f}s; lower world_size or add nodes"
+                f"the Ray cluster could not place {world_size // tp} TP groups of {bundle} "
+                f"within {settings.placement_timeout_s:.0f}s; lower world_size or add nodes"
             ) from None
         table = ray.util.placement_group_table(self.pg)
-        nodes = [table["bundles_to_node_id"][i] for i in range(world_size)]
-        local_ranks = {n: nodes.count(n) for n in nodes}
+        bundle_nodes = [table["bundles_to_node_id"][i] for i in range(world_size // tp)]
+        groups = assign_groups(bundle_nodes, config.pp_degree, config.dp_degree)
+        self.rank_nodes = ranks_of(groups, bundle_nodes, tp)
+        """The Ray node id of every rank."""
+        self.hostnames = {n["NodeID"]: n.get("NodeManagerHostname", "") for n in ray.nodes()}
+        # A rank on another node than the driver's can lose its node while the driver lives on.
+        driver_node = ray.get_runtime_context().get_node_id()
+        self.off_driver_node = any(node != driver_node for node in self.rank_nodes)
+        local_ranks = Counter(self.rank_nodes)
         node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in ray.nodes()}
         self.workers = []
-        for i in range(world_size):
-            # CPU ranks on one node share its cores: cores // local ranks threads each (and
-            # concurrent groups split the node between them).
-            share = local_ranks[nodes[i]] * (1 if use_gpu else settings.concurrent_groups)
-            threads = max(1, int(node_cpus.get(nodes[i], 1)) // share)
-            self.workers.append(RankWorker.options(
-                num_cpus=cpus, num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=i),
-            ).remote(sys.path, threads))
-        host, port = ray.get(self.workers[0].listen.remote())
-        ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
-                                             settings.trial_timeout_s)
-                 for rank, w in enumerate(self.workers)])
-        self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote() for w in self.workers])]
+        self.pids: list[int] = []
+        try:
+            for rank, node in enumerate(self.rank_nodes):
+                # CPU ranks on one node share its cores: cores // local ranks threads each (and
+                # concurrent groups split the node between them).
+                share = local_ranks[node] * (1 if use_gpu else settings.concurrent_groups)
+                threads = max(1, int(node_cpus.get(node, 1)) // share)
+                self.workers.append(RankWorker.options(
+                    num_cpus=cpus, num_gpus=1 if use_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=groups[rank // tp]),
+                ).remote(sys.path, threads))
+            host, port = ray.get(self.workers[0].listen.remote())
+            ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
+                                                 settings.trial_timeout_s)
+                     for rank, w in enumerate(self.workers)])
+            self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote()
+                                                    for w in self.workers])]
+        except ray.exceptions.RayActorError:
+            # A node lost while the group starts: nothing of the group may stay behind.
+            self.shutdown()
+            lost = self.lost_nodes()
+            raise TrialFailed("the worker group could not start: "
+                              + (describe_lost(lost) if lost else "a rank's worker died"),
+                              kind=FailureKind.CRASH) from None
+
+    def suits(self, config: TrialConfig, use_gpu: bool) -> bool:
+        """Whether this group can run ``config`` as well placed as a new group would be."""
+        if (config.world_size, use_gpu) != (self.world_size, self.use_gpu):
+            return False
+        if len(set(self.rank_nodes)) == 1:
+            return True  # one node: every layout is as well placed as it can be
+        best = best_cost(self.rank_nodes, config.tp_degree, config.dp_degree, config.pp_degree)
+        return best is not None and placement_cost(
+            self.rank_nodes, config.tp_degree, config.dp_degree) == best
+
+    def lost_nodes(self, wait_s: float = 0.0) -> list[tuple[str, str]]:
+        """(node id, host name) of this group's nodes that Ray reports dead, waiting up to
+        ``wait_s`` for Ray to notice (its health checks take a few seconds)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            lost = [(node, self.hostnames.get(node, "")) for node in dict.fromkeys(
+                self.rank_nodes) if node not in alive]
+            if lost or time.monotonic() >= deadline:
+                return lost
+            time.sleep(0.2)
 
     def shutdown(self) -> None:
         for w in self.workers:
             ray.kill(w, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def describe_lost(lost: list[tuple[str, str]]) -> str:
+    """'Ray node 3f2a… (host) was lost' for the nodes a trial lost."""
+    names = [f"{node}" + (f" ({host})" if host else "") for node, host in lost]
+    return (f"Ray node {names[0]} was lost" if len(names) == 1
+            else f"Ray nodes {', '.join(names)} were lost")
 
 
 class RayExecutor:
@@ -203,9 +274,9 @@ class RayExecutor:
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
         else:
+            address = _joinable(self.settings.ray_address)
             try:
-                ray.init(address=self.settings.ray_address, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ClusterError(f"cannot join the Ray cluster at "
                                    f"'{self.settings.ray_address}': {e}") from None
@@ -222,12 +293,16 @@ class RayExecutor:
 
     def _group_for(self, config: TrialConfig, use_gpu: bool) -> tuple[WorkerGroup, bool]:
         g = self._group
-        if g is not None and g.world_size == config.world_size and g.use_gpu == use_gpu:
+        if g is not None and g.suits(config, use_gpu):
             return g, False
-        self.discard_group()
+        # Refused layouts leave the warm group in place for the next trial.
         check_capacity(f"world_size {config.world_size} needs", config.world_size, use_gpu,
                        self.settings, "lower world_size or add nodes (--ray-address)")
-        self._group = WorkerGroup(config.world_size, use_gpu, self.settings)
+        check_tp_fits(config.tp_degree, config.world_size,
+                      read_nodes(use_gpu, self.settings.cpus_per_rank),
+                      "1 GPU" if use_gpu else f"{self.settings.cpus_per_rank:g} CPU")
+        self.discard_group()
+        self._group = WorkerGroup(config, use_gpu, self.settings)
         return self._group, True
 
     def discard_group(self) -> None:
@@ -305,11 +380,15 @@ class RayExecutor:
             try:
                 outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                outcome = {"ok": False, "type": "WorkerDied", "setup": False,
-                           "kind": FailureKind.CRASH,
-                           "message": "worker process died (killed by a signal, e.g. the "
-                                      "kernel's OOM killer: see dmesg; or a crash in native "
-                                      f"code) [{e.__class__.__name__}]",
+                group = self._group
+                lost = (group.lost_nodes(wait_s=NODE_DEATH_WAIT_S if group.off_driver_node
+                                         else 0.0) if group else [])
+                message = (f"{describe_lost(lost)} mid-trial; its ranks died with it" if lost
+                           else "worker process died (killed by a signal, e.g. the kernel's "
+                                "OOM killer: see dmesg; or a crash in native code) "
+                                f"[{e.__class__.__name__}]")
+                outcome = {"ok": False, "type": "NodeLost" if lost else "WorkerDied",
+                           "setup": False, "kind": FailureKind.CRASH, "message": message,
                            "traceback": ""}
             outcomes[index[ref]] = outcome
             if not outcome["ok"] and grace_deadline is None:
@@ -341,6 +420,29 @@ def _keep_ray_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def _joinable(address: str) -> str:
+    """Make the address ``ray start`` prints (``HOST:PORT``) join the way ``auto`` does.
+
+    Ray 2.60 turns on token authentication for ``address="auto"`` when a token exists
+    (``~/.ray/auth_token``, which ``ray start`` writes) but not for an explicit address, which
+    the cluster then refuses; the same rule is applied here. A loopback host also keeps Ray's
+    cluster mode off in this driver, as for a local cluster: otherwise Ray rewrites 127.0.0.1
+    to the host's routable address, where a loopback-only cluster does not listen."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+    from ray._private.services import is_localhost, parse_address
+
+    if address in ("auto", "local"):
+        return address
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    host_port = parse_address(address.removeprefix("ray://"))
+    if host_port is not None and is_localhost(host_port[0]):
+        _keep_ray_on_loopback()
+    return address
+
+
 def _environment(group: WorkerGroup, rank0: RankResult) -> dict:
     import platform
 
@@ -349,6 +451,7 @@ def _environment(group: WorkerGroup, rank0: RankResult) -> dict:
     return {"torch": torch.__version__, "ray": ray.__version__,
             "python": platform.python_version(), "device": rank0.device,
             "backend": group.backend, "world_size": group.world_size,
+            "num_nodes": len(set(group.rank_nodes)),
             "threads_per_rank": rank0.num_threads}
 
 

@@ -50,6 +50,10 @@ class RankResult:
     clock_offset_ns: int = 0
     """This rank's clock minus rank 0's (0 for ranks on one host)."""
     extra: dict = field(default_factory=dict)
+    node_id: str = ""
+    """The Ray node the rank ran on ('' when it ran outside Ray)."""
+    hostname: str = ""
+    """The host name of that node."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config import TrialConfig
-from autotune.errors import TrialFailed
+from autotune.errors import ClusterError, PlacementError, TrialFailed
 from autotune.leaderboard import Entry, best_entry, build_leaderboard, declare_best
 from autotune.screen import GIB, MEMORY_MARGIN
 from autotune.status import FailureKind, TrialStatus
@@ -64,7 +64,8 @@ class TrialExecutor(Protocol):
     """What runs the search's trials: a ``RayExecutor``, a ``TrialPool``, or a replay.
 
     ``run`` measures one configuration and returns its ``TrialResult``, or raises
-    ``TrialFailed`` (of kind ``oom``: the trial is infeasible; any other kind: it failed).
+    ``TrialFailed`` (of kind ``oom``: the trial is infeasible; any other kind: it failed;
+    a ``PlacementError``: the nodes cannot hold the layout, stored as not run).
     An executor may also have ``slots`` (an int; 1 when absent): how many trials it runs at
     once. With more than one, ``run`` is called from that many threads at once and must be
     thread-safe (``TrialPool.run`` is). The loop calls nothing else on it; whoever made the
@@ -130,6 +131,8 @@ class SearchLoop:
         self._strategy_stopped: str | None = None
         self._cold: dict[TrialConfig, float] = {}
         """Configuration → the tokens/s of a cold first run that was discarded, until stored."""
+        self._cluster_stopped: str | None = None
+        """Why the Ray cluster can run no more trials (a node lost, too few left)."""
 
     def leaderboard(self) -> list[Entry]:
         return build_leaderboard(self.db.list_trials(self.study_id))
@@ -189,6 +192,8 @@ class SearchLoop:
 
     def _stop_reason(self, done: int, start: float) -> str | None:
         spec = self.spec
+        if self._cluster_stopped:
+            return self._cluster_stopped
         if done >= spec.n_trials:
             return "trial budget"
         if done >= len(self.space):
@@ -331,7 +336,7 @@ class SearchLoop:
         on the loop's own thread."""
         try:
             return self._measure(config)
-        except TrialFailed as e:
+        except (TrialFailed, ClusterError) as e:
             return e
 
     def _measure(self, config: TrialConfig) -> TrialResult:
@@ -348,6 +353,16 @@ class SearchLoop:
                 start: float) -> None:
         from optuna.trial import TrialState
 
+        if isinstance(outcome, ClusterError):
+            # Nothing ran: the cluster cannot hold the world size. Before any trial that is
+            # the user's error to fix; later (a node was lost, say) the search stops on that
+            # one line and what it measured stands.
+            if self._num_run == 0:
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise outcome
+            self._cluster_stopped = f"the Ray cluster cannot run more trials: {outcome}"
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
         value, status = self._store(trial, config, predicted, outcome)
         self._num_run += 1
         if status == TrialStatus.FAILED:
@@ -371,7 +386,9 @@ class SearchLoop:
                       else TrialStatus.FAILED)
             if status == TrialStatus.INFEASIBLE_MEASURED:
                 set_excess(trial, 1.0)
-            self._store_unmeasured(trial.number, config, status, predicted, error=str(result))
+            # A layout the nodes cannot hold (a TP group wider than a node) ran nothing.
+            error = f"not run: {result}" if isinstance(result, PlacementError) else str(result)
+            self._store_unmeasured(trial.number, config, status, predicted, error=error)
             return 0.0, status
         measured = result.peak_memory_bytes
         status, error = TrialStatus.COMPLETE, None
@@ -443,6 +460,8 @@ class SearchLoop:
                      [:spec.top_k]}
         failed: set[int] = set()
         for done in range(most):
+            if self._cluster_stopped:
+                break
             top = [e for e in board if e.trial_id in finalists and e.trial_id not in failed]
             short = [e for e in top if len(e.rounds) < spec.remeasure_repeats]
             if not top or (not short and not self._tie_to_resolve(board, top)):
@@ -450,9 +469,11 @@ class SearchLoop:
             shift = done % len(top)
             figures = []
             for entry in top[shift:] + top[:shift]:
+                if self._cluster_stopped:
+                    break
                 try:
                     x = self._measure(entry.config).throughput_tokens_per_s
-                except TrialFailed as e:
+                except (TrialFailed, ClusterError) as e:
                     failed.add(entry.trial_id)
                     self._say(f"re-measuring trial {entry.number} failed: {e}")
                     continue

@@ -14,7 +14,14 @@ from datetime import UTC, datetime
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
 from autotune.status import TrialStatus
-from db import Database, RankMemoryRecord, SpanRecord, StepMetricRecord, TrialRecord
+from db import (
+    Database,
+    RankMemoryRecord,
+    RankNodeRecord,
+    SpanRecord,
+    StepMetricRecord,
+    TrialRecord,
+)
 from profiler import Span, breakdown
 
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
@@ -55,7 +62,9 @@ def to_record(result: TrialResult, *, study_id: int | None = None, number: int |
     record = TrialRecord(id=None, study_id=study_id, number=number, status=status,
                          config=result.config, metrics=trial_metrics(result),
                          env={**result.env, "memory_source": result.ranks[0].memory.source},
-                         error=None, created_at=datetime.now(UTC), memory=memory, steps=steps)
+                         error=None, created_at=datetime.now(UTC), memory=memory, steps=steps,
+                         nodes=tuple(RankNodeRecord(r.rank, r.node_id, r.hostname)
+                                     for r in result.ranks if r.node_id))
     spans = [SpanRecord(s.rank, s.step, s.kind, s.name, s.category, s.start_ns, s.dur_ns,
                         s.bytes, s.group) for r in result.ranks for s in r.spans]
     return record, spans

@@ -83,10 +83,12 @@ def _gpu_nodes(local_gpus: int) -> tuple[int, int]:
         import ray
 
         if ray.is_initialized():
-            counts = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
-                      if n.get("Alive") and n["Resources"].get("GPU", 0) >= 1]
-            if counts:
-                return len(counts), max(counts)
+            # The facts the executor places ranks by (``autotune.placement``).
+            from autotune.placement import cluster_shape, read_nodes
+
+            nodes = read_nodes(use_gpu=True, cpus_per_rank=1.0)
+            if nodes:
+                return cluster_shape(nodes)
     except ImportError:
         pass
     return 1, local_gpus

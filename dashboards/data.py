@@ -114,6 +114,8 @@ class Timeline:
     total_spans: int
     ranks: tuple[int, ...]
     """Every rank of the trial (a rank keeps its lane even if the cap left it no span)."""
+    nodes: tuple[str, ...] = ()
+    """The node each of ``ranks`` ran on, 'host/node id prefix' ('' where unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +168,12 @@ def load_study(database: Database, name: str | None = None, *,
             continue
         spans = database.trial_spans(trial.trial_id)
         if spans:
+            ranks = tuple(sorted({s.rank for s in spans}))
+            where = {n.rank: node_label(n.hostname, n.node_id)
+                     for n in records[trial.trial_id].nodes}
             timelines.append(Timeline(trial.trial_id, trial.number, trial.name,
-                                      cap_spans(spans, max_spans), len(spans),
-                                      tuple(sorted({s.rank for s in spans}))))
+                                      cap_spans(spans, max_spans), len(spans), ranks,
+                                      tuple(where.get(r, "") for r in ranks)))
     verdict = declare_best(entries)
     return StudyData(name=study.name, spec=study.spec,
                      database=database.url_for_display,
@@ -177,6 +182,11 @@ def load_study(database: Database, name: str | None = None, *,
                      num_with_timeline=sum(t.has_timeline for t in trials),
                      best_trial_id=verdict.pick.trial_id if verdict else None,
                      verdict=verdict.describe() if verdict else "")
+
+
+def node_label(hostname: str, node_id: str) -> str:
+    """'host/3f2a1c': several Ray nodes may share a host, so the node id's prefix is kept."""
+    return f"{hostname}/{node_id[:6]}" if hostname else node_id[:6]
 
 
 def latest_study_name(database: Database) -> str:

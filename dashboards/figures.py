@@ -398,9 +398,15 @@ def timeline(tl: Timeline) -> go.Figure:
     return _figure(
         traces, f"Timeline of trial {tl.number}: {esc(tl.name)}", note, barmode="overlay",
         shapes=shapes, xaxis=_axis("ms since the first span"), bargap=0,
-        yaxis=_axis("", tickvals=list(tl.ranks), ticktext=[f"rank {r}" for r in tl.ranks],
+        yaxis=_axis("", tickvals=list(tl.ranks), ticktext=lane_labels(tl),
                     range=[max(tl.ranks, default=0) + 0.5, -0.5]),
         height=180 + 90 * max(len(tl.ranks), 1))
+
+
+def lane_labels(tl: Timeline) -> list[str]:
+    """'rank 0' or, where the node is known, 'rank 0 · host/3f2a1c': lanes labelled by node."""
+    nodes = tl.nodes or ("",) * len(tl.ranks)
+    return [f"rank {r} · {esc(n)}" if n else f"rank {r}" for r, n in zip(tl.ranks, nodes)]
 
 
 def no_timeline() -> go.Figure:

@@ -37,8 +37,8 @@ SECTIONS = (
     ("knobs", "Knobs", "How the knobs relate to throughput among the complete trials."),
     ("memory-scatter", "Throughput against memory", "Every trial's throughput against its peak "
      "memory; the limit is dashed, the Pareto front starred."),
-    ("timeline", "Timeline", "One lane per rank over the profiled steps; hover a span for its "
-     "op or collective, bytes and duration."),
+    ("timeline", "Timeline", "One lane per rank, labelled with its node, over the profiled "
+     "steps; hover a span for its op or collective, bytes and duration."),
     ("step-time", "Predicted against measured step time", "Every complete trial's step time "
      "as the performance model predicted it before the trial ran, against what it measured; "
      "on the dashed line the prediction was exact."),

@@ -119,6 +119,19 @@ class RankMemoryRow(Base):
     measured_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
 
 
+class RankNodeRow(Base):
+    """Where each rank of a trial ran: its Ray node and that node's host name."""
+
+    __tablename__ = "autotune_rank_nodes"
+    __table_args__ = (UniqueConstraint("trial_id", "rank", name="uq_autotune_rank_nodes"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    node_id: Mapped[str] = mapped_column(String(128))
+    hostname: Mapped[str] = mapped_column(String(255))
+
+
 class StepMetricRow(Base):
     __tablename__ = "autotune_step_metrics"
     __table_args__ = (

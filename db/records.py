@@ -54,6 +54,15 @@ class RankMemoryRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RankNodeRecord:
+    """Where one rank ran: its Ray node and that node's host name."""
+
+    rank: int
+    node_id: str
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepMetricRecord:
     """The wall time (and loss) of one step on one rank."""
 
@@ -90,6 +99,8 @@ class TrialRecord:
     """In the order given to ``add_trial``."""
     steps: tuple[StepMetricRecord, ...] = ()
     """In the order given to ``add_trial``."""
+    nodes: tuple[RankNodeRecord, ...] = ()
+    """Where each rank ran, by rank (empty for a trial that did not run)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,9 +65,26 @@ def _v2_add_calibrations(op) -> None:
                     ["study_id", "id"])
 
 
+def _v3_add_rank_nodes(op) -> None:
+    """Version 3: ``autotune_rank_nodes``, the Ray node and host each rank ran on."""
+    import sqlalchemy as sa
+
+    op.create_table(
+        "autotune_rank_nodes",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("trial_id", sa.Integer(),
+                  sa.ForeignKey("autotune_trials.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("rank", sa.Integer(), nullable=False),
+        sa.Column("node_id", sa.String(128), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.UniqueConstraint("trial_id", "rank", name="uq_autotune_rank_nodes"),
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "autotune_calibrations: the study's cluster and calibration",
               _v2_add_calibrations),
+    Migration(3, "autotune_rank_nodes: the node and host of every rank", _v3_add_rank_nodes),
 )
 """Shipped migrations, above the baseline (version 1)."""
 

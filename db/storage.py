@@ -54,6 +54,7 @@ from .models import (
     SPAN_COLUMNS,
     CalibrationRow,
     RankMemoryRow,
+    RankNodeRow,
     SpanNameRow,
     SpanRow,
     StepMetricRow,
@@ -66,6 +67,7 @@ from .records import (
     TRIAL_STATUSES,
     CalibrationRecord,
     RankMemoryRecord,
+    RankNodeRecord,
     SpanRecord,
     StepMetricRecord,
     StudyRecord,
@@ -327,6 +329,10 @@ class Database:
                     {"trial_id": row.id, "rank": m.rank, "category": m.category,
                      "predicted_bytes": m.predicted_bytes, "measured_bytes": m.measured_bytes}
                     for m in trial.memory])
+            if trial.nodes:
+                session.execute(insert(RankNodeRow), [
+                    {"trial_id": row.id, "rank": n.rank, "node_id": n.node_id,
+                     "hostname": n.hostname} for n in trial.nodes])
             if trial.steps:
                 session.execute(insert(StepMetricRow), [
                     {"trial_id": row.id, "rank": s.rank, "step": s.step, "phase": s.phase,
@@ -445,8 +451,11 @@ class Database:
                                      .order_by(RankMemoryRow.id))
             steps = session.scalars(select(StepMetricRow).where(StepMetricRow.trial_id == row.id)
                                     .order_by(StepMetricRow.id))
+            nodes = session.scalars(select(RankNodeRow).where(RankNodeRow.trial_id == row.id)
+                                    .order_by(RankNodeRow.rank))
             return _trial_record(row, [_memory_record(m) for m in memory],
-                                 [_step_record(s) for s in steps])
+                                 [_step_record(s) for s in steps],
+                                 [_node_record(n) for n in nodes])
 
     def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
         """The trials of one study (``study_id``) or all trials (None), oldest first.
@@ -458,18 +467,24 @@ class Database:
             trials = select(TrialRow).order_by(TrialRow.id)
             memory = select(RankMemoryRow).order_by(RankMemoryRow.trial_id, RankMemoryRow.id)
             steps = select(StepMetricRow).order_by(StepMetricRow.trial_id, StepMetricRow.id)
+            nodes = select(RankNodeRow).order_by(RankNodeRow.trial_id, RankNodeRow.rank)
             if study_id is not None:
                 ids = select(TrialRow.id).where(TrialRow.study_id == study_id)
                 trials = trials.where(TrialRow.study_id == study_id)
                 memory = memory.where(RankMemoryRow.trial_id.in_(ids))
                 steps = steps.where(StepMetricRow.trial_id.in_(ids))
+                nodes = nodes.where(RankNodeRow.trial_id.in_(ids))
             memory_by_trial: dict[int, list[RankMemoryRecord]] = {}
             for m in session.scalars(memory):
                 memory_by_trial.setdefault(m.trial_id, []).append(_memory_record(m))
             steps_by_trial: dict[int, list[StepMetricRecord]] = {}
             for s in session.scalars(steps):
                 steps_by_trial.setdefault(s.trial_id, []).append(_step_record(s))
-            return [_trial_record(r, memory_by_trial.get(r.id, ()), steps_by_trial.get(r.id, ()))
+            nodes_by_trial: dict[int, list[RankNodeRecord]] = {}
+            for n in session.scalars(nodes):
+                nodes_by_trial.setdefault(n.trial_id, []).append(_node_record(n))
+            return [_trial_record(r, memory_by_trial.get(r.id, ()), steps_by_trial.get(r.id, ()),
+                                  nodes_by_trial.get(r.id, ()))
                     for r in session.scalars(trials)]
 
     # ---- calibrations ------------------------------------------------------------------------
@@ -832,6 +847,11 @@ def _check_trial(trial: TrialRecord) -> None:
                 or not (s.loss is None or _is_number(s.loss))):
             raise StorageError(f"trial steps[{i}] = {s!r} needs int rank and step, a float "
                                "time_s and a float-or-None loss")
+    for i, n in enumerate(trial.nodes):
+        if (not isinstance(n, RankNodeRecord) or not _is_int(n.rank)
+                or not isinstance(n.node_id, str) or not isinstance(n.hostname, str)):
+            raise StorageError(f"trial nodes[{i}] = {n!r} must be a RankNodeRecord with an int "
+                               "rank and str node_id and hostname")
 
 
 _SPAN_INT_FIELDS = ("rank", "step", "start_ns", "dur_ns", "bytes")
@@ -919,11 +939,17 @@ def _step_record(row: StepMetricRow) -> StepMetricRecord:
                             loss=row.loss)
 
 
+def _node_record(row: RankNodeRow) -> RankNodeRecord:
+    return RankNodeRecord(rank=row.rank, node_id=row.node_id, hostname=row.hostname)
+
+
 def _trial_record(row: TrialRow, memory: Iterable[RankMemoryRecord],
-                  steps: Iterable[StepMetricRecord]) -> TrialRecord:
+                  steps: Iterable[StepMetricRecord],
+                  nodes: Iterable[RankNodeRecord] = ()) -> TrialRecord:
     return TrialRecord(id=row.id, study_id=row.study_id, number=row.number, status=row.status,
                        config=row.config, metrics=row.metrics, env=row.env, error=row.error,
-                       created_at=row.created_at, memory=tuple(memory), steps=tuple(steps))
+                       created_at=row.created_at, memory=tuple(memory), steps=tuple(steps),
+                       nodes=tuple(nodes))
 
 
 # ---- errors ----------------------------------------------------------------------------------

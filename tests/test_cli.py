@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def test_trial_json_output_trains_the_reference_model():
         config.tokens_per_step / result["step_time_s"])
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     assert all(r["memory"]["parameters"] > 0 for r in result["ranks"])
+    # Where each rank ran: the local cluster's one Ray node, on this host.
+    assert len({r["node_id"] for r in result["ranks"]}) == 1 and result["ranks"][0]["node_id"]
+    assert {r["hostname"] for r in result["ranks"]} == {socket.gethostname()}
 
 
 def test_trial_table_names_every_rank(tmp_path):

@@ -210,6 +210,10 @@ def test_timeline_has_a_lane_per_rank_and_the_stored_spans(report, study, databa
     by_name = traces(fig)
     ranks = sorted({s.rank for s in spans})
     assert fig["layout"]["yaxis"]["tickvals"] == ranks == [0, 1]
+    # Lanes are labelled by the node each rank ran on (the local cluster's one node).
+    nodes = {n.rank: n for n in database.get_trial(best.trial_id).nodes}
+    assert fig["layout"]["yaxis"]["ticktext"] == [
+        f"rank {r} · {nodes[r].hostname}/{nodes[r].node_id[:6]}" for r in ranks]
     assert {y for t in by_name.values() for y in t["y"]} == set(ranks)
     assert sum(len(t["x"]) for t in by_name.values()) == MAX_SPANS_PER_TIMELINE
     assert f"{MAX_SPANS_PER_TIMELINE:,} of {len(spans):,} spans" in \

@@ -13,7 +13,9 @@ from db_testdata import count_rows, make_spans, make_trial, timeline_order
 
 from db import CalibrationRecord, Database, StorageError
 from db.models import CalibrationRow
-from db.schema import VERSION_TABLE
+from db.schema import MIGRATIONS, VERSION_TABLE, latest_version
+
+LATEST = latest_version(MIGRATIONS)
 
 CLUSTER = {"name": "cpu-local", "num_nodes": 1, "devices_per_node": 2,
            "device": {"name": "cpu", "peak_flops": {"float32": 8e10}},
@@ -71,11 +73,12 @@ def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database):
 
 
 def _make_version_1(url: str) -> None:
-    """A database as version 1 wrote it: version 2 only added the calibration table, so the
-    version-1 layout is today's without it."""
+    """A database as version 1 wrote it: versions 2 and 3 only added the calibration and the
+    rank-node tables, so the version-1 layout is today's without them."""
     engine = sa.create_engine(url)
     try:
         with engine.begin() as connection:
+            connection.execute(sa.text("DROP TABLE autotune_rank_nodes"))
             connection.execute(sa.text("DROP INDEX ix_autotune_calibrations_study"))
             connection.execute(sa.text("DROP TABLE autotune_calibrations"))
             connection.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version = 1"))
@@ -112,7 +115,7 @@ def test_a_version_1_database_gains_the_calibration_table(db_url):
     engine.dispose()
 
     with Database.open(url) as migrated:
-        assert migrated.schema_version == 2
+        assert migrated.schema_version == LATEST
         assert migrated.get_trial(trial_id) == before
         assert migrated.trial_spans(trial_id) == timeline_order(spans)
         assert migrated.latest_calibration(study.id) is None
@@ -122,7 +125,7 @@ def test_a_version_1_database_gains_the_calibration_table(db_url):
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:
-            assert connection.scalar(sa.text(f"SELECT version FROM {VERSION_TABLE}")) == 2
+            assert connection.scalar(sa.text(f"SELECT version FROM {VERSION_TABLE}")) == LATEST
             if url.startswith("sqlite"):
                 assert connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
         # The migrated table is the one a new database gets: the models' table, made in its

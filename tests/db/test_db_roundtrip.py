@@ -23,6 +23,7 @@ from db import (
     TrialRecord,
 )
 from db.models import Base
+from db.schema import MIGRATIONS
 from db.storage import SPAN_CHUNK
 
 
@@ -171,7 +172,7 @@ def test_reopen_and_concurrent_reader_see_committed_data(db_url, database):
     reader = Database.open(db_url, create=False)
     try:
         assert reader.get_trial(trial_id) == database.get_trial(trial_id)
-        assert reader.schema_version == database.schema_version == 2
+        assert reader.schema_version == database.schema_version == len(MIGRATIONS) + 1
     finally:
         reader.close()
     database.close()

@@ -197,7 +197,8 @@ def test_optuna_and_autotune_share_one_sqlite_file(tmp_path):
     ours_tables = {t for t in tables if t.startswith("autotune_")}
     assert ours_tables == {"autotune_schema_version", "autotune_studies", "autotune_trials",
                            "autotune_rank_memory", "autotune_step_metrics",
-                           "autotune_span_names", "autotune_spans", "autotune_calibrations"}
+                           "autotune_span_names", "autotune_spans", "autotune_calibrations",
+                           "autotune_rank_nodes"}
     assert optuna_revision is not None
 
     # And the other way round: autotune first, then Optuna creates its tables next to ours.
