@@ -24,6 +24,8 @@ No torch here: replays run in the driver's process.
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import json
 import math
@@ -339,7 +341,11 @@ class TableExecutor:
             ignored.add("pp_schedule")
         if config.dp_degree == 1:
             ignored.update(("zero_stage", "overlap_enabled", "bucket_mb"))
-        return (config.workload, config.world_size,
+        # The precision as trained, however spelled (a table's workload dtype, or the
+        # precision a search resolves before proposing).
+        device = "cuda" if config.device == "cuda" else "cpu"
+        return (dataclasses.replace(config.workload, dtype=None),
+                config.resolved_precision(device), config.world_size,
                 *((f, getattr(config, f)) for f in self.compared if f not in ignored))
 
     def row_for(self, config: TrialConfig) -> MeasuredRow:
