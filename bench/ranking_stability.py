@@ -22,8 +22,8 @@
    less memory only when the two are shown equivalent within 3%).
 
 Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 6] [--json out.json]
-About 3-5 min per run and 4 min of truth on the 2-core machine under others' load (load
-average 15-50): 25-30 minutes in all.
+About 2-5 min per run and 3-5 min of truth on the 2-core machine under others' load: 14 and
+17 minutes in all at load averages 6-37, 28 minutes at 15-50 (8 truth rounds).
 """
 
 from __future__ import annotations
