@@ -176,7 +176,8 @@ class Verdict:
     """The declared best of a leaderboard and how sure that is."""
 
     fastest: Entry
-    """The complete entry with the highest median tokens/s."""
+    """The first complete entry: the highest median tokens/s among the finalists (those
+    re-measured in rounds), or among all complete ones when none was re-measured."""
     pick: Entry
     """The declared best: the fastest, or by ``TIE_RULE`` one tied with it."""
     runner_up: Entry | None
@@ -230,7 +231,8 @@ class Verdict:
 def declare_best(entries: Sequence[Entry]) -> Verdict | None:
     """The best of a leaderboard with its interval; None when no entry is complete.
 
-    The fastest is the first complete entry (highest median). Every other complete entry is
+    The fastest is the first complete entry (``build_leaderboard``'s order: finalists first,
+    by median). Every other complete entry is
     compared with it (``compare``); if the runner-up is tied with it, the pick follows
     ``TIE_RULE`` among the tied entries shown ``equivalent`` to the fastest."""
     complete = [e for e in entries if e.status == TrialStatus.COMPLETE]

@@ -12,15 +12,18 @@
    interval (``noise.paired_ratio_interval``) of each candidate against that best.
 3. A run is **correct** when its pick's truth median is within 3% of the truth's best; it is
    also counted **within the truth's noise** when the truth's own paired interval of pick / best
-   holds 1 (the truth cannot tell them apart either). A tie is
+   holds 1 (the truth cannot tell them apart either). The ranking step alone (re-measure the
+   finalists, declare the best) is judged against the truth's best among that run's own
+   finalists: what a search did not measure, or did not make a finalist, no ranking can pick.
+   A tie is
    **reported as a tie** when a run's fastest and runner-up are also tied in the truth (their
    truth paired interval contains 1) and the run said so; a run that declared a tie the truth
    separates is counted apart (correct or not by rule 3: the tie rule trades the fastest for
    less memory only when the two are shown equivalent within 3%).
 
 Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 6] [--json out.json]
-About 3-5 min per run and 4 min of truth on the 2-core machine under others' load (load
-average 15-50): 25-30 minutes in all.
+About 2-5 min per run and 3-5 min of truth on the 2-core machine under others' load: 14 and
+17 minutes in all at load averages 6-37, 28 minutes at 15-50 (8 truth rounds).
 """
 
 from __future__ import annotations
@@ -59,14 +62,19 @@ def run_search(workdir: Path, i: int) -> dict:
     out = workdir / f"run{i}"
     start, load = time.monotonic(), load_avg()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db", db_url,
-                           "--study", f"run{i}", "--out", str(out)],
-                          env=env, capture_output=True, text=True, cwd=workdir)
+    for attempt in range(2):  # a loaded machine can time Ray's own start-up out: once more
+        proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db", db_url,
+                               "--study", f"run{i}" + ("" if attempt == 0 else "-again"),
+                               "--out", str(out)],
+                              env=env, capture_output=True, text=True, cwd=workdir)
+        if proc.returncode == 0 or "timed out during startup" not in proc.stderr:
+            break
+    study = f"run{i}" + ("" if attempt == 0 else "-again")
     if proc.returncode != 0:
         raise SystemExit(f"run {i} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     db = Database.open(db_url)
     try:
-        board = build_leaderboard(db.list_trials(db.get_study(f"run{i}").id))
+        board = build_leaderboard(db.list_trials(db.get_study(study).id))
     finally:
         db.close()
     verdict = declare_best(board)
@@ -132,15 +140,19 @@ def main() -> None:
         ci = f"{ratio.low:.3f}–{ratio.high:.3f}" if ratio and c != best else "–"
         print(f"| {short_name(c)} | {median[c]:,.0f} | {median[c] / median[best]:.3f} | {ci} |")
     print("\n| run | declared best | its tok/s (95% CI) | tie declared | truth: top two tied "
-          "| pick / truth best | correct | within truth's noise | rounds | s | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    correct = within_noise = ties_truth = ties_reported = ties_extra = 0
+          "| pick / truth best | correct | within truth's noise | pick / best of its finalists "
+          "| rounds | s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    correct = within_noise = ranked = ties_truth = ties_reported = ties_extra = 0
     for r in runs:
         ok = median[r["pick"]] >= median[best] * (1 - WITHIN)
         correct += ok
         # the truth cannot tell the pick from its best: their paired interval holds 1
         noise_ok = r["pick"] == best or tied_in_truth(truth, best, r["pick"])
         within_noise += noise_ok
+        # the ranking step alone: the pick against the truth's best of the run's own finalists
+        own = median[r["pick"]] / max(median[c] for c in r["remeasured"] + [r["pick"]])
+        ranked += own >= 1 - WITHIN
         truth_tie = (r["runner_up"] is not None and r["runner_up"] in truth
                      and r["fastest"] in truth and tied_in_truth(truth, r["fastest"],
                                                                 r["runner_up"]))
@@ -151,10 +163,12 @@ def main() -> None:
         print(f"| {r['run']} | {short_name(r['pick'])} | {r['pick_tok_s']:,.0f} ({ci}) | "
               f"{'yes' if r['tie'] else 'no'} | {'yes' if truth_tie else 'no'} | "
               f"{median[r['pick']] / median[best]:.3f} | {'yes' if ok else 'NO'} | "
-              f"{'yes' if noise_ok else 'no'} | "
+              f"{'yes' if noise_ok else 'no'} | {own:.3f} | "
               f"{r['rounds']} | {r['seconds']:.0f} | {r['load_before']:.1f} |")
     print(f"\ndeclared best within {WITHIN:.0%} of the truth's best: {correct} of {len(runs)}; "
-          f"within the truth's own noise of it: {within_noise} of {len(runs)}; "
+          f"within the truth's own noise of it: {within_noise} of {len(runs)}; within {WITHIN:.0%} "
+          f"of the truth's best among the run's own finalists (the ranking step alone): {ranked} "
+          f"of {len(runs)}; "
           f"ties in the truth reported as ties: {ties_reported} of {ties_truth}; ties declared "
           f"that the truth separates: {ties_extra}; {time.monotonic() - began:.0f}s in all")
     if args.json:
