@@ -15,6 +15,7 @@ Every fitted parameter is reported with its value and the fit's residuals (``Fit
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,6 +146,19 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
         upper[names.index("comm_efficiency")] = 0.0
         lower[names.index("comm_efficiency")] = math.log(0.05)
     x0 = np.clip(x0, lower, upper)
+    # A parameter no sample's time depends on (the TP overhead when every trial ran tp 1)
+    # has a zero column in the Jacobian: the solver may move it anywhere, and it would then
+    # predict the layouts it does matter for absurdly. It keeps its starting value.
+    informed = _informed(names, x0, lambda x: predict(calibration_at(x), subset=None))
+    if not all(informed):
+        keep = [i for i, ok in enumerate(informed) if ok]
+        names = [names[i] for i in keep]
+        x0, prior_weight = x0[keep], prior_weight[keep]
+        lower, upper = lower[keep], upper[keep]
+        if not names:
+            cal = _fit_shape_factors(samples, cluster, start, engine) if fit_shapes else start
+            errors = np.exp(predict(cal) - measured) - 1
+            return FitReport(cal, (), len(samples), tuple(float(r) for r in errors))
     # The host/device crossover makes the surface non-convex in the host overheads: start
     # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
     # the best start on all samples.
@@ -172,6 +186,28 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
         cal = _fit_shape_factors(samples, cluster, cal, engine)
     errors = np.exp(predict(cal) - measured) - 1
     return FitReport(cal, tuple(names), len(samples), tuple(float(r) for r in errors))
+
+
+def _informed(names: Sequence[str], x0, predict_at) -> list[bool]:
+    """Per parameter: does moving it tenfold up or down (from where the fit starts, and from a
+    thousandfold above, where the host overheads' starts reach) change any sample's
+    prediction?"""
+    import numpy as np
+
+    base = [predict_at(x0)]
+    high = x0 + math.log(1000.0)
+    base.append(predict_at(high))
+    informed = []
+    for i in range(len(names)):
+        moved = False
+        for (x, ref), sign in itertools.product(((x0, base[0]), (high, base[1])), (1, -1)):
+            step = x.copy()
+            step[i] += sign * math.log(10.0)  # down too: the capped efficiencies start at 1
+            if np.max(np.abs(predict_at(step) - ref)) > 1e-9:
+                moved = True
+                break
+        informed.append(moved)
+    return informed
 
 
 SHAPE_SHRINK = 0.5

@@ -178,6 +178,32 @@ def test_calibration_recovers_known_parameters():
     assert report.mape < 0.01
 
 
+def test_a_parameter_no_sample_depends_on_keeps_its_start():
+    """Trials at tp 1 say nothing of the per-layer TP overhead: it is not fitted (the solver
+    once moved it to 1e26 s and predicted every tp 2 layout absurdly), and a tp 2 layout is
+    predicted from its starting value."""
+    cluster = load_cluster("a100-sxm4-80gb")
+    truth = dataclasses.replace(Calibration(), compute_efficiency=0.42, layer_overhead_s=4e-4)
+    samples = []
+    for mb in (1, 2, 4):
+        cfg = config(world_size=8, tp_degree=1, micro_batch_size=mb)
+        samples.append(Sample(cfg, predict_step_time(cfg, cluster, truth,
+                                                     shape=SHAPE).step_time_s, SHAPE))
+    start = Calibration()
+    report = fit_calibration(samples, cluster, start=start,
+                             fitted=("compute_efficiency", "layer_overhead_s",
+                                     "tp_layer_overhead_s"), fit_shapes=False)
+    assert "tp_layer_overhead_s" not in report.fitted
+    assert report.calibration.tp_layer_overhead_s == start.tp_layer_overhead_s
+    tp2 = config(world_size=8, tp_degree=2, micro_batch_size=1)
+    predicted = predict_step_time(tp2, cluster, report.calibration, shape=SHAPE).step_time_s
+    # Three tp 1 trials cannot separate compute from launch time exactly; the tp 2 layout's
+    # prediction is only required to be of the truth's order.
+    expected = predict_step_time(tp2, cluster, dataclasses.replace(
+        truth, tp_layer_overhead_s=start.tp_layer_overhead_s), shape=SHAPE).step_time_s
+    assert expected / 2 < predicted < expected * 2
+
+
 def test_calibration_refuses_no_samples():
     with pytest.raises(ConfigError, match="no measured step times"):
         fit_calibration([], load_cluster("h100-sxm"))
