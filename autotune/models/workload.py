@@ -93,7 +93,7 @@ def build_builtin(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0)
     assert shape is not None  # internal: callers pass built-in specs only
     vocab = spec.resolved_vocab_size
     torch.manual_seed(seed)
-    model = Transformer(shape, vocab_size=vocab, attention=attention).to(_dtype(spec.dtype))
+    model = Transformer(shape, vocab_size=vocab, attention=attention).to(dtype_of(spec.dtype))
 
     def batch(step: int) -> Batch:
         return synthetic_batch(step, seed=seed, batch_size=spec.global_batch_size,
@@ -126,6 +126,10 @@ def load_builder(path: str) -> Callable[[WorkloadSpec], Workload]:
 
 def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0) -> Workload:
     """Build the workload of a spec on this process, seeded identically on every rank."""
+    if spec.hf_model is not None:
+        from autotune.models.hf import build_hf
+
+        return build_hf(spec, attention=attention, seed=seed)
     if spec.workload is None:
         return build_builtin(spec, attention=attention, seed=seed)
     builder = load_builder(spec.workload)
@@ -141,5 +145,5 @@ def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0
     return workload
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
