@@ -57,6 +57,9 @@ def _transformers():
     except ImportError:
         raise WorkloadError("Hugging Face models need the transformers library: "
                             f"{INSTALL_HINT}") from None
+    # autotune reports problems itself, one line each; transformers' advice on token ids and
+    # generation settings is about inference.
+    transformers.logging.set_verbosity_error()
     return transformers
 
 
@@ -249,6 +252,16 @@ def split_stage(stage: nn.Module, stage_index: int, num_stages: int) -> nn.Modul
     if stage_index < num_stages - 1:
         stage.norm = stage.lm_head = None
     return stage
+
+
+def decoder_layer_class_name(ref: str) -> str:
+    """The decoder layer's class (``_no_split_modules``), which FSDP wraps, from the config
+    alone."""
+    config = load_config(ref)  # imports transformers or says how to install it
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    names = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_no_split_modules", None)
+    return names[0] if names else "DecoderLayer"
 
 
 def stage_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
