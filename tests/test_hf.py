@@ -104,38 +104,17 @@ def hf_reference(path: str, spec: WorkloadSpec, num_steps: int) -> list[float]:
     return losses
 
 
-def _ds_mesh(config: TrialConfig):
-    """The layout's mesh under DeepSpeed's dim names: DeepSpeedConfig reads its data-parallel
-    world size from the 'data_parallel' dim's process group."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (config.pp_degree, config.dp_degree, config.tp_degree)
-    if key not in _DS_MESHES:
-        _DS_MESHES[key] = init_device_mesh("cpu", key,
-                                           mesh_dim_names=("pipe", "data_parallel", "tensor"))
-    return _DS_MESHES[key]
-
-
-_DS_MESHES: dict = {}
-
-
 def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
                    measured: list[TrialConfig]) -> dict:
     """On one process group: every layout built, parallelised and trained (per-step losses),
-    its ds_config.json parsed by DeepSpeed on the layout's mesh, and the memory of the
-    ``measured`` trials as the runner measures it."""
-    import deepspeed.comm
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    from autotune.export import ds_config
+    and the memory of the ``measured`` trials as the runner measures it."""
     from autotune.models.workload import build_workload
     from autotune.parallel.mesh import build_mesh
     from autotune.parallel.parallelize import check_workload_supports, parallelize
     from autotune.runner import Trainer, run_rank
 
     device = torch.device("cpu")
-    deepspeed.comm.init_distributed(dist_backend="gloo")  # adopts the existing process group
-    out: dict = {"losses": {}, "deepspeed": {}, "memory": {}}
+    out: dict = {"losses": {}, "memory": {}}
     for config in configs:
         key = f"{config.workload.hf_model}|{short_name(config)}"
         workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
@@ -145,15 +124,10 @@ def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
         for step in range(num_steps):
             trainer.step(step)
         out["losses"][key] = trainer.losses()
-        ds = DeepSpeedConfig(ds_config(config), mesh_device=_ds_mesh(config))
-        out["deepspeed"][key] = (ds.world_size, ds.train_batch_size,
-                                 ds.train_micro_batch_size_per_gpu,
-                                 ds.gradient_accumulation_steps,
-                                 ds.tensor_parallel_config.autotp_size, ds.zero_optimization_stage)
     for i, config in enumerate(measured):
-        peaks = []
-        for _ in range(3):  # as tests/test_memory.py: the CPU reading only overstates
-            peaks.append(run_rank(config).memory.peak)
+        # Twice, the lower reading kept: on CPU a reading can only overstate the peak
+        # (tests/test_memory.py measures up to three times).
+        peaks = [run_rank(config).memory.peak for _ in range(2)]
         out["memory"][i] = (rank // (config.world_size // config.pp_degree), min(peaks))
     return out
 
@@ -206,17 +180,34 @@ def test_every_layout_matches_the_single_process_hf_model(model_dirs, sweep):
             assert got == pytest.approx(expected, abs=2e-5), (path, name)
 
 
-def test_deepspeed_parses_every_layouts_ds_config(sweep):
-    """DeepSpeed's own DeepSpeedConfig, on each layout's real mesh: its data-parallel world
-    size is the layout's dp, it accepts train_batch_size = micro × accumulation × dp (it asserts
-    that identity), and it reads the TP size and ZeRO stage."""
-    chosen, _, results = sweep
-    for cs in chosen.values():
-        for c in cs:
-            got = results[0]["deepspeed"][f"{c.workload.hf_model}|{short_name(c)}"]
-            assert got == (c.dp_degree, c.workload.global_batch_size, c.micro_batch_size,
-                           c.grad_accum_steps, c.tp_degree if c.tp_degree > 1 else 0,
-                           c.zero_stage), short_name(c)
+def test_deepspeed_parses_every_layouts_ds_config(model_dirs):
+    """DeepSpeed's own DeepSpeedConfig parses each layout's ds_config.json. Without a process
+    group DeepSpeed takes the world size to be 1 (deepspeed.comm's TorchBackend would first
+    JIT-compile a C++ op on CPU, minutes), which is exact for the layouts with dp 1 (tp 2 or pp 2
+    on 2 ranks): there it accepts train_batch_size = micro × accumulation × dp, its asserted
+    identity, and reads the TP size and ZeRO stage. With dp 2 the same assertion must fail with
+    the layout's micro-batch and accumulation against world size 1: DeepSpeed checks the identity
+    with exactly those numbers."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from autotune.export import ds_config
+
+    configs = [c for p in model_dirs.values() for c in layouts(p)]
+    assert {c.dp_degree for c in configs} == {1, 2}
+    for c in configs:
+        if c.dp_degree == 1:
+            ds = DeepSpeedConfig(ds_config(c))
+            assert (ds.world_size, ds.train_batch_size, ds.train_micro_batch_size_per_gpu,
+                    ds.gradient_accumulation_steps, ds.zero_optimization_stage) == (
+                c.dp_degree, c.workload.global_batch_size, c.micro_batch_size,
+                c.grad_accum_steps, c.zero_stage), short_name(c)
+            assert ds.tensor_parallel_config.autotp_size == (c.tp_degree if c.tp_degree > 1
+                                                             else 0)
+        else:
+            with pytest.raises(AssertionError) as refused:
+                DeepSpeedConfig(ds_config(c))
+            assert (f"{c.workload.global_batch_size} != {c.micro_batch_size} * "
+                    f"{c.grad_accum_steps} * 1") in str(refused.value), short_name(c)
 
 
 def test_memory_model_reads_the_hf_shape_and_predicts_the_measured_peak(sweep):
