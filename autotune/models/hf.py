@@ -220,14 +220,18 @@ class HFStage(nn.Module):
             mask_args = dict(config=self.config, inputs_embeds=h, attention_mask=None,
                              cache=None, position_ids=position_ids)
             layer_types = getattr(self.config, "layer_types", None)
+            # Mistral (no layer_types) slides every layer's window when it has one.
+            default = ("sliding_attention" if self.config.model_type == "mistral"
+                       and getattr(self.config, "sliding_window", None) is not None
+                       else "full_attention")
             masks = {"full_attention": create_causal_mask(**mask_args)}
-            if layer_types and "sliding_attention" in layer_types:
+            if default == "sliding_attention" or "sliding_attention" in (layer_types or ()):
                 masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_args)
             extra = {}
             if self.rotary is not None:
                 extra["position_embeddings"] = self.rotary(h, position_ids)
             for key, layer in self.layers.items():
-                kind = layer_types[int(key)] if layer_types else "full_attention"
+                kind = layer_types[int(key)] if layer_types else default
                 out = layer(h, attention_mask=masks[kind], position_ids=position_ids,
                             use_cache=False, **extra)
                 h = out[0] if isinstance(out, tuple) else out
