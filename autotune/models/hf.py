@@ -146,7 +146,9 @@ def check_supported(config: Any, ref: str) -> None:
 def hf_shape(ref: str) -> ModelShape:
     """The architecture of an HF config as a :class:`ModelShape` (the memory and performance
     models' input). GPT-2 maps to the ``gpt`` family (learned positions, LayerNorm, GELU MLP),
-    the Llama-style decoders to ``llama`` (RoPE, RMSNorm, SwiGLU)."""
+    the Llama-style decoders to ``llama`` (RoPE, RMSNorm, SwiGLU). The built-in formulas then
+    apply: biases (GPT-2, Qwen2's QKV) are not counted, and a GELU composed of element-wise
+    ops (GPT-2's default ``gelu_new``) saves more than the fused one the formula counts."""
     c = load_config(ref)
     heads = c.num_attention_heads
     ffn = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
