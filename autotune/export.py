@@ -85,17 +85,24 @@ def best_config_document(config: TrialConfig, metrics: dict, env: dict, *, study
 
 
 def write_json_atomically(path: Path, data: dict) -> None:
-    write_text_atomically(path, json.dumps(data, indent=2) + "\n")
+    def write(f) -> None:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    _write_atomically(path, write)
 
 
 def write_text_atomically(path: Path, text: str) -> None:
+    _write_atomically(path, lambda f: f.write(text))
+
+
+def _write_atomically(path: Path, write) -> None:
     """Write to a temporary file in the same folder, then rename: an interrupted export never
     leaves a half-written file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            write(f)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; a plain file is not
         os.replace(tmp, path)
     except BaseException:
