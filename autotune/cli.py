@@ -60,11 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         "search", help="find the fastest configuration that fits in memory (the main job)",
         description="Search ZeRO stage, tp/pp degrees and schedule, micro-batch, bucket size, "
         "overlap and activation checkpointing with Optuna; configurations predicted not to fit "
-        "are never run; the top few are measured again; best_config.json and ds_config.json "
-        "are written at the end. With no arguments: the built-in tiny GPT, local Ray, "
+        "are never run; the top few are measured again; best_config.json, ds_config.json, "
+        "accelerate_config.yaml and torchtitan_config.py are written at the end. With no arguments: the built-in tiny GPT, local Ray, "
         f"{DEFAULT_DB}, world size = visible GPUs or 2 on CPU.")
-    search.add_argument("--model", default="gpt-tiny", metavar="FAMILY-SIZE",
-                        help="built-in model, e.g. gpt-tiny, gpt-small, llama-7b")
+    search.add_argument("--model", default="gpt-tiny", metavar="NAME",
+                        help="built-in model (e.g. gpt-tiny, gpt-small, llama-7b), or "
+                        "hf:PATH_OR_ID: a Hugging Face causal LM built from its config.json "
+                        "(a folder, the file, or an id in the local HF cache)")
     search.add_argument("--workload", metavar="PKG.MODULE:FN", help="a user workload instead")
     search.add_argument("--seq-len", type=_positive_int, default=64, metavar="N")
     search.add_argument("--global-batch", type=_positive_int, default=8, metavar="N",
@@ -116,12 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "JSON/TOML file such as 'autotune calibrate -o' writes (default: "
                         "described from Ray and torch)")
     search.add_argument("--out", default=".", metavar="DIR",
-                        help="where best_config.json and ds_config.json go (default .)")
+                        help="where the exports go (default .)")
     search.add_argument("--db", default=DEFAULT_DB, metavar="URL",
                         help=f"database URL (default {DEFAULT_DB})")
     _add_cluster_args(search)
 
-    export = sub.add_parser("export", help="write best_config.json and ds_config.json again",
+    export = sub.add_parser("export", help="write best_config.json, ds_config.json and the "
+                            "Accelerate / torchtitan configs again",
                             description="Export a stored study's best configuration.")
     export.add_argument("--db", default=DEFAULT_DB, metavar="URL")
     export.add_argument("--study", default="autotune", metavar="NAME")
@@ -263,10 +266,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     from autotune.search import SearchSpec, default_world_size
     from autotune.space import load_space_file, parse_fix
 
-    family, _, size = args.model.partition("-")
-    workload = WorkloadSpec(family=family, size=size, seq_len=args.seq_len,
-                            global_batch_size=args.global_batch, dtype=args.dtype,
-                            workload=args.workload)
+    from autotune.estimate_cli import builtin_workload
+
+    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch,
+                            dtype=args.dtype, workload=args.workload)
+    if not args.workload:
+        workload = builtin_workload(workload, args.model)
     workload.validate()
     TrialConfig(workload=workload, precision=precision_arg(args.precision)).validate_precision()
     if args.workload:
@@ -315,8 +320,8 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{outcome.elapsed_s:.0f}s")
         if outcome.best is None:
             raise AutotuneError("no configuration completed; see the leaderboard's reasons")
-        best_path, ds_path = export_study(database, spec.study_name, args.out)
-        print(f"exported trial {outcome.best.number}: wrote {best_path} and {ds_path}")
+        paths = export_study(database, spec.study_name, args.out)
+        print(f"exported trial {outcome.best.number}: wrote {', '.join(map(str, paths))}")
     finally:
         database.close()
     return 0
@@ -328,10 +333,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     database = _open_db(args.db, create=False,
                         required_by="autotune export reads the study from a database")
     try:
-        best_path, ds_path = export_study(database, args.study, args.out)
+        paths = export_study(database, args.study, args.out)
     finally:
         database.close()
-    print(f"wrote {best_path} and {ds_path}")
+    print(f"wrote {', '.join(map(str, paths))}")
     return 0
 
 

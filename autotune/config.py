@@ -66,14 +66,24 @@ class WorkloadSpec:
     bf16-true, 16-true (the whole model in that dtype)."""
     workload: str | None = None
     """A user workload 'pkg.module:build' instead of the built-in model (see docs)."""
+    hf_model: str | None = None
+    """A Hugging Face causal LM instead of the built-in model: a folder with config.json, the
+    file, or a model id in the local Hugging Face cache (built from its config, no weights)."""
 
     @property
     def name(self) -> str:
+        if self.hf_model is not None:
+            return f"hf:{self.hf_model}"
         return self.workload or f"{self.family}-{self.size}"
 
     @property
     def shape(self) -> ModelShape | None:
-        """The built-in model's shape, or None for a user workload."""
+        """The model's shape (built-in, or read from an HF config), or None for a user
+        workload."""
+        if self.hf_model is not None:
+            from autotune.models.hf import hf_shape
+
+            return hf_shape(self.hf_model)
         if self.workload is not None:
             return None
         return MODEL_SHAPES[(self.family, self.size)]
@@ -86,7 +96,10 @@ class WorkloadSpec:
         return shape.vocab_size if shape else None
 
     def validate(self) -> None:
-        if self.workload is None and (self.family, self.size) not in MODEL_SHAPES:
+        if self.hf_model is not None and self.workload is not None:
+            raise ConfigError("give either workload or hf_model, not both")
+        if (self.workload is None and self.hf_model is None
+                and (self.family, self.size) not in MODEL_SHAPES):
             raise ConfigError(
                 f"unknown model '{self.family}-{self.size}': choose one of "
                 f"{', '.join(model_names())}, or give a user workload 'pkg.module:build'"
@@ -234,6 +247,10 @@ class TrialConfig:
             )
         if self.pp_degree > 1:
             self._validate_pipeline(num_layers)
+        if self.workload.hf_model is not None:
+            from autotune.models.hf import check_layout, load_config
+
+            check_layout(load_config(self.workload.hf_model), self)
         if self.optimizer_offload_enabled:
             if self.device == "cpu":
                 raise ConfigError(

@@ -63,7 +63,8 @@ def add_estimate_parser(sub) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="TrialConfig JSON; knob flags given as well override its fields")
     p.add_argument("--model", metavar="NAME",
-                   help=f"built-in model: {', '.join(model_names())} (default gpt-tiny)")
+                   help=f"built-in model: {', '.join(model_names())} (default gpt-tiny), or "
+                   "hf:PATH_OR_ID, a Hugging Face causal LM's config.json")
     knobs = p.add_argument_group("layout and batch (default: the config's, else TrialConfig's)")
     knobs.add_argument("--world-size", type=int, metavar="N", help="ranks (devices)")
     knobs.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree")
@@ -226,7 +227,14 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
 
 
 def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
-    """``workload`` training the built-in model named ``model`` (e.g. 'llama-70b')."""
+    """``workload`` training the model named ``model``: a built-in one (e.g. 'llama-70b') or a
+    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
+    if model.startswith("hf:"):
+        from autotune.models.hf import hf_shape
+
+        ref = model[3:]
+        hf_shape(ref)  # a missing or unsupported config is one line here
+        return dataclasses.replace(workload, hf_model=ref, workload=None)
     family, _, size = model.partition("-")
     if (family, size) not in MODEL_SHAPES:
         raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")

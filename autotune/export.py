@@ -1,4 +1,5 @@
-"""Exports of a study's best configuration: ``best_config.json`` and DeepSpeed's ``ds_config.json``.
+"""Exports of a study's best configuration: ``best_config.json`` and DeepSpeed's ``ds_config.json``
+(Accelerate's and torchtitan's configs: ``trainer_exports``).
 
 DeepSpeed keys follow its configuration reference (deepspeed.ai/docs/config-json):
 ``train_batch_size`` must equal ``train_micro_batch_size_per_gpu × gradient_accumulation_steps ×
@@ -101,14 +102,24 @@ def best_config_document(config: TrialConfig, metrics: dict, env: dict, *, study
 
 
 def write_json_atomically(path: Path, data: dict) -> None:
+    def write(f) -> None:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    _write_atomically(path, write)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    _write_atomically(path, lambda f: f.write(text))
+
+
+def _write_atomically(path: Path, write) -> None:
     """Write to a temporary file in the same folder, then rename: an interrupted export never
     leaves a half-written file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+            write(f)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; a plain file is not
         os.replace(tmp, path)
     except BaseException:
@@ -122,9 +133,11 @@ def _umask() -> int:
     return mask
 
 
-def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write best_config.json and ds_config.json of a stored study's best trial."""
+def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, ...]:
+    """Write best_config.json, ds_config.json and the other trainers' configs
+    (``trainer_exports``) of a stored study's best trial; their paths, best_config first."""
     from autotune.leaderboard import build_leaderboard, declare_best
+    from autotune.trainer_exports import write_trainer_exports
 
     study = database.get_study(study_name)
     verdict = declare_best(build_leaderboard(database.list_trials(study.id)))
@@ -147,6 +160,7 @@ def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, 
             best.config, metrics, record.env, study=study_name, trial_number=best.number,
             db_display=database.url_for_display))
         write_json_atomically(ds_path, ds)
+        others = write_trainer_exports(best.config, out)
     except OSError as e:
         raise AutotuneError(f"cannot write exports to '{out}': {e.strerror}") from None
-    return best_path, ds_path
+    return best_path, ds_path, *others

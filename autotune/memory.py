@@ -203,7 +203,8 @@ def _root_tensors(shape: ModelShape, vocab: int, first: bool, last: bool) -> _Te
             out.append((shape.max_seq_len, h))  # learned positions
     if last:
         out += [(h, 1)] * (2 if shape.family == "gpt" else 1)
-        out.append((vocab, h))  # untied output head
+        if not (shape.tied_embeddings and first):
+            out.append((vocab, h))  # output head (a tied one is the embedding itself)
     return _Tensors(tuple(out))
 
 

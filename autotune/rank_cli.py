@@ -98,7 +98,8 @@ def add_rank_parser(sub) -> None:
         epilog="example: autotune rank --model llama-70b --cluster a100-sxm4-80gb --nodes 64 "
         "--global-batch 1024 --seq-len 4096")
     p.add_argument("--model", metavar="NAME",
-                   help=f"built-in model: {', '.join(model_names())}")
+                   help=f"built-in model: {', '.join(model_names())}, or hf:PATH_OR_ID (a "
+                   "Hugging Face causal LM's config.json)")
     add_cluster_args(p, required=True, nodes_help="nodes of the cluster (default: the "
                      "cluster's own, 1 for the built-in ones); world size = nodes × devices "
                      "per node")

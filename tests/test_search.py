@@ -169,7 +169,7 @@ def test_ds_config_keys_and_batch_identity(layout):
 def test_export_writes_loadable_files(executor, database, tmp_path):
     Search(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
            executor, out=None).run()
-    best_path, ds_path = export_study(database, "exp", tmp_path / "out")
+    best_path, ds_path, *_ = export_study(database, "exp", tmp_path / "out")
     doc = json.loads(best_path.read_text())
     assert {"config", "metrics", "environment", "reproduce"} <= doc.keys()
     assert doc["reproduce"] == "autotune trial --config best_config.json"

@@ -25,6 +25,8 @@ class ModelShape:
     ffn_hidden_size: int
     vocab_size: int
     max_seq_len: int
+    tied_embeddings: bool = False
+    """The output head shares the input embedding's weight (Hugging Face tie_word_embeddings)."""
 
     @property
     def head_dim(self) -> int:
@@ -48,7 +50,8 @@ class ModelShape:
             per_layer = attn + mlp + norms
             embed = v * h
             final_norm = h
-        return embed + self.num_layers * per_layer + final_norm + h * v  # untied output head
+        head = 0 if self.tied_embeddings else h * v
+        return embed + self.num_layers * per_layer + final_norm + head
 
 
 # fmt: off

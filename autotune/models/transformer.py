@@ -144,17 +144,18 @@ class Transformer(nn.Module):
         return h
 
 
-def split_for_pipeline(model: Transformer, stage_index: int, num_stages: int) -> Transformer:
-    """Keep the layers of one pipeline stage (and the embedding / head at the ends), in place.
-
-    Layers are split as evenly as possible; earlier stages take the remainder, so with L layers
-    and S stages stage i holds ⌈L/S⌉ or ⌊L/S⌋ layers.
-    """
-    num_layers = len(model.layers)
+def stage_layer_range(num_layers: int, stage_index: int, num_stages: int) -> range:
+    """Global indices of one pipeline stage's layers: as even as possible, earlier stages take
+    the remainder, so with L layers and S stages stage i holds ⌈L/S⌉ or ⌊L/S⌋ layers."""
     base, extra = divmod(num_layers, num_stages)
     start = stage_index * base + min(stage_index, extra)
-    stop = start + base + (1 if stage_index < extra else 0)
-    keep = {str(i) for i in range(start, stop)}
+    return range(start, start + base + (1 if stage_index < extra else 0))
+
+
+def split_for_pipeline(model: Transformer, stage_index: int, num_stages: int) -> Transformer:
+    """Keep the layers of one pipeline stage (:func:`stage_layer_range`) and the embedding /
+    head at the ends, in place."""
+    keep = {str(i) for i in stage_layer_range(len(model.layers), stage_index, num_stages)}
     for key in list(model.layers.keys()):
         if key not in keep:
             del model.layers[key]

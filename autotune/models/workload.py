@@ -127,6 +127,10 @@ def load_builder(path: str) -> Callable[[WorkloadSpec], Workload]:
 
 def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0) -> Workload:
     """Build the workload of a spec on this process, seeded identically on every rank."""
+    if spec.hf_model is not None:
+        from autotune.models.hf import build_hf
+
+        return build_hf(spec, attention=attention, seed=seed)
     if spec.workload is None:
         return build_builtin(spec, attention=attention, seed=seed)
     builder = load_builder(spec.workload)
