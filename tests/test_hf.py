@@ -118,6 +118,7 @@ def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
     device = torch.device("cpu")
     out: dict = {"losses": {}, "memory": {}}
     for config in configs:
+        config = config.with_precision(device.type)  # as the runner resolves it
         key = f"{config.workload.hf_model}|{short_name(config)}"
         workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
         check_workload_supports(config, workload)
@@ -296,7 +297,7 @@ def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeyp
         (Path(model_dirs["llama"]) / "config.json").read_text())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     code, out, err = _cli(capsys, "estimate", "--model", "hf:acme/tiny-llama", "--world-size",
-                          "1", "--seq-len", "16", "--json")
+                          "1", "--seq-len", "16", "--precision", "32-true", "--json")
     assert code == 0, err
     estimate = json.loads(out)
     model = transformers.AutoModelForCausalLM.from_config(
