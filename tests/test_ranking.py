@@ -188,7 +188,7 @@ def test_a_tie_is_measured_to_the_round_limit_and_exported_as_a_tie(tmp_path, ro
     assert verdict.is_tie and short_name(verdict.pick.config) == short_name(twin.config)
     assert len(verdict.pick.rounds) == 4 and len(executor.table.calls) == 3 + 3 * 4  # the limit
     assert outcome.best is verdict.pick or outcome.best.trial_id == verdict.pick.trial_id
-    best_path, _ = export_study(db, "tie", tmp_path / "out")
+    best_path, *_ = export_study(db, "tie", tmp_path / "out")
     doc = json.loads(best_path.read_text())
     assert short_name(TrialConfig.from_dict(doc["config"])) == short_name(twin.config)
     assert doc["metrics"]["tied_within_noise"] is True

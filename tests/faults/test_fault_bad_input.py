@@ -28,6 +28,7 @@ from autotune.errors import ConfigError
 from autotune.export import write_json_atomically
 from autotune.space import SearchSpace
 from db import Database
+from db.schema import MIGRATIONS, latest_version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,8 +102,8 @@ def _newer(path: Path) -> None:
 @pytest.mark.parametrize("kind, message", [
     ("damaged", ("database disk image is malformed; the file is damaged: restore it from a "
                  "backup or use a new database")),
-    ("newer", ("database schema version 99 is newer than this autotune understands (2); "
-               "upgrade autotune")),
+    ("newer", ("database schema version 99 is newer than this autotune understands "
+               f"({latest_version(MIGRATIONS)}); upgrade autotune")),
 ], ids=["damaged", "newer"])
 def test_a_damaged_or_newer_database(study_db, tmp_path, monkeypatch, capsys, command, kind,
                                      message):
