@@ -155,33 +155,31 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
         names = [names[i] for i in keep]
         x0, prior_weight = x0[keep], prior_weight[keep]
         lower, upper = lower[keep], upper[keep]
-        if not names:
-            cal = _fit_shape_factors(samples, cluster, start, engine) if fit_shapes else start
-            errors = np.exp(predict(cal) - measured) - 1
-            return FitReport(cal, (), len(samples), tuple(float(r) for r in errors))
-    # The host/device crossover makes the surface non-convex in the host overheads: start
-    # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
-    # the best start on all samples.
-    starts = [x0]
-    for scale in (10.0, 100.0, 1000.0):
-        x = x0.copy()
-        for n in ("layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s"):
-            if n in names:
-                x[names.index(n)] += math.log(scale)
-        starts.append(x)
-    subset = None
-    if len(samples) > START_SAMPLES:
-        subset = np.random.default_rng(0).choice(len(samples), START_SAMPLES, replace=False)
-    best = None
-    for x_start in starts:
-        result = least_squares(residuals, x_start, bounds=(lower, upper), x_scale=1.0,
-                               diff_step=1e-3, max_nfev=400, args=(subset,))
-        if best is None or result.cost < best.cost:
-            best = result
-    if subset is not None:
-        best = least_squares(residuals, best.x, bounds=(lower, upper), x_scale=1.0,
-                             diff_step=1e-3, max_nfev=200)
-    cal = calibration_at(best.x)
+    cal = start  # nothing the samples can inform: only the shapes are fitted
+    if names:
+        # The host/device crossover makes the surface non-convex in the host overheads: start
+        # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
+        # the best start on all samples.
+        starts = [x0]
+        for scale in (10.0, 100.0, 1000.0):
+            x = x0.copy()
+            for n in ("layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s"):
+                if n in names:
+                    x[names.index(n)] += math.log(scale)
+            starts.append(x)
+        subset = None
+        if len(samples) > START_SAMPLES:
+            subset = np.random.default_rng(0).choice(len(samples), START_SAMPLES, replace=False)
+        best = None
+        for x_start in starts:
+            result = least_squares(residuals, x_start, bounds=(lower, upper), x_scale=1.0,
+                                   diff_step=1e-3, max_nfev=400, args=(subset,))
+            if best is None or result.cost < best.cost:
+                best = result
+        if subset is not None:
+            best = least_squares(residuals, best.x, bounds=(lower, upper), x_scale=1.0,
+                                 diff_step=1e-3, max_nfev=200)
+        cal = calibration_at(best.x)
     if fit_shapes:
         cal = _fit_shape_factors(samples, cluster, cal, engine)
     errors = np.exp(predict(cal) - measured) - 1
