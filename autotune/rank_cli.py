@@ -128,15 +128,16 @@ def cmd_rank(args: argparse.Namespace) -> int:
         raise ConfigError(f"--memory-limit must be a positive number of GiB, not "
                           f"{args.memory_limit:g}")
     cluster = load_cluster(args.cluster, nodes=args.nodes)
+    device_type = _device_type(cluster)
     base, shape = _base_config(args, cluster)
     # A dtype the device gives no peak for: refuse now.
-    cluster.device.flops(base.compute_dtype(_device_type(cluster)))
+    cluster.device.flops(base.compute_dtype(device_type))
     limit_gib = args.memory_limit or cluster.device.memory_gib
     layouts = enumerate_layouts(base, shape)
     if not layouts:
         raise ConfigError(_no_layout_message(base, shape))
     ranking = rank_layouts(layouts, cluster, shape=shape, limit_bytes=int(limit_gib * GIB),
-                           device_type=_device_type(cluster), progress=_Progress(len(layouts)))
+                           device_type=device_type, progress=_Progress(len(layouts)))
     if not ranking.fitting:
         config, peak = ranking.smallest_peak
         raise AutotuneError(
@@ -159,7 +160,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         f"{shape.num_heads} heads, vocab {shape.vocab_size})")
     print(f"{name} on {describe_cluster(cluster)}: world {base.world_size}, global batch "
           f"{wl.global_batch_size} × seq {wl.seq_len}, "
-          f"{base.resolved_precision(_device_type(cluster))}")
+          f"{base.resolved_precision(device_type)}")
     print(format_table(top))
     print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
           f"{limit_gib:g} GiB (peak + {MEMORY_MARGIN:.0%} margin); the top {len(top)} by "

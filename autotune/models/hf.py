@@ -34,7 +34,6 @@ from torch import nn
 from autotune.errors import ConfigError, WorkloadError
 from autotune.models.shapes import ModelShape
 
-HF_PREFIX = "hf:"
 INSTALL_HINT = 'pip install -e ".[hf]"'
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
@@ -44,11 +43,6 @@ SUPPORTED = ("gpt2", *LLAMA_STYLE)
 
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 """Config keys of mixture-of-experts models: experts have no TP/PP plan here."""
-
-
-def strip_prefix(model: str) -> str | None:
-    """The PATH_OR_ID of an ``hf:`` model name, or None for a built-in name."""
-    return model[len(HF_PREFIX):] if model.startswith(HF_PREFIX) else None
 
 
 def _transformers():
@@ -270,14 +264,9 @@ def decoder_layer_class_name(ref: str) -> str:
     return names[0] if names else "DecoderLayer"
 
 
-def stage_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The decoder layers: activation checkpointing and FSDP units."""
-    return [(f"layers.{k}", m) for k, m in model.layers.items()]
-
-
 def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
     """The Workload of a spec with ``hf_model``: random init from the config, no weights."""
-    from autotune.models.workload import Workload, synthetic_batch
+    from autotune.models.workload import Workload, synthetic_batch, transformer_blocks
 
     transformers = _transformers()
     vocab = spec.resolved_vocab_size
@@ -298,7 +287,7 @@ def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
     except ConfigError:
         plan = None  # check_layout names the entry when a layout asks for tp_degree > 1
     return Workload(model=stage, batch=batch, tp_plan=plan,
-                    pipeline_split=split_stage, blocks=stage_blocks,
+                    pipeline_split=split_stage, blocks=transformer_blocks,
                     num_heads=config.num_attention_heads, num_layers=num_layers)
 
 
@@ -306,10 +295,10 @@ def check_layout(config: Any, trial: Any) -> None:
     """Rules of HF models on top of ``TrialConfig.validate`` (which checks heads, kv heads and
     layers from the shape): a TP plan must exist, and tied embeddings cannot span stages."""
     ref = trial.workload.hf_model
-    if trial.tp_degree > 1 and not getattr(config, "base_model_tp_plan", None):
-        raise ConfigError(f"'{ref}' ({config.model_type}) has no base_model_tp_plan in its "
-                          "config, so it has no tensor parallelism; use tp_degree 1")
     if trial.tp_degree > 1:
+        if not getattr(config, "base_model_tp_plan", None):
+            raise ConfigError(f"'{ref}' ({config.model_type}) has no base_model_tp_plan in its "
+                              "config, so it has no tensor parallelism; use tp_degree 1")
         tp_plan(config, range(1))  # raises naming an entry torch's styles cannot express
     if trial.pp_degree > 1 and getattr(config, "tie_word_embeddings", False):
         raise ConfigError(f"'{ref}' ties its input and output embeddings (tie_word_embeddings), "
