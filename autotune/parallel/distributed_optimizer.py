@@ -15,9 +15,9 @@ Traffic per step: the gradient all-reduce plus an all-gather of the (padded) loc
 in ``ceil(parameter bytes / bucket)`` collectives. Parameters and gradients stay whole.
 
 The inner optimizer steps on the tensors in :attr:`DistributedOptimizer.owned`, which are views
-into the parameters' storage, so its in-place update is the parameters' update. A mixed-precision
-master copy plugs in by giving the inner optimizer fp32 copies of these slices instead and
-copying them back into the views before :meth:`DistributedOptimizer.gather` (``_publish``).
+into the parameters' storage, so its in-place update is the parameters' update. Under mixed
+precision the inner optimizer is ``precision.MasterWeightAdamW``, which keeps the fp32 master
+copy of these slices and writes each step back into them, rounded.
 """
 
 from __future__ import annotations
@@ -128,12 +128,8 @@ class DistributedOptimizer:
             g = s.param.grad
             s.tensor.grad = None if g is None else local_tensor(g).reshape(-1)[s.start:s.stop]
         self.optim.step()
-        self._publish()
         for bucket in self.buckets:
             self.gather(bucket)
-
-    def _publish(self) -> None:
-        """Make the owned slices' new values the parameters' (they are views: nothing to do)."""
 
     def gather(self, bucket: Bucket) -> None:
         """All-gather one bucket: every rank's share, in rank order, is the flat bucket."""

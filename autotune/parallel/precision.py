@@ -41,6 +41,7 @@ from torch import nn
 
 from autotune.config import MIXED_PRECISIONS, PRECISION_COMPUTE_DTYPE, TrialConfig
 from autotune.errors import ConfigError
+from autotune.parallel.distributed_optimizer import local_tensor
 
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -90,9 +91,7 @@ def apply_precision(part: nn.Module, config: TrialConfig) -> nn.Module:
     if precision == "32-true":
         return part
     half = compute_dtype(precision)
-    if not is_mixed(precision):
-        return part.to(half)
-    if uses_fsdp(config):
+    if is_mixed(precision) and uses_fsdp(config):
         # FSDP2 keeps fp32 (the master copy) and casts when it gathers; start from the same
         # rounded values as the half-precision model of the other layouts.
         with torch.no_grad():
@@ -121,12 +120,6 @@ def optimizer_class(config: TrialConfig) -> type[torch.optim.Optimizer]:
     return torch.optim.AdamW
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 class MasterWeightAdamW(torch.optim.Optimizer):
     """AdamW on fp32 master copies of half-precision parameters (Loshchilov & Hutter 2019).
 
@@ -142,7 +135,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         for group in self.param_groups:
             for p in group["params"]:
-                local = _local(p.detach())
+                local = local_tensor(p.detach())
                 self.state[p] = {"master": local.float().clone(),
                                  "exp_avg": torch.zeros_like(local, dtype=torch.float32),
                                  "exp_avg_sq": torch.zeros_like(local, dtype=torch.float32),
@@ -157,7 +150,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 master, m, v = state["master"], state["exp_avg"], state["exp_avg_sq"]
-                grad = _local(p.grad).float()
+                grad = local_tensor(p.grad).float()
                 state["step"] += 1
                 step = state["step"].item()
                 master.mul_(1 - lr * group["weight_decay"])
@@ -166,7 +159,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
                 denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
                 master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step))
-                _local(p).copy_(master)
+                local_tensor(p).copy_(master)
         return None
 
 
@@ -194,7 +187,7 @@ class LossScaler:
         for p in params:
             if p.grad is None:
                 continue
-            g = _local(p.grad)
+            g = local_tensor(p.grad)
             g.mul_(inv)
             found = torch.maximum(found, (~torch.isfinite(g)).any().to(found.dtype))
         if dist.is_initialized():
