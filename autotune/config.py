@@ -21,6 +21,8 @@ from autotune.models.shapes import MODEL_SHAPES, ModelShape, model_names
 
 ZeroStage = Literal[0, 1, 2, 3]
 ActivationCheckpointing = Literal["none", "selective", "full"]
+AC_ORDER = {"none": 0, "selective": 1, "full": 2}
+"""Recomputation from none to most (more recomputation: less memory, more compute)."""
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Attention = Literal["eager", "sdpa"]
 DType = Literal["float32", "bfloat16", "float16"]

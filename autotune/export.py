@@ -34,9 +34,10 @@ def _precision_sections(precision: str) -> dict:
 def ds_config(config: TrialConfig) -> dict:
     """The same choice in DeepSpeed's keys, with notes where DeepSpeed cannot follow it."""
     w = config.workload
-    precision = config.resolved_precision("cpu" if config.device == "cpu" else "cuda")
+    device_type = "cpu" if config.device == "cpu" else "cuda"
+    precision = config.resolved_precision(device_type)
     bucket_elements = int(config.bucket_mb * 2**20
-                          // ELEMENT_BYTES[PRECISION_COMPUTE_DTYPE[precision]])
+                          // ELEMENT_BYTES[config.compute_dtype(device_type)])
     ds: dict = {
         "train_batch_size": w.global_batch_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,

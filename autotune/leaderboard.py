@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.config import TrialConfig
+from autotune.config import AC_ORDER, TrialConfig
 from autotune.noise import Interval, paired_ratio_interval, throughput_interval
 from autotune.status import TrialStatus, status_rank
 
@@ -138,12 +138,11 @@ TIE_RULE = ("tied within noise: the fastest by median is kept, unless a configur
             f"1 ± {EQUIVALENT_WITHIN:.0%} — and uses less measured peak memory or, with equal "
             "memory, a simpler layout (fewer tp × pp ranks, less recomputation, a lower ZeRO "
             "stage)")
-AC_ORDER = ("none", "selective", "full")
 
 
 def simplicity(config: TrialConfig) -> tuple[int, int, int]:
     """Smaller is simpler: tp × pp, recomputation, ZeRO stage."""
-    return (config.tp_degree * config.pp_degree, AC_ORDER.index(config.activation_checkpointing),
+    return (config.tp_degree * config.pp_degree, AC_ORDER[config.activation_checkpointing],
             config.zero_stage)
 
 

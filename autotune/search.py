@@ -29,7 +29,7 @@ from typing import Literal, TextIO
 from autotune import screen
 from autotune.config import TrialConfig, WorkloadSpec, _positive
 from autotune.errors import ConfigError
-from autotune.leaderboard import Entry, build_leaderboard, format_leaderboard
+from autotune.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
 from autotune.screen import GIB, MEMORY_MARGIN, predicted_to_fit
 from autotune.search_loop import CONSTRAINT_ATTR, SearchLoop, SearchOutcome, TrialExecutor
 from autotune.space import SearchSpace
@@ -167,10 +167,6 @@ def base_config(spec: SearchSpec) -> TrialConfig:
                        precision=spec.precision).with_precision(device_type(spec))
 
 
-AC_RANK = {"none": 0, "selective": 1, "full": 2}
-"""Recomputation from none to most."""
-
-
 def plain_baseline(space: SearchSpace, device_type: str,
                    limit: int | None) -> TrialConfig | None:
     """The configuration an engineer (or DeepSpeed's autotuner) tries first: no tensor or
@@ -182,8 +178,7 @@ def plain_baseline(space: SearchSpace, device_type: str,
 
     candidates = sorted(
         (c for c in space.configs if fits(c)),
-        key=lambda c: (c.tp_degree * c.pp_degree, AC_RANK[c.activation_checkpointing],
-                       c.zero_stage, -c.micro_batch_size, not c.overlap_enabled,
+        key=lambda c: (*simplicity(c), -c.micro_batch_size, not c.overlap_enabled,
                        abs(c.bucket_mb - 25.0)))
     return candidates[0] if candidates else None
 

@@ -451,9 +451,8 @@ class SearchLoop:
         ``remeasure_max_repeats`` rounds have run. A finalist that fails is measured no more."""
         spec = self.spec
         board = self.leaderboard()
-        most = max(spec.remeasure_repeats, spec.remeasure_max_repeats)
-        if spec.remeasure_repeats == 0:
-            most = 0
+        most = (max(spec.remeasure_repeats, spec.remeasure_max_repeats)
+                if spec.remeasure_repeats else 0)
         next_round = 1 + max((r for e in board for r in e.rounds if r > 0), default=0)
         complete = [e for e in board if e.status == TrialStatus.COMPLETE]
         finalists = {e.trial_id for e in sorted(complete, key=lambda e: -e.throughputs[0])

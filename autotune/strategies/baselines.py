@@ -18,13 +18,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import AC_ORDER, TrialConfig
 from autotune.models.shapes import ModelShape
 from autotune.status import RowStatus
 from autotune.strategies.base import Measured, Proposal
 
-AC_ORDER = {"none": 0, "selective": 1, "full": 2}
-"""Recomputation from none to most (more recomputation: less memory, more compute)."""
 SCHEDULE_ORDER = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
 DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
 
