@@ -180,12 +180,13 @@ class WorkerGroup:
         groups = assign_groups(bundle_nodes, config.pp_degree, config.dp_degree)
         self.rank_nodes = ranks_of(groups, bundle_nodes, tp)
         """The Ray node id of every rank."""
-        self.hostnames = {n["NodeID"]: n.get("NodeManagerHostname", "") for n in ray.nodes()}
+        nodes = ray.nodes()
+        self.hostnames = {n["NodeID"]: n.get("NodeManagerHostname", "") for n in nodes}
         # A rank on another node than the driver's can lose its node while the driver lives on.
         driver_node = ray.get_runtime_context().get_node_id()
         self.off_driver_node = any(node != driver_node for node in self.rank_nodes)
         local_ranks = Counter(self.rank_nodes)
-        node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in ray.nodes()}
+        node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in nodes}
         self.workers = []
         self.pids: list[int] = []
         try:

@@ -460,8 +460,8 @@ class Database:
     def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
         """The trials of one study (``study_id``) or all trials (None), oldest first.
 
-        Memory and step records are included (three queries in all, however many trials);
-        spans are not: read them per trial with :meth:`trial_spans`.
+        Memory, step and rank-node records are included (four queries in all, however many
+        trials); spans are not: read them per trial with :meth:`trial_spans`.
         """
         with self._session("listing trials") as session:
             trials = select(TrialRow).order_by(TrialRow.id)

@@ -27,11 +27,10 @@ def main() -> None:
     num_nodes, cpus, temp_dir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"
-    from ray._private import ray_constants
+    from autotune.executor import _keep_ray_on_loopback
 
     # Cluster mode off: nodes keep 127.0.0.1 instead of the host's routable address.
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    _keep_ray_on_loopback()
     from ray.cluster_utils import Cluster
 
     common = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
