@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help='JSON narrowing knobs, e.g. {"micro_batch_size": [1, 2]}')
     search.add_argument("--seed", type=int, default=0)
     search.add_argument("--top-k", type=_positive_int, default=3, metavar="K",
-                        help="configurations measured again before one is declared best")
+                        help="configurations measured again before one is declared best, "
+                             "besides the baseline (the study's first trial), which always is")
     search.add_argument("--remeasure", type=int, default=2, metavar="N",
                         help="interleaved re-measurement rounds over the top K, at least "
                         "(default 2; 0: none)")

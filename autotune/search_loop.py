@@ -10,9 +10,9 @@
       → complete? refit the study's calibration (``study_calibration``)
     stop: trial budget, every valid configuration tried, time budget, or no improvement for
           ``patience`` trials
-    then: re-measure the top few in interleaved rounds (each round measures every one of them
-          once, in rotated order), at least ``remeasure_repeats`` rounds and more, up to
-          ``remeasure_max_repeats``, while the runner-up is tied with the fastest within noise;
+    then: re-measure the top few and the baseline in interleaved rounds (each round measures
+          every one of them once, in rotated order), at least ``remeasure_repeats`` rounds and
+          more, up to ``remeasure_max_repeats``, while the runner-up is tied with the fastest within noise;
           the leaderboard ranks by median throughput and declares the best with its interval
           (``leaderboard.declare_best``).
 
@@ -442,8 +442,8 @@ class SearchLoop:
         """Measure the top_k again in interleaved rounds and store each figure with its round;
         the final leaderboard.
 
-        The finalists are the top_k by the figure each measured during the search (fixed before
-        the first round, so every round compares the same ones). Each round measures every
+        The finalists (``finalist_ids``) are fixed before the first round, so every round
+        compares the same ones. Each round measures every
         finalist once, starting one further along each round (A B C, B C A, …), so drift over a
         round's minutes falls on all of them alike and the per-round ratios cancel it
         (``leaderboard.compare``). Rounds continue until each finalist has
@@ -454,9 +454,7 @@ class SearchLoop:
         most = (max(spec.remeasure_repeats, spec.remeasure_max_repeats)
                 if spec.remeasure_repeats else 0)
         next_round = 1 + max((r for e in board for r in e.rounds if r > 0), default=0)
-        complete = [e for e in board if e.status == TrialStatus.COMPLETE]
-        finalists = {e.trial_id for e in sorted(complete, key=lambda e: -e.throughputs[0])
-                     [:spec.top_k]}
+        finalists = finalist_ids(board, spec.top_k)
         failed: set[int] = set()
         for done in range(most):
             if self._cluster_stopped:
@@ -505,6 +503,24 @@ class SearchLoop:
                    "throughput_interval": throughput_interval(
                        [m["throughput_tokens_per_s"], *runs]).to_dict()}
         self.db.update_trial(trial_id, status=record.status, metrics=metrics)
+
+
+def finalist_ids(board: list[Entry], top_k: int) -> set[int]:
+    """The trials re-measured before a best is declared: the top_k complete ones by the figure
+    each measured during the search, and the study's first trial if it completed.
+
+    The first trial is the plain baseline (``search.plain_baseline``) unless the search was
+    started without one: the layout a user would run without autotune. A recommendation has to
+    beat it side by side, in the same interleaved rounds. Its one search figure alone can miss
+    the top_k by noise (10-23% between trials on a shared machine): in ``bench/
+    ranking_stability.py`` the plain layout, the truth's best by 30%, was dropped that way."""
+    complete = [e for e in board if e.status == TrialStatus.COMPLETE]
+    ranked = sorted(complete, key=lambda e: -e.throughputs[0])
+    finalists = {e.trial_id for e in ranked[:top_k]}
+    first = min(board, key=lambda e: e.number, default=None)
+    if first is not None and first.status == TrialStatus.COMPLETE:
+        finalists.add(first.trial_id)
+    return finalists
 
 
 def run_interval(result: TrialResult, config: TrialConfig):

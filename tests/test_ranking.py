@@ -20,7 +20,8 @@ from autotune.layouts import short_name
 from autotune.leaderboard import Entry, declare_best, equivalent
 from autotune.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
 from autotune.replay import MeasuredTable, ReplayTrialExecutor
-from autotune.search import Search, SearchSpec
+from autotune.search import Search, SearchSpec, base_config
+from autotune.space import SearchSpace
 from autotune.status import TrialStatus
 from db import Database
 
@@ -194,3 +195,31 @@ def test_a_tie_is_measured_to_the_round_limit_and_exported_as_a_tie(tmp_path, ro
     assert doc["metrics"]["tied_within_noise"] is True
     assert doc["metrics"]["rule"].startswith("tied within noise")
     assert doc["metrics"]["throughput_interval"]["n"] == 5
+
+
+def test_the_baseline_is_a_finalist_even_when_its_figure_misses_the_top(tmp_path, rows):
+    # The baseline is the group's slowest of three and top_k is 1: the fastest and the baseline
+    # are both re-measured, interleaved, and the middle one is not.
+    fastest, middle, slowest = rows
+    db = Database.open(f"sqlite:///{tmp_path / 'b.db'}")
+    executor = ReplayTrialExecutor(rows)
+    spec = SearchSpec(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
+        world_size=2, device="cpu", study_name="base", n_trials=3, patience=None, top_k=1,
+        remeasure_repeats=2, remeasure_max_repeats=2, sampler="random")
+    key = executor.table._key  # the table's identity of a layout (ignores unused knobs)
+    space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
+    baseline = next(c for c in space.configs if key(c) == key(slowest.config))
+    outcome = Search(spec, db, executor, out=io.StringIO(), include=executor.contains,
+                     baseline=baseline).run()
+    calls = [key(c) for c in executor.table.calls]
+    assert calls[0] == key(slowest.config)  # the baseline runs first
+    remeasured = calls[3:]
+    assert len(remeasured) == 4
+    assert set(remeasured[:2]) == set(remeasured[2:]) == {key(fastest.config),
+                                                          key(slowest.config)}
+    assert remeasured[:2] != remeasured[2:]  # the second round starts one further along
+    rounds = {key(e.config): e.rounds for e in outcome.leaderboard}
+    assert rounds[key(slowest.config)] == rounds[key(fastest.config)] == (1, 2)
+    assert rounds[key(middle.config)] == ()
+    assert key(outcome.best.config) == key(fastest.config)
