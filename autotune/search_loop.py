@@ -12,9 +12,9 @@
           ``patience`` trials
     then: re-measure the top few and the baseline in interleaved rounds (each round measures
           every one of them once, in rotated order), at least ``remeasure_repeats`` rounds and
-          more, up to ``remeasure_max_repeats``, while the runner-up is tied with the fastest within noise;
-          the leaderboard ranks by median throughput and declares the best with its interval
-          (``leaderboard.declare_best``).
+          more, up to ``remeasure_max_repeats``, while the runner-up is tied with the fastest
+          within noise; the leaderboard ranks by median throughput and declares the best with
+          its interval (``leaderboard.declare_best``).
 
 The first trial on a newly built worker group is measured again and its cold figure discarded
 (kept in the trial's metrics as ``cold_start_discarded_tokens_per_s``): a cold group measured

@@ -2,12 +2,12 @@
 "truth" agrees with, on a noisy machine?
 
 1. ``autotune search`` with no options (the default search: tiny GPT, 2 CPU ranks, its own local
-   Ray, interleaved re-measurement of the top 3) runs ``--runs`` times, each in a subprocess
-   with a study of its own, as a user would run it. From each study: the declared best
-   (``leaderboard.declare_best``), its interval, whether it declared a tie.
-2. The truth: every configuration some run re-measured (each run's top 3, its pick among them)
-   is measured ``--truth-rounds`` times, interleaved (each round measures every candidate once,
-   in rotated order) on one warm worker group (its cold first run discarded). Truth's best =
+   Ray, interleaved re-measurement of the top 3 and the plain baseline) runs ``--runs`` times,
+   each in a subprocess with a study of its own, as a user would run it. From each study: the
+   declared best (``leaderboard.declare_best``), its interval, whether it declared a tie.
+2. The truth: every configuration some run re-measured (each run's finalists, its pick among
+   them) is measured ``--truth-rounds`` times, interleaved (each round measures every candidate
+   once, in rotated order) on one warm worker group (its cold first run discarded). Truth's best =
    the highest median over the rounds; the truth's noise around it = the paired per-round
    interval (``noise.paired_ratio_interval``) of each candidate against that best.
 3. A run is **correct** when its pick's truth median is within 3% of the truth's best; it is
@@ -22,6 +22,7 @@
    less memory only when the two are shown equivalent within 3%).
 
 Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 6] [--json out.json]
+16 minutes for 10 runs and 6 truth rounds on the quiet machine (load 2-8).
 About 2-5 min per run and 3-5 min of truth on the 2-core machine under others' load: 14 and
 17 minutes in all at load averages 6-37, 28 minutes at 15-50 (8 truth rounds).
 """
