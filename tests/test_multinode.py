@@ -6,7 +6,8 @@ trial behind, and stops the search on one line with what it measured.
 
 One search covers it all: a cold worker group costs ~40-100 s on two loaded cores, a warm trial
 a few seconds (every layout the search runs reuses the first group). The cluster is a module
-fixture for further tests; a test that kills a node must run last. The drivers are ``autotune`` CLI subprocesses that join with ``--ray-address``,
+fixture for further tests; a test that kills a node must run last. The drivers are
+``autotune`` CLI subprocesses that join with ``--ray-address``,
 as a user would, with token authentication on (``RAY_AUTH_TOKEN``), as ``ray start`` has it.
 """
 
@@ -26,7 +27,7 @@ import pytest
 from reference import reference_losses
 from test_executor import _wait_dead
 
-from autotune.config import TrialConfig
+from autotune.config import TrialConfig, WorkloadSpec
 from db import Database, StorageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +98,79 @@ SEED = 22
 """Optuna's RandomSampler with this seed proposes, after the plain baseline (dp4), tp2 × dp2,
 tp4, pp2 × dp2, then tp2 × pp2 fifth (a different order fails the test, naming it); the space
 has ten configurations, so the search has more to propose after the fifth."""
+
+
+def test_trial_runs_tp2_dp2_with_each_tp_pair_on_one_node(cluster, tmp_path):
+    """``autotune trial --ray-address ADDR`` as a user runs it: tp2 × dp2 on the two nodes of
+    2 CPUs, each TP pair on one node, both nodes used, the reference's losses; ``--json``
+    carries every rank's node id and hostname, and the database keeps them."""
+    config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
+                                               global_batch_size=8),
+                         world_size=4, tp_degree=2, micro_batch_size=2, device="cpu",
+                         num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=0)
+    path = tmp_path / "trial.json"
+    path.write_text(json.dumps(config.to_dict()))
+    db_url = f"sqlite:///{tmp_path / 'trial.db'}"
+    proc = cluster.autotune("trial", "--config", str(path), "--json", "--db", db_url)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    node = {r["rank"]: r["node_id"] for r in result["ranks"]}
+    assert sorted(node) == [0, 1, 2, 3] and all(r["hostname"] for r in result["ranks"])
+    assert {r["tp_rank"] for r in result["ranks"]} == {0, 1}
+    assert node[0] == node[1] != node[2] == node[3]  # TP pairs (0, 1) and (2, 3)
+    assert set(node.values()) == set(cluster.nodes)
+    assert result["losses"] == pytest.approx(_expected_losses(config), abs=LOSS_ATOL)
+    with Database.open(db_url, create=False) as database:
+        (stored,) = database.list_trials()
+    assert {n.rank: n.node_id for n in stored.nodes} == node
+
+
+def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postgres,
+                                                                   tmp_path):
+    """Two ``autotune search --ray-address`` drivers at once, each with two ranks on the
+    four CPUs of the cluster, both writing a study of their own into one PostgreSQL database:
+    both complete, and each study holds its own trials with their timelines and nodes, the
+    reference's losses, and an Optuna study of as many finished trials."""
+    db_url = postgres.create_schema("autotune_tests", "two_drivers")
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"micro_batch_size": [1, 2, 4]}))
+    fixed = ["tp_degree=1", "pp_degree=1", "zero_stage=0", "num_warmup_steps=1",
+             "num_profiled_steps=1", "device=cpu", "activation_checkpointing=none",
+             "overlap_enabled=true", "bucket_mb=25"]
+    studies = ("alpha", "beta")
+    procs = [cluster.autotune(
+        "search", "--world-size", "2", "--seq-len", "32", "--global-batch", "8",
+        "--space", str(space), *(a for f in fixed for a in ("--fix", f)),
+        "--timed-steps", "2", "--trials", "2", "--remeasure", "0", "--top-k", "1",
+        "--strategy", "random", "--seed", str(i), "--study", name, "--db", db_url,
+        "--out", str(tmp_path / name)) for i, name in enumerate(studies)]
+    results = [p.communicate(timeout=400) for p in procs]
+    for proc, (out, err) in zip(procs, results):
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and postgres.password not in out + err
+
+    import optuna
+
+    from autotune.search import _optuna_storage
+
+    with Database.open(db_url, create=False) as database:
+        storage = _optuna_storage(database)
+        assert sorted(s.name for s in database.list_studies()) == list(studies)
+        for name in studies:
+            trials = database.list_trials(database.get_study(name).id)
+            assert len(trials) == 2 and [t.status for t in trials] == ["complete"] * 2
+            for trial in trials:
+                config = TrialConfig.from_dict(trial.config)
+                assert trial.metrics["losses"] == pytest.approx(_expected_losses(config),
+                                                                abs=LOSS_ATOL)
+                assert sorted(n.rank for n in trial.nodes) == [0, 1]
+                assert {n.node_id for n in trial.nodes} <= set(cluster.nodes)
+                spans = database.trial_spans(trial.id)
+                assert {s.rank for s in spans} == {0, 1}
+            optuna_study = optuna.load_study(study_name=f"autotune:{name}", storage=storage)
+            assert len(optuna_study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
+            assert (tmp_path / name / "best_config.json").is_file()
 
 
 def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):

@@ -1,8 +1,8 @@
 """Joining a cluster by the address ``ray start`` prints: the driver turns on token
 authentication when a token exists (as Ray does only for ``auto``), keeps a loopback address on
 loopback, and leaves ``auto`` and an explicit ``RAY_AUTH_MODE`` alone. Checked in fresh
-processes: both settings are process-wide. (A joined ``ray start`` cluster was checked by hand:
-docs/architecture.md.)"""
+processes: both settings are process-wide. Then end to end: a cluster started by ``ray start``
+(token authentication on) runs ``autotune trial`` joined at the address ``ray start`` printed."""
 
 from __future__ import annotations
 
@@ -54,3 +54,91 @@ def test_addresses_join_as_auto_does(home_with_token, tmp_path):
                   RAY_AUTH_MODE="disabled")["auth"] == "disabled"
     assert _probe("auto", home_with_token) == {"address": "auto", "auth": None,
                                                "cluster_mode": True}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
+    """The way README documents, end to end: a token made by ``ray get-auth-token --generate``
+    (under the HOME both commands run with), ``RAY_AUTH_MODE=token ray start --head
+    --node-ip-address=127.0.0.1 --port=PORT`` (cluster mode off, so that nothing listens beyond
+    loopback: then ``ray start`` prints its node address instead of a join command), then
+    ``autotune trial --ray-address 127.0.0.1:PORT`` with neither setting in its environment:
+    the driver finds the token and keeps the address on loopback, and a two-rank trial runs
+    on that cluster with the single-process reference's losses."""
+    import queue
+    import re
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    from reference import reference_losses
+
+    from autotune.config import TrialConfig, WorkloadSpec
+
+    home = tmp_path / "home"
+    home.mkdir()
+    temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's socket paths must stay short
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env.update(HOME=str(home), PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    made = subprocess.run([ray_cli, "get-auth-token", "--generate"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert (home / ".ray" / "auth_token").is_file()
+    port = _free_port()
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**env, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in head.stdout], daemon=True).start()
+    try:
+        printed, node_ip = [], None
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in "".join(printed):
+            assert time.monotonic() < deadline and head.poll() is None, "".join(printed)
+            try:
+                printed.append(lines.get(timeout=1.0))
+            except queue.Empty:
+                continue
+            found = re.search(r"Local node IP: (\S+)", printed[-1])
+            node_ip = found.group(1) if found else node_ip
+        assert node_ip == "127.0.0.1", "".join(printed)
+
+        config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
+                                                   global_batch_size=4),
+                             world_size=2, device="cpu", num_warmup_steps=1,
+                             num_timed_steps=1, num_profiled_steps=0)
+        path = tmp_path / "trial.json"
+        path.write_text(json.dumps(config.to_dict()))
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
+             "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address",
+             f"{node_ip}:{port}", "--cpus-per-rank", "1", "--timeout", "240"],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        assert len({r["node_id"] for r in result["ranks"]}) == 1
+        steps = config.num_warmup_steps + config.num_timed_steps + 1  # and the memory step
+        assert result["losses"] == pytest.approx(reference_losses(config, steps), abs=2e-5)
+    finally:
+        # ray start --block stops its node on SIGTERM; anything of its session left is killed.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(head.pid, sig)
+                head.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
