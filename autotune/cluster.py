@@ -125,7 +125,9 @@ class ClusterSpec:
     """Collective library: nccl, or gloo (which runs reduce-scatter as a full all-reduce)."""
     cores_per_node: int | None = None
     """CPU ranks only: the cores a node's ranks share. A rank that waits (a pipeline bubble)
-    leaves its core to the others, so with more ranks than cores a bubble costs less."""
+    leaves its core to the others, so with more ranks than cores a bubble costs less; a
+    collective over more ranks than cores waits for its members' turns on them
+    (``perf_model.core_sharing``, ``perf_model.uncoscheduled``)."""
     source: str = ""
     """Where the figures come from."""
     calibration: dict[str, Any] | None = None

@@ -28,8 +28,15 @@ The terms, each with its source:
 - **Pipeline**: with stage times T_i per micro-batch, the step takes ``m · max T_i +
   (Σ T_i − max T_i) / v`` for m micro-batches and v virtual stages per rank, which is
   Narayanan et al. 2021's bubble (p−1)/m of the ideal time for equal stages, and (p−1)/(v·m)
-  for the interleaved schedule (§2.2). Each boundary moves the b·s·h activation forward and
-  its gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+  for the interleaved schedule (§2.2). With fewer micro-batches than stages (which torch's
+  flexible interleaved schedule runs) interleaving hides nothing: ``Σ T_i + (m − 1) · max
+  T_i / v`` (``pipeline_bubble``). Each boundary moves the b·s·h activation forward and its
+  gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+- **CPU ranks sharing cores** (``cores_per_node``): a rank's compute and host work run on
+  cores/ranks of a core (the cluster's peak per rank, and ``host_share``); in the pipeline's
+  fill and drain only one stage's tp·dp ranks work and share the cores among themselves
+  (``core_sharing``); a collective over more ranks than cores waits about group/cores turns
+  for its members to be scheduled (``uncoscheduled``: no gang scheduling).
 - **Data parallelism** by ZeRO stage (Rajbhandari et al. 2020, §7): stages 0–1 all-reduce the
   gradients (2Φ bytes moved per parameter byte in a ring); ZeRO-1 also gathers the updated
   parameters; ZeRO-2 reduce-scatters gradients and all-gathers parameters once per
