@@ -349,7 +349,7 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
     cores = cluster.cores_per_node
     if not cores or cluster.device.asynchronous:
         return 1.0
-    return max(1.0, group / cores)
+    return max(1.0, min(group, cluster.devices_per_node) / cores)  # the members on one node
 
 
 def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
