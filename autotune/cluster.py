@@ -125,7 +125,9 @@ class ClusterSpec:
     """Collective library: nccl, or gloo (which runs reduce-scatter as a full all-reduce)."""
     cores_per_node: int | None = None
     """CPU ranks only: the cores a node's ranks share. A rank that waits (a pipeline bubble)
-    leaves its core to the others, so with more ranks than cores a bubble costs less."""
+    leaves its core to the others, so with more ranks than cores a bubble costs less; a
+    collective over more ranks than cores waits for its members' turns on them
+    (``perf_model.core_sharing``, ``perf_model.uncoscheduled``)."""
     source: str = ""
     """Where the figures come from."""
     calibration: dict[str, Any] | None = None
@@ -347,9 +349,14 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
         backend="gloo", cores_per_node=cores,
         source=f"nominal figures for {cores} CPU cores; calibrated by trials",
         # Where a fit starts on CPU ranks, whose small layers cost the interpreter and the
-        # operator dispatch far more than their FLOPs: about 0.2 ms a layer pass, 1 ms a gloo
-        # collective, 1 ms a micro-batch (orders of magnitude read off the tiny-GPT sweeps).
-        calibration={"layer_overhead_s": 2e-4, "collective_overhead_s": 1e-3,
-                     "microbatch_overhead_s": 1e-3, "step_overhead_s": 1e-3,
+        # operator dispatch far more than their FLOPs: the fits of all the rows of sweeps A-C
+        # (docs/benchmarks.md; a loaded machine) put a layer pass at 1.8-4.7 ms, a gloo
+        # collective's host cost at 4.0-5.6 ms, a micro-batch at 0.6-0.8 ms, a step at
+        # 0.9-1.2 ms and tensor parallelism's own dispatch at 0-0.15 ms a layer pass; the
+        # start takes the low end (a quieter machine is faster). A nonzero start is also a
+        # prior: a few trials cannot then trade one fixed cost for another without bound.
+        calibration={"layer_overhead_s": 2e-3, "collective_overhead_s": 4e-3,
+                     "microbatch_overhead_s": 7e-4, "step_overhead_s": 1e-3,
+                     "tp_layer_overhead_s": 1e-4,
                      # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
                      "half_efficiency_rows": 16.0, "half_efficiency_cols": 8.0})

@@ -28,8 +28,15 @@ The terms, each with its source:
 - **Pipeline**: with stage times T_i per micro-batch, the step takes ``m · max T_i +
   (Σ T_i − max T_i) / v`` for m micro-batches and v virtual stages per rank, which is
   Narayanan et al. 2021's bubble (p−1)/m of the ideal time for equal stages, and (p−1)/(v·m)
-  for the interleaved schedule (§2.2). Each boundary moves the b·s·h activation forward and
-  its gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+  for the interleaved schedule (§2.2). With fewer micro-batches than stages (which torch's
+  flexible interleaved schedule runs) interleaving hides nothing: ``Σ T_i + (m − 1) · max
+  T_i / v`` (``pipeline_bubble``). Each boundary moves the b·s·h activation forward and its
+  gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+- **CPU ranks sharing cores** (``cores_per_node``): a rank's compute and host work run on
+  cores/ranks of a core (the cluster's peak per rank, and ``host_share``); in the pipeline's
+  fill and drain only one stage's tp·dp ranks work and share the cores among themselves
+  (``core_sharing``); a collective over more ranks than cores waits about group/cores turns
+  for its members to be scheduled (``uncoscheduled``: no gang scheduling).
 - **Data parallelism** by ZeRO stage (Rajbhandari et al. 2020, §7): stages 0–1 all-reduce the
   gradients (2Φ bytes moved per parameter byte in a ring); ZeRO-1 also gathers the updated
   parameters; ZeRO-2 reduce-scatters gradients and all-gathers parameters once per
@@ -300,6 +307,51 @@ def p2p_time(cluster: ClusterSpec, calibration: Calibration, nbytes: float, *,
     return link.latency_us * 1e-6 + nbytes / bw
 
 
+def pipeline_bubble(stage_s: list[float], m: int, v: int) -> float:
+    """Seconds a pipeline of stages taking ``stage_s`` seconds per micro-batch spends beyond
+    ``m · max T_i`` (m micro-batches, v virtual stages per rank).
+
+    With m ≥ p: ``(Σ T_i − max T_i) / v``, Narayanan et al. 2021's bubble (p−1)/(v·m) of the
+    ideal time (§2.2). With m < p interleaving cannot hide it: a micro-batch's chunks run one
+    after another, so the first micro-batch crosses every chunk (Σ T_i) and each later one
+    trails it by a chunk of the slowest stage (max T_i / v): ``Σ T_i + (m − 1) · max T_i / v −
+    m · max T_i``. For v = 1 both are Σ T_i − max T_i (GPipe's and 1F1B's (p−1)/m), and they
+    agree at m = p."""
+    p, t_max, total = len(stage_s), max(stage_s), sum(stage_s)
+    if m >= p or v == 1:
+        return (total - t_max) / v
+    return total + (m - 1) * t_max / v - m * t_max
+
+
+def core_sharing(cluster: ClusterSpec, active: int) -> float:
+    """How much faster CPU ranks run when only ``active`` of a node's ranks work at once than
+    when all ``devices_per_node`` do (the stage times' speed): the cores are shared equally
+    among the runnable ranks (the OS scheduler's processor sharing), so a rank runs at
+    min(1, cores / runnable) of a core — the ratio is max(1, active/cores) / max(1, ranks/cores).
+    1 without ``cores_per_node`` (a device per rank)."""
+    cores = cluster.cores_per_node
+    if not cores or cluster.device.asynchronous:
+        return 1.0
+    active = min(active, cluster.devices_per_node)
+    return max(1.0, active / cores) / max(1.0, cluster.devices_per_node / cores)
+
+
+def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
+    """Factor on a collective's host cost when its ``group`` ranks outnumber the cores.
+
+    A collective returns only when every member has taken part, so with more members than
+    cores it cannot be run by all of them at once: without gang scheduling (Ousterhout 1982,
+    "Scheduling Techniques for Concurrent Systems": coscheduling) the operating system runs
+    them a core's worth at a time and each message waits for its peer's turn, about
+    ``group / cores`` turns in all. 1 while the group fits the cores, and for a device per rank
+    (no ``cores_per_node``). The share of the cores the rank gets otherwise (``host_share``)
+    is a separate factor: it slows the rank's own work, not its waiting for peers."""
+    cores = cluster.cores_per_node
+    if not cores or cluster.device.asynchronous:
+        return 1.0
+    return max(1.0, min(group, cluster.devices_per_node) / cores)  # the members on one node
+
+
 def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
                       calibration: Calibration | None = None, *, shape: ModelShape | None = None,
                       engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
@@ -372,7 +424,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         host_share = max(1.0, cluster.devices_per_node / cluster.cores_per_node)
     tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
     host_layer_s = (passes * cal.layer_overhead_s + tp_dispatch_s
-                    + tp_collectives * cal.collective_overhead_s
+                    + tp_collectives * cal.collective_overhead_s * uncoscheduled(cluster, tp)
                     ) * cal.host_shape_factors.get(shape_key, 1.0) * host_share
     if cluster.device.asynchronous:
         busy = layer_device_s + tp_layer_s
@@ -399,11 +451,12 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     totals = [sum(t) for t in stages]
     slowest = max(range(pp), key=lambda i: totals[i])
     t_max = totals[slowest]
-    bubble_s = (sum(totals) - t_max) / v
-    if cluster.cores_per_node and not cluster.device.asynchronous:
-        # More CPU ranks than cores: the stage times are at a shared core's speed, but in the
-        # fill and drain the waiting ranks give their cores to the working ones.
-        bubble_s *= min(1.0, cluster.cores_per_node / cluster.devices_per_node)
+    bubble_s = pipeline_bubble(totals, m, v)
+    if cluster.cores_per_node:
+        # More CPU ranks than cores: the stage times are at the speed of a core shared by all
+        # the node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks
+        # work, and the waiting ranks leave their cores to them (processor sharing).
+        bubble_s *= core_sharing(cluster, tp * dp)
     pipe_s = m * t_max + bubble_s
     c_b, tp_b, p2p_b, ovh_b = stages[slowest]
 
@@ -455,7 +508,8 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
             per_unit = max(1, math.ceil(bucket / max(layer_params(shape) / tp * e, 1.0)))
             units = math.ceil(layers_rank / per_unit) + 1  # + the root's unit
             dp_collectives = units * (1 + m * (2 if zero == 3 else 1))
-    dp_s = sync_exposed + gather_exposed + dp_collectives * cal.collective_overhead_s * host_share
+    dp_s = sync_exposed + gather_exposed + (dp_collectives * cal.collective_overhead_s
+                                            * host_share * uncoscheduled(cluster, dp))
 
     # ---- optimizer ----------------------------------------------------------------------------
     updated = params_rank / (dp if zero >= 1 else 1)

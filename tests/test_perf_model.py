@@ -22,6 +22,7 @@ from autotune.perf_model import (
     Calibration,
     _Group,
     collective_time,
+    pipeline_bubble,
     predict_step_time,
 )
 
@@ -83,6 +84,55 @@ def test_interleaved_bubble_is_divided_by_the_virtual_stages():
     est = predict_step_time(cfg, flat_cluster(per_node=pp, bw=1e9), PURE, shape=SHAPE)
     ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
     assert est.breakdown["pp_bubble"] / ideal == pytest.approx((pp - 1) / (2 * m), rel=0.02)
+
+
+def test_interleaving_cannot_hide_the_bubble_with_fewer_micro_batches_than_stages():
+    """m < p: a micro-batch's chunks run one after another, so the step is Σ T_i + (m − 1) ·
+    max T_i / v. p = 2 stages of 1 s, v = 2, m = 1: the two ranks take turns, 2 s in all
+    (bubble 1 s, not (p − 1)/v = 0.5 s); p = 4, m = 2: 4 + 1/2 = 4.5 s, bubble 2.5 s. At m = p
+    both forms give m·T + (p − 1)·T/v: 4 + 3/2 with p = m = 4."""
+    assert pipeline_bubble([1.0, 1.0], 1, 2) == pytest.approx(1.0)
+    assert pipeline_bubble([1.0] * 4, 2, 2) == pytest.approx(2.5)
+    assert pipeline_bubble([1.0] * 4, 4, 2) == pytest.approx(1.5)
+    assert pipeline_bubble([1.0] * 4, 2, 1) == pytest.approx(3.0)  # v = 1: (p − 1)·T
+    # Through the model: pp 2, one micro-batch, interleaved: bubble / ideal = 1 (as GPipe's).
+    cfg = config(world_size=2, pp_degree=2, micro_batch_size=1, global_batch=1,
+                 pp_schedule="interleaved_1f1b")
+    est = predict_step_time(cfg, flat_cluster(per_node=2, bw=1e9), PURE, shape=SHAPE)
+    ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
+    assert est.breakdown["pp_bubble"] / ideal == pytest.approx(1.0, rel=0.02)
+
+
+def cpu_ranks(cluster: ClusterSpec, *, cores: int) -> ClusterSpec:
+    """``cluster``'s ranks as CPU processes sharing ``cores`` cores (no asynchronous device)."""
+    return dataclasses.replace(cluster, cores_per_node=cores, device=dataclasses.replace(
+        cluster.device, asynchronous=False))
+
+
+def test_cpu_ranks_in_a_bubble_share_the_cores_only_among_the_working_ones():
+    """8 CPU ranks on 2 cores, pp 2 × dp 4: the stage times are at 2/8 of a core a rank; in
+    the fill and drain only one stage's 4 ranks run, at 2/4 of a core: the bubble takes
+    (4/2) / (8/2) = 1/2 of its time at the shared speed."""
+    cfg = config(world_size=8, pp_degree=2, micro_batch_size=1, global_batch=16)  # dp 4
+    cpu = cpu_ranks(flat_cluster(per_node=8, bw=1e9), cores=2)
+    bubble = [predict_step_time(cfg, c, PURE, shape=SHAPE).breakdown["pp_bubble"]
+              for c in (dataclasses.replace(cpu, cores_per_node=None), cpu)]
+    assert bubble[1] / bubble[0] == pytest.approx(0.5)
+
+
+def test_a_collective_over_more_cpu_ranks_than_cores_waits_for_turns():
+    """A gloo all-reduce's host cost over tp 4 ranks on 2 cores: 4/2 = 2 turns, on top of the
+    rank's half core (host share 4/2): per layer per micro-batch 6 all-reduces (forward 2,
+    backward q, k, v and the MLP input) × 1 ms × 2 × 2; 4 layers, 1 micro-batch. Over tp 2 (with
+    dp 2) the group fits the cores: × 2 only."""
+    shape = ModelShape("gpt", 4, 64, 4, 4, 256, 8, 64)
+    cluster = cpu_ranks(flat_cluster(per_node=4, bw=1e9, backend="gloo"), cores=2)
+    cal = dataclasses.replace(PURE, collective_overhead_s=1e-3)
+    for tp, dp, turns in ((4, 1, 2), (2, 2, 1)):
+        cfg = config(world_size=4, tp_degree=tp, micro_batch_size=1, global_batch=dp)
+        with_cost = predict_step_time(cfg, cluster, cal, shape=shape).breakdown["overhead"]
+        without = predict_step_time(cfg, cluster, PURE, shape=shape).breakdown["overhead"]
+        assert with_cost - without == pytest.approx(4 * 6 * 1e-3 * 2 * turns)
 
 
 def test_ring_all_reduce_time_at_a_known_bandwidth():
