@@ -488,8 +488,15 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
         neighbours = (0 if first else 1) + (0 if last else 1)
         p2p = t_p2p * neighbours * v if pp > 1 else 0.0
-        overhead = layers * layer_excess_s + (cal.microbatch_overhead_s + unit_s[rank]
-                                              ) * host_share
+        if unit_s[rank] and cluster.device.asynchronous:
+            # The hooks are host work too: on a GPU they hide behind queued kernels as the
+            # layers' launches do (the same max, over the rank's layers and units).
+            hooks_s = _soft_max(layers * host_layer_s + unit_s[rank], layers * busy) - (
+                layers * busy) - layers * layer_excess_s
+        else:
+            hooks_s = unit_s[rank] * host_share
+        overhead = (layers * layer_excess_s + cal.microbatch_overhead_s * host_share
+                    + hooks_s)
         stages.append((compute, tp_s, p2p, overhead))
     totals = [sum(t) for t in stages]
     slowest = max(range(pp), key=lambda i: totals[i])

@@ -177,6 +177,21 @@ def test_fsdp2_hooks_cost_host_time_every_micro_batch():
         assert with_cost - without == pytest.approx(added)
 
 
+def test_fsdp2_hooks_hide_behind_a_gpus_queued_work():
+    """On a GPU the hooks are host work beside queued kernels: 8 layers of h 1024 at 8 ranks
+    (ZeRO-3, 5 units of ≤ 2 layers at 25 MiB, 1 ms each: 5 ms a micro-batch) against ≈ 6 ms
+    of device work hide almost wholly; TINY's layers (µs of work) leave all 3 × 1 ms exposed."""
+    cal = dataclasses.replace(PURE, unit_overhead_s=1e-3)
+    big = config(world_size=8, zero_stage=3, micro_batch_size=1, bucket_mb=25)
+    small = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=4,
+                   bucket_mb=0.1)
+    for cfg, shape, per_node, exposed in ((big, SHAPE, 8, 0.0), (small, TINY, 4, 3e-3)):
+        cluster = flat_cluster(per_node=per_node)
+        with_cost = predict_step_time(cfg, cluster, cal, shape=shape).breakdown["overhead"]
+        without = predict_step_time(cfg, cluster, PURE, shape=shape).breakdown["overhead"]
+        assert with_cost - without == pytest.approx(exposed, abs=5e-5)
+
+
 def test_ring_all_reduce_time_at_a_known_bandwidth():
     """2(n−1)/n · S / busbw: 1 GB over 4 ranks at 100 GB/s bus bandwidth takes 15 ms."""
     cluster = flat_cluster(bw=100.0)
