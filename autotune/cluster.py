@@ -352,11 +352,12 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
         # operator dispatch far more than their FLOPs: the fits of all the rows of sweeps A-C
         # (docs/benchmarks.md; a loaded machine) put a layer pass at 1.8-4.7 ms, a gloo
         # collective's host cost at 4.0-5.6 ms, a micro-batch at 0.6-0.8 ms, a step at
-        # 0.9-1.2 ms and tensor parallelism's own dispatch at 0-0.15 ms a layer pass; the
-        # start takes the low end (a quieter machine is faster). A nonzero start is also a
+        # 0.9-1.2 ms, tensor parallelism's own dispatch at 0-0.15 ms a layer pass and an FSDP2
+        # unit's hooks at 1.4-2.4 ms a micro-batch (perf_model.hooked_units); the start takes
+        # the low end (a quieter machine is faster). A nonzero start is also a
         # prior: a few trials cannot then trade one fixed cost for another without bound.
         calibration={"layer_overhead_s": 2e-3, "collective_overhead_s": 4e-3,
                      "microbatch_overhead_s": 7e-4, "step_overhead_s": 1e-3,
-                     "tp_layer_overhead_s": 1e-4,
+                     "tp_layer_overhead_s": 1e-4, "unit_overhead_s": 1.4e-3,
                      # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
                      "half_efficiency_rows": 16.0, "half_efficiency_cols": 8.0})

@@ -51,6 +51,10 @@ The terms, each with its source:
   that crosses nodes shares each node's network bandwidth with the node's other groups that
   communicate at the same time (all of them, in a symmetric layout): time = c · 2(n−1)/n · S
   ÷ node bandwidth, with c groups per node — the ring's per-node traffic.
+- **FSDP2's hooks** (autotune's engine): each ``fully_shard`` / ``replicate`` unit runs
+  Python hooks around every forward and backward, a host cost per unit per micro-batch
+  (``hooked_units`` × the calibrated ``unit_overhead_s``); torch's DDP does its bookkeeping in
+  C++ and has none.
 - **Optimizer step**: memory-bound, ``bytes per parameter × parameters the rank updates ÷
   memory bandwidth`` (AdamW reads parameter, gradient and two moments and writes three:
   28 bytes per fp32 parameter).
@@ -89,9 +93,14 @@ class EngineTraits:
     """Output head, loss and embedding sharded over TP (Megatron's VocabParallelEmbedding)."""
     fused_column_inputs: bool
     """One column-parallel input per attention and per MLP (fused QKV, fused gate/up)."""
+    fsdp2_data_parallel: bool = False
+    """ZeRO-2/3 by FSDP2's ``fully_shard``, and overlapped ZeRO-0/1 beside TP or a pipeline by
+    its ``replicate`` (``parallel/zero.py``): units whose hooks run in Python each micro-batch
+    (``hooked_units``)."""
 
 
-AUTOTUNE_ENGINE = EngineTraits(name="autotune", vocab_parallel=False, fused_column_inputs=False)
+AUTOTUNE_ENGINE = EngineTraits(name="autotune", vocab_parallel=False, fused_column_inputs=False,
+                               fsdp2_data_parallel=True)
 MEGATRON_ENGINE = EngineTraits(name="megatron", vocab_parallel=True, fused_column_inputs=True)
 ENGINES = {e.name: e for e in (AUTOTUNE_ENGINE, MEGATRON_ENGINE)}
 
@@ -120,6 +129,9 @@ class Calibration:
     """Host seconds per collective (launch and the ranks' synchronisation)."""
     microbatch_overhead_s: float = 0.0
     """Fixed seconds per micro-batch per stage (schedule and framework work)."""
+    unit_overhead_s: float = 0.0
+    """Host seconds per FSDP2 unit per micro-batch: its forward and backward hooks, run in
+    Python (``hooked_units``)."""
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step (synchronisation, bookkeeping)."""
     comm_efficiency: float = 1.0
@@ -352,6 +364,32 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
     return max(1.0, min(group, cluster.devices_per_node) / cores)  # the members on one node
 
 
+def hooked_units(config: TrialConfig, chunk_layers: list[int], per_layer_bytes: float,
+                 engine: EngineTraits) -> int:
+    """FSDP2 units on one pipeline rank whose Python hooks run every micro-batch.
+
+    autotune's engine (``parallel/zero.py``) shards ZeRO-2/3 with ``fully_shard`` and, with
+    overlap on beside TP or a pipeline, replicates ZeRO-0/1 with ``replicate`` (FSDP2's DDP);
+    both group a part's blocks up to ``bucket_mb`` into units and wrap the part itself (the
+    root). Each unit's ``FSDPState`` registers forward pre/post hooks and backward hooks that
+    run in Python on every forward and backward (torch 2.13
+    ``distributed/fsdp/_fully_shard/_fsdp_state.py``: ``_pre_forward``, ``_post_forward``,
+    ``_pre_backward``, ``_root_post_backward_final_callback``; ``replicate_with_fsdp.py``'s
+    state is a subclass), whether the gradient is synchronised that micro-batch or not.
+    torch's DDP keeps its bookkeeping in the C++ Reducer, and the non-overlapped path
+    all-reduces once after the backward: no per-unit hooks. ``chunk_layers``: the layers of
+    each of the rank's parts (virtual stages), each a part with its own root;
+    ``per_layer_bytes``: one block's parameter bytes on the rank."""
+    if not engine.fsdp2_data_parallel or config.dp_degree <= 1:
+        return 0
+    fsdp2 = config.zero_stage >= 2 or (config.overlap_enabled and (
+        config.tp_degree > 1 or config.pp_degree > 1))
+    if not fsdp2:
+        return 0
+    per_unit = max(1, math.ceil(config.bucket_mb * 2**20 / max(per_layer_bytes, 1.0)))
+    return sum(math.ceil(n / per_unit) + 1 for n in chunk_layers)
+
+
 def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
                       calibration: Calibration | None = None, *, shape: ModelShape | None = None,
                       engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
@@ -438,6 +476,10 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     stage_layers = [sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp)]
     t_p2p = p2p_time(cluster, cal, act_bytes / (tp if engine.vocab_parallel else 1),
                      crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
+    # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
+    unit_s = [hooked_units(config, [counts[i] for i in range(r, pp * v, pp)],
+                           layer_params(shape) / tp * e, engine) * cal.unit_overhead_s
+              for r in range(pp)]
     stages = []
     for rank in range(pp):
         layers = stage_layers[rank]
@@ -446,7 +488,15 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
         neighbours = (0 if first else 1) + (0 if last else 1)
         p2p = t_p2p * neighbours * v if pp > 1 else 0.0
-        overhead = layers * layer_excess_s + cal.microbatch_overhead_s * host_share
+        if unit_s[rank] and cluster.device.asynchronous:
+            # The hooks are host work too: on a GPU they hide behind queued kernels as the
+            # layers' launches do (the same max, over the rank's layers and units).
+            hooks_s = _soft_max(layers * host_layer_s + unit_s[rank], layers * busy) - (
+                layers * busy) - layers * layer_excess_s
+        else:
+            hooks_s = unit_s[rank] * host_share
+        overhead = (layers * layer_excess_s + cal.microbatch_overhead_s * host_share
+                    + hooks_s)
         stages.append((compute, tp_s, p2p, overhead))
     totals = [sum(t) for t in stages]
     slowest = max(range(pp), key=lambda i: totals[i])

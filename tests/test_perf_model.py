@@ -17,11 +17,14 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.models.shapes import ModelShape
 from autotune.perf_model import (
+    AUTOTUNE_ENGINE,
     MEGATRON_ENGINE,
     TERMS,
     Calibration,
     _Group,
     collective_time,
+    hooked_units,
+    layer_params,
     pipeline_bubble,
     predict_step_time,
 )
@@ -133,6 +136,60 @@ def test_a_collective_over_more_cpu_ranks_than_cores_waits_for_turns():
         with_cost = predict_step_time(cfg, cluster, cal, shape=shape).breakdown["overhead"]
         without = predict_step_time(cfg, cluster, PURE, shape=shape).breakdown["overhead"]
         assert with_cost - without == pytest.approx(4 * 6 * 1e-3 * 2 * turns)
+
+
+TINY = ModelShape("gpt", 4, 64, 4, 4, 256, 8, 64)
+"""A layer of 2·64² + 2·64·64 + 2·64·256 + 4·64 = 49,408 parameters: 98,816 bytes in fp16."""
+
+
+def test_fsdp2_units_are_counted_as_the_engine_wraps_them():
+    """Blocks grouped up to bucket_mb, plus each part's root: 0.1 MB = 104,857.6 bytes holds
+    ⌈104,857.6 / 98,816⌉ = 2 layers, so 4 layers make 2 units + the root = 3; a rank with two
+    virtual stages of 1 layer has two parts: (1 + 1) + (1 + 1) = 4. torch's DDP (overlap, no
+    TP, no pipeline), the non-overlapped all-reduce, a single DP rank and Megatron's engine
+    run no FSDP2 hooks."""
+    assert layer_params(TINY) * 2 == 98_816
+    per_layer = 98_816.0
+    z3 = config(world_size=4, zero_stage=3, micro_batch_size=1, bucket_mb=0.1)  # dp 4
+    assert hooked_units(z3, [4], per_layer, AUTOTUNE_ENGINE) == 3
+    assert hooked_units(z3, [1, 1], per_layer, AUTOTUNE_ENGINE) == 4
+    assert hooked_units(z3, [4], per_layer, MEGATRON_ENGINE) == 0
+    replicated = config(world_size=4, pp_degree=2, zero_stage=1, micro_batch_size=1,
+                        bucket_mb=0.1, overlap_enabled=True)  # dp 2
+    assert hooked_units(replicated, [2], per_layer, AUTOTUNE_ENGINE) == 2
+    for none in (config(world_size=4, zero_stage=0, overlap_enabled=True, micro_batch_size=1),
+                 config(world_size=4, pp_degree=2, zero_stage=1, micro_batch_size=1),
+                 config(world_size=1, zero_stage=3, micro_batch_size=1)):
+        assert hooked_units(none, [4], per_layer, AUTOTUNE_ENGINE) == 0
+
+
+def test_fsdp2_hooks_cost_host_time_every_micro_batch():
+    """ZeRO-3 over 4 CPU ranks on 2 cores (half a core each: host share 2), 2 micro-batches,
+    3 units: 2 × 3 × 1 ms × 2 = 12 ms more overhead; DDP's C++ reducer adds none."""
+    cluster = cpu_ranks(flat_cluster(per_node=4, bw=1e9, backend="gloo"), cores=2)
+    cal = dataclasses.replace(PURE, unit_overhead_s=1e-3)
+    z3 = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=8, bucket_mb=0.1)
+    ddp = config(world_size=4, zero_stage=0, micro_batch_size=1, global_batch=8,
+                 overlap_enabled=True)
+    for cfg, added in ((z3, 2 * 3 * 1e-3 * 2), (ddp, 0.0)):
+        with_cost = predict_step_time(cfg, cluster, cal, shape=TINY).breakdown["overhead"]
+        without = predict_step_time(cfg, cluster, PURE, shape=TINY).breakdown["overhead"]
+        assert with_cost - without == pytest.approx(added)
+
+
+def test_fsdp2_hooks_hide_behind_a_gpus_queued_work():
+    """On a GPU the hooks are host work beside queued kernels: 8 layers of h 1024 at 8 ranks
+    (ZeRO-3, 5 units of ≤ 2 layers at 25 MiB, 1 ms each: 5 ms a micro-batch) against ≈ 6 ms
+    of device work hide almost wholly; TINY's layers (µs of work) leave all 3 × 1 ms exposed."""
+    cal = dataclasses.replace(PURE, unit_overhead_s=1e-3)
+    big = config(world_size=8, zero_stage=3, micro_batch_size=1, bucket_mb=25)
+    small = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=4,
+                   bucket_mb=0.1)
+    for cfg, shape, per_node, exposed in ((big, SHAPE, 8, 0.0), (small, TINY, 4, 3e-3)):
+        cluster = flat_cluster(per_node=per_node)
+        with_cost = predict_step_time(cfg, cluster, cal, shape=shape).breakdown["overhead"]
+        without = predict_step_time(cfg, cluster, PURE, shape=shape).breakdown["overhead"]
+        assert with_cost - without == pytest.approx(exposed, abs=5e-5)
 
 
 def test_ring_all_reduce_time_at_a_known_bandwidth():
