@@ -41,13 +41,18 @@ def _zero1_of_dtensors(c: TrialConfig) -> bool:
 # - recomputation runs with at most 2 accumulation steps (micro-batches of a pipeline): it
 #   wraps each block alike on every micro-batch, so 2 cover recomputing under accumulation
 #   and under every schedule's interleaving of forwards and backwards; all depths (1-8) run
-#   without it;
+#   without it, except that without a pipeline (where accumulation is the same no-sync loop
+#   at any depth) only 1 and 2 run;
+# - under a pipeline, recomputation runs as "full": "selective" differs from it only inside
+#   a block, which every ZeRO stage and TP degree cover without a pipeline;
 # - the distributed optimizer acts only after the last backward, so its layouts run without
 #   recomputation and with at most 2 accumulation steps (checkpointing and longer
 #   accumulation under the same wrappers are covered at ZeRO-0; LLAMA adds it with full
 #   recomputation). 7 of its 33 configurations are kept.
 ALL = [c for c in _configs(2) + _configs(4)
-       if (c.activation_checkpointing == "none" or c.grad_accum_steps <= 2)
+       if (c.grad_accum_steps <= 2 or (c.activation_checkpointing == "none"
+                                       and c.pp_degree > 1))
+       and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
        and (not _zero1_of_dtensors(c)
             or (c.activation_checkpointing == "none" and c.grad_accum_steps <= 2))]
 # The non-overlapped sync path on every data-parallel layout, up to 2 accumulation steps (the
@@ -58,8 +63,9 @@ NO_OVERLAP = [c for c in _configs(2, overlap=(False,), activation_checkpointing=
 LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
                                  workload=WorkloadSpec(family="llama", size="tiny"))
 # Llama's blocks under every layout with one micro-batch per step (accumulation itself is
-# model-independent and covered by ALL).
-LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("none", "full"))
+# model-independent and covered by ALL), with full recomputation: each block's forward runs as
+# without it (the same code, its activations dropped) and again in the backward.
+LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",))
          if c.grad_accum_steps == 1]
 
 
