@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -30,8 +31,17 @@ def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> 
     assert "Traceback" not in proc.stderr
 
 
-def test_trial_json_output_trains_the_reference_model():
-    proc = autotune("trial", "--config", "examples/tiny_zero2_dp2.json", "--json", "--db", "none")
+def test_trial_json_and_table_output_train_the_reference_model(tmp_path):
+    """One ``autotune trial --json`` (a CLI subprocess with its own local Ray: ~15 s, so one
+    run serves both outputs): its losses are the single-process reference's, and the table
+    that ``autotune trial`` prints without ``--json`` (``format_result``) names every rank."""
+    from autotune.cli import format_result
+    from autotune.result import TrialResult, rank_from_dict
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"world_size": 2, "pp_degree": 2, "micro_batch_size": 4,
+                               "pp_schedule": "gpipe", "num_timed_steps": 2}))
+    proc = autotune("trial", "--config", str(cfg), "--json", "--db", "none")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     config = TrialConfig.from_dict(result["config"])
@@ -46,16 +56,12 @@ def test_trial_json_output_trains_the_reference_model():
     assert len({r["node_id"] for r in result["ranks"]}) == 1 and result["ranks"][0]["node_id"]
     assert {r["hostname"] for r in result["ranks"]} == {socket.gethostname()}
 
-
-def test_trial_table_names_every_rank(tmp_path):
-    cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"world_size": 2, "pp_degree": 2, "micro_batch_size": 4,
-                               "pp_schedule": "gpipe", "num_timed_steps": 2}))
-    proc = autotune("trial", "--config", str(cfg), "--db", "none")
-    assert proc.returncode == 0, proc.stderr
-    assert "world 2 = tp 1 × pp 2 × dp 1" in proc.stdout
-    assert "schedule gpipe" in proc.stdout
-    rank_rows = [ln.split() for ln in proc.stdout.splitlines() if ln[:4].strip().isdigit()]
+    names = {f.name for f in dataclasses.fields(TrialResult)} - {"ranks"}
+    table = format_result(TrialResult(**{k: v for k, v in result.items() if k in names},
+                                      ranks=[rank_from_dict(r) for r in result["ranks"]]))
+    assert "world 2 = tp 1 × pp 2 × dp 1" in table
+    assert "schedule gpipe" in table
+    rank_rows = [ln.split() for ln in table.splitlines() if ln[:4].strip().isdigit()]
     assert [(row[0], row[1]) for row in rank_rows] == [("0", "0"), ("1", "1")]  # rank, pp rank
 
 

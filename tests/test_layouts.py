@@ -55,11 +55,12 @@ ALL = [c for c in _configs(2) + _configs(4)
        and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
        and (not _zero1_of_dtensors(c)
             or (c.activation_checkpointing == "none" and c.grad_accum_steps <= 2))]
-# The non-overlapped sync path on every data-parallel layout, up to 2 accumulation steps (the
-# bucketed all-reduce runs once per optimizer step, so more steps add nothing new to it).
+# The non-overlapped sync path on every data-parallel layout, with 2 accumulation steps: the
+# bucketed all-reduce runs once per optimizer step, after the last, so 2 steps cover a step
+# that skips it and the one that runs it, and more add nothing new.
 NO_OVERLAP = [c for c in _configs(2, overlap=(False,), activation_checkpointing=("none",))
               + _configs(4, overlap=(False,), activation_checkpointing=("none",))
-              if c.dp_degree > 1 and c.grad_accum_steps <= 2]
+              if c.dp_degree > 1 and c.grad_accum_steps == 2]
 LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
                                  workload=WorkloadSpec(family="llama", size="tiny"))
 # Llama's blocks under every layout with one micro-batch per step (accumulation itself is
