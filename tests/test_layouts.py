@@ -1,7 +1,7 @@
 """Every valid parallel layout trains the same model as a single process.
 
 For world sizes 2 and 4 (four ranks share two cores) each valid combination of ZeRO stage ×
-tp × pp (× schedule) × accumulation × activation checkpointing (recomputation up to 2
+tp × pp (× schedule) × accumulation × activation checkpointing (recomputation at 2
 accumulation steps; see ALL) runs 2 AdamW steps of the tiny workload through the Ray executor;
 every step's loss must equal the single-process reference.
 
@@ -38,11 +38,11 @@ def _zero1_of_dtensors(c: TrialConfig) -> bool:
 
 
 # Trimmed for the suite's time (the multi-node tests joined it; 274 configurations before):
-# - recomputation runs with at most 2 accumulation steps (micro-batches of a pipeline): it
-#   wraps each block alike on every micro-batch, so 2 cover recomputing under accumulation
-#   and under every schedule's interleaving of forwards and backwards; all depths (1-8) run
-#   without it, except that without a pipeline (where accumulation is the same no-sync loop
-#   at any depth) only 1 and 2 run;
+# - recomputation runs with 2 accumulation steps (micro-batches of a pipeline): it wraps each
+#   block alike on every micro-batch, so 2 cover recomputing under accumulation and under
+#   every schedule's interleaving of forwards and backwards (each layout still runs each
+#   recomputation mode); all depths (1-8) run without it, except that without a pipeline
+#   (where accumulation is the same no-sync loop at any depth) only 1 and 2 run;
 # - under a pipeline, recomputation runs as "full": "selective" differs from it only inside
 #   a block, which every ZeRO stage and TP degree cover without a pipeline;
 # - the distributed optimizer acts only after the last backward, so its layouts run without
@@ -50,8 +50,8 @@ def _zero1_of_dtensors(c: TrialConfig) -> bool:
 #   accumulation under the same wrappers are covered at ZeRO-0; LLAMA adds it with full
 #   recomputation). 7 of its 33 configurations are kept.
 ALL = [c for c in _configs(2) + _configs(4)
-       if (c.grad_accum_steps <= 2 or (c.activation_checkpointing == "none"
-                                       and c.pp_degree > 1))
+       if (c.grad_accum_steps == 2 if c.activation_checkpointing != "none"
+           else c.grad_accum_steps <= 2 or c.pp_degree > 1)
        and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
        and (not _zero1_of_dtensors(c)
             or (c.activation_checkpointing == "none" and c.grad_accum_steps <= 2))]
