@@ -58,7 +58,8 @@ def build(executor, directory: Path) -> str:
     try:
         spec = SearchSpec(world_size=2, n_trials=4, patience=None, device="cpu",
                           num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=1, top_k=1,
-                          remeasure_repeats=1, study_name=NAME, **SPACE)
+                          remeasure_repeats=1, remeasure_max_repeats=1, study_name=NAME,
+                          **SPACE)
         space = SearchSpace(base_config(spec), **SPACE)
         peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in space.configs)
         limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two not

@@ -36,7 +36,8 @@ def spec(fault: str, **kw) -> SearchSpec:
                                          seq_len=16),
                 "world_size": 2, "n_trials": 3, "patience": None, "device": "cpu",
                 "num_warmup_steps": 0, "num_timed_steps": 1, "num_profiled_steps": 0,
-                "top_k": 1, "remeasure_repeats": 1, "fixed": FIXED, "study_name": fault}
+                "top_k": 1, "remeasure_repeats": 1, "remeasure_max_repeats": 1, "fixed": FIXED,
+                "study_name": fault}
     return SearchSpec(**{**defaults, **kw})
 
 
@@ -97,7 +98,7 @@ def check_survived(fr: FaultRun, *, status: str, reason: str) -> Run:
     assert fr.outcome.stopped_because == "trial budget"
     assert fr.outcome.best is not None and len(fr.outcome.best.throughputs) == 2
     # Every trial stored before any run (the fault's included) is unchanged at the end, apart
-    # from the re-measurements the end of a search appends to the best one.
+    # from the re-measurements the end of a search appends to its finalists.
     final = {t.id: first_stored(t) for t in fr.trials}
     assert broken_run.stored_before, "no trial was stored before the fault"
     for run in fr.runs:
