@@ -335,17 +335,23 @@ def pipeline_bubble(stage_s: list[float], m: int, v: int) -> float:
     return total + (m - 1) * t_max / v - m * t_max
 
 
-def core_sharing(cluster: ClusterSpec, active: int) -> float:
-    """How much faster CPU ranks run when only ``active`` of a node's ranks work at once than
-    when all ``devices_per_node`` do (the stage times' speed): the cores are shared equally
-    among the runnable ranks (the OS scheduler's processor sharing), so a rank runs at
-    min(1, cores / runnable) of a core — the ratio is max(1, active/cores) / max(1, ranks/cores).
-    1 without ``cores_per_node`` (a device per rank)."""
+def ranks_per_core(cluster: ClusterSpec, ranks: int) -> float:
+    """How many of ``ranks`` runnable ranks of one node share each core (at least 1): a CPU
+    rank then runs at 1/this of a core (the OS scheduler's processor sharing). 1 for a device
+    per rank (no ``cores_per_node``, or an asynchronous device)."""
     cores = cluster.cores_per_node
     if not cores or cluster.device.asynchronous:
         return 1.0
-    active = min(active, cluster.devices_per_node)
-    return max(1.0, active / cores) / max(1.0, cluster.devices_per_node / cores)
+    return max(1.0, min(ranks, cluster.devices_per_node) / cores)
+
+
+def core_sharing(cluster: ClusterSpec, active: int) -> float:
+    """How much faster CPU ranks run when only ``active`` of a node's ranks work at once than
+    when all ``devices_per_node`` do (the stage times' speed): the ratio of the ranks per core
+    (``ranks_per_core``), max(1, active/cores) / max(1, ranks/cores). 1 without
+    ``cores_per_node`` (a device per rank)."""
+    return (ranks_per_core(cluster, active)
+            / ranks_per_core(cluster, cluster.devices_per_node))
 
 
 def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
@@ -358,10 +364,7 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
     ``group / cores`` turns in all. 1 while the group fits the cores, and for a device per rank
     (no ``cores_per_node``). The share of the cores the rank gets otherwise (``host_share``)
     is a separate factor: it slows the rank's own work, not its waiting for peers."""
-    cores = cluster.cores_per_node
-    if not cores or cluster.device.asynchronous:
-        return 1.0
-    return max(1.0, min(group, cluster.devices_per_node) / cores)  # the members on one node
+    return ranks_per_core(cluster, group)  # the members on one node
 
 
 def hooked_units(config: TrialConfig, chunk_layers: list[int], per_layer_bytes: float,
@@ -457,9 +460,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     # stream, so a layer takes the longer of the host's launch time and the device's work
     # (small layers are launch-bound); a CPU rank does both itself, so they add.
     # CPU ranks that outnumber the cores run their interpreter on a share of one.
-    host_share = 1.0
-    if cluster.cores_per_node and not cluster.device.asynchronous:
-        host_share = max(1.0, cluster.devices_per_node / cluster.cores_per_node)
+    host_share = ranks_per_core(cluster, cluster.devices_per_node)
     tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
     host_layer_s = (passes * cal.layer_overhead_s + tp_dispatch_s
                     + tp_collectives * cal.collective_overhead_s * uncoscheduled(cluster, tp)
@@ -502,11 +503,10 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     slowest = max(range(pp), key=lambda i: totals[i])
     t_max = totals[slowest]
     bubble_s = pipeline_bubble(totals, m, v)
-    if cluster.cores_per_node:
-        # More CPU ranks than cores: the stage times are at the speed of a core shared by all
-        # the node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks
-        # work, and the waiting ranks leave their cores to them (processor sharing).
-        bubble_s *= core_sharing(cluster, tp * dp)
+    # More CPU ranks than cores: the stage times are at the speed of a core shared by all the
+    # node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks work, and
+    # the waiting ranks leave their cores to them (processor sharing; 1 on GPUs).
+    bubble_s *= core_sharing(cluster, tp * dp)
     pipe_s = m * t_max + bubble_s
     c_b, tp_b, p2p_b, ovh_b = stages[slowest]
 
