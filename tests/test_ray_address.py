@@ -56,14 +56,6 @@ def test_addresses_join_as_auto_does(home_with_token, tmp_path):
                                                "cluster_mode": True}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     """The way README documents, end to end: a token made by ``ray get-auth-token --generate``
     (under the HOME both commands run with), ``RAY_AUTH_MODE=token ray start --head
@@ -80,6 +72,7 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     import time
 
     from reference import reference_losses
+    from spawn import _free_port
 
     from autotune.config import TrialConfig, WorkloadSpec
 
