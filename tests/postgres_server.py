@@ -20,11 +20,12 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from ports import free_port
 
 USER = "autotune"
 SEARCH_PATH = ("/usr/lib/postgresql/*/bin",)
@@ -59,12 +60,6 @@ def _run_as() -> tuple[str | None, str]:
         return None, ("running as root, and there is no 'postgres' user to run the server as "
                       "(PostgreSQL refuses root); apt-get install postgresql creates it")
     return "postgres", ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PostgresServer:
@@ -122,7 +117,7 @@ class PostgresServer:
 
     def _launch(self) -> None:
         for _attempt in range(3):  # the free port may be taken before the server binds it
-            self.port = _free_port()
+            self.port = free_port()
             with open(self.log, "ab") as log:
                 self._process = subprocess.Popen(
                     [str(self.bin_dir / "postgres"), "-D", str(self.data),

@@ -5,18 +5,13 @@ For tests that must change a rank's code (negative controls) or need a bare proc
 
 from __future__ import annotations
 
-import socket
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 def _entry(rank, world, port, fn, args, queue):
@@ -36,7 +31,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 120.0) -> list:
     """fn(rank, *args) on every rank; returns the results by rank or raises the first error."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue))
              for r in range(world)]
     for p in procs:

@@ -72,7 +72,7 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     import time
 
     from reference import reference_losses
-    from spawn import _free_port
+    from ports import free_port
 
     from autotune.config import TrialConfig, WorkloadSpec
 
@@ -88,7 +88,7 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
                           text=True, env=env, timeout=120)
     assert made.returncode == 0, made.stderr
     assert (home / ".ray" / "auth_token").is_file()
-    port = _free_port()
+    port = free_port()
     head = subprocess.Popen(
         [ray_cli, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
