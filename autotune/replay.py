@@ -29,6 +29,7 @@ import dataclasses
 import csv
 import json
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,9 @@ class MeasuredRow:
     peak_memory_bytes: int | None
     """Peak memory of the slowest rank, where the table has it."""
     status: RowStatus
+    rounds: tuple[float | None, ...] = ()
+    """Each interleaved round's step time, where the table has them (bench/cpu_sweep.py's
+    JSON; None for a round that failed); ``step_time_s`` is their median."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +239,33 @@ def _json_row(item: dict, config: TrialConfig, where: str) -> MeasuredRow:
     peak = item.get("peak_memory_bytes")
     if peak is not None and not (isinstance(peak, int) and not isinstance(peak, bool)):
         raise ConfigError(f"{where}: peak_memory_bytes must be an integer or null")
+    rounds = item.get("rounds", [])
+    if not isinstance(rounds, list) or not all(r is None or (_number(r) and r > 0)
+                                               for r in rounds):
+        raise ConfigError(f"{where}: rounds must be a list of positive step times or nulls")
     return MeasuredRow(config, None, float(step) if status == RowStatus.COMPLETE else None, peak,
-                       status)
+                       status, tuple(None if r is None else float(r) for r in rounds))
+
+
+def one_round_trials(group: TableGroup, within: float = WITHIN) -> float | None:
+    """The noise floor of trials-to-target on ``group``: trials a strategy needs that knew one
+    round's step times exactly and tried the layouts fastest first, counted until one's median
+    is within ``within`` of the group's best median, averaged over the rounds. A perfect model
+    of the machine in one round still pays this, because the rounds disagree on the order of
+    close layouts. None when the rows do not all carry the same number (≥ 2) of rounds."""
+    counts = {len(r.rounds) for r in group.rows}
+    if len(counts) != 1 or (n := counts.pop()) < 2:
+        return None
+    complete = [r for r in group.rows if r.status == RowStatus.COMPLETE and r.step_time_s]
+    if not complete:
+        return None
+    target = min(r.step_time_s for r in complete) * (1 + within)
+    per_round = []
+    for k in range(n):
+        order = sorted(group.rows, key=lambda r: (r.rounds[k] is None, r.rounds[k] or 0.0))
+        per_round.append(next(i + 1 for i, r in enumerate(order)
+                              if r.step_time_s is not None and r.step_time_s <= target))
+    return statistics.fmean(per_round)
 
 
 def _number(x: Any) -> bool:
@@ -326,7 +355,7 @@ class TableExecutor:
                               if len({getattr(r.config, f) for r in rows}) > 1)
         self._rows: dict[tuple, MeasuredRow] = {}
         for row in rows:
-            key = self._key(row.config)
+            key = self.key(row.config)
             if key in self._rows:
                 raise ConfigError(f"table '{self.source}' holds {short_name(row.config)} "
                                   f"({row.config.workload.name}) twice; keep one row per "
@@ -335,7 +364,9 @@ class TableExecutor:
         self.calls: list[TrialConfig] = []
         """Every configuration run, in order."""
 
-    def _key(self, config: TrialConfig) -> tuple:
+    def key(self, config: TrialConfig) -> tuple:
+        """The table's identity of ``config``: what a row must equal to have measured it
+        (see the class docstring). Two configurations with one key are one trial."""
         ignored = set()
         if config.pp_degree == 1:
             ignored.add("pp_schedule")
@@ -348,9 +379,13 @@ class TableExecutor:
                 config.resolved_precision(device), config.world_size,
                 *((f, getattr(config, f)) for f in self.compared if f not in ignored))
 
+    def __contains__(self, config: TrialConfig) -> bool:
+        """Whether a row measured ``config``."""
+        return self.key(config) in self._rows
+
     def row_for(self, config: TrialConfig) -> MeasuredRow:
         """The row that measured ``config``; ConfigError naming it when none did."""
-        row = self._rows.get(self._key(config))
+        row = self._rows.get(self.key(config))
         if row is None:
             raise ConfigError(f"configuration {short_name(config)} of "
                               f"{config.workload.name} is not in table '{self.source}'; "
@@ -377,7 +412,7 @@ class ReplayTrialExecutor:
         self.table = TableExecutor(table)
 
     def contains(self, config: TrialConfig) -> bool:
-        return self.table._key(config) in self.table._rows
+        return config in self.table
 
     def run(self, config: TrialConfig):
         from autotune.errors import TrialFailed
@@ -444,7 +479,7 @@ def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
         proposal = strategy.propose(candidates, history, group.shape)
         if proposal is None:
             return ReplayRun(group.key, len(candidates), tuple(history), reached_at, True)
-        key = executor._key(proposal.config)
+        key = executor.key(proposal.config)
         if key in tried:
             raise RuntimeError(f"strategy {strategy.name} proposed "
                                f"{short_name(proposal.config)} twice")

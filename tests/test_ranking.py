@@ -207,7 +207,7 @@ def test_the_baseline_is_a_finalist_even_when_its_figure_misses_the_top(tmp_path
         workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
         world_size=2, device="cpu", study_name="base", n_trials=3, patience=None, top_k=1,
         remeasure_repeats=2, remeasure_max_repeats=2, sampler="random")
-    key = executor.table._key  # the table's identity of a layout (ignores unused knobs)
+    key = executor.table.key  # the table's identity of a layout (ignores unused knobs)
     space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
     baseline = next(c for c in space.configs if key(c) == key(slowest.config))
     outcome = Search(spec, db, executor, out=io.StringIO(), include=executor.contains,
