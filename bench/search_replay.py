@@ -1,7 +1,7 @@
 """Search strategies replayed on measured tables: trials to within 3% of each group's best.
 
-    python bench/search_replay.py --table TABLE [--json] [--strategies a,b,...] [--seeds N]
-        [--cluster FILE] [--min-layouts 8] [--full]
+    python bench/search_replay.py --table TABLE [--table TABLE …] [--json]
+        [--strategies a,b,...] [--seeds N] [--cluster FILE] [--min-layouts 8] [--full]
 
 TABLE is a CSV in the shared format (``shared/data/a100-megatron/single_node.csv``) or a JSON
 table of ``bench/cpu_sweep.py``. It is split into groups of rows with the same world size,
@@ -32,6 +32,14 @@ sees only the cluster and its own trials: for a CSV table the cluster is
 ``local_cpu_cluster(world size)`` (the table's cores) and autotune's engine; ``--cluster``
 replaces the cluster.
 
+Several ``--table`` pool their groups into one figure per strategy (each table replayed with
+its own cluster; model-warm starts afresh at each table), and print a line per table beside it
+(JSON: ``per_table``).
+
+For a JSON table whose rows carry their rounds, the NOISE FLOOR is printed too
+(``autotune.replay.one_round_trials``): what a strategy needs that knew one round's step times
+exactly, counted against the rounds' medians, as the MAPE floor of ``bench/cpu_sweep.py``.
+
 With ``--full`` each strategy runs until it stops by itself (the trials it spends in all are
 printed too); otherwise a replay ends at the target.
 """
@@ -59,6 +67,7 @@ from autotune.replay import (  # noqa: E402
     MeasuredTable,
     ReplayRun,
     TableGroup,
+    one_round_trials,
     replay,
     trial_wall_s,
 )
@@ -173,41 +182,58 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seeds must be ≥ 1, not {args.seeds}")
     if args.min_layouts < 1:
         raise ConfigError(f"--min-layouts must be ≥ 1, not {args.min_layouts}")
-    table = MeasuredTable.load(args.table)
-    groups = table.groups(args.min_layouts)
-    setting = Setting(table, args.cluster)
+    parts = []  # (path, its groups, its setting), one per --table
+    for path in args.table:
+        table = MeasuredTable.load(path)
+        parts.append((path, table.groups(args.min_layouts), Setting(table, args.cluster)))
+    groups = [g for _, gs, _ in parts for g in gs]
     wants_model = any(n.startswith("model") for n in names)
     model_cls, why = model_factory() if wants_model else (None, "")
     skipped = {}
     if wants_model and model_cls is None:
         skipped.update({n: why for n in names if n.startswith("model")})
         names = [n for n in names if not n.startswith("model")]
-    results = {}
+    results, per_table = {}, {path: {} for path, _, _ in parts}
     for name in names:
         seeds = args.seeds if name in SEEDED else 1
         start = time.perf_counter()
-        runs = []
-        setting.samples = []
-        for seed in range(seeds):
-            for g in groups:  # in table order: model-warm carries its trials forward
-                runs.append(replay(make_strategy(name, seed, g, setting, model_cls), g,
-                                   within=WITHIN, until_target=not args.full))
-                if name == "model-warm":
-                    setting.carry(runs[-1], g)
+        runs, by_table = [], {path: [] for path, _, _ in parts}
+        for path, table_groups, setting in parts:
+            setting.samples = []  # model-warm carries its trials within one table only
+            for seed in range(seeds):
+                for g in table_groups:  # in table order: model-warm carries them forward
+                    run_ = replay(make_strategy(name, seed, g, setting, model_cls), g,
+                                  within=WITHIN, until_target=not args.full)
+                    runs.append(run_)
+                    by_table[path].append(run_)
+                    if name == "model-warm":
+                        setting.carry(run_, g)
         results[name] = summarise(runs, seeds)
+        for path, table_runs in by_table.items():
+            per_table[path][name] = summarise(table_runs, seeds)
         print(f"[search_replay] {name}: {len(runs)} replays in "
               f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     sizes = [len(g.rows) for g in groups]
     exhaustive = sum(sum(trial_wall_s(r.step_time_s) for r in g.rows) for g in groups)
-    report = {"table": str(args.table), "groups": len(groups), "min_layouts": args.min_layouts,
+    report = {"table": ", ".join(args.table), "tables": list(args.table), "groups": len(groups),
+              "groups_per_table": {path: len(gs) for path, gs, _ in parts},
+              "min_layouts": args.min_layouts,
               "layouts": {"median": statistics.median(sizes), "mean": statistics.fmean(sizes),
                           "min": min(sizes), "max": max(sizes)},
               "within": WITHIN, "full": args.full, "exhaustive_wall_s": exhaustive,
               "strategies": results, "skipped": skipped}
+    floors = [one_round_trials(g, WITHIN) for g in groups]
+    if all(f is not None for f in floors):
+        report["noise_floor"] = {"median_trials": statistics.median(floors),
+                                 "mean_trials": statistics.fmean(floors), "trials": floors}
+    if len(parts) > 1:
+        report["per_table"] = {path: {n: {k: s[k] for k in ("median_trials", "mean_trials")}
+                                      for n, s in by_name.items()}
+                               for path, by_name in per_table.items()}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"search replay on {args.table}: {len(groups)} groups of ≥ {args.min_layouts} "
+    print(f"search replay on {report['table']}: {len(groups)} groups of ≥ {args.min_layouts} "
           f"layouts (median {statistics.median(sizes):g}, {min(sizes)}-{max(sizes)}); trials "
           f"until one measures within {WITHIN:.0%} of the group's best")
     print(f"{'strategy':<12}{'runs':>6}{'median':>8}{'mean':>7}{'reached':>9}"
@@ -225,6 +251,23 @@ def run(args: argparse.Namespace) -> int:
           f"as its group's layouts + 1; 'reached' is how often it got there. Wall time: "
           f"Σ ({TRIAL_STEPS} steps × step time + {TRIAL_OVERHEAD_S} s) over the trials up to "
           f"the target; random and tpe averaged over {args.seeds} seeds.)")
+    if "noise_floor" in report:
+        nf = report["noise_floor"]
+        print(f"noise floor: {nf['median_trials']:.2f} / {nf['mean_trials']:.2f} trials (median / "
+              "mean) for a strategy that knew one round's step times exactly and tried the "
+              "fastest first, averaged over the rounds (the rounds disagree on close layouts)")
+    if len(parts) > 1:
+        print("\nmedian / mean trials per table:")
+        print(f"{'table':<24}{'groups':>7}" + "".join(f"{n:>13}" for n in results)
+              + f"{'noise floor':>14}")
+        for path, table_groups, _ in parts:
+            cells = "".join(f"{per_table[path][n]['median_trials']:>6g} /"
+                             f"{per_table[path][n]['mean_trials']:>5.2f}" for n in results)
+            table_floors = [one_round_trials(g, WITHIN) for g in table_groups]
+            floor = (f"{statistics.median(table_floors):>6.2f} /"
+                     f"{statistics.fmean(table_floors):>5.2f}"
+                     if all(f is not None for f in table_floors) else f"{'-':>13}")
+            print(f"{Path(path).name:<24}{len(table_groups):>7}{cells} {floor}")
     for name, why in skipped.items():
         print(f"note: strategy '{name}' skipped: {why}")
     return 0
@@ -232,8 +275,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--table", required=True, metavar="TABLE",
-                   help="a CSV in the shared format or a JSON table of bench/cpu_sweep.py")
+    p.add_argument("--table", required=True, metavar="TABLE", action="append",
+                   help="a CSV in the shared format or a JSON table of bench/cpu_sweep.py; "
+                   "give it several times to pool their groups (each table keeps its own "
+                   "cluster, and model-warm carries its trials within a table only)")
     p.add_argument("--json", action="store_true", help="print the results as JSON only")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help=f"comma-separated, among {', '.join(STRATEGIES)} (default all)")

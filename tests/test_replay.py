@@ -19,6 +19,7 @@ from autotune.replay import (
     TableExecutor,
     TableGroup,
     TableTraining,
+    one_round_trials,
     replay,
 )
 from autotune.strategies.base import Measured
@@ -121,6 +122,25 @@ def test_json_table_rows_and_groups(tmp_path):
     [group] = table.groups()  # the seq-128 row is a group of its own
     assert [r.config for r in group.rows] == configs[:9]
     assert group.key == "w2-gb8-s64-gpt-tiny" and group.best_step_time_s == 0.01
+    assert table.rows[0].rounds == (0.01,)
+    rows[0] = {**rows[0], "rounds": [0.01, -1]}
+    path.write_text(json.dumps({"rows": rows}))
+    with pytest.raises(ConfigError, match="row 0: rounds must be a list of positive"):
+        MeasuredTable.load(path)
+
+
+def test_the_noise_floor_orders_by_each_round_and_counts_against_the_medians():
+    configs = list(enumerate_configs(tiny(world=2)))[:3]
+    # Medians 1.1, 1.05, 2.0: the best is the second, and 3% of it (1.0815) excludes the first.
+    rounds = [(1.0, 1.2), (1.1, 1.0), (2.0, 2.0)]
+    group = TableGroup("g", tuple(MeasuredRow(c, None, sorted(r)[0] / 2 + sorted(r)[1] / 2,
+                                              None, "complete", r)
+                                  for c, r in zip(configs, rounds)))
+    # Round 1 puts the first row first (a miss) and the best second; round 2 puts the best first.
+    assert one_round_trials(group) == (2 + 1) / 2
+    assert one_round_trials(group, within=0.05) == 1  # 1.1 is within 5% of 1.05
+    uneven = TableGroup("u", (*group.rows[:2], dataclasses.replace(group.rows[2], rounds=(2.0,))))
+    assert one_round_trials(uneven) is None  # rows must carry the same rounds
 
 
 # ---- the table executor ------------------------------------------------------------------
@@ -298,6 +318,19 @@ def test_bench_replays_a_table_and_refuses_bad_input(tmp_path, capsys):
     assert report["strategies"]["deepspeed"]["reached_fraction"] == 0
     # TP inside a node of 8: tp 4 (600 ms) first, then tp 2 at mb 4 (410 ms, within 3%).
     assert report["strategies"]["tp-in-node"]["median_trials"] == 2
+    # Two tables pool their groups; each table's own figure is kept beside the pooled one.
+    other = write_csv(tmp_path / "u.csv", BIG[:4] + BIG[5:] + SMALL)  # without the best
+    assert bench.main(["--table", str(path), "--table", str(other), "--json", "--strategies",
+                       "grid"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    small_group = MeasuredTable.from_csv(other).groups()[0]
+    small_order = sorted((r.config for r in small_group.rows),
+                         key=lambda c: (c.tp_degree, c.pp_degree, c.micro_batch_size))
+    small_times = {r.config: r.step_time_s for r in small_group.rows}
+    each = [brute_force(order, times.get), brute_force(small_order, small_times.get)]
+    assert pooled["groups_per_table"] == {str(path): 1, str(other): 1} and each[0] != each[1]
+    assert pooled["strategies"]["grid"]["trials"] == each
+    assert [pooled["per_table"][str(t)]["grid"]["mean_trials"] for t in (path, other)] == each
     for argv, message in [(["--strategies", "grid,nope"], "unknown strategy 'nope'"),
                           (["--min-layouts", "20"], "no group of ≥ 20")]:
         assert bench.main(["--table", str(path), *argv]) == 2
