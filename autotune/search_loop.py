@@ -252,6 +252,7 @@ class SearchLoop:
         if proposal is None:
             if not in_flight:
                 self._record_skipped(candidates, history)
+                self._record_ruled_out(tried | busy, history)
             self._strategy_stopped = ("the performance model predicts no untried configuration "
                                       f"faster than the best measured by "
                                       f"{self.strategy.tolerance:.0%}")
@@ -282,6 +283,30 @@ class SearchLoop:
                 predictions=self.calibration.predict(config), error=f"skipped: {reason}"))
             self._known[config] = Known(TrialStatus.SKIPPED_PREDICTED, 0.0, 0)
             self._say(f"skipped {_short(config)}: {reason}")
+
+    def _record_ruled_out(self, tried: set[TrialConfig], history: list) -> None:
+        """Store the best few configurations the memory screen kept from the strategy (those
+        it ranks fastest among the untried ones predicted not to fit), so the study shows which
+        faster layouts memory ruled out, as a sampler's screened proposals are shown."""
+        from autotune import screen
+        from autotune.store import unmeasured_record
+
+        if self.limit is None:
+            return
+        peaks = {c: screen.predict_peak(c, self.device_type) for c in self.space.configs
+                 if c not in tried and c not in self._known}
+        over = [c for c, peak in peaks.items() if not screen.predicted_to_fit(peak, self.limit)]
+        for _, predicted_s, config in self.strategy.ranked(over, history)[:SKIPPED_RECORDED]:
+            peak = peaks[config]
+            self.db.add_trial(unmeasured_record(
+                config, study_id=self.study_id, number=None,
+                status=TrialStatus.INFEASIBLE_PREDICTED, predicted_peak=peak,
+                predictions=self.calibration.predict(config),
+                error=f"predicted peak {peak / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} margin) > "
+                      f"limit {self.limit / GIB:.3g} GiB"))
+            self._known[config] = Known(TrialStatus.INFEASIBLE_PREDICTED, 0.0, peak)
+            self._say(f"ruled out by memory {_short(config)}: predicted "
+                      f"{predicted_s * 1e3:.1f} ms, but a peak of {peak / GIB:.3g} GiB")
 
     def _tell_known(self, trial, config: TrialConfig) -> None:
         from optuna.trial import TrialState

@@ -59,7 +59,7 @@ def build(executor, directory: Path) -> str:
         spec = SearchSpec(world_size=2, n_trials=4, patience=None, device="cpu",
                           num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=1, top_k=1,
                           remeasure_repeats=1, remeasure_max_repeats=1, study_name=NAME,
-                          **SPACE)
+                          sampler="tpe", **SPACE)  # TPE proposes what cannot fit: screened
         space = SearchSpace(base_config(spec), **SPACE)
         peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in space.configs)
         limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two not
@@ -71,7 +71,8 @@ def build(executor, directory: Path) -> str:
         for t in complete:
             database.update_trial(t.id, status=t.status, metrics={
                 **t.metrics, **predicted_metrics(TrialConfig.from_dict(t.config))})
-        after = 1 + max(t.number for t in database.list_trials(study_id))
+        after = 1 + max(t.number for t in database.list_trials(study_id)
+                        if t.number is not None)
         over = TrialConfig(world_size=2, zero_stage=2, micro_batch_size=2, device="cpu")
         measured = int(limit * 1.2)
         database.add_trial(TrialRecord(
