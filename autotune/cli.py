@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
                         help="what proposes the next trial: model (the performance model, "
                         "refitted after every trial), an Optuna sampler (tpe, gp, random), or "
-                        "auto (default: model, or TPE for a workload the model cannot describe, as "
-                        "bench/search_replay.py measured)")
+                        "auto (default: model on GPUs, TPE on CPUs, as "
+                        "bench/search_replay.py and bench/ranking_stability.py measured)")
     search.add_argument("--sampler", choices=SAMPLERS, dest="strategy",
                         help="an Optuna sampler as the strategy (same as --strategy NAME)")
     search.add_argument("--cluster", metavar="FILE|NAME",

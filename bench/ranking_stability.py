@@ -22,6 +22,7 @@
    less memory only when the two are shown equivalent within 3%).
 
 Usage: python bench/ranking_stability.py [--runs 5] [--truth-rounds 6] [--json out.json]
+    [--strategy model|tpe|gp|random]   (the searches' --strategy; default: the default search)
 16 minutes for 10 runs and 6 truth rounds on the quiet machine (load 2-8).
 About 2-5 min per run and 3-5 min of truth on the 2-core machine under others' load: 14 and
 17 minutes in all at load averages 6-37, 28 minutes at 15-50 (8 truth rounds).
@@ -57,8 +58,9 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
-def run_search(workdir: Path, i: int) -> dict:
-    """One default search in a subprocess; what its study declared."""
+def run_search(workdir: Path, i: int, strategy: str | None = None) -> dict:
+    """One default search in a subprocess (with ``--strategy`` when given); what its study
+    declared."""
     db_url = f"sqlite:///{workdir / 'ranking.db'}"
     out = workdir / f"run{i}"
     start, load = time.monotonic(), load_avg()
@@ -66,7 +68,8 @@ def run_search(workdir: Path, i: int) -> dict:
     for attempt in range(2):  # a loaded machine can time Ray's own start-up out: once more
         proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db", db_url,
                                "--study", f"run{i}" + ("" if attempt == 0 else "-again"),
-                               "--out", str(out)],
+                               "--out", str(out),
+                               *(["--strategy", strategy] if strategy else [])],
                               env=env, capture_output=True, text=True, cwd=workdir)
         if proc.returncode == 0 or "timed out during startup" not in proc.stderr:
             break
@@ -118,12 +121,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--truth-rounds", type=int, default=6)
     ap.add_argument("--json", metavar="FILE", help="also write every figure here")
+    ap.add_argument("--strategy", help="the search's --strategy (default: the search's own)")
     args = ap.parse_args()
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ranking-") as tmp:
         runs = []
         for i in range(1, args.runs + 1):
-            runs.append(run_search(Path(tmp), i))
+            runs.append(run_search(Path(tmp), i, args.strategy))
             r = runs[-1]
             print(f"run {i}: {short_name(r['pick'])} {r['pick_tok_s']:,.0f} tok/s, "
                   f"tie {r['tie']}, {r['rounds']} rounds, {r['seconds']:.0f}s, "

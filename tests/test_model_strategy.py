@@ -78,13 +78,12 @@ def test_an_interrupted_replayed_search_resumes_without_rerunning(tmp_path, worl
 
 def test_model_falls_back_to_tpe_for_a_workload_it_cannot_describe():
     user = WorkloadSpec(workload="tests.user_workload:build")
-    name, note = resolve_strategy("model", user)
+    name, note = resolve_strategy("model", "cpu", user)
     assert name == "tpe" and "uses TPE" in note and "tests.user_workload:build" in note
-    name, note = resolve_strategy("auto", user)  # the default falls back alike, and says so
-    assert name == "tpe" and note.startswith("the default strategy (auto: model)")
-    # On CPU ranks as on GPUs: the replays of the CPU sweeps measured it (docs/benchmarks.md).
-    assert resolve_strategy("auto", WorkloadSpec()) == ("model", "")
-    assert resolve_strategy("tpe", WorkloadSpec()) == ("tpe", "")
+    assert resolve_strategy("auto", "cuda", user)[0] == "tpe"  # on GPUs auto is model: alike
+    assert resolve_strategy("auto", "cpu", WorkloadSpec()) == ("tpe", "")
+    assert resolve_strategy("auto", "cuda", WorkloadSpec()) == ("model", "")
+    assert resolve_strategy("gp", "cuda", WorkloadSpec()) == ("gp", "")
 
 
 def test_unknown_strategy_is_a_usage_error(capsys):
