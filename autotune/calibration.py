@@ -35,21 +35,23 @@ FITTED = ("compute_efficiency", "half_efficiency_rows",
           "half_efficiency_cols", "elementwise_bytes",
           "elementwise_sharded_bytes", "score_bytes",
           "layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s",
-          "microbatch_overhead_s", "unit_overhead_s", "step_overhead_s", "comm_efficiency",
-          "overlap_efficiency", "optimizer_bytes_per_param")
+          "microbatch_overhead_s", "unit_overhead_s", "p2p_overhead_s", "step_overhead_s",
+          "comm_efficiency", "overlap_efficiency", "optimizer_bytes_per_param")
 """The parameters a step-time fit may move."""
 FEW_SAMPLES = 24
 """Below this many samples only ``FEW_FITTED`` are fitted."""
 FEW_FITTED = ("compute_efficiency", "layer_overhead_s", "tp_layer_overhead_s",
               "collective_overhead_s",
-              "microbatch_overhead_s", "unit_overhead_s", "step_overhead_s", "comm_efficiency")
+              "microbatch_overhead_s", "unit_overhead_s", "p2p_overhead_s", "step_overhead_s",
+              "comm_efficiency")
 START_SAMPLES = 200
 """Samples the multi-start search uses before the best start is refined on all of them."""
 PRIOR_SIGMA = 1.5
 """Width of the log-normal prior on each parameter (a factor of e^1.5 ≈ 4.5 is one sigma)."""
 FLOOR = {"layer_overhead_s": 1e-7, "collective_overhead_s": 1e-7,
          "tp_layer_overhead_s": 1e-6,
-         "microbatch_overhead_s": 1e-5, "unit_overhead_s": 1e-5, "step_overhead_s": 1e-4,
+         "microbatch_overhead_s": 1e-5, "unit_overhead_s": 1e-5, "p2p_overhead_s": 1e-5,
+         "step_overhead_s": 1e-4,
          "score_bytes": 0.1, "elementwise_bytes": 0.1,
          "elementwise_sharded_bytes": 0.1}
 """Smallest starting value of parameters that may start at zero (log space needs > 0)."""

@@ -356,8 +356,12 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
         # unit's hooks at 1.4-2.4 ms a micro-batch (perf_model.hooked_units); the start takes
         # the low end (a quieter machine is faster). A nonzero start is also a
         # prior: a few trials cannot then trade one fixed cost for another without bound.
+        # A pipeline boundary's host cost (perf_model.stage_boundaries) came out of those
+        # fits at 0 (A), 0.79 (B) and 0.66 ms (C): the start takes the lowest nonzero one,
+        # since a zero start would leave it no prior.
         calibration={"layer_overhead_s": 2e-3, "collective_overhead_s": 4e-3,
                      "microbatch_overhead_s": 7e-4, "step_overhead_s": 1e-3,
                      "tp_layer_overhead_s": 1e-4, "unit_overhead_s": 1.4e-3,
+                     "p2p_overhead_s": 6.6e-4,
                      # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
                      "half_efficiency_rows": 16.0, "half_efficiency_cols": 8.0})

@@ -31,7 +31,11 @@ The terms, each with its source:
   for the interleaved schedule (§2.2). With fewer micro-batches than stages (which torch's
   flexible interleaved schedule runs) interleaving hides nothing: ``Σ T_i + (m − 1) · max
   T_i / v`` (``pipeline_bubble``). Each boundary moves the b·s·h activation forward and its
-  gradient back per micro-batch (point-to-point, over the link the boundary crosses).
+  gradient back per micro-batch (point-to-point, over the link the boundary crosses); a rank
+  takes part in ``stage_boundaries`` of them, the interleaved schedule's wrap-around from the
+  last rank to the first included. On a CPU rank each is host work as well (gloo's send and
+  recv run on the rank's own thread; torch's pipelining issues and waits on each as Python
+  actions): a calibrated ``p2p_overhead_s`` per boundary per micro-batch.
 - **CPU ranks sharing cores** (``cores_per_node``): a rank's compute and host work run on
   cores/ranks of a core (the cluster's peak per rank, and ``host_share``); in the pipeline's
   fill and drain only one stage's tp·dp ranks work and share the cores among themselves
@@ -132,6 +136,10 @@ class Calibration:
     unit_overhead_s: float = 0.0
     """Host seconds per FSDP2 unit per micro-batch: its forward and backward hooks, run in
     Python (``hooked_units``)."""
+    p2p_overhead_s: float = 0.0
+    """Host seconds per pipeline boundary a CPU rank takes part in, per micro-batch: issuing
+    and waiting on its point-to-point transfers (``stage_boundaries``). A GPU rank's transfers
+    run on the device's streams and leave the host free (not charged)."""
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step (synchronisation, bookkeeping)."""
     comm_efficiency: float = 1.0
@@ -335,6 +343,18 @@ def pipeline_bubble(stage_s: list[float], m: int, v: int) -> float:
     return total + (m - 1) * t_max / v - m * t_max
 
 
+def stage_boundaries(rank: int, p: int, v: int) -> int:
+    """Stage boundaries pipeline rank ``rank`` of ``p`` takes part in, each crossed once per
+    micro-batch: its v chunks' incoming and outgoing ones, but for the pipeline's first chunk
+    (rank 0 receives nothing) and its last (rank p − 1 sends nothing). Rank r holds virtual
+    stages r, r + p, … (Narayanan et al. 2021 §2.2), so with v > 1 rank p − 1 also sends to
+    rank 0 (its chunk j to rank 0's chunk j + 1): 2v − 1 at either end, 2v between; 1, 2, …, 1
+    for v = 1. 0 without a pipeline."""
+    if p <= 1:
+        return 0
+    return 2 * v - (rank == 0) - (rank == p - 1)
+
+
 def ranks_per_core(cluster: ClusterSpec, ranks: int) -> float:
     """How many of ``ranks`` runnable ranks of one node share each core (at least 1): a CPU
     rank then runs at 1/this of a core (the OS scheduler's processor sharing). 1 for a device
@@ -487,8 +507,10 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
         first, last = rank == 0, rank == pp - 1
         compute = layers * layer_device_s + (head_s if last else 0.0)
         tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
-        neighbours = (0 if first else 1) + (0 if last else 1)
-        p2p = t_p2p * neighbours * v if pp > 1 else 0.0
+        boundaries = stage_boundaries(rank, pp, v)
+        p2p = t_p2p * boundaries
+        if not cluster.device.asynchronous:
+            p2p += boundaries * cal.p2p_overhead_s * host_share
         if unit_s[rank] and cluster.device.asynchronous:
             # The hooks are host work too: on a GPU they hide behind queued kernels as the
             # layers' launches do (the same max, over the rank's layers and units).

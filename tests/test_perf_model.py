@@ -27,6 +27,7 @@ from autotune.perf_model import (
     layer_params,
     pipeline_bubble,
     predict_step_time,
+    stage_boundaries,
 )
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "a100-megatron"
@@ -106,10 +107,45 @@ def test_interleaving_cannot_hide_the_bubble_with_fewer_micro_batches_than_stage
     assert est.breakdown["pp_bubble"] / ideal == pytest.approx(1.0, rel=0.02)
 
 
+def test_interleaved_ranks_cross_the_wrap_around_boundaries_too():
+    """Rank r holds virtual stages r, r + p, …: with pp 2 and v 2, rank 0's chunks are stages 0
+    and 2, rank 1's are 1 and 3, and the boundaries 0→1, 1→2 and 2→3 each touch both ranks:
+    3 transfers a micro-batch on either rank, where 1F1B's one boundary is 1."""
+    assert [stage_boundaries(r, 2, 2) for r in range(2)] == [3, 3]
+    assert [stage_boundaries(r, 4, 2) for r in range(4)] == [3, 4, 4, 3]
+    assert [stage_boundaries(r, 4, 1) for r in range(4)] == [1, 2, 2, 1]
+    assert stage_boundaries(0, 1, 1) == 0
+    p2p = {schedule: predict_step_time(
+        config(world_size=2, pp_degree=2, micro_batch_size=1, global_batch=8,
+               pp_schedule=schedule), flat_cluster(per_node=2), PURE,
+        shape=SHAPE).breakdown["pp_p2p"] for schedule in ("1f1b", "interleaved_1f1b")}
+    assert p2p["interleaved_1f1b"] / p2p["1f1b"] == pytest.approx(3.0)
+
+
 def cpu_ranks(cluster: ClusterSpec, *, cores: int) -> ClusterSpec:
     """``cluster``'s ranks as CPU processes sharing ``cores`` cores (no asynchronous device)."""
     return dataclasses.replace(cluster, cores_per_node=cores, device=dataclasses.replace(
         cluster.device, asynchronous=False))
+
+
+def test_a_cpu_rank_pays_host_time_for_each_boundary_it_crosses():
+    """p2p_overhead_s = 1 ms, pp 2 on 2 CPU ranks with 2 cores (a core each), 8 micro-batches:
+    1F1B crosses 1 boundary a micro-batch, 8 ms in all; interleaved (v 2) crosses 3, 24 ms.
+    8 ranks on 2 cores (pp 2 × dp 4) share a core four ways: 4 × 8 ms for 1F1B. A GPU's
+    transfers run on its streams: nothing."""
+    cal = dataclasses.replace(PURE, p2p_overhead_s=1e-3)
+
+    def extra(cluster, global_batch=8, **kw) -> float:  # 8 micro-batches a rank
+        cfg = config(pp_degree=2, micro_batch_size=1, global_batch=global_batch, **kw)
+        return (predict_step_time(cfg, cluster, cal, shape=SHAPE).breakdown["pp_p2p"]
+                - predict_step_time(cfg, cluster, PURE, shape=SHAPE).breakdown["pp_p2p"])
+
+    two = cpu_ranks(flat_cluster(per_node=2), cores=2)
+    assert extra(two, world_size=2) == pytest.approx(8e-3)
+    assert extra(two, world_size=2, pp_schedule="interleaved_1f1b") == pytest.approx(24e-3)
+    eight = cpu_ranks(flat_cluster(per_node=8), cores=2)
+    assert extra(eight, world_size=8, global_batch=32) == pytest.approx(4 * 8e-3)  # dp 4
+    assert extra(flat_cluster(per_node=2), world_size=2) == 0.0
 
 
 def test_cpu_ranks_in_a_bubble_share_the_cores_only_among_the_working_ones():
