@@ -245,14 +245,16 @@ class SearchLoop:
                             else RowStatus.FAILED)
                    for c, k in self._known.items()]
         busy = {c for _, c, _ in in_flight.values()}
-        candidates = [c for c in self.space.configs if c not in tried and c not in busy
-                      and screen.predicted_to_fit(screen.predict_peak(c, self.device_type),
-                                                  self.limit)]
+        peaks = {c: screen.predict_peak(c, self.device_type) for c in self.space.configs
+                 if c not in tried and c not in busy}
+        candidates = [c for c, peak in peaks.items() if screen.predicted_to_fit(peak, self.limit)]
         proposal = self.strategy.propose(candidates, history)
         if proposal is None:
             if not in_flight:
                 self._record_skipped(candidates, history)
-                self._record_ruled_out(tried | busy, history)
+                self._record_ruled_out({c: peak for c, peak in peaks.items()
+                                        if not screen.predicted_to_fit(peak, self.limit)},
+                                       history)
             self._strategy_stopped = ("the performance model predicts no untried configuration "
                                       f"faster than the best measured by "
                                       f"{self.strategy.tolerance:.0%}")
@@ -284,20 +286,17 @@ class SearchLoop:
             self._known[config] = Known(TrialStatus.SKIPPED_PREDICTED, 0.0, 0)
             self._say(f"skipped {_short(config)}: {reason}")
 
-    def _record_ruled_out(self, tried: set[TrialConfig], history: list) -> None:
+    def _record_ruled_out(self, over: dict[TrialConfig, int], history: list) -> None:
         """Store the best few configurations the memory screen kept from the strategy (those
-        it ranks fastest among the untried ones predicted not to fit), so the study shows which
-        faster layouts memory ruled out, as a sampler's screened proposals are shown."""
-        from autotune import screen
+        it ranks fastest among ``over``, the untried ones predicted not to fit, with their
+        predicted peaks), so the study shows which faster layouts memory ruled out, as a
+        sampler's screened proposals are shown."""
         from autotune.store import unmeasured_record
 
-        if self.limit is None:
-            return
-        peaks = {c: screen.predict_peak(c, self.device_type) for c in self.space.configs
-                 if c not in tried and c not in self._known}
-        over = [c for c, peak in peaks.items() if not screen.predicted_to_fit(peak, self.limit)]
-        for _, predicted_s, config in self.strategy.ranked(over, history)[:SKIPPED_RECORDED]:
-            peak = peaks[config]
+        over = {c: peak for c, peak in over.items() if c not in self._known}
+        for _, predicted_s, config in self.strategy.ranked(list(over), history)[
+                :SKIPPED_RECORDED]:
+            peak = over[config]
             self.db.add_trial(unmeasured_record(
                 config, study_id=self.study_id, number=None,
                 status=TrialStatus.INFEASIBLE_PREDICTED, predicted_peak=peak,

@@ -176,6 +176,16 @@ def summarise(runs: list[ReplayRun], seeds: int) -> dict:
             "runs": len(runs), "seeds": seeds, "trials": trials}
 
 
+def floor_trials(groups: list[TableGroup]) -> dict | None:
+    """The noise floor of ``groups`` (``one_round_trials``) as median, mean and each group's,
+    or None when some group's rows do not carry their rounds."""
+    floors = [one_round_trials(g, WITHIN) for g in groups]
+    if any(f is None for f in floors):
+        return None
+    return {"median_trials": statistics.median(floors), "mean_trials": statistics.fmean(floors),
+            "trials": floors}
+
+
 def run(args: argparse.Namespace) -> int:
     names = parse_strategies(args.strategies)
     if args.seeds < 1:
@@ -222,13 +232,14 @@ def run(args: argparse.Namespace) -> int:
                           "min": min(sizes), "max": max(sizes)},
               "within": WITHIN, "full": args.full, "exhaustive_wall_s": exhaustive,
               "strategies": results, "skipped": skipped}
-    floors = [one_round_trials(g, WITHIN) for g in groups]
-    if all(f is not None for f in floors):
-        report["noise_floor"] = {"median_trials": statistics.median(floors),
-                                 "mean_trials": statistics.fmean(floors), "trials": floors}
+    floors = {path: floor_trials(gs) for path, gs, _ in parts}
+    pooled_floor = floor_trials(groups)
+    if pooled_floor is not None:
+        report["noise_floor"] = pooled_floor
     if len(parts) > 1:
         report["per_table"] = {path: {n: {k: s[k] for k in ("median_trials", "mean_trials")}
                                       for n, s in by_name.items()}
+                               | ({"noise_floor": floors[path]} if floors[path] else {})
                                for path, by_name in per_table.items()}
     if args.json:
         print(json.dumps(report, indent=1))
@@ -263,10 +274,8 @@ def run(args: argparse.Namespace) -> int:
         for path, table_groups, _ in parts:
             cells = "".join(f"{per_table[path][n]['median_trials']:>6g} /"
                              f"{per_table[path][n]['mean_trials']:>5.2f}" for n in results)
-            table_floors = [one_round_trials(g, WITHIN) for g in table_groups]
-            floor = (f"{statistics.median(table_floors):>6.2f} /"
-                     f"{statistics.fmean(table_floors):>5.2f}"
-                     if all(f is not None for f in table_floors) else f"{'-':>13}")
+            floor = (f"{floors[path]['median_trials']:>6.2f} /"
+                     f"{floors[path]['mean_trials']:>5.2f}" if floors[path] else f"{'-':>13}")
             print(f"{Path(path).name:<24}{len(table_groups):>7}{cells} {floor}")
     for name, why in skipped.items():
         print(f"note: strategy '{name}' skipped: {why}")
