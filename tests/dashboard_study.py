@@ -71,8 +71,7 @@ def build(executor, directory: Path) -> str:
         for t in complete:
             database.update_trial(t.id, status=t.status, metrics={
                 **t.metrics, **predicted_metrics(TrialConfig.from_dict(t.config))})
-        after = 1 + max(t.number for t in database.list_trials(study_id)
-                        if t.number is not None)
+        after = 1 + max(t.number for t in database.list_trials(study_id))
         over = TrialConfig(world_size=2, zero_stage=2, micro_batch_size=2, device="cpu")
         measured = int(limit * 1.2)
         database.add_trial(TrialRecord(
