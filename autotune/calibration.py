@@ -225,7 +225,9 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
     by_key: dict[str, list[Sample]] = {}
     for smp in samples:
         shape = smp.shape or smp.config.workload.shape
-        key = layer_shape_key(smp.config, shape)
+        # Keyed as predict_step_time keys it: a config naming no precision trains in its
+        # cluster's default (gloo: float32), not the GPU's bfloat16.
+        key = layer_shape_key(smp.config, shape, (smp.cluster or cluster).device_type)
         by_key.setdefault(key, []).append(smp)
     factors: dict[str, dict[str, float]] = {"layer_shape_factors": {},
                                              "host_shape_factors": {}}

@@ -137,6 +137,12 @@ class ClusterSpec:
     def world_size(self) -> int:
         return self.num_nodes * self.devices_per_node
 
+    @property
+    def device_type(self) -> str:
+        """Where its ranks train: 'cpu' under gloo, 'cuda' under NCCL (what decides a config's
+        default precision, so its compute dtype and its layer-shape key)."""
+        return "cpu" if self.backend == "gloo" else "cuda"
+
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ConfigError(f"--nodes must be a positive integer, not {num_nodes!r}")

@@ -5,22 +5,26 @@ same calibration again and writes it as a cluster file the search reads."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 from test_search import spec
 
+from autotune.calibration import SHAPE_SHRINK, Sample, fit_calibration
 from autotune.cli import main
 from autotune.cluster import ClusterSpec, load_cluster, local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.layouts import short_name
-from autotune.perf_model import TERMS, Calibration, predict_step_time
+from autotune.perf_model import TERMS, Calibration, layer_shape_key, predict_step_time
 from autotune.search import Search
 from autotune.study_calibration import StudyCalibration
 from db import Database
 
 STUDY = "calibrated"
+SWEEP_E = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_e.json"
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +166,61 @@ def test_predictions_are_finite_for_every_stored_trial(searched):
     for trial in database.list_trials(study_id):
         value = trial.metrics["predicted_step_time_s"]
         assert math.isfinite(value) and value > 0
+
+
+# ---- per-shape factors on CPU trials ----------------------------------------------------------
+def _sweep_e_samples() -> list[Sample]:
+    """Sweep E's 48 measured layouts (tiny GPT on 2 and 4 gloo ranks of a 2-core machine; the
+    configs name no precision, so they trained in the CPU default, float32), each on the
+    cluster its world size ran on, as ``bench/cpu_sweep.py evaluate`` fits them."""
+    table = json.loads(SWEEP_E.read_text())
+    cores = table["machine"]["cores"]
+    samples = []
+    for row in table["rows"]:
+        if row["status"] != "complete":
+            continue
+        config = TrialConfig.from_dict(row["config"])
+        samples.append(Sample(config, row["step_time_s"],
+                              cluster=local_cpu_cluster(config.world_size, cores=cores)))
+    return samples
+
+
+def _mean_log_error(group: list[Sample], calibration: Calibration) -> float:
+    return sum(math.log(predict_step_time(s.config, s.cluster, calibration).step_time_s
+                        / s.step_time_s) for s in group) / len(group)
+
+
+def test_shape_factors_fitted_on_cpu_trials_apply_to_their_predictions():
+    """The per-shape corrections are keyed as a gloo prediction looks them up (float32, the CPU
+    default), so they change the predictions they were fitted to. Each shape's factor is the
+    one that zeroes its trials' mean log error (checked here by predicting with the unshrunk
+    factor), shrunk toward 1 by n / (n + SHAPE_SHRINK) for n trials: with it the shape's mean
+    error keeps its sign and shrinks. Keyed as on a GPU (bfloat16) no factor applied and every
+    prediction stayed as it was."""
+    samples = _sweep_e_samples()
+    cluster = samples[0].cluster
+    start = Calibration.for_cluster(cluster)
+    # Nothing but the shape factors is fitted: the start's predictions are the base.
+    report = fit_calibration(samples, cluster, start=start, fitted=(), fit_shapes=True)
+    cal = report.calibration
+    assert report.fitted == ()
+    assert set(cal.layer_shape_factors).isdisjoint(cal.host_shape_factors)
+    factors = {**cal.layer_shape_factors, **cal.host_shape_factors}
+    by_key: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_key.setdefault(layer_shape_key(s.config, s.config.workload.shape, "cpu"), []).append(s)
+    assert all(key.endswith(" float32") for key in by_key)
+    assert set(factors) <= set(by_key) and len(factors) >= len(by_key) - 2
+    for key, factor in factors.items():
+        group = by_key[key]
+        n = len(group)
+        table = "layer_shape_factors" if key in cal.layer_shape_factors else "host_shape_factors"
+        unshrunk = math.exp(math.log(factor) * (n + SHAPE_SHRINK) / n)
+        assert _mean_log_error(group, dataclasses.replace(
+            start, **{table: {key: unshrunk}})) == pytest.approx(0.0, abs=1e-6)
+        before, after = _mean_log_error(group, start), _mean_log_error(group, cal)
+        assert 0 < after / before < 1, key  # toward the measured times, not past them
+    # Over the whole table the predictions moved toward the measurements.
+    base = [abs(predict_step_time(s.config, s.cluster, start).step_time_s / s.step_time_s - 1)
+            for s in samples]
+    assert report.mape < sum(base) / len(base) - 0.01

@@ -4,16 +4,22 @@ interrupted search resumes without measuring anything twice."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
 import pytest
 
+from autotune.calibration import FitReport
 from autotune.cli import main
+from autotune.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.perf_model import Calibration
 from autotune.replay import MeasuredTable, ReplayTrialExecutor
 from autotune.search import Search, SearchSpec, resolve_strategy
 from autotune.status import TrialStatus
+from autotune.strategies.base import Measured
+from autotune.strategies.model_guided import ModelGuided
 from db import Database
 
 TABLE = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_b.json"
@@ -74,6 +80,25 @@ def test_an_interrupted_replayed_search_resumes_without_rerunning(tmp_path, worl
     second.run()
     assert ex2.table.calls  # it went on
     assert not set(ex1.table.calls) & set(ex2.table.calls)  # and ran nothing again
+
+
+def test_a_cpu_shape_is_measured_whether_or_not_its_precision_is_spelled_out():
+    """On gloo ranks a config naming no precision trains in 32-true, so its layer shape is the
+    measured one of the same layout spelled 32-true (a replayed table names none; a search
+    stores each config with its precision): its doubt is not tripled as an unmeasured shape's.
+    Keyed as on a GPU, the unnamed one read as bfloat16 and looked unmeasured. One trial:
+    σ = max(min_sigma 0.05, residual spread 0, prior 0.5 / √1) = 0.5, × 3 when unmeasured."""
+    layout = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
+                                               global_batch_size=16),
+                         world_size=2, micro_batch_size=2, device="cpu")
+    fit = FitReport(Calibration(), (), 1, (0.0,))
+    strategy = ModelGuided(cluster=local_cpu_cluster(2), fitted=lambda: fit)
+    history = [Measured(layout.with_precision("cpu"), 0.1)]
+    calibration = strategy.current_calibration(history, None)
+    assert layout.precision is None and history[0].config.precision == "32-true"
+    assert strategy.sigma(layout, calibration, history, None) == pytest.approx(0.5)
+    other_shape = dataclasses.replace(layout, micro_batch_size=4)
+    assert strategy.sigma(other_shape, calibration, history, None) == pytest.approx(1.5)
 
 
 def test_model_falls_back_to_tpe_for_a_workload_it_cannot_describe():

@@ -112,7 +112,9 @@ class ModelGuided:
         # Few trials fit themselves too well: the doubt falls from the prior as 1/√n.
         n = len(measured)
         sigma = max(self.min_sigma, spread, self.prior_sigma / math.sqrt(n))
-        if _shape_key(config, shape) not in {_shape_key(m.config, shape) for m in measured}:
+        device_type = self.cluster.device_type
+        if _shape_key(config, shape, device_type) not in {
+                _shape_key(m.config, shape, device_type) for m in measured}:
             sigma *= self.unmeasured_shape_factor
         return sigma
 
@@ -171,6 +173,6 @@ def _best_measured(history: Sequence[Measured]) -> float | None:
     return min(times) if times else None
 
 
-def _shape_key(config: TrialConfig, shape: ModelShape | None) -> str | None:
+def _shape_key(config: TrialConfig, shape: ModelShape | None, device_type: str) -> str | None:
     s = shape or config.workload.shape
-    return layer_shape_key(config, s) if s else None
+    return layer_shape_key(config, s, device_type) if s else None
