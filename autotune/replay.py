@@ -13,11 +13,20 @@ reads two formats:
 - the JSON format ``bench/cpu_sweep.py measure`` writes (``{"rows": [{"config":
   TrialConfig.to_dict(), "step_time_s", "peak_memory_bytes", "status"}, …]}``).
 
+A table that measured one configuration more than once holds it once: its repeats are merged
+(:func:`merge_repeats`: the median of their step times, the union of their rounds), and the
+table counts how many rows were folded so.
+
 ``groups()`` splits a table into the sets of layouts a search would choose among: rows with the
 same world size, global batch, sequence length and model. :class:`TableExecutor` answers a
-trial from the table, and :func:`replay` runs a strategy (``autotune.strategies.base``) against
-one group, counting the trials it needs to come within 3% of the group's best: a tabular
-benchmark in which every strategy sees the same measured numbers.
+trial from the table — with the row's median (``Answer.MEDIAN``), or, as a live trial would
+measure it, with one of the row's rounds drawn at random (``Answer.ONE_ROUND``) — and
+:func:`replay` runs a strategy (``autotune.strategies.base``) against one group, counting the
+trials it needs to come within 3% of the group's best: a tabular benchmark in which every
+strategy sees the same measured numbers.
+
+A benchmark tool: the product's search never imports this module; benches and tests hand a
+``ReplayTrialExecutor`` to ``Search`` to run a search over a table.
 
 No torch here: replays run in the driver's process.
 """
@@ -29,9 +38,11 @@ import dataclasses
 import csv
 import json
 import math
+import random
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +125,9 @@ class MeasuredRow:
     status: RowStatus
     rounds: tuple[float | None, ...] = ()
     """Each interleaved round's step time, where the table has them (bench/cpu_sweep.py's
-    JSON; None for a round that failed); ``step_time_s`` is their median."""
+    JSON; None for a round that failed); ``step_time_s`` is their median — for a row merged
+    from repeats (``merge_repeats``), the median of the repeats' step times, and these are the
+    union of the repeats' rounds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +169,11 @@ class MeasuredTable:
     training: TableTraining | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     """The JSON table's other keys (``machine``, ``settings``, …)."""
+    merged_rows: int = 0
+    """Rows of the file that repeated a configuration of an earlier row and were merged into
+    it (``merge_repeats``)."""
+    merged_configs: int = 0
+    """Configurations whose row is such a merge of repeats."""
 
     @classmethod
     def load(cls, path: str | Path, *, training: TableTraining | None = None) -> MeasuredTable:
@@ -171,8 +189,9 @@ class MeasuredTable:
     @classmethod
     def from_csv(cls, path: str | Path, *,
                  training: TableTraining = TableTraining()) -> MeasuredTable:
-        rows = [csv_row(r, training) for r in read_csv_rows(path)]
-        return cls(tuple(rows), source=str(path), kind="csv", training=training)
+        merged = merge_repeats([csv_row(r, training) for r in read_csv_rows(path)])
+        return cls(merged.rows, source=str(path), kind="csv", training=training,
+                   merged_rows=merged.merged_rows, merged_configs=merged.merged_configs)
 
     @classmethod
     def from_json(cls, path: str | Path) -> MeasuredTable:
@@ -201,7 +220,9 @@ class MeasuredTable:
         if not rows:
             raise ConfigError(f"table '{path}' has no rows")
         meta = {k: v for k, v in data.items() if k != "rows"}
-        return cls(tuple(rows), source=str(path), kind="json", meta=meta)
+        merged = merge_repeats(rows)
+        return cls(merged.rows, source=str(path), kind="json", meta=meta,
+                   merged_rows=merged.merged_rows, merged_configs=merged.merged_configs)
 
     def groups(self, min_layouts: int = MIN_LAYOUTS) -> list[TableGroup]:
         """Groups of at least ``min_layouts`` rows with one complete, in the table's order."""
@@ -327,6 +348,81 @@ LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bu
 """TrialConfig fields that change what a trial measures, beside workload and world size."""
 
 
+def compared_fields(rows: Iterable[MeasuredRow]) -> tuple[str, ...]:
+    """The layout fields (``LAYOUT_FIELDS``) that vary among ``rows``: the ones a row's
+    identity compares (``config_key``)."""
+    rows = tuple(rows)
+    return tuple(f for f in LAYOUT_FIELDS if len({getattr(r.config, f) for r in rows}) > 1)
+
+
+def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
+    """The identity of ``config`` among rows that vary in ``compared``: what a row must equal
+    to have measured it (``TableExecutor``'s docstring says which fields count). Two
+    configurations with one key are one trial."""
+    ignored = set()
+    if config.pp_degree == 1:
+        ignored.add("pp_schedule")
+    if config.dp_degree == 1:
+        ignored.update(("zero_stage", "overlap_enabled", "bucket_mb"))
+    # The precision as trained, however spelled (a table's workload dtype, or the
+    # precision a search resolves before proposing).
+    device = "cuda" if config.device == "cuda" else "cpu"
+    return (dataclasses.replace(config.workload, dtype=None),
+            config.resolved_precision(device), config.world_size,
+            *((f, getattr(config, f)) for f in compared if f not in ignored))
+
+
+@dataclass(frozen=True, slots=True)
+class MergedRows:
+    """Rows with each configuration once (``merge_repeats``)."""
+
+    rows: tuple[MeasuredRow, ...]
+    merged_rows: int
+    """Rows folded into an earlier row of the same configuration."""
+    merged_configs: int
+    """Configurations that had repeats."""
+
+
+def merge_repeats(rows: Iterable[MeasuredRow]) -> MergedRows:
+    """One row per configuration (``config_key``), in the order each first appears. The
+    repeats of a configuration become one row: complete if any repeat completed, its step
+    time the median of the complete repeats' step times (else the first repeat's status),
+    its peak memory the largest any repeat measured (memory one run needed, the
+    configuration needs), its rounds the union of the repeats' rounds (in file order), its
+    configuration and shape the first repeat's."""
+    rows = tuple(rows)
+    compared = compared_fields(rows)
+    by_key: dict[tuple, list[MeasuredRow]] = {}
+    for row in rows:
+        by_key.setdefault(config_key(row.config, compared), []).append(row)
+    merged = tuple(repeats[0] if len(repeats) == 1 else _merged_row(repeats)
+                   for repeats in by_key.values())
+    return MergedRows(merged, len(rows) - len(merged),
+                      sum(len(repeats) > 1 for repeats in by_key.values()))
+
+
+def _merged_row(repeats: list[MeasuredRow]) -> MeasuredRow:
+    first = repeats[0]
+    times = [r.step_time_s for r in repeats
+             if r.status == RowStatus.COMPLETE and r.step_time_s is not None]
+    peaks = [r.peak_memory_bytes for r in repeats if r.peak_memory_bytes is not None]
+    return MeasuredRow(first.config, first.shape,
+                       statistics.median(times) if times else None,
+                       max(peaks) if peaks else None,
+                       RowStatus.COMPLETE if times else first.status,
+                       tuple(t for r in repeats for t in r.rounds))
+
+
+class Answer(StrEnum):
+    """How a table answers a trial of a configuration it measured."""
+
+    MEDIAN = "median"
+    """The row's step time: the median of its rounds. Quieter than any one live trial."""
+    ONE_ROUND = "one-round"
+    """One of the row's rounds, drawn at random: what one live trial of it would have
+    measured. Each trial draws again, so a configuration measured twice can read two rounds."""
+
+
 @dataclass(frozen=True, slots=True)
 class TableOutcome:
     """What the table says a trial of a configuration measured."""
@@ -344,40 +440,46 @@ class TableExecutor:
     value (a CSV table's ZeRO stage, recomputation, …) and the measurement's own settings
     (seed, step counts, device) are not compared. Knobs without effect are not compared
     either, as ``autotune.layouts`` and the search space treat them: the schedule without a
-    pipeline, and ZeRO stage, overlap and bucket size without data parallelism."""
+    pipeline, and ZeRO stage, overlap and bucket size without data parallelism. Rows that
+    repeat one configuration are merged (``merge_repeats``; ``merged_rows`` counts them).
 
-    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow]) -> None:
+    ``answer`` says what a trial reads (``Answer``). With ``Answer.ONE_ROUND`` the k-th trial
+    of a row reads the round that ``random.Random(f"{seed}/{row}/{k}")`` chooses among its
+    rounds: independent draws, the same for every strategy replayed with the same ``seed``
+    (each meets the same machine), and a round that failed (None) answers as a failed trial.
+    A table whose complete rows do not all carry rounds (a shared CSV's one figure per layout)
+    is refused: its one-round answers would be its medians, under another name."""
+
+    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow], *,
+                 answer: Answer | str = Answer.MEDIAN, seed: int = 0) -> None:
         rows = tuple(table.rows if isinstance(table, MeasuredTable) else table)
         self.source = table.source if isinstance(table, MeasuredTable) else "table"
         if not rows:
             raise ConfigError("a table executor needs at least one measured row")
-        self.compared = tuple(f for f in LAYOUT_FIELDS
-                              if len({getattr(r.config, f) for r in rows}) > 1)
-        self._rows: dict[tuple, MeasuredRow] = {}
-        for row in rows:
-            key = self.key(row.config)
-            if key in self._rows:
-                raise ConfigError(f"table '{self.source}' holds {short_name(row.config)} "
-                                  f"({row.config.workload.name}) twice; keep one row per "
-                                  "configuration")
-            self._rows[key] = row
+        if answer not in tuple(Answer):
+            raise ConfigError(f"answer must be one of {', '.join(Answer)}, not {answer!r}")
+        self.answer, self.seed = Answer(answer), seed
+        merged = merge_repeats(rows)
+        self.merged_rows = merged.merged_rows
+        """Rows given that repeated an earlier row's configuration, merged into it."""
+        self.compared = compared_fields(merged.rows)
+        self._rows: dict[tuple, MeasuredRow] = {self.key(r.config): r for r in merged.rows}
+        self._index = {key: i for i, key in enumerate(self._rows)}
+        self._draws: dict[tuple, int] = {}
+        if self.answer == Answer.ONE_ROUND:
+            bare = sum(1 for r in merged.rows if r.status == RowStatus.COMPLETE and not r.rounds)
+            if bare:
+                raise ConfigError(
+                    f"table '{self.source}' keeps no rounds for {bare} of its complete rows "
+                    "(one step time per layout), so it cannot answer one round per trial; "
+                    "answer it with the median")
         self.calls: list[TrialConfig] = []
         """Every configuration run, in order."""
 
     def key(self, config: TrialConfig) -> tuple:
-        """The table's identity of ``config``: what a row must equal to have measured it
-        (see the class docstring). Two configurations with one key are one trial."""
-        ignored = set()
-        if config.pp_degree == 1:
-            ignored.add("pp_schedule")
-        if config.dp_degree == 1:
-            ignored.update(("zero_stage", "overlap_enabled", "bucket_mb"))
-        # The precision as trained, however spelled (a table's workload dtype, or the
-        # precision a search resolves before proposing).
-        device = "cuda" if config.device == "cuda" else "cpu"
-        return (dataclasses.replace(config.workload, dtype=None),
-                config.resolved_precision(device), config.world_size,
-                *((f, getattr(config, f)) for f in self.compared if f not in ignored))
+        """The table's identity of ``config`` (``config_key`` over the fields that vary among
+        the rows)."""
+        return config_key(config, self.compared)
 
     def __contains__(self, config: TrialConfig) -> bool:
         """Whether a row measured ``config``."""
@@ -393,9 +495,17 @@ class TableExecutor:
         return row
 
     def run(self, config: TrialConfig) -> TableOutcome:
+        """What a trial of ``config`` measures, as ``answer`` says."""
         row = self.row_for(config)
         self.calls.append(config)
-        return TableOutcome(row.status, row.step_time_s, row.peak_memory_bytes)
+        if self.answer == Answer.MEDIAN or row.status != RowStatus.COMPLETE:
+            return TableOutcome(row.status, row.step_time_s, row.peak_memory_bytes)
+        key = self.key(config)
+        k = self._draws[key] = self._draws.get(key, 0) + 1
+        step = random.Random(f"{self.seed}/{self._index[key]}/{k}").choice(row.rounds)
+        if step is None:
+            return TableOutcome(RowStatus.FAILED, None, row.peak_memory_bytes)
+        return TableOutcome(row.status, step, row.peak_memory_bytes)
 
 
 # ---- replaying a strategy --------------------------------------------------------------
@@ -408,8 +518,9 @@ class ReplayTrialExecutor:
 
     slots = 1
 
-    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow]) -> None:
-        self.table = TableExecutor(table)
+    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow], *,
+                 answer: Answer | str = Answer.MEDIAN, seed: int = 0) -> None:
+        self.table = TableExecutor(table, answer=answer, seed=seed)
 
     def contains(self, config: TrialConfig) -> bool:
         return config in self.table
@@ -445,7 +556,8 @@ class ReplayRun:
     history: tuple[Measured, ...]
     """The trials the strategy ran, in order."""
     reached_at: int | None
-    """The trial (1-based) that first came within the target; None if none did."""
+    """The trial (1-based) that first tried a layout within the target (judged by its row's
+    median, however the trial was answered); None if none did."""
     stopped: bool
     """True when the strategy stopped by itself (proposed None) rather than at the target."""
 
@@ -464,12 +576,15 @@ class ReplayRun:
 
 
 def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
-           until_target: bool = True) -> ReplayRun:
-    """Run ``strategy`` on a ``TableExecutor`` of ``group``'s rows: the candidates are the
-    group's configurations, the history grows by each measured row. Ends at the first trial
-    within ``within`` of the group's best step time (with ``until_target``), or when the
-    strategy stops."""
-    executor = TableExecutor(group.rows)
+           until_target: bool = True, answer: Answer | str = Answer.MEDIAN,
+           seed: int = 0) -> ReplayRun:
+    """Run ``strategy`` on a ``TableExecutor`` of ``group``'s rows, answering as ``answer``
+    says (with ``seed``): the candidates are the group's configurations, the history grows by
+    each answer. Ends at the first trial of a layout whose median is within ``within`` of the
+    group's best median (with ``until_target``), or when the strategy stops. The target is
+    judged by the medians whatever the answers, as the noise floor (``one_round_trials``) is:
+    a lucky round does not make a slow layout a find."""
+    executor = TableExecutor(group.rows, answer=answer, seed=seed)
     candidates = [r.config for r in group.rows]
     target = group.best_step_time_s * (1 + within)
     history: list[Measured] = []
@@ -486,8 +601,9 @@ def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
         tried.add(key)
         outcome = executor.run(proposal.config)
         history.append(Measured(proposal.config, outcome.step_time_s, outcome.status))
+        median = executor.row_for(proposal.config).step_time_s
         if (reached_at is None and outcome.status == RowStatus.COMPLETE
-                and outcome.step_time_s <= target):
+                and median <= target):
             reached_at = len(history)
             if until_target:
                 return ReplayRun(group.key, len(candidates), tuple(history), reached_at, False)

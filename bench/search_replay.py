@@ -1,17 +1,27 @@
 """Search strategies replayed on measured tables: trials to within 3% of each group's best.
 
     python bench/search_replay.py --table TABLE [--table TABLE …] [--json]
-        [--strategies a,b,...] [--seeds N] [--cluster FILE] [--min-layouts 8] [--full]
+        [--strategies a,b,...] [--seeds N] [--answer median|one-round] [--cluster FILE]
+        [--min-layouts 8] [--full]
 
 TABLE is a CSV in the shared format (``shared/data/a100-megatron/single_node.csv``) or a JSON
 table of ``bench/cpu_sweep.py``. It is split into groups of rows with the same world size,
 global batch, sequence length and model (``autotune.replay.MeasuredTable.groups``); every group
 with at least ``--min-layouts`` layouts (8) is one search. Each strategy runs on a
 ``TableExecutor`` of the group: its candidates are the group's configurations, every trial it
-proposes is answered with the measured row, and its history grows by that row. Counted: the
-trials until one measures within 3% of the group's best step time. A strategy that stops before
-that counts as the number of candidates + 1 (it would take another search), and how often it
-got there before stopping is printed beside it.
+proposes is answered from the measured row, and its history grows by that answer. Counted: the
+trials until one tries a layout whose median is within 3% of the group's best median. A
+strategy that stops before that counts as the number of candidates + 1 (it would take another
+search), and how often it got there before stopping is printed beside it.
+
+Answers (``--answer``): ``median`` (default) answers each trial with the row's median over its
+rounds, quieter than any live trial; ``one-round`` answers each with one of the row's rounds,
+drawn at random, as one live trial would have measured it (``autotune.replay.Answer``), and
+then every strategy is replayed over ``--seeds`` seeds (seed s draws the rounds, and orders
+random and TPE). A table without rounds (a CSV in the shared format) is refused under
+``one-round``. A table that measured one configuration more than once is replayed with the
+median of the repeats (``autotune.replay.merge_repeats``); how many rows were merged is
+printed (JSON: ``merged``).
 
 Cost: the wall time its measured trials (up to the target) would have taken,
 Σ (warm-up + timed steps) × step time + a fixed overhead per trial, with the steps of
@@ -64,8 +74,10 @@ from autotune.replay import (  # noqa: E402
     TRIAL_OVERHEAD_S,
     TRIAL_STEPS,
     WITHIN,
+    Answer,
     MeasuredTable,
     ReplayRun,
+    TableExecutor,
     TableGroup,
     one_round_trials,
     replay,
@@ -193,8 +205,11 @@ def run(args: argparse.Namespace) -> int:
     if args.min_layouts < 1:
         raise ConfigError(f"--min-layouts must be ≥ 1, not {args.min_layouts}")
     parts = []  # (path, its groups, its setting), one per --table
+    merged = {}
     for path in args.table:
         table = MeasuredTable.load(path)
+        TableExecutor(table, answer=args.answer)  # refuses one-round on a table without rounds
+        merged[path] = {"rows": table.merged_rows, "configurations": table.merged_configs}
         parts.append((path, table.groups(args.min_layouts), Setting(table, args.cluster)))
     groups = [g for _, gs, _ in parts for g in gs]
     wants_model = any(n.startswith("model") for n in names)
@@ -205,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         names = [n for n in names if not n.startswith("model")]
     results, per_table = {}, {path: {} for path, _, _ in parts}
     for name in names:
-        seeds = args.seeds if name in SEEDED else 1
+        seeds = args.seeds if name in SEEDED or args.answer == Answer.ONE_ROUND else 1
         start = time.perf_counter()
         runs, by_table = [], {path: [] for path, _, _ in parts}
         for path, table_groups, setting in parts:
@@ -213,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
             for seed in range(seeds):
                 for g in table_groups:  # in table order: model-warm carries them forward
                     run_ = replay(make_strategy(name, seed, g, setting, model_cls), g,
-                                  within=WITHIN, until_target=not args.full)
+                                  within=WITHIN, until_target=not args.full,
+                                  answer=args.answer, seed=seed)
                     runs.append(run_)
                     by_table[path].append(run_)
                     if name == "model-warm":
@@ -231,11 +247,17 @@ def run(args: argparse.Namespace) -> int:
               "layouts": {"median": statistics.median(sizes), "mean": statistics.fmean(sizes),
                           "min": min(sizes), "max": max(sizes)},
               "within": WITHIN, "full": args.full, "exhaustive_wall_s": exhaustive,
+              "answer": str(args.answer), "seeds": args.seeds,
+              "merged": {"rows": sum(m["rows"] for m in merged.values()),
+                         "configurations": sum(m["configurations"] for m in merged.values()),
+                         "per_table": merged},
               "strategies": results, "skipped": skipped}
     floors = {path: floor_trials(gs) for path, gs, _ in parts}
     pooled_floor = floor_trials(groups)
     if pooled_floor is not None:
         report["noise_floor"] = pooled_floor
+        report["below_noise_floor"] = [n for n, r in results.items()
+                                       if r["mean_trials"] < pooled_floor["mean_trials"]]
     if len(parts) > 1:
         report["per_table"] = {path: {n: {k: s[k] for k in ("median_trials", "mean_trials")}
                                       for n, s in by_name.items()}
@@ -246,7 +268,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"search replay on {report['table']}: {len(groups)} groups of ≥ {args.min_layouts} "
           f"layouts (median {statistics.median(sizes):g}, {min(sizes)}-{max(sizes)}); trials "
-          f"until one measures within {WITHIN:.0%} of the group's best")
+          f"until one tries a layout within {WITHIN:.0%} of the group's best (medians); "
+          + ("each trial answered with the row's median" if args.answer == Answer.MEDIAN else
+             f"each trial answered with one round drawn at random, {args.seeds} seeds"))
+    for path, m in merged.items():
+        if m["rows"]:
+            print(f"{path}: {m['rows']} rows repeated a configuration and were merged into "
+                  f"{m['configurations']} (the median of the repeats, their rounds pooled)")
     print(f"{'strategy':<12}{'runs':>6}{'median':>8}{'mean':>7}{'reached':>9}"
           f"{'wall s/group':>14}{'wall s total':>14}" + (f"{'trials run':>12}" if args.full
                                                            else ""))
@@ -261,12 +289,18 @@ def run(args: argparse.Namespace) -> int:
           f"{exhaustive:.1f} s in all. A strategy that stops before reaching the target counts "
           f"as its group's layouts + 1; 'reached' is how often it got there. Wall time: "
           f"Σ ({TRIAL_STEPS} steps × step time + {TRIAL_OVERHEAD_S} s) over the trials up to "
-          f"the target; random and tpe averaged over {args.seeds} seeds.)")
+          f"the target; " + ("random and tpe" if args.answer == Answer.MEDIAN else "all")
+          + f" averaged over {args.seeds} seeds.)")
     if "noise_floor" in report:
         nf = report["noise_floor"]
         print(f"noise floor: {nf['median_trials']:.2f} / {nf['mean_trials']:.2f} trials (median / "
               "mean) for a strategy that knew one round's step times exactly and tried the "
               "fastest first, averaged over the rounds (the rounds disagree on close layouts)")
+        below = ", ".join(report["below_noise_floor"]) or "none"
+        print(f"below the floor in mean: {below}" + (
+            " (answered with medians, a strategy reads quieter figures than the floor's one "
+            "round: --answer one-round answers as a live search would see them)"
+            if args.answer == Answer.MEDIAN else ""))
     if len(parts) > 1:
         print("\nmedian / mean trials per table:")
         print(f"{'table':<24}{'groups':>7}" + "".join(f"{n:>13}" for n in results)
@@ -291,7 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the results as JSON only")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help=f"comma-separated, among {', '.join(STRATEGIES)} (default all)")
-    p.add_argument("--seeds", type=int, default=5, help="seeds of random and tpe (5)")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="seeds of random and tpe, and of every strategy's draws under "
+                   "--answer one-round (5)")
+    p.add_argument("--answer", choices=tuple(Answer), default=Answer.MEDIAN, type=Answer,
+                   help="what a trial reads: the row's median over its rounds (median, the "
+                   "default) or one of its rounds drawn at random, as a live trial (one-round)")
     p.add_argument("--cluster", metavar="FILE", help="the cluster the model-guided strategy "
                    "sees (default: a100-megatron for a CSV, the local CPU for a JSON table)")
     p.add_argument("--min-layouts", type=int, default=MIN_LAYOUTS,

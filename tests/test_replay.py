@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from autotune.layouts import enumerate_configs, short_name
 from autotune.models.shapes import ModelShape
 from autotune.replay import (
     CSV_COLUMNS,
+    Answer,
     MeasuredRow,
     MeasuredTable,
     TableExecutor,
@@ -21,6 +23,7 @@ from autotune.replay import (
     TableTraining,
     one_round_trials,
     replay,
+    trial_wall_s,
 )
 from autotune.strategies.base import Measured
 from autotune.strategies.baselines import (
@@ -172,12 +175,106 @@ def test_table_executor_ignores_knobs_without_effect():
                   ).step_time_s == 1.0 + configs.index(tp2)
 
 
-def test_table_executor_refuses_duplicate_rows():
-    c = tiny()
-    with pytest.raises(ConfigError, match="twice"):
-        TableExecutor([MeasuredRow(c, None, 1.0, None, "complete"),
-                       MeasuredRow(dataclasses.replace(c, seed=3), None, 2.0, None,
-                                   "complete")])
+def repeated_rows() -> list[MeasuredRow]:
+    """Two configurations measured more than once (another seed is the same configuration):
+    the first three times (1.0, 2.0, 4.0 s, median 2.0 — where the mean is 2.33 and the union
+    of their rounds has median 3.1), the second twice complete (1.0, 3.0: median 2.0) and once
+    failed; then one measured once."""
+    a, b, c = list(enumerate_configs(tiny(world=2)))[:3]
+    return [
+        MeasuredRow(a, None, 1.0, 100, "complete", (1.0,)),
+        MeasuredRow(b, None, 1.0, 300, "complete", (0.9, 1.1)),
+        MeasuredRow(dataclasses.replace(a, seed=3), None, 2.0, 200, "complete", (1.8, 2.2)),
+        MeasuredRow(c, None, 5.0, 500, "complete", (5.0,)),
+        MeasuredRow(dataclasses.replace(b, seed=1), None, None, None, "failed", ()),
+        MeasuredRow(dataclasses.replace(a, seed=5), None, 4.0, 150, "complete",
+                    (4.0, 5.0, 6.0)),
+        MeasuredRow(dataclasses.replace(b, seed=2), None, 3.0, 250, "complete", (3.0,)),
+    ]
+
+
+def test_repeated_configurations_are_merged_into_the_median_of_their_repeats(tmp_path):
+    rows = repeated_rows()
+    a, b, c = rows[0].config, rows[1].config, rows[3].config
+    ex = TableExecutor(rows)
+    assert ex.merged_rows == 4  # a twice more, b three times more
+    assert [ex.run(x).step_time_s for x in (a, b, c)] == [2.0, 2.0, 5.0]
+    merged_a = ex.row_for(dataclasses.replace(a, seed=9))
+    assert merged_a.config == a and merged_a.status == "complete"
+    assert merged_a.rounds == (1.0, 1.8, 2.2, 4.0, 5.0, 6.0)  # the union, in file order
+    assert merged_a.peak_memory_bytes == 200  # the largest repeat's
+    assert ex.row_for(b).rounds == (0.9, 1.1, 3.0) and ex.row_for(b).status == "complete"
+    # Read from a file: one row per configuration, in first-seen order, and the count.
+    path = tmp_path / "repeats.json"
+    path.write_text(json.dumps({"rows": [
+        {"config": r.config.to_dict(), "step_time_s": r.step_time_s, "status": r.status,
+         "peak_memory_bytes": r.peak_memory_bytes, "rounds": list(r.rounds)} for r in rows]}))
+    table = MeasuredTable.load(path)
+    assert (table.merged_rows, table.merged_configs) == (4, 2)
+    assert [(r.config, r.step_time_s) for r in table.rows] == [(a, 2.0), (b, 2.0), (c, 5.0)]
+    # A CSV that measured one layout twice (420 and 380 ms): its median, 400 ms.
+    again = MeasuredTable.from_csv(write_csv(tmp_path / "t.csv",
+                                             BIG + [BIG[3][:-1] + (380.0,)]))
+    assert (again.merged_rows, again.merged_configs, len(again.rows)) == (1, 1, len(BIG))
+    assert again.rows[3].step_time_s == pytest.approx(0.400)
+
+
+# ---- answering one round per trial -------------------------------------------------------
+def test_one_round_answers_draw_the_rows_rounds_independently_per_trial():
+    rows = repeated_rows()
+    a, b = rows[0].config, rows[1].config
+    rounds_a = (1.0, 1.8, 2.2, 4.0, 5.0, 6.0)  # a's three repeats' rounds
+    ex = TableExecutor(rows, answer="one-round", seed=7)
+    draws = [ex.run(a).step_time_s for _ in range(300)]
+    assert set(draws) == set(rounds_a)  # every round is drawn, and nothing else
+    # The mean of the draws is the rounds' mean (3.33; σ of a 300-draw mean 0.1); the median
+    # (2.0, what the default answers) is 13 σ away.
+    assert statistics.fmean(draws) == pytest.approx(statistics.fmean(rounds_a), abs=0.3)
+    assert len(set(draws[:5])) > 1  # a configuration measured again reads another round
+    # Seeded: the same seed draws the same rounds, another seed others; the k-th trial of a
+    # configuration draws the same round whatever ran before it (every strategy meets the
+    # same machine).
+    again = TableExecutor(rows, answer=Answer.ONE_ROUND, seed=7)
+    again.run(b)
+    assert [again.run(a).step_time_s for _ in range(300)] == draws
+    other = TableExecutor(rows, answer="one-round", seed=8)
+    assert [other.run(a).step_time_s for _ in range(300)] != draws
+    # The default answers with the median, every time.
+    assert {TableExecutor(rows).run(a).step_time_s for _ in range(5)} == {2.0}
+    # A round that failed answers as a failed trial; a failed row, as failed.
+    flaky = MeasuredRow(a, None, 1.5, None, "complete", (1.5, None))
+    dead = MeasuredRow(b, None, None, None, "failed", ())
+    ex = TableExecutor([flaky, dead], answer="one-round", seed=1)
+    outcomes = {(o.status, o.step_time_s) for o in (ex.run(a) for _ in range(50))}
+    assert outcomes == {("complete", 1.5), ("failed", None)}
+    assert (ex.run(b).status, ex.run(b).step_time_s) == ("failed", None)
+
+
+def test_one_round_refuses_a_table_without_rounds(tmp_path):
+    table = MeasuredTable.from_csv(write_csv(tmp_path / "t.csv", BIG))
+    with pytest.raises(ConfigError, match="keeps no rounds for 9 of its complete rows"):
+        TableExecutor(table, answer="one-round")
+    with pytest.raises(ConfigError, match="answer must be one of median, one-round"):
+        TableExecutor(table, answer="mean")
+    assert TableExecutor(table).run(table.rows[0].config).step_time_s == BIG[0][-1] / 1000
+
+
+def test_a_one_round_replay_is_judged_by_the_medians():
+    """Grid's order does not depend on what it reads, so under any draw it reaches the target
+    where it does on the medians: a lucky round of a slow layout (0.5 s, its median 1.5 s)
+    ahead of the best in grid's order is no find, and the answers it read are rounds."""
+    def rounds_of(c):
+        t = synthetic_time(c)
+        return (0.5, t, 2 * t) if t > 0.5 else (0.45, 0.5, 0.55)
+
+    group = TableGroup("g", tuple(MeasuredRow(c, None, synthetic_time(c), 1000, "complete",
+                                              rounds_of(c)) for c in synthetic_candidates()))
+    on_medians = replay(GridStrategy(), group).trials_to_target
+    assert on_medians > 1
+    for seed in range(10):
+        run = replay(GridStrategy(), group, answer="one-round", seed=seed)
+        assert run.trials_to_target == on_medians
+        assert all(m.step_time_s in rounds_of(m.config) for m in run.history)
 
 
 # ---- baselines ---------------------------------------------------------------------------
@@ -339,3 +436,48 @@ def test_bench_replays_a_table_and_refuses_bad_input(tmp_path, capsys):
     bad = write_csv(tmp_path / "bad.csv", BIG, CSV_COLUMNS[1:])
     assert bench.main(["--table", str(bad)]) == 2
     assert "lacks column(s): # GPUs" in capsys.readouterr().err
+
+
+def test_bench_merges_repeats_and_answers_one_round(tmp_path, capsys):
+    bench = _bench()
+    configs = list(enumerate_configs(tiny(world=2)))[:9]
+    # Nine layouts, 1.0 … 1.8 s over two rounds each; the fastest measured twice more (1.3 s
+    # and 1.5 s: its median becomes 1.3, so the second layout, 1.1 s, is the best).
+    rows = [{"config": c.to_dict(), "step_time_s": 1.0 + 0.1 * i, "status": "complete",
+             "rounds": [0.95 + 0.1 * i, 1.05 + 0.1 * i]} for i, c in enumerate(configs)]
+    rows += [{"config": dataclasses.replace(configs[0], seed=s).to_dict(), "step_time_s": t,
+              "status": "complete", "rounds": [t, t]} for s, t in ((1, 1.3), (2, 1.5))]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"machine": {"cores": 2}, "rows": rows}))
+    assert bench.main(["--table", str(path), "--json", "--strategies", "grid"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["merged"]["rows"] == 2 and report["merged"]["configurations"] == 1
+    assert report["merged"]["per_table"] == {str(path): {"rows": 2, "configurations": 1}}
+    # Grid tries ZeRO 0 first, recomputation none (median now 1.3 s, not within 3% of the best
+    # 1.1 s), then selective (1.1 s): 2 trials. Taking the first repeat (1.0 s) would make it 1.
+    expected = 2
+    assert report["strategies"]["grid"]["trials"] == [expected]
+    assert bench.main(["--table", str(path), "--strategies", "grid"]) == 0
+    assert f"{path}: 2 rows repeated a configuration and were merged into 1" in (
+        capsys.readouterr().out)
+    # One round per trial: every strategy runs once per seed, the answer and seeds reported.
+    assert bench.main(["--table", str(path), "--json", "--strategies", "grid,deepspeed",
+                       "--answer", "one-round", "--seeds", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["answer"] == "one-round" and report["seeds"] == 2
+    assert report["strategies"]["grid"]["runs"] == 2
+    assert report["strategies"]["grid"]["trials"] == [expected] * 2  # judged by the medians
+    # What it cost is what the drawn rounds cost: seed s's draws, not the medians.
+    grid_first = MeasuredTable.load(path).rows[:expected]  # ZeRO 0: none, then selective
+    walls = []
+    for seed in range(2):
+        ex = TableExecutor(MeasuredTable.load(path), answer="one-round", seed=seed)
+        walls.append(sum(trial_wall_s(ex.run(r.config).step_time_s) for r in grid_first))
+    on_medians = sum(trial_wall_s(r.step_time_s) for r in grid_first)
+    assert report["strategies"]["grid"]["mean_wall_s"] == pytest.approx(statistics.fmean(walls))
+    assert statistics.fmean(walls) != pytest.approx(on_medians)
+    # A table without rounds is refused under one-round, in one line.
+    csv_path = write_csv(tmp_path / "t.csv", BIG)
+    assert bench.main(["--table", str(csv_path), "--answer", "one-round"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "keeps no rounds" in err[0] and "median" in err[0]
