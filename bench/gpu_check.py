@@ -1,23 +1,51 @@
-"""Validates the CUDA path on one machine with a GPU, in under 5 minutes.
+"""Validates the CUDA path on one machine with GPUs, in under 5 minutes.
 
-Checks, each a row of the table it prints:
+Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make: never
+counted as passed). What each row proves:
 
-1. single-rank trials of GPT-small on CUDA (NCCL backend) under every ZeRO stage the world size
-   allows (all four at world size 1: ZeroRedundancyOptimizer and FSDP2 wrap a single rank too),
-   and, with two or more GPUs, the same at world size 2 (dp 2); the losses of every stage agree
-   (ZeRO changes where states live, not the arithmetic);
-2. the CUDA allocator's memory by category (``runner.measure_memory``: parameters, gradients,
-   optimizer state, the rest of the peak, the peak) against the memory model's prediction for
-   CUDA (``autotune.memory``), within the tolerances of ``TOLERANCES``;
-3. the profiled step's CUDA timeline: kernel spans (category 'kernel') inside the step, and,
-   with more than one GPU, NCCL communication spans with their payload;
-4. a real out-of-memory: a search (``autotune search``, the CLI a user runs) of one
-   configuration whose activations the memory model puts at 1.5 × the device's memory, its
-   memory limit raised so that the screen lets it run; the trial must be stored
-   ``infeasible_measured`` with the CUDA out-of-memory error.
+At world size 1 (one GPU is enough):
 
-Exit status: 0 when every check passes, 1 when one fails, 2 when no CUDA device is visible (the
-only thing it can check on a CPU-only machine).
+- ``w1 ZeRO-0 trial``: a GPT-small trial ran on CUDA, with the NCCL backend, and the CUDA
+  allocator measured its memory (a trial that fell back to the CPU, gloo or the profiler's
+  memory figures fails it). Only ZeRO-0 runs: at dp 1 no stage shards or synchronises
+  anything (``autotune/parallel/zero.py``), so every stage is the same plain AdamW.
+- ``w1 ZeRO-0 memory <category>``: the allocator's bytes of parameters, gradients, optimizer
+  state, the rest of the peak and the peak against the memory model's CUDA prediction under
+  bf16-mixed, within ``TOLERANCES`` (fp32 parameters at rest where bf16 was meant read +100%,
+  AdamW on the bf16 model without its fp32 master copy −67% of the optimizer state).
+- ``w1 ZeRO-0 CUDA kernel spans``: the profiler captured CUDA kernels inside the profiled
+  step's window (CUPTI works and its clock lines up with the CPU ranges).
+- ``bf16-mixed fp32 master weights``: an in-process GPT-tiny trial on the GPU in bf16-mixed
+  makes the progress of the same trial in 32-true: the mean of its loss minus the fp32 loss over
+  the last half of ``MASTER_STEPS`` steps at ``MASTER_LR`` is within ``MASTER_ATOL``. At that
+  learning rate an AdamW update (≈ lr per step) is below half of bf16's spacing for every
+  weight larger than 256 × lr, so it survives only in an fp32 master copy.
+- ``negative control: bf16-true fails it``: the same check on the same trial in bf16-true (no
+  master copy) must FAIL; the row PASSes when it does. A PASS of the check there means it
+  cannot tell master weights from none (e.g. the model was never cast to bf16 on the GPU).
+- ``out of memory``: a real CUDA out-of-memory, through ``autotune search``, stored
+  ``infeasible_measured`` with ``OutOfMemoryError`` (``--skip-oom`` leaves it out).
+- ``w2 ZeRO-0..3 losses`` and ``w2 ZeRO-0..3 NCCL gradient payload``: SKIP with one GPU.
+
+At world size 2 (two or more GPUs visible), besides the rows above, each ZeRO stage 0-3 at
+dp 2:
+
+- ``w2 ZeRO-S trial``, ``memory <category>``, ``CUDA kernel spans``: as at world size 1, per stage
+  (ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 the parameters too).
+- ``w2 ZeRO-S NCCL gradient payload``: the bytes per step of the collective that synchronises
+  gradients, as the profiler measured them from the NCCL kernels (``profiler.bytes_per_step``
+  on each rank), equal within ``PAYLOAD_RTOL`` to what the layout implies, computed from the
+  model's shape (:func:`expected_gradient_sync`): DDP (ZeRO-0/1) all-reduces every gradient
+  once per step in the gradient dtype (bf16 under bf16-mixed), in buckets of ``bucket_mb``;
+  FSDP2 (ZeRO-2/3) reduce-scatters every gradient once per step in fp32 (its
+  ``reduce_dtype``). Payloads that read 0 or shift between collectives, a gradient in the wrong
+  dtype, a second sync, or steps counted twice fail it.
+- ``w2 ZeRO-S losses``: every stage's losses are finite and equal ZeRO-0's within
+  ``LOSS_RTOL`` (ZeRO changes where states live, not the arithmetic; a stage that trains a
+  different model — a gradient left out of the sync, a wrong shard — fails it).
+
+Exit status: 0 when no check fails (skipped ones included), 1 when one fails, 2 when no CUDA
+device is visible (the only thing it can check on a CPU-only machine).
 
 Usage (from the repo root)::
 
@@ -41,6 +69,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from enum import StrEnum  # noqa: E402
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 2
 TOLERANCES = {"parameters": 0.05, "gradients": 0.10, "optimizer_state": 0.10,
@@ -50,8 +79,31 @@ by the model (allocator blocks round to 512 bytes); the rest of the peak is the 
 estimate of activations, buffers and temporaries (docs/architecture.md gives its accuracy)."""
 LOSS_RTOL = 1e-3
 """Losses of two ZeRO stages agree within this (different reduction orders, same maths)."""
+PAYLOAD_RTOL = 0.05
+"""Largest |measured / expected − 1| of the gradient sync's bytes per step. The expectation is
+exact up to FSDP2's padding of each tensor's dim 0 to a multiple of dp (GPT-small at dp 2: one
+row of each 50257-row tensor, 1e-5); half the bytes, or the bytes of another dtype, are 50% or
+100% off."""
+MASTER_LR = 3e-5
+"""AdamW's learning rate in the master-weight check. Adam's first updates are ≈ lr per element;
+bf16 keeps 8 significant bits, so an update is lost without a master copy once |w| ≥ 2⁸ · lr
+≈ 7.7e-3: about 70% of GPT-tiny's N(0, 0.02) weights and all of its LayerNorm weights."""
+MASTER_STEPS = 32
+"""Steps of the master-weight check: lost updates add up, kept ones do not drift."""
+MASTER_ATOL = 1e-3
+"""Largest |mean of (loss − 32-true loss)| over the last half of the steps. Measured on CPU
+(GPT-tiny, seq 64, batch 4; ``tests/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its per-step
+differences, bf16-rounded matmul inputs, stay within ±4e-4 and average out), bf16-true 4e-3
+to 6e-3 (it falls further behind with every step)."""
 OOM_FACTOR = 1.5
 """The out-of-memory configuration's predicted peak, in device memories."""
+
+
+class Status(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+    """Not checked on this machine (e.g. a world-size-2 check with one GPU); never a pass."""
 
 
 @dataclass(frozen=True)
@@ -61,18 +113,36 @@ class Check:
     name: str
     expected: str
     measured: str
-    ok: bool
+    status: Status
+
+    @classmethod
+    def judged(cls, name: str, expected: str, measured: str, ok: bool) -> Check:
+        return cls(name, expected, measured, Status.PASS if ok else Status.FAIL)
+
+    @property
+    def failed(self) -> bool:
+        return self.status is Status.FAIL
 
 
 def format_table(checks: list[Check]) -> str:
-    """The checks as an aligned text table, with a PASS/FAIL column."""
+    """The checks as an aligned text table, with a PASS/FAIL/SKIP column."""
     header = ("check", "expected", "measured", "")
-    rows = [header] + [(c.name, c.expected, c.measured, "PASS" if c.ok else "FAIL")
-                       for c in checks]
+    rows = [header] + [(c.name, c.expected, c.measured, c.status.value) for c in checks]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def summary_line(checks: list[Check], seconds: float) -> str:
+    """'7 passed, 1 failed, 8 skipped of 16 checks in 212s': skips counted on their own."""
+    counts = {s: sum(1 for c in checks if c.status is s) for s in Status}
+    return (f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, "
+            f"{counts[Status.SKIP]} skipped of {len(checks)} checks in {seconds:.0f}s")
+
+
+def exit_status(checks: list[Check]) -> int:
+    return EXIT_FAILED if any(c.failed for c in checks) else 0
 
 
 def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
@@ -89,26 +159,71 @@ def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
     checks = []
     for category, tolerance in TOLERANCES.items():
         want, got = wanted[category], measured[category]
-        error = (got / want - 1) if want else (0.0 if got == 0 else math.inf)
-        checks.append(Check(f"{label} memory {category}",
-                            f"{_mib(want)} ±{tolerance:.0%}",
-                            f"{_mib(got)} ({error:+.1%})", abs(error) <= tolerance))
+        error = _relative_error(got, want)
+        checks.append(Check.judged(f"{label} memory {category}", f"{_mib(want)} ±{tolerance:.0%}",
+                                   f"{_mib(got)} ({error:+.1%})", abs(error) <= tolerance))
     return checks
 
 
-def timeline_checks(label: str, spans: list, world_size: int) -> list[Check]:
-    """Kernel spans inside the profiled steps, and NCCL spans where there are several ranks."""
+def kernel_check(label: str, spans: list) -> Check:
+    """CUDA kernel spans, some of them inside a profiled step."""
     steps = [s for s in spans if s.kind == "step"]
     kernels = [s for s in spans if s.category == "kernel"]
     inside = [k for k in kernels if any(
         st.start_ns <= k.start_ns <= st.start_ns + st.dur_ns for st in steps)]
-    checks = [Check(f"{label} CUDA kernel spans", "> 0, inside a profiled step",
-                    f"{len(kernels)} ({len(inside)} inside)", bool(kernels) and bool(inside))]
-    if world_size > 1:
-        comm = [s for s in spans if s.kind in ("comm", "p2p") and s.bytes > 0]
-        checks.append(Check(f"{label} NCCL spans", "> 0 with payload", str(len(comm)),
-                            bool(comm)))
-    return checks
+    return Check.judged(f"{label} CUDA kernel spans", "> 0, inside a profiled step",
+                        f"{len(kernels)} ({len(inside)} inside)", bool(kernels) and bool(inside))
+
+
+def expected_gradient_sync(config, device_type: str = "cuda") -> tuple[str, int]:
+    """(collective, bytes per optimizer step) that synchronise the gradients of a
+    data-parallel trial of a built-in model, from its shape, independently of the profiler.
+
+    ``autotune/parallel/zero.py``: ZeRO-0/1 are DDP (or, without overlap, the bucketed
+    all-reduce), whose buckets of ``bucket_mb`` are flat views of the gradients in their own
+    dtype — every gradient all-reduced once per step (``no_sync`` holds the sync back to the last
+    micro-batch), so the buckets' sizes add up to the gradient bytes whatever their count.
+    ZeRO-2/3 are FSDP2, which reduce-scatters each unit's gradients once per step, its input the
+    unsharded gradients in ``reduce_dtype`` (fp32 under mixed precision, ``mp_policy``). The
+    element sizes are the memory model's (``autotune.memory.state_bytes``) for the precision
+    the trial resolves to on ``device_type``."""
+    from autotune.memory import state_bytes
+
+    if config.tp_degree > 1 or config.pp_degree > 1 or config.dp_degree < 2:
+        raise ValueError("expected_gradient_sync covers pure data parallelism (dp ≥ 2, tp 1, "
+                         f"pp 1), not dp {config.dp_degree} × tp {config.tp_degree} × "
+                         f"pp {config.pp_degree}")
+    spec = config.workload
+    numel = spec.shape.num_params(spec.resolved_vocab_size)
+    fsdp = config.zero_stage >= 2
+    element = state_bytes(config.resolved_precision(device_type), fsdp=fsdp).gradient
+    return ("reduce_scatter" if fsdp else "all_reduce"), numel * element
+
+
+def payload_check(label: str, config, spans: list, device_type: str = "cuda") -> Check:
+    """Every rank's measured bytes per step of the gradient-sync collective
+    (``profiler.bytes_per_step`` of its spans, whatever their group) against
+    :func:`expected_gradient_sync`, within ``PAYLOAD_RTOL``; every rank of the trial must
+    have reported. The row shows the worst rank, and how many calls per step carried it."""
+    from profiler import bytes_per_step
+
+    name, want = expected_gradient_sync(config, device_type)
+    expected = f"{name} {_mib(want)}/step ±{PAYLOAD_RTOL:.0%} on each of {config.world_size}"
+    per_step = bytes_per_step(spans)
+    measured = {r: sum(v for (kind, op, _), v in per_step.get(r, {}).items()
+                       if kind == "comm" and op == name)
+                for r in sorted({s.rank for s in spans})}
+    if not measured:
+        return Check.judged(f"{label} NCCL gradient payload", expected, "no spans", False)
+    errors = {r: _relative_error(got, want) for r, got in measured.items()}
+    worst = max(errors, key=lambda r: abs(errors[r]))
+    calls = sum(1 for s in spans if s.rank == worst and s.kind == "comm" and s.name == name)
+    steps = len({s.step for s in spans if s.rank == worst and s.kind == "step"})
+    ok = len(measured) == config.world_size and all(abs(e) <= PAYLOAD_RTOL
+                                                    for e in errors.values())
+    return Check.judged(f"{label} NCCL gradient payload", expected,
+                        f"rank {worst}: {_mib(measured[worst])} in {calls / max(1, steps):g} "
+                        f"calls ({errors[worst]:+.1%}); {len(measured)} ranks", ok)
 
 
 def loss_checks(label: str, losses_by_stage: dict[int, list[float]]) -> list[Check]:
@@ -121,10 +236,129 @@ def loss_checks(label: str, losses_by_stage: dict[int, list[float]]) -> list[Che
         finite = all(math.isfinite(x) for x in losses)
         worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, base)),
                     default=0.0)
-        checks.append(Check(f"{label} ZeRO-{stage} losses", f"finite, = ZeRO-{stages[0]} "
-                            f"±{LOSS_RTOL:g}", f"{losses[-1]:.5f} (rel {worst:.1e})",
-                            finite and len(losses) == len(base) and worst <= LOSS_RTOL))
+        checks.append(Check.judged(
+            f"{label} ZeRO-{stage} losses", f"finite, = ZeRO-{stages[0]} ±{LOSS_RTOL:g}",
+            f"{losses[-1]:.5f} (rel {worst:.1e})",
+            finite and len(losses) == len(base) and worst <= LOSS_RTOL))
     return checks
+
+
+def skipped_multi_gpu_checks(num_gpus: int) -> list[Check]:
+    """The world-size-2 rows, SKIP: with fewer than two GPUs there is no dp 2 to run."""
+    why = f"SKIP: {num_gpus} GPU visible, needs 2"
+    rows = []
+    for stage in (0, 1, 2, 3):
+        rows.append(Check(f"w2 ZeRO-{stage} NCCL gradient payload", "dp 2, bytes the layout "
+                          "implies", f"{why} (no collective at world size 1)", Status.SKIP))
+    for stage in (0, 1, 2, 3):
+        rows.append(Check(f"w2 ZeRO-{stage} losses", f"finite, = ZeRO-0 ±{LOSS_RTOL:g} at dp 2",
+                          f"{why} (at world size 1 every stage is plain AdamW)", Status.SKIP))
+    return rows
+
+
+# ---- mixed precision keeps fp32 master weights -------------------------------------------------
+def master_weight_gap(losses: list[float], reference: list[float]) -> float:
+    """Mean of (loss − reference loss) over the last half of the steps (same batches, so the
+    batches' own differences cancel); NaN where the runs differ in length or diverged."""
+    if len(losses) != len(reference) or len(losses) < 2:
+        return math.nan
+    tail = range(len(losses) // 2, len(losses))
+    gap = sum(losses[i] - reference[i] for i in tail) / len(tail)
+    return gap if all(math.isfinite(x) for x in losses) else math.nan
+
+
+def master_weight_checks(losses: dict[str, list[float]]) -> list[Check]:
+    """The master-weight check on the bf16-mixed run, and its negative control on bf16-true:
+    ``losses`` holds each precision's losses ('32-true', 'bf16-mixed', 'bf16-true')."""
+    reference = losses["32-true"]
+    expected = (f"|mean Δloss vs 32-true| ≤ {MASTER_ATOL:g} over the last {MASTER_STEPS // 2} "
+                f"of {MASTER_STEPS} steps, lr {MASTER_LR:g}")
+    mixed = master_weight_gap(losses["bf16-mixed"], reference)
+    control = master_weight_gap(losses["bf16-true"], reference)
+    check_passes = abs(control) <= MASTER_ATOL  # NaN compares False: a diverged run fails
+    # A masterless run that diverged fails the check for another reason: it proves nothing
+    # about the check's power to tell master weights from none, so the control wants a number.
+    return [Check.judged("bf16-mixed fp32 master weights", expected, f"{mixed:+.1e}",
+                         abs(mixed) <= MASTER_ATOL),
+            Check.judged("negative control: bf16-true fails it",
+                         "the same check FAILs, on finite losses",
+                         f"{control:+.1e} (check {'PASS' if check_passes else 'FAIL'})",
+                         math.isfinite(control) and not check_passes)]
+
+
+def master_weight_config(precision: str, device: str):
+    """The in-process trial of the check: GPT-tiny at world size 1 (dp 1: plain AdamW, or
+    MasterWeightAdamW under mixed precision, ``parallel/precision.optimizer_class``)."""
+    from autotune.config import TrialConfig, WorkloadSpec
+
+    return TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
+                                             global_batch_size=4),
+                       world_size=1, micro_batch_size=4, device=device, precision=precision,
+                       activation_checkpointing="none")
+
+
+def _precision_losses(device: str, precisions: tuple[str, ...]) -> dict[str, list[float]]:
+    """In a fresh process: each precision's losses over MASTER_STEPS steps of
+    :func:`master_weight_config`, with the trial's own model, precision and optimizer class at
+    MASTER_LR (trials use ``zero.LEARNING_RATE``, 1e-3, where bf16's spacing loses only the
+    updates of weights ≥ 0.26: the LayerNorms'; the losses then differ by < 1e-4)."""
+    import torch
+    import torch.distributed as dist
+
+    from autotune.models.workload import build_workload
+    from autotune.parallel.mesh import build_mesh
+    from autotune.parallel.parallelize import parallelize
+    from autotune.parallel.precision import optimizer_class
+    from autotune.runner import Trainer, resolve_device
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    else:
+        torch.set_num_threads(1)  # GPT-tiny gains nothing from more; shared cores lose a lot
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        out = {}
+        for precision in precisions:
+            config = master_weight_config(precision, device)
+            where = resolve_device(config)
+            workload = build_workload(config.workload, attention=config.attention,
+                                      seed=config.seed)
+            pm = parallelize(workload, config, build_mesh(config, where.type), where)
+            params = [p for m in pm.parts for p in m.parameters()]
+            pm.dp.optimizer = optimizer_class(config)(params, lr=MASTER_LR, weight_decay=0.0)
+            trainer = Trainer(pm, workload, where)
+            for step in range(MASTER_STEPS):
+                trainer.step(step)
+            out[precision] = trainer.losses()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def precision_losses(device: str) -> dict[str, list[float]]:
+    """:func:`_precision_losses` for 32-true, bf16-mixed and bf16-true, in a spawned process
+    (its world-size-1 process group and device mesh end with it)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_precision_losses, device,
+                           ("32-true", "bf16-mixed", "bf16-true")).result()
+
+
+def precision_checks(device: str) -> list[Check]:
+    try:
+        return master_weight_checks(precision_losses(device))
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        why = f"{type(e).__name__}: {e}"[:120]
+        return [Check.judged("bf16-mixed fp32 master weights", "the check runs", why, False),
+                Check.judged("negative control: bf16-true fails it", "the check runs", why,
+                             False)]
+
+
+def _relative_error(got: float, want: float) -> float:
+    return (got / want - 1) if want else (0.0 if got == 0 else math.inf)
 
 
 def _mib(n: float) -> str:
@@ -142,8 +376,19 @@ def base_config(world_size: int):
                        num_timed_steps=2, num_profiled_steps=1)
 
 
-def trial_checks(world_size: int, timeout_s: float) -> list[Check]:
-    """Every ZeRO stage at this world size, on one local Ray cluster."""
+def trial_plan(num_gpus: int) -> list[tuple[int, tuple[int, ...]]]:
+    """(world size, ZeRO stages) of the Ray trials to run: at world size 1 stage 0 only (at
+    dp 1 every stage is the same plain AdamW, ``parallel/zero.apply_zero``); with two GPUs or
+    more, all four stages at dp 2, where they shard and synchronise."""
+    plan = [(1, (0,))]
+    if num_gpus >= 2:
+        plan.append((2, (0, 1, 2, 3)))
+    return plan
+
+
+def trial_checks(world_size: int, stages: tuple[int, ...], timeout_s: float) -> list[Check]:
+    """These ZeRO stages at this world size, on one local Ray cluster; with more than one rank
+    the gradient sync's payload per stage and the stages' losses against each other."""
     from autotune.errors import AutotuneError
     from autotune.executor import ExecutorSettings, RayExecutor
     from autotune.memory import estimate_all_stages
@@ -151,29 +396,33 @@ def trial_checks(world_size: int, timeout_s: float) -> list[Check]:
     label = f"w{world_size}"
     checks, losses = [], {}
     with RayExecutor(ExecutorSettings(trial_timeout_s=timeout_s)) as executor:
-        for stage in (0, 1, 2, 3):
+        for stage in stages:
             config = dataclasses.replace(base_config(world_size), zero_stage=stage)
             name = f"{label} ZeRO-{stage}"
             start = time.monotonic()
             try:
                 result = executor.run(config)
             except AutotuneError as e:
-                checks.append(Check(f"{name} trial", "completes on CUDA", str(e)[:120], False))
+                checks.append(Check.judged(f"{name} trial", "completes on CUDA", str(e)[:120],
+                                           False))
                 continue
             rank0 = result.ranks[0]
             on_cuda = (rank0.device.startswith("cuda") and rank0.backend == "nccl"
                        and rank0.memory.source == "cuda_allocator")
-            checks.append(Check(f"{name} trial", "cuda, nccl, cuda_allocator",
-                                f"{rank0.device}, {rank0.backend}, {rank0.memory.source}, "
-                                f"{result.step_time_s * 1e3:.1f} ms/step, "
-                                f"{time.monotonic() - start:.0f}s", on_cuda))
+            checks.append(Check.judged(f"{name} trial", "cuda, nccl, cuda_allocator",
+                                       f"{rank0.device}, {rank0.backend}, "
+                                       f"{rank0.memory.source}, "
+                                       f"{result.step_time_s * 1e3:.1f} ms/step, "
+                                       f"{time.monotonic() - start:.0f}s", on_cuda))
             predicted = estimate_all_stages(config, device_type="cuda")[0]
             checks += memory_checks(name, dataclasses.asdict(rank0.memory),
                                     dataclasses.asdict(predicted))
-            checks += timeline_checks(name, [s for r in result.ranks for s in r.spans],
-                                      world_size)
+            spans = [s for r in result.ranks for s in r.spans]
+            checks.append(kernel_check(name, spans))
+            if world_size > 1:
+                checks.append(payload_check(name, config, spans))
             losses[stage] = result.losses
-    if losses:
+    if len(stages) > 1 and losses:
         checks += loss_checks(label, losses)
     return checks
 
@@ -217,14 +466,14 @@ def oom_check(device_bytes: int, timeout_s: float) -> Check:
             with Database.open(url, create=False) as database:
                 trials = database.list_trials(database.list_studies()[0].id)
         except Exception as e:  # noqa: BLE001 - reported in the table
-            return Check("out of memory", "infeasible_measured", f"no study stored: {e}; "
-                         f"{proc.stderr.strip().splitlines()[-1:]}", False)
+            return Check.judged("out of memory", "infeasible_measured", f"no study stored: {e}; "
+                                f"{proc.stderr.strip().splitlines()[-1:]}", False)
     trial = trials[0] if trials else None
     status = trial.status if trial else "nothing stored"
     error = (trial.error or "") if trial else ""
     ok = status == "infeasible_measured" and "OutOfMemoryError" in error
-    return Check(f"out of memory (micro-batch {batch})", "infeasible_measured, "
-                 "OutOfMemoryError", f"{status}: {error[:80]}", ok)
+    return Check.judged(f"out of memory (micro-batch {batch})", "infeasible_measured, "
+                        "OutOfMemoryError", f"{status}: {error[:80]}", ok)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,16 +494,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{num_gpus} × {props.name}, {props.total_memory / 2**30:.0f} GiB; torch "
           f"{torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     start = time.monotonic()
-    checks = trial_checks(1, args.timeout)
-    if num_gpus >= 2:
-        checks += trial_checks(2, args.timeout)
+    checks = []
+    for world_size, stages in trial_plan(num_gpus):
+        checks += trial_checks(world_size, stages, args.timeout)
+    if num_gpus < 2:
+        checks += skipped_multi_gpu_checks(num_gpus)
+    checks += precision_checks("cuda")
     if not args.skip_oom:
         checks.append(oom_check(props.total_memory, args.timeout))
     print(format_table(checks))
-    failed = [c for c in checks if not c.ok]
-    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed in "
-          f"{time.monotonic() - start:.0f}s")
-    return EXIT_FAILED if failed else 0
+    print(summary_line(checks, time.monotonic() - start))
+    return exit_status(checks)
 
 
 if __name__ == "__main__":
