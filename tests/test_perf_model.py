@@ -30,7 +30,8 @@ from autotune.perf_model import (
     stage_boundaries,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "a100-megatron"
+A100_DATA = Path(__file__).resolve().parent / "data" / "a100-megatron"
+"""The nccl-tests curve of the shared A100 data set, copied with its licence (data/README.md)."""
 GB = 1e9
 
 
@@ -61,12 +62,38 @@ def config(**kw) -> TrialConfig:
     return TrialConfig(workload=workload, **{"world_size": 8, "overlap_enabled": False, **kw})
 
 
-def test_breakdown_adds_up_to_the_step_time():
-    est = predict_step_time(config(tp_degree=2, pp_degree=2, micro_batch_size=1), flat_cluster(),
-                            Calibration(), shape=SHAPE)
+def test_each_term_of_a_tp_dp_layout_is_its_formula():
+    """tp 2 × dp 2, two micro-batches of 1 × 512 tokens, Megatron's engine, nothing but FLOPs
+    and bytes (PURE, 16 optimizer bytes per parameter), fp16 (2 bytes), links at 100 GB/s:
+    - compute: 3 passes × (8 layers × (24bsh² + 4bs²h) / tp + the vocabulary-parallel head's
+      2bsh·V / tp) at peak × 0.5 (Narayanan et al. 2021), per micro-batch;
+    - tp: per layer 2 all-reduces forward and 2 backward of b·s·h activations (Shoeybi et al.
+      2019 §3), + the embedding's, each 2(n−1)/n · S / busbw at n = 2;
+    - dp: one all-reduce of the rank's fp16 gradients after the backward: 8 layers ×
+      (12h² + 4h) / tp + embedding V·h / tp + 1024 positions × h + head V·h / tp + 2h;
+    - optimizer: 16 bytes × those parameters / 1000 GB/s; pipeline and overheads nothing."""
+    b, s, h, layers, vocab, tp, m, e = 1, 512, 1024, 8, 8, 2, 2, 2
+    cal = dataclasses.replace(PURE, optimizer_bytes_per_param=16.0)
+    est = predict_step_time(config(world_size=4, tp_degree=tp, micro_batch_size=b,
+                                   global_batch=4, activation_checkpointing="none"),
+                            flat_cluster(per_node=4, bw=100.0), cal, shape=SHAPE,
+                            engine=MEGATRON_ENGINE)
+    rate = 100e12 * 0.5
+    compute = m * 3 * (layers * (24 * b * s * h * h + 4 * b * s * s * h) / tp
+                       + 2 * b * s * h * vocab / tp) / rate
+    all_reduce = 2 * (tp - 1) / tp * (b * s * h * e) / (100 * GB)
+    tp_comm = m * (layers * 4 + 1) * all_reduce
+    params = layers * (12 * h * h + 4 * h) / tp + (vocab * h / tp + 1024 * h) + (
+        vocab * h / tp + 2 * h)
+    dp_comm = 2 * 1 / 2 * params * e / (100 * GB)
+    optimizer = 16 * params / (1000 * GB)
+    expected = {"compute": compute, "tp_comm": tp_comm, "pp_p2p": 0.0, "pp_bubble": 0.0,
+                "dp_comm": dp_comm, "optimizer": optimizer, "overhead": 0.0}
     assert set(est.breakdown) == set(TERMS)
-    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
-    assert est.tokens_per_s == pytest.approx(8 * 512 / est.step_time_s)
+    for term, value in expected.items():
+        assert est.breakdown[term] == pytest.approx(value, rel=1e-6, abs=1e-12), term
+    assert est.step_time_s == pytest.approx(sum(expected.values()), rel=1e-6)
+    assert est.tokens_per_s == pytest.approx(4 * 512 / sum(expected.values()), rel=1e-6)
 
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 4), (4, 16), (8, 8)])
@@ -356,7 +383,7 @@ def test_calibration_refuses_no_samples():
 def test_a100_megatron_cluster_carries_the_nccl_tests_curves():
     cluster = load_cluster("a100-megatron")
     assert (cluster.num_nodes, cluster.devices_per_node) == (1, 8)
-    points = read_nccl_tests(SHARED / "allreduce" / "a100_8gpu.csv")
+    points = read_nccl_tests(A100_DATA / "allreduce" / "a100_8gpu.csv")
     size, busbw = points[-1]  # 1 GiB
     assert cluster.intra_node.busbw(size, 8) == pytest.approx(busbw * GB)
     size, busbw = points[0]  # 1 MiB
@@ -411,3 +438,62 @@ def test_bad_cluster_files_are_one_clear_error(tmp_path, text, message):
 def test_unknown_cluster_name_lists_the_choices():
     with pytest.raises(ConfigError, match="unknown cluster 'dgx-9000'.*a100-sxm4-80gb"):
         load_cluster("dgx-9000")
+
+
+# ---- bench/perf_model_accuracy.py -----------------------------------------------------------
+def _accuracy_bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "perf_model_accuracy.py"
+    spec = importlib.util.spec_from_file_location("perf_model_accuracy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_accuracy_bench_can_describe_overlapped_runs():
+    """The table's code synced gradients after the backward (the default); --overlap says its
+    runs overlapped them, and the rows become configs with overlap on."""
+    bench = _accuracy_bench()
+    parse = bench.build_parser().parse_args
+    assert bench.training_of(parse([])).overlap_enabled is False
+    assert bench.training_of(parse(["--overlap"])).overlap_enabled is True
+    assert bench.training_of(parse(["--overlap", "--no-overlap"])).overlap_enabled is False
+
+
+def test_the_held_out_shape_split_predicts_only_shapes_it_never_measured(tmp_path):
+    """16 rows in the shared CSV format: h 1024/2048 × micro-batch 1/2 × tp 1/2 × dp 1/2, so 8
+    layer shapes (h, tokens per micro-batch, tp). Two folds: each fold's shapes are held out
+    whole, no calibrating row has a predicted row's shape, the folds cover every row once, and
+    every neighbour of a held-out shape (one step in h, micro-batch or tp) calibrates, as in a
+    checkerboard (sorted keys taken alternately would hold out all of tp 1 instead). The
+    calibration has as many rows as the plain split (16 / --every 4)."""
+    bench = _accuracy_bench()
+    table = tmp_path / "table.csv"
+    lines = [",".join(bench.COLUMNS)]
+    for h in (1024, 2048):
+        for mb in (1, 2):
+            for tp in (1, 2):
+                for dp in (1, 2):
+                    lines.append(f"{tp * dp},8,{mb},{h},16,12,1024,{tp},{dp},1,{100 + h / 64}")
+    table.write_text("\n".join(lines) + "\n")
+    args = bench.build_parser().parse_args([])
+
+    def shapes_of(path):
+        return [bench.shape_of(r, args)[0] for r in bench.read_table(str(path))]
+
+    predicted_rows = []
+    for fold in (0, 1):
+        out = tmp_path / f"fold{fold}"
+        assert bench.main(["--split", str(table), "--hold-out-shapes", "2", "--offset",
+                           str(fold), "--every", "4", "--out", str(out)]) == 0
+        calibrating, predicted = shapes_of(out / "calibrate.csv"), shapes_of(out / "predict.csv")
+        assert len(calibrating) == 4 and len(predicted) == 8
+        assert not set(calibrating) & set(predicted)
+        held = {(block[0], tokens, tp) for block, tokens, tp in predicted}
+        assert len(held) == 4
+        for h, tokens, tp in held:
+            for neighbour in ((3072 - h, tokens, tp), (h, 3072 - tokens, tp), (h, tokens, 3 - tp)):
+                assert neighbour not in held
+        predicted_rows += (out / "predict.csv").read_text().splitlines()[1:]
+    assert sorted(predicted_rows) == sorted(lines[1:])
