@@ -8,13 +8,32 @@
     profiler.breakdown(spans)               # compute / comm / overlap / exposed / idle
 
 What becomes a span:
-- **step**: each ``rec.step(i)`` block (a ``record_function`` range);
-- **compute**: CPU ``aten::*`` ops (and CUDA kernels other than NCCL's), with the category of the
-  innermost ``rec.phase(...)`` range around them (forward / backward / optimizer / pipeline);
+- **step**: each ``rec.step(i)`` block (a ``record_function`` range), from CPU events only;
+- **compute**: on CPU, ``aten::*`` ops, with the category of the innermost ``rec.phase(...)``
+  range around them (forward / backward / optimizer / pipeline). On CUDA (the events hold CUDA
+  kernels), the kernels other than NCCL's, category ``kernel``, and no CPU op at all: an aten
+  op's CPU time there is dispatch and launch, and counting it as compute would hide
+  communication that nothing on the GPU overlaps;
 - **comm / p2p**: on CPU the ``gloo:*`` events of gloo's worker threads (the communication
   itself, not its launch), paired in order with their ``c10d::*`` / ``_c10d_functional::*``
   launch on the calling thread for the collective's name and its full payload; on CUDA the NCCL
-  kernels, with payload from the profiler's ``record_param_comms`` records.
+  kernels, with payload from the profiler's ``record_param_comms`` record of that collective.
+
+CUDA rules, as torch 2.13 reports the events (``prof.profiler.kineto_results.events()``):
+- ``record_function`` ranges come twice: a CPU ``user_annotation`` and a ``gpu_user_annotation``
+  (``device_type`` CUDA) of the same name. Steps, phases and every CPU-side rule read CPU events
+  only; of the device events only ``activity_type() == "kernel"`` becomes a span (memcpy,
+  memset, syncs and GPU annotations do not).
+- An NCCL kernel's ``linked_correlation_id()`` is the ``correlation_id()`` of the CPU op that
+  launched it: the ``record_param_comms`` record that ProcessGroupNCCL opens around the launch
+  (``RECORD_PARAM_COMMS_DATA``), or an op that holds it. Its ``extra_meta()`` carries the
+  collective (``"Collective name"``, ``"Seq"``, ``"In msg nelems"``, ``"Out msg nelems"``,
+  ``"dtype"``, as ``torch/csrc/profiler/util.cpp`` ``saveNcclMeta`` writes them); the payload is
+  max(in, out) elements of that dtype (all-gather's output, reduce-scatter's input). The work's
+  ``wait()`` opens a record of its own, collective ``"wait"``, no tensors, the same ``Seq``: a
+  kernel only takes a record of its own collective, so waits are skipped. A kernel with no
+  linked record takes the first unclaimed record of its collective in launch order (within a
+  process group, ``Seq`` order).
 
 Gloo events carry no process-group name, so a caller may pass ``group_of(launch_name)`` that
 names the group from the launching API (see ``autotune.runner`` for the mapping it uses).
@@ -121,15 +140,16 @@ def record(*, rank: int = 0, clock_offset_ns: int = 0,
 def spans_from_events(events, rec: Recorder) -> list[Span]:
     events = sorted(events, key=lambda e: e.start_ns())
     offset = rec.clock_offset_ns
+    kernels = [e for e in events if _is_kernel(e)]
+    cpu = [e for e in events if e.device_type() == DeviceType.CPU]
     steps: list[tuple[int, int, int]] = []  # (start, end, index)
     phases: dict[int, list[tuple[int, int, str]]] = {}  # thread → ranges
     autograd: dict[int, list[tuple[int, int]]] = {}  # thread → backward-node ranges
     launches: list = []
     gloo: list = []
     compute: list = []
-    kernels: list = []
     param_comms: list = []
-    for e in events:
+    for e in cpu:
         name = e.name()
         start, end = e.start_ns(), e.start_ns() + e.duration_ns()
         if name.startswith(STEP_PREFIX):
@@ -145,9 +165,7 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
             launches.append(e)
         elif name == "record_param_comms":
             param_comms.append(e)
-        elif e.device_type() == DeviceType.CUDA:
-            kernels.append(e)
-        elif name.startswith("aten::"):
+        elif name.startswith("aten::") and not kernels:  # on CUDA, compute is kernels only
             compute.append(e)
 
     def step_of(t: int) -> int:
@@ -176,10 +194,16 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
         spans.append(Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category(e),
                           e.start_ns() - offset, e.duration_ns()))
     spans += _gloo_spans(gloo, launches, rec, step_of)
-    for e in kernels:
-        spans.append(_kernel_span(e, param_comms, rec, step_of))
+    if kernels:
+        records = _CommRecords(param_comms, cpu)
+        spans += [_kernel_span(e, records, rec, step_of) for e in kernels]
     spans.sort(key=lambda s: s.start_ns)
     return spans
+
+
+def _is_kernel(e) -> bool:
+    """A CUDA kernel; not a GPU-side annotation, memcpy, memset or sync (also device CUDA)."""
+    return e.device_type() == DeviceType.CUDA and e.activity_type() == "kernel"
 
 
 def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span]:
@@ -231,23 +255,92 @@ _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 _NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather",
                "reducescatter": "reduce_scatter", "broadcast": "broadcast", "sendrecv": "send",
                "send": "send", "recv": "recv", "alltoall": "all_to_all", "reduce": "reduce"}
+# Bytes per element by c10::toString(ScalarType), the "dtype" of a record's extra_meta
+# (c10/core/ScalarType.h).
+_SCALAR_TYPE_SIZE = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4,
+                     "Short": 2, "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1,
+                     "Float8_e5m2": 1, "ComplexFloat": 8, "ComplexDouble": 16}
 
 
-def _kernel_span(e, param_comms: list, rec: Recorder, step_of) -> Span:
+def _meta(record, key: str) -> str | None:
+    """One value of a record's NCCL metadata; saveNcclMeta writes strings JSON-quoted."""
+    value = record.extra_meta().get(key)
+    return value.strip('"') if value is not None else None
+
+
+def _record_collective(record) -> str:
+    """'allreduce', '_allgather_base', 'wait', …; '' when the record has no metadata."""
+    return _meta(record, "Collective name") or ""
+
+
+def _record_payload(record) -> int:
+    """Bytes of the collective: max(in, out) elements (an all-gather's output, a
+    reduce-scatter's input) of the record's dtype; else its first tensor input's bytes."""
+    nelems = [_meta(record, k) for k in ("In msg nelems", "Out msg nelems")]
+    dtype = _meta(record, "dtype")
+    if dtype in _SCALAR_TYPE_SIZE and any(n is not None for n in nelems):
+        return max(int(n) for n in nelems if n is not None) * _SCALAR_TYPE_SIZE[dtype]
+    return _payload(record)
+
+
+def _family(name: str) -> str:
+    """A collective's name as a record ('_allgather_base') or a kernel ('AllGather') spells it:
+    'allgather'."""
+    name = name.lower().replace("_", "")
+    for suffix in ("base", "coalesced", "intotensor", "tensor"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+class _CommRecords:
+    """The collectives' ``record_param_comms`` records, claimed by NCCL kernels.
+
+    A kernel's candidates are the unclaimed records of its own collective, so a ``wait`` record
+    (collective "wait", no tensors) is never one. Of those it takes the record it is linked to
+    (``linked_correlation_id``) or one inside the CPU op it is linked to; failing both, the first
+    in launch order."""
+
+    def __init__(self, records: list, cpu_events: list):
+        self.unclaimed = list(records)
+        self.by_id = {e.correlation_id(): e for e in cpu_events}
+
+    def claim(self, kernel, family: str):
+        families = _KERNEL_FAMILIES.get(family, {family})
+        candidates = [r for r in self.unclaimed if _family(_record_collective(r)) in families]
+        link = kernel.linked_correlation_id()  # 0: none
+        linked = self.by_id.get(link) if link else None
+        record = None
+        if linked is not None:
+            end = linked.start_ns() + linked.duration_ns()
+            record = next((r for r in candidates if r.correlation_id() == link or (
+                r.start_thread_id() == linked.start_thread_id()
+                and linked.start_ns() <= r.start_ns() < end)), None)
+        if record is None and candidates:
+            record = candidates[0]
+        if record is not None:
+            self.unclaimed.remove(record)
+        return record
+
+
+# NCCL kernel → the record collectives it runs ('SendRecv' runs send, recv and all-to-all).
+_KERNEL_FAMILIES = {"sendrecv": {"send", "recv", "alltoall"}}
+
+
+def _kernel_span(e, records: _CommRecords, rec: Recorder, step_of) -> Span:
     """A CUDA kernel: NCCL's are communication (payload from record_param_comms), others compute.
 
-    Not exercised on CPU-only machines; the NCCL kernel names follow NCCL ≥ 2.19
+    Not exercised on CPU-only machines (tests/profiler/test_capture_cuda.py runs the rules on
+    events shaped as torch 2.13 emits them); the NCCL kernel names follow NCCL ≥ 2.19
     (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``)."""
     m = _NCCL_KERNEL.search(e.name())
     start = e.start_ns() - rec.clock_offset_ns
     if not m:
         return Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), "kernel", start,
                     e.duration_ns())
-    name = _NCCL_NAMES.get(m.group(1).lower(), m.group(1).lower())
-    payload = 0
-    if param_comms:
-        record = param_comms.pop(0)
-        payload = _payload(record)
+    family = m.group(1).lower()
+    name = _NCCL_NAMES.get(family, family)
+    record = records.claim(e, family)
+    payload = _record_payload(record) if record is not None else 0
     kind = P2P if name in ("send", "recv") else COMM
     return Span(rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(),
                 payload)

@@ -1,0 +1,241 @@
+"""The CUDA rules of ``profiler.capture.spans_from_events``, on event lists shaped as torch 2.13
+emits them on a GPU (no GPU here), with answers worked out by hand in the comments.
+
+Where the shape comes from:
+- the methods: those of ``torch._C._autograd._KinetoEvent`` (``kineto_results.events()``), as
+  listed on real CPU events of torch 2.13 here; ``test_fake_event_methods_are_kineto_event_methods``
+  checks each one the fake has against the real class;
+- ``activity_type()`` strings: kineto's ``ActivityType.cpp`` ("cpu_op", "user_annotation",
+  "gpu_user_annotation", "kernel"); ``device_type()``: ``deviceTypeFromActivity`` in
+  ``torch/csrc/profiler/kineto_shim.cpp`` (kernels and GPU annotations are CUDA, CPU ops and
+  annotations CPU). A ``record_function`` range on a CUDA run comes out twice: a CPU
+  ``user_annotation`` and a ``gpu_user_annotation`` of the same name;
+- ``linked_correlation_id()`` of a kernel: the ``correlation_id()`` of the CPU op that launched
+  it (``profiler_kineto.cpp``: ``linked_activity_`` → ``correlationID()``); torch 2.13's own
+  chrome-trace writer (``torch/profiler/_chrome_trace_export.py``) copies a kernel's
+  ``record_param_comms`` metadata through that link;
+- ``record_param_comms``: ``RECORD_PARAM_COMMS_DATA`` in torch 2.13's
+  ``torch/csrc/distributed/c10d/ParamCommsUtils.hpp`` (inputs: the tensors, then seq, pg name,
+  rank, collective name, splits, rank start/stride, world size, async); ProcessGroupNCCL passes an
+  all-reduce's tensors as a TensorList, so ``shapes()`` holds no sizes for it. ``extra_meta()``:
+  ``saveNcclMeta`` in ``torch/csrc/profiler/util.cpp`` (keys of ``util.h``, strings JSON-quoted,
+  dtype as ``c10::toString``: "Float", "BFloat16"). ``WorkNCCL::wait`` opens
+  ``RECORD_PARAM_COMMS`` with collective "wait", 0 elements, ``kByte`` and the collective's seq.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+from profiler import COMM, COMPUTE, STEP, rank_breakdown
+from profiler.capture import Recorder, spans_from_events
+
+MAIN, STREAM, NCCL_STREAM = 1, 7, 13  # CPU thread id; compute and NCCL stream ids
+
+
+@dataclass
+class FakeEvent:
+    """One ``_KinetoEvent``: only the methods ``spans_from_events`` calls."""
+
+    _name: str
+    _start: int
+    _end: int
+    _device: DeviceType = DeviceType.CPU
+    _activity: str = "cpu_op"
+    _thread: int = MAIN
+    _correlation: int = 0
+    _linked: int = 0
+    _shapes: list = field(default_factory=list)
+    _dtypes: list = field(default_factory=list)
+    _meta: dict = field(default_factory=dict)
+
+    def name(self): return self._name
+    def start_ns(self): return self._start
+    def duration_ns(self): return self._end - self._start
+    def device_type(self): return self._device
+    def activity_type(self): return self._activity
+    def start_thread_id(self): return self._thread
+    def correlation_id(self): return self._correlation
+    def linked_correlation_id(self): return self._linked
+    def shapes(self): return self._shapes
+    def dtypes(self): return self._dtypes
+    def extra_meta(self): return self._meta
+
+
+def cpu_op(name, start, end, correlation=0):
+    return FakeEvent(name, start, end, _correlation=correlation)
+
+
+def cpu_range(name, start, end, correlation=0):
+    """A ``record_function`` range, CPU side."""
+    return FakeEvent(name, start, end, _activity="user_annotation", _correlation=correlation)
+
+
+def gpu_range(name, start, end):
+    """The same range, GPU side."""
+    return FakeEvent(name, start, end, DeviceType.CUDA, "gpu_user_annotation", STREAM)
+
+
+def kernel(name, start, end, linked=0, stream=STREAM):
+    return FakeEvent(name, start, end, DeviceType.CUDA, "kernel", stream, _linked=linked)
+
+
+GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute"
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _nccl_meta(collective, seq, in_nelems, out_nelems, dtype):
+    return {"Collective name": f'"{collective}"', "dtype": f'"{dtype}"',
+            "In msg nelems": str(in_nelems), "Out msg nelems": str(out_nelems),
+            "In split size": '"[]"', "Out split size": '"[]"', "Global rank start": "0",
+            "Global rank stride": "1", "Group size": "2", "Process Group Name": '"0"',
+            "Process Group Description": '"default_pg"', "Process Group Ranks": '"[0, 1]"',
+            "Rank": "0", "Seq": str(seq), "Is asynchronized op": "1"}
+
+
+def record(start, end, correlation, collective, seq, nelems, dtype, out_nelems=None,
+           tensor_shape=None):
+    """A collective's record: a TensorList first input (no sizes), unless ``tensor_shape`` (a
+    single-tensor input, as ``_allgather_base`` passes)."""
+    first = ([tensor_shape], [dtype.lower()]) if tensor_shape else ([[]], ["TensorList"])
+    rest_dtypes = ["", "", "Scalar", "", "ScalarList", "ScalarList", "Scalar", "Scalar",
+                   "Scalar", "Scalar"]
+    return FakeEvent("record_param_comms", start, end, _correlation=correlation,
+                     _shapes=first[0] + [[]] * len(rest_dtypes),
+                     _dtypes=first[1] + rest_dtypes,
+                     _meta=_nccl_meta(collective, seq, nelems,
+                                      nelems if out_nelems is None else out_nelems, dtype))
+
+
+def wait(start, end, correlation, seq):
+    """``work.wait()``'s own record: collective 'wait', no tensors, the collective's seq."""
+    dtypes = ["", "", "Scalar", "", "ScalarList", "ScalarList", "Scalar", "Scalar", "Scalar"]
+    return FakeEvent("record_param_comms", start, end, _correlation=correlation,
+                     _shapes=[[]] * len(dtypes), _dtypes=dtypes,
+                     _meta=_nccl_meta("wait", seq, 0, 0, "Byte"))
+
+
+def _spans(events):
+    return spans_from_events(events, Recorder(rank=0))
+
+
+def test_fake_event_methods_are_kineto_event_methods():
+    """Every method the fake offers exists on torch 2.13's real event class."""
+    methods = [m for m in vars(FakeEvent) if not m.startswith("_") and callable(vars(FakeEvent)[m])]
+    assert len(methods) == 11
+    missing = [m for m in methods if not hasattr(torch._C._autograd._KinetoEvent, m)]
+    assert missing == []
+
+
+def test_gpu_annotations_do_not_double_steps():
+    # Two steps, each a CPU range and its GPU twin (plus a phase range and its twin).
+    events = []
+    for index, (start, end) in enumerate([(0, 1000), (1000, 2000)]):
+        events += [cpu_range(f"profiler::step#{index}", start, end),
+                   gpu_range(f"profiler::step#{index}", start + 100, end - 50),
+                   cpu_range("profiler::forward", start + 10, start + 400),
+                   gpu_range("profiler::forward", start + 150, start + 500),
+                   cpu_op("aten::mm", start + 20, start + 120, correlation=10 + index),
+                   kernel(GEMM, start + 150, start + 450, linked=10 + index)]
+    spans = _spans(events)
+    steps = [(s.step, s.start_ns, s.end_ns) for s in spans if s.kind == STEP]
+    assert steps == [(0, 0, 1000), (1, 1000, 2000)]
+    b = rank_breakdown(spans, 0)
+    assert (b.num_steps, b.window_ns, b.compute_ns) == (2, 2000, 600)  # kernels 2 × 300
+
+
+def _overlap_timeline():
+    """One step [0, 1000). The CPU dispatches mm [100, 300), add [450, 780) and mul
+    [460, 560); their kernels run at [300, 500), [800, 900) and, on a second stream,
+    [600, 700). The all-reduce's kernel runs [500, 800) on NCCL's stream."""
+    return [cpu_range("profiler::step#0", 0, 1000, correlation=1),
+            gpu_range("profiler::step#0", 300, 900),
+            cpu_op("aten::mm", 100, 300, correlation=11),
+            cpu_op("aten::add", 450, 780, correlation=12),
+            cpu_op("aten::mul", 460, 560, correlation=13),
+            cpu_op("c10d::allreduce_", 465, 495, correlation=20),
+            record(470, 490, 21, "allreduce", seq=1, nelems=1000, dtype="Float"),
+            kernel(GEMM, 300, 500, linked=11),
+            kernel(ELEMENTWISE, 800, 900, linked=12),
+            kernel(ELEMENTWISE, 600, 700, linked=13, stream=STREAM + 1),
+            kernel(ALL_REDUCE, 500, 800, linked=21, stream=NCCL_STREAM)]
+
+
+def test_on_cuda_compute_is_kernels_and_exposed_comm_is_against_them():
+    # compute = [300,500) ∪ [600,700) ∪ [800,900) = 400; comm = [500,800) = 300
+    # overlap = comm ∩ compute = [600,700) = 100 → exposed 200; idle = 1000 - (400+300-100) = 400
+    # (Counting the aten ops too: compute [100,780) ∪ [800,900) = 780, overlap [500,780) = 280,
+    # exposed only 20: the all-reduce would look hidden behind CPU dispatch.)
+    spans = _spans(_overlap_timeline())
+    compute = [s for s in spans if s.kind == COMPUTE]
+    assert sorted(s.name for s in compute) == sorted([GEMM, ELEMENTWISE, ELEMENTWISE])
+    assert not any(s.name.startswith("aten::") for s in spans)
+    b = rank_breakdown(spans, 0)
+    assert (b.window_ns, b.compute_ns, b.comm_ns) == (1000, 400, 300)
+    assert (b.overlap_ns, b.exposed_comm_ns, b.idle_ns) == (100, 200, 400)
+    (comm,) = [s for s in spans if s.kind == COMM]
+    assert (comm.name, comm.bytes) == ("all_reduce", 4000)  # 1000 float elements
+
+
+def test_without_kernels_aten_ops_stay_compute():
+    # The CPU path (gloo) as before: the same CPU events, no device events.
+    # compute = [100,300) ∪ [450,780) ∪ [460,560) = 200 + 330 = 530
+    events = [e for e in _overlap_timeline() if e.device_type() == DeviceType.CPU]
+    spans = _spans(events)
+    assert sorted(s.name for s in spans if s.kind == COMPUTE) == \
+        ["aten::add", "aten::mm", "aten::mul"]
+    assert rank_breakdown(spans, 0).compute_ns == 530
+
+
+def _two_all_reduces(first_kernel_later: bool, link_to_launch: bool):
+    """Two all-reduces (1000 Float = 4000 B, then 256 BFloat16 = 512 B), each waited on:
+    records R1, W1, R2, W2 in that order on the CPU. A kernel links to its record, or (with
+    ``link_to_launch``) to the c10d op around it."""
+    events = [cpu_range("profiler::step#0", 0, 1000),
+              cpu_op("c10d::allreduce_", 100, 150, correlation=30),
+              record(110, 120, 31, "allreduce", seq=1, nelems=1000, dtype="Float"),
+              wait(160, 170, 32, seq=1),
+              cpu_op("c10d::allreduce_", 190, 230, correlation=34),
+              record(200, 210, 33, "allreduce", seq=2, nelems=256, dtype="BFloat16"),
+              wait(240, 250, 35, seq=2)]
+    first, second = (30, 34) if link_to_launch else (31, 33)
+    times = [(600, 700), (300, 400)] if first_kernel_later else [(300, 400), (600, 700)]
+    events += [kernel(ALL_REDUCE, *times[0], linked=first, stream=NCCL_STREAM),
+               kernel(ALL_REDUCE, *times[1], linked=second, stream=NCCL_STREAM + 1)]
+    return events
+
+
+@pytest.mark.parametrize("first_kernel_later", [False, True],
+                         ids=["kernels-in-order", "kernels-reversed"])
+@pytest.mark.parametrize("link_to_launch", [False, True],
+                         ids=["linked-to-record", "linked-to-launch-op"])
+def test_payload_comes_from_the_linked_record_not_the_next_one(first_kernel_later,
+                                                               link_to_launch):
+    spans = _spans(_two_all_reduces(first_kernel_later, link_to_launch))
+    comm = {(s.start_ns, s.end_ns): s.bytes for s in spans if s.kind == COMM}
+    first, second = ((600, 700), (300, 400)) if first_kernel_later else ((300, 400), (600, 700))
+    assert comm == {first: 4000, second: 512}
+
+
+def test_unlinked_kernels_take_records_in_launch_order_skipping_waits():
+    # No links: kernel i takes the i-th collective record, the waits between them skipped.
+    # All-gathers with a single-tensor input of 100 / 30 floats into 2 ranks: the payload is
+    # the gathered output, 200 × 4 = 800 B and 60 × 4 = 240 B.
+    events = [cpu_range("profiler::step#0", 0, 1000),
+              record(110, 120, 31, "_allgather_base", 1, 100, "Float", out_nelems=200,
+                     tensor_shape=[100]),
+              wait(160, 170, 32, seq=1),
+              record(200, 210, 33, "_allgather_base", 2, 30, "Float", out_nelems=60,
+                     tensor_shape=[30]),
+              wait(240, 250, 34, seq=2),
+              kernel(ALL_GATHER, 300, 400, stream=NCCL_STREAM),
+              kernel(ALL_GATHER, 500, 600, stream=NCCL_STREAM)]
+    spans = _spans(events)
+    assert [(s.name, s.bytes) for s in spans if s.kind == COMM] == \
+        [("all_gather", 800), ("all_gather", 240)]
