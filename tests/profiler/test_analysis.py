@@ -35,7 +35,19 @@ def test_single_rank_breakdown_by_hand():
     assert (b.window_ns, b.compute_ns, b.comm_ns) == (100, 50, 30)
     assert (b.overlap_ns, b.exposed_comm_ns, b.idle_ns) == (10, 20, 30)
     assert b.overlap == pytest.approx(10 / 30)
-    assert b.compute_ns + b.exposed_comm_ns + b.idle_ns == b.window_ns
+
+
+def test_two_windows_clip_compute_comm_and_their_overlap():
+    # windows [10,50) and [70,100) → 70
+    # compute [0,30) → [10,30) = 20; [45,80) → [45,50) + [70,80) = 15; compute = 35
+    # comm [25,75) → [25,50) + [70,75) = 30; [95,120) → [95,100) = 5; comm = 35
+    # overlap: [25,30) + [45,50) + [70,75) = 15 → exposed 20
+    # busy: [10,50) = 40 in the first window, [70,80) + [95,100) = 15 in the second → idle 15
+    spans = [span(STEP, 10, 50, step=0), span(STEP, 70, 100, step=1), span(COMPUTE, 0, 30),
+             span(COMPUTE, 45, 80), span(COMM, 25, 75), span(COMM, 95, 120, step=1)]
+    b = rank_breakdown(spans, 0)
+    assert (b.window_ns, b.compute_ns, b.comm_ns, b.num_steps) == (70, 35, 35, 2)
+    assert (b.overlap_ns, b.exposed_comm_ns, b.idle_ns) == (15, 20, 15)
 
 
 def test_spans_outside_step_windows_are_clipped():
