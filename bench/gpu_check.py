@@ -38,11 +38,13 @@ dp 2:
   model's shape (:func:`expected_gradient_sync`): DDP (ZeRO-0/1) all-reduces every gradient
   once per step in the gradient dtype (bf16 under bf16-mixed), in buckets of ``bucket_mb``;
   FSDP2 (ZeRO-2/3) reduce-scatters every gradient once per step in fp32 (its
-  ``reduce_dtype``). Payloads that read 0 or shift between collectives, a gradient in the wrong
-  dtype, a second sync, or steps counted twice fail it.
+  ``reduce_dtype``). Payloads that read 0 (a wait's tensor-less record taken for the
+  collective's), a gradient in the wrong dtype, a second sync of every gradient, or a rank that
+  reported nothing fail it; records shifted by one collective only where that moves the total
+  by more than 5%.
 - ``w2 ZeRO-S losses``: every stage's losses are finite and equal ZeRO-0's within
-  ``LOSS_RTOL`` (ZeRO changes where states live, not the arithmetic; a stage that trains a
-  different model — a gradient left out of the sync, a wrong shard — fails it).
+  ``LOSS_RTOL`` (ZeRO changes where states live, not the arithmetic): a stage that trains a
+  different model fails it where its losses move by more than that.
 
 Exit status: 0 when no check fails (skipped ones included), 1 when one fails, 2 when no CUDA
 device is visible (the only thing it can check on a CPU-only machine).
