@@ -35,7 +35,8 @@ over the real knobs, no baseline), deepspeed (the DeepSpeed autotuner's heuristi
 strategy, ``autotune.strategies.model_guided.ModelGuided``, each group from the cluster
 description alone), model-warm (the same, starting each group from a calibration fitted to the
 trials it ran itself in the earlier groups of this replay, in table order: what a cluster file
-calibrated by earlier searches gives a user). Random and TPE are averaged over ``--seeds``
+calibrated by earlier searches gives a user; under ``--answer one-round`` each seed's pass over
+a table starts afresh). Random and TPE are averaged over ``--seeds``
 seeds (5). The model-guided strategy
 sees only the cluster and its own trials: for a CSV table the cluster is
 ``examples/clusters/a100-megatron.json`` and the engine Megatron's, for a JSON table
@@ -224,8 +225,8 @@ def run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         runs, by_table = [], {path: [] for path, _, _ in parts}
         for path, table_groups, setting in parts:
-            setting.samples = []  # model-warm carries its trials within one table only
             for seed in range(seeds):
+                setting.samples = []  # model-warm carries its trials within one pass only
                 for g in table_groups:  # in table order: model-warm carries them forward
                     run_ = replay(make_strategy(name, seed, g, setting, model_cls), g,
                                   within=WITHIN, until_target=not args.full,

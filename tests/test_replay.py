@@ -481,3 +481,27 @@ def test_bench_merges_repeats_and_answers_one_round(tmp_path, capsys):
     assert bench.main(["--table", str(csv_path), "--answer", "one-round"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "keeps no rounds" in err[0] and "median" in err[0]
+
+
+def test_bench_model_warm_starts_each_one_round_seed_afresh(tmp_path, capsys, monkeypatch):
+    """Under one-round every strategy runs once per seed; model-warm must not carry one seed's
+    trials into the next seed's pass over the same groups (it would start them calibrated on
+    the very layouts it is about to search)."""
+    bench = _bench()
+    configs = list(enumerate_configs(tiny(world=2)))[:9]
+    rows = [{"config": c.to_dict(), "step_time_s": 0.01 * (1 + i), "status": "complete",
+             "rounds": [0.01 * (1 + i)] * 2} for i, c in enumerate(configs)]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"machine": {"cores": 2}, "rows": rows}))
+    carried = []
+    make = bench.make_strategy
+
+    def recording(name, seed, group, setting, model_cls):
+        carried.append((seed, len(setting.samples)))
+        return make(name, seed, group, setting, model_cls)
+
+    monkeypatch.setattr(bench, "make_strategy", recording)
+    assert bench.main(["--table", str(path), "--json", "--strategies", "model-warm",
+                       "--answer", "one-round", "--seeds", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategies"]["model-warm"]["runs"] == 2
+    assert carried == [(0, 0), (1, 0)]  # one group: each seed's pass starts with nothing
