@@ -422,26 +422,72 @@ def _keep_ray_on_loopback() -> None:
 
 
 def _joinable(address: str) -> str:
-    """Make the address ``ray start`` prints (``HOST:PORT``) join the way ``auto`` does.
+    """Make the address ``ray start`` prints (``HOST:PORT``) join the way ``auto`` does, and
+    join a cluster that has no token authentication too.
 
     Ray 2.60 turns on token authentication for ``address="auto"`` when a token exists
-    (``~/.ray/auth_token``, which ``ray start`` writes) but not for an explicit address, which
-    the cluster then refuses; the same rule is applied here. A loopback host also keeps Ray's
-    cluster mode off in this driver, as for a local cluster: otherwise Ray rewrites 127.0.0.1
-    to the host's routable address, where a loopback-only cluster does not listen."""
+    (``~/.ray/auth_token``, which ``ray start`` and ``ray get-auth-token --generate`` write)
+    but not for an explicit address, which a cluster with authentication then refuses. Ray
+    turns it on whatever the cluster does, though, and a cluster without authentication (Ray's
+    default, e.g. ``ray.cluster_utils.Cluster``) calls back into the driver without a token:
+    the driver's server drops those calls ("Missing authorization header"), the cluster takes
+    the driver for dead and kills every actor it started. That happens even with
+    ``RAY_AUTH_MODE=disabled``, once the token is loaded. So the cluster's GCS is asked first,
+    with no token (``_cluster_wants_token``), and the driver turns authentication on only when
+    the cluster answers that it wants one. A loopback host also keeps Ray's cluster mode off in
+    this driver, as for a local cluster: otherwise Ray rewrites 127.0.0.1 to the host's
+    routable address, where a loopback-only cluster does not listen."""
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )
     from ray._private.services import is_localhost, parse_address
+    from ray._raylet import AuthenticationTokenLoader
 
     if address in ("auto", "local"):
         return address
     logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     host_port = parse_address(address.removeprefix("ray://"))
+    # Only a GCS address can be asked (a ray:// address is a Ray Client server); ask only when
+    # the answer decides something: a token to turn on, or an explicit token mode to check.
+    mode = os.environ.get("RAY_AUTH_MODE")
+    gcs = f"{host_port[0]}:{host_port[1]}" if host_port and "://" not in address else None
+    has_token = AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    # Looking for the token loads it into Ray's process-wide loader, and a driver whose loader
+    # holds a token checks the cluster's calls against it whatever the mode: forget it again.
+    AuthenticationTokenLoader.instance().reset_cache()
+    wants = (_cluster_wants_token(gcs) if gcs and (mode == "token" or (mode is None and has_token))
+             else None)
+    if wants is False and mode == "token":
+        raise ClusterError(f"the Ray cluster at '{address}' has no token authentication but "
+                           "RAY_AUTH_MODE=token is set; unset RAY_AUTH_MODE (or start the "
+                           "cluster with RAY_AUTH_MODE=token)")
+    if wants is not False:  # it wants one, or it could not be asked: ray.init will say
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     if host_port is not None and is_localhost(host_port[0]):
         _keep_ray_on_loopback()
     return address
+
+
+AUTH_PROBE_TIMEOUT_S = 3.0
+"""How long the GCS gets to answer whether it wants a token (a live one answers in ms)."""
+
+
+def _cluster_wants_token(gcs_address: str) -> bool | None:
+    """Whether the Ray cluster whose GCS listens at ``gcs_address`` requires token
+    authentication: one cheap call that carries no token (``GetClusterId``, the first call a
+    Ray 2.60 client makes). A cluster with authentication answers UNAUTHENTICATED, one without
+    answers; None when nothing answered (ray.init then reports the address)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(gcs_address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
+                              timeout=AUTH_PROBE_TIMEOUT_S)
+        except grpc.RpcError as e:
+            return True if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    return False
 
 
 def _environment(group: WorkerGroup, rank0: RankResult) -> dict:

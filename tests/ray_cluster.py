@@ -1,9 +1,10 @@
 """A real multi-node Ray cluster on loopback, run in its own process for the tests.
 
-``python tests/ray_cluster.py NODES CPUS TEMP_DIR`` starts a head node that holds no CPU (the
-drivers attach to it, so no trial rank ever runs there and killing a worker node never kills a
-driver) and NODES worker raylets of CPUS CPUs each, all on 127.0.0.1 with Ray's cluster mode
-off, token authentication on (``RAY_AUTH_TOKEN`` from the environment) and health checks every
+``python tests/ray_cluster.py NODES CPUS TEMP_DIR [--no-auth]`` starts a head node that holds
+no CPU (the drivers attach to it, so no trial rank ever runs there and killing a worker node
+never kills a driver) and NODES worker raylets of CPUS CPUs each, all on 127.0.0.1 with Ray's
+cluster mode off, token authentication on (``RAY_AUTH_TOKEN`` from the environment; with
+``--no-auth`` off, as ``ray.cluster_utils.Cluster`` has it by default) and health checks every
 half second, so a killed node is declared dead within about two seconds. It prints one JSON
 line ``{"address": ..., "nodes": [worker node ids]}`` and then answers commands on stdin, one
 JSON line each:
@@ -26,7 +27,7 @@ import sys
 def main() -> None:
     num_nodes, cpus, temp_dir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_MODE"] = "disabled" if sys.argv[4:] == ["--no-auth"] else "token"
     from autotune.executor import _keep_ray_on_loopback
 
     # Cluster mode off: nodes keep 127.0.0.1 instead of the host's routable address.

@@ -135,3 +135,67 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
                 head.wait(timeout=30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+
+
+def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_path):
+    """A two-raylet cluster with authentication off (``ray.cluster_utils.Cluster``'s default;
+    ``tests/ray_cluster.py --no-auth``), joined by a driver whose HOME holds a token, as that
+    of anyone who ever ran ``ray start`` does. Ray 2.60 would turn authentication on for the
+    token, and the cluster's calls back into the driver, which carry none, were dropped: every
+    rank's actor died at once ("the worker group could not start: a rank's worker died").
+    The driver asks the cluster first: a two-rank trial runs there with the single-process
+    reference's losses; ``RAY_AUTH_MODE=token`` set against that cluster is refused in one
+    line that names what to unset."""
+    import tempfile
+
+    from reference import reference_losses
+
+    from autotune.config import TrialConfig, WorkloadSpec
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+               RAY_USAGE_STATS_ENABLED="0")
+    temp_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # Ray's socket paths must stay short
+    cluster = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "ray_cluster.py"), "1", "2", temp_dir,
+         "--no-auth"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        address = json.loads(cluster.stdout.readline())["address"]
+        config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
+                                                   global_batch_size=4),
+                             world_size=2, device="cpu", num_warmup_steps=1,
+                             num_timed_steps=1, num_profiled_steps=0)
+        path = tmp_path / "trial.json"
+        path.write_text(json.dumps(config.to_dict()))
+
+        def trial(**extra: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
+                 "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address", address,
+                 "--cpus-per-rank", "1", "--timeout", "240"],
+                capture_output=True, text=True, cwd=ROOT, timeout=400,
+                env={**env, "HOME": str(home_with_token), **extra})
+
+        proc = trial()
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        steps = config.num_warmup_steps + config.num_timed_steps + 1  # and the memory step
+        assert result["losses"] == pytest.approx(reference_losses(config, steps), abs=2e-5)
+
+        refused = trial(RAY_AUTH_MODE="token")
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            f"autotune: error: the Ray cluster at '{address}' has no token authentication but "
+            "RAY_AUTH_MODE=token is set; unset RAY_AUTH_MODE (or start the cluster with "
+            "RAY_AUTH_MODE=token)"]
+    finally:
+        cluster.stdin.close()
+        try:
+            cluster.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            cluster.kill()
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
