@@ -7,7 +7,9 @@ every step's loss must equal the single-process reference.
 
 Tolerance: |Δloss| ≤ 2e-5 absolute at losses ≈ 6.2, i.e. ≈ 3e-6 relative — fp32 summation-order
 noise (observed ≤ 1e-6). A layout that skips a gradient sync or mis-scales accumulation moves the
-loss by > 1e-3 within 2 steps at lr 1e-3 (see test_wrong_layout_is_detected).
+loss by > 1e-3 within 2 steps at lr 1e-3 (see test_wrong_layout_is_detected). Mixed precision
+runs 4 steps against the mixed reference within ``reference.BF16_LOSS_ATOL``, with its own
+negative control (test_wrong_mixed_precision_layout_is_detected).
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("ful
 
 
 @functools.cache
-def _reference(workload: WorkloadSpec, attention: str) -> tuple[float, ...]:
+def _reference(workload: WorkloadSpec, attention: str,
+               num_steps: int = NUM_STEPS) -> tuple[float, ...]:
     config = dataclasses.replace(BASE, workload=workload, attention=attention)
-    return tuple(reference_losses(config, NUM_STEPS))
+    return tuple(reference_losses(config, num_steps))
 
 
 def _check(executor, config: TrialConfig) -> None:
@@ -158,15 +161,21 @@ PRECISION_LAYOUTS = [  # world 4 first: the LLAMA layouts before leave that grou
 ]
 
 
+PRECISION_STEPS = 4  # 3 timed steps + the memory step
+"""More than NUM_STEPS: under a pipeline a skipped gradient sync moves the bf16-mixed loss by
+only 4.0e-4 in 2 steps, inside BF16_LOSS_ATOL, and by 5.7e-3 in 3 (tests/reference.py)."""
+
+
 @functools.cache
 def _precision_reference(workload: WorkloadSpec, attention: str,
                          precision: str) -> tuple[float, ...]:
     config = dataclasses.replace(BASE, workload=workload, attention=attention)
-    return tuple(reference_losses(config, NUM_STEPS, precision))
+    return tuple(reference_losses(config, PRECISION_STEPS, precision))
 
 
 def _precision_config(layout: dict) -> TrialConfig:
-    return dataclasses.replace(BASE, **{"world_size": 2, **layout})
+    return dataclasses.replace(BASE, **{"world_size": 2, "num_timed_steps": PRECISION_STEPS - 1,
+                                        **layout})
 
 
 @pytest.mark.parametrize("layout", PRECISION_LAYOUTS,
@@ -181,6 +190,23 @@ def test_mixed_precision_matches_the_mixed_reference(executor, layout):
     assert result.config["precision"] == config.precision  # stored as run
     mixed = _precision_reference(config.workload, config.attention, config.precision)
     assert result.losses == pytest.approx(mixed, abs=BF16_LOSS_ATOL), result.losses
-    fp32 = _reference(config.workload, config.attention)
+    fp32 = _reference(config.workload, config.attention, PRECISION_STEPS)
     assert result.losses == pytest.approx(fp32, abs=MIXED_VS_FP32_LOSS_ATOL)
     assert result.losses != pytest.approx(fp32, abs=1e-7)  # half precision really ran
+
+
+def test_wrong_mixed_precision_layout_is_detected():
+    """Negative control of BF16_LOSS_ATOL: the same planted bug as test_wrong_layout_is_detected
+    (data parallelism without gradient averaging), trained in bf16-mixed for PRECISION_STEPS,
+    fails the comparison test_mixed_precision_matches_the_mixed_reference makes."""
+    from reference import BF16_LOSS_ATOL
+    from spawn import run_ranks
+
+    config = _precision_config(dict(precision="bf16-mixed", micro_batch_size=4,
+                                    overlap_enabled=False))
+    losses = run_ranks(2, _train_without_grad_sync, config)[0]
+    expected = _precision_reference(config.workload, config.attention, config.precision)
+    assert losses[0] == pytest.approx(expected[0], abs=BF16_LOSS_ATOL)  # same start
+    assert losses != pytest.approx(expected, abs=BF16_LOSS_ATOL)
+    # measured 1.1e-2 (step 3), against ≤ 2.2e-4 for every right layout
+    assert max(abs(a - b) for a, b in zip(losses, expected)) > 10 * BF16_LOSS_ATOL
