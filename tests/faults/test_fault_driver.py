@@ -4,12 +4,15 @@ second search writes to the same SQLite file and another process reads it as the
 One scenario, run once for the module (about half a minute; its figures are in
 docs/reliability.md):
 
-1. ``autotune search`` (study 'interrupted', 5 trials) runs in a session of its own; once a trial
-   is stored and the next one is running, the whole process group gets SIGINT, as Ctrl-C in a
-   terminal sends it.
-2. ``autotune search --resume`` continues the study. Once it has stored a new trial, a second
-   search (study 'second') writes to the same file from this test's process, on the session's
-   Ray cluster.
+1. ``autotune search`` (study 'interrupted') runs in a session of its own with a budget of its
+   whole space (54 configurations), which it cannot spend before the interrupt: once a trial is
+   stored and the next one is running, the whole process group gets SIGINT, as Ctrl-C in a
+   terminal sends it. The interrupt is keyed to the database, not to the clock: however fast
+   or slow the trials run, the driver is still searching when it comes (a budget of 5 out of 9
+   configurations was once spent before a loaded machine's poll saw the first trial).
+2. ``autotune search --resume`` continues the study with a budget of the trials stored at the
+   interrupt plus ``NUM_RESUMED``. Once it has stored a new trial, a second search (study
+   'second') writes to the same file from this test's process, on the session's Ray cluster.
 
 Throughout, ``read_while_writing.py`` reads studies, trials and spans in a loop and rebuilds
 each study's dashboard report as it grows.
@@ -40,21 +43,27 @@ from fault_checks import descendants, wait_gone
 from read_while_writing import trial_digest
 
 from autotune.config import TrialConfig
-from autotune.search import Search, SearchSpec
+from autotune.search import Search, SearchSpec, base_config
+from autotune.space import SearchSpace
 from db import Database
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
-         "bucket_mb": 25.0}
-NUM_TRIALS = 5
-"""Of the 9 configurations left by FIXED (micro-batch 1, 2, 4 × no, selective, full
-recomputation)."""
+FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0}
+SPACE_SIZE = 54
+"""Configurations left by FIXED at world 2: micro-batch 1, 2, 4 × no, selective, full
+recomputation × overlap on, off × bucket 5, 25, 100 MB (all DDP on the tiny GPT, equally
+cheap). The interrupted search's budget is all of them."""
+NUM_RESUMED = 4
+"""Trials the resumed search runs (its budget is the trials stored at the interrupt plus
+these): the one the interrupt cut short, and enough after its first new trial to write while
+the second search does."""
+SECOND_FIXED = {**FIXED, "overlap_enabled": True, "bucket_mb": 25.0}
 
 
-def search_args(db_url: str, out: Path, *extra: str) -> list[str]:
+def search_args(db_url: str, out: Path, budget: int, *extra: str) -> list[str]:
     fixes = [a for k, v in FIXED.items() for a in ("--fix", f"{k}={json.dumps(v)}")]
     return [sys.executable, "-m", "autotune", "search", "--db", db_url, "--study", "interrupted",
-            "--trials", str(NUM_TRIALS), "--patience", str(NUM_TRIALS), "--top-k", "1",
+            "--trials", str(budget), "--patience", str(budget), "--top-k", "1",
             "--remeasure", "0", "--timed-steps", "1", "--out", str(out), *fixes, *extra]
 
 
@@ -94,12 +103,15 @@ class Scenario:
     url: str
     out: Path
     interrupted: subprocess.CompletedProcess
+    stored_at_interrupt: int
+    """Trials of the study stored when the interrupted driver had exited."""
     before_interrupt: dict[int, str]
     """Digests of the trials stored when SIGINT was sent."""
     running_at_interrupt: int
     """Optuna trials of the study left RUNNING by the interrupt (the trial it cut short)."""
     interrupted_left: list[int]
     resumed: subprocess.CompletedProcess
+    resumed_budget: int
     resumed_left: list[int]
     second_study_id: int
     reader: dict
@@ -163,9 +175,11 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     stop = work / "stop-reading"
     reader = _start(procs, [sys.executable, str(Path(__file__).with_name(
         "read_while_writing.py")), url, str(stop), str(work)], env=env)
-    # 1. Ctrl-C in the middle of the search.
+    # 1. Ctrl-C in the middle of the search, whose budget it cannot have spent by then.
+    assert len(SearchSpace(base_config(SearchSpec(world_size=2, device="cpu")),
+                           fixed=FIXED)) == SPACE_SIZE
     start = time.monotonic()
-    proc = _start(procs, search_args(url, out), cwd=work, env=env)
+    proc = _start(procs, search_args(url, out, SPACE_SIZE), cwd=work, env=env)
     pids: set[int] = set()
     _wait(proc, lambda: min((counts(path, "interrupted") or (0, 0, 0))[:2]) >= 1, pids)
     before = digests(url)
@@ -180,15 +194,18 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     figures["interrupt"] += f", all gone {time.monotonic() - sent:.1f}s after SIGINT"
     stored_at_interrupt, running, _ = counts(path, "interrupted")
 
+    assert 1 <= stored_at_interrupt < SPACE_SIZE
+
     # 2. Resume, with a second writer and a reader.
     start = time.monotonic()
-    proc = _start(procs, search_args(url, out, "--resume"), cwd=work, env=env)
+    resumed_budget = stored_at_interrupt + NUM_RESUMED
+    proc = _start(procs, search_args(url, out, resumed_budget, "--resume"), cwd=work, env=env)
     pids = set()
-    # Until the resumed search has stored a new trial (its worker group is up); two or more are
+    # Until the resumed search has stored a new trial (its worker group is up); the others are
     # still to come.
     _wait(proc, lambda: (counts(path, "interrupted") or (0,))[0] > stored_at_interrupt, pids)
     first_new_s = time.monotonic() - start
-    second = SearchSpec(world_size=2, n_trials=3, patience=None, device="cpu", fixed=FIXED,
+    second = SearchSpec(world_size=2, n_trials=3, patience=None, device="cpu", fixed=SECOND_FIXED,
                         narrowed={"activation_checkpointing": ["none"]}, num_warmup_steps=0,
                         num_timed_steps=1, num_profiled_steps=1, top_k=1, remeasure_repeats=0,
                         study_name="second")
@@ -205,9 +222,9 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     figures["resume"] = (f"resumed search {time.monotonic() - start:.1f}s (first new trial "
                          f"stored at {first_new_s:.1f}s); the second search {second_s:.1f}s "
                          "while it ran")
-    return Scenario(url, out, interrupted, before, running, interrupted_left, resumed,
-                    wait_gone(pids), outcome.study_id, json.loads(read_out), digests(url),
-                    figures)
+    return Scenario(url, out, interrupted, stored_at_interrupt, before, running,
+                    interrupted_left, resumed, resumed_budget, wait_gone(pids), outcome.study_id,
+                    json.loads(read_out), digests(url), figures)
 
 
 def _errors(proc: subprocess.CompletedProcess) -> list[str]:
@@ -238,7 +255,9 @@ def test_resume_finishes_the_study_without_rerunning(scenario):
     with Database.open(scenario.url, create=False) as database:
         trials = database.list_trials(database.get_study("interrupted").id)
     configs = [json.dumps(t.config, sort_keys=True) for t in trials]
-    assert len(trials) == NUM_TRIALS and len(set(configs)) == NUM_TRIALS  # none run twice
+    # The budget counts the whole study: the resumed search ran NUM_RESUMED new trials.
+    assert len(trials) == scenario.resumed_budget == scenario.stored_at_interrupt + NUM_RESUMED
+    assert len(set(configs)) == len(trials)  # none run twice
     assert all(t.status == "complete" for t in trials)
     # The trial the interrupt cut short was marked failed on resume; none is left running.
     states = optuna_states(scenario.url, "interrupted")
