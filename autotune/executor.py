@@ -27,9 +27,11 @@ from autotune.placement import (
     assign_groups,
     best_cost,
     check_tp_fits,
+    device_map,
     placement_cost,
     ranks_of,
     read_nodes,
+    visible_index,
 )
 from autotune.result import RankResult, TrialResult, rank_from_dict, summarize_steps
 from autotune.status import FailureKind
@@ -43,6 +45,11 @@ NODE_DEATH_WAIT_S = 2.0
 """After a rank on another node than the driver's dies, how long to wait for Ray to declare
 that node dead, so the failure names the lost node (Ray's health checks take a few seconds;
 the ranks on the driver's own node are not waited for: if that node died, so did the driver)."""
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+"""Set in a GPU rank's environment, Ray 2.60 leaves ``CUDA_VISIBLE_DEVICES`` as the node has it
+instead of masking the actor to its one GPU (``ray/_private/accelerators/nvidia_gpu.py``,
+``set_current_process_visible_accelerator_ids``); ``ray.get_gpu_ids()`` still names the GPU Ray
+assigned. A masked rank sees no peer GPU, which keeps NCCL off P2P/NVLink within a node."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,15 +97,23 @@ class RankWorker:
     def node_and_pid(self) -> tuple[str, int]:
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
+    def gpu_indices(self) -> list[int]:
+        """The CUDA device indices, among all of the node's GPUs, that Ray assigned here."""
+        return [visible_index(i, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                for i in ray.get_gpu_ids()]
+
     def init_process_group(self, backend: str, host: str, port: int, rank: int,
-                           world_size: int, timeout_s: float) -> None:
+                           world_size: int, timeout_s: float,
+                           device_index: int | None = None) -> None:
         from datetime import timedelta
 
         import torch
         import torch.distributed as dist
 
         if backend == "nccl":
-            torch.cuda.set_device(0)  # Ray exposes this actor's one GPU as device 0
+            # Every GPU of the node is visible; this rank's is the one device_map gave it.
+            # The runner's device (cuda:N) and its allocator figures are read on it.
+            torch.cuda.set_device(device_index)
         timeout = timedelta(seconds=timeout_s)
         listener = getattr(self, "_listener", None)
         store = dist.TCPStore(host, port, world_size, is_master=listener is not None,
@@ -139,6 +154,30 @@ def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: Execut
         what = f"CPUs ({settings.cpus_per_rank:g} per rank)"
     if need > have + 1e-9:
         raise ClusterError(f"{subject} {need:g} {what} but the Ray cluster has {have:g}; {fix}")
+
+
+def rank_actor_options(rank_nodes: list[str], nodes: list[dict], use_gpu: bool,
+                       settings: ExecutorSettings) -> list[tuple[dict, int]]:
+    """The Ray actor options (less the placement) and the torch thread count of every rank,
+    given the node of each rank and the cluster's nodes as ``ray.nodes()`` describes them.
+
+    A GPU rank reserves one GPU and one CPU and keeps all of its node's GPUs visible
+    (``NOSET_CUDA_VISIBLE_DEVICES``; ``device_map`` picks its device). CPU ranks on one node
+    share its cores: cores // local ranks threads each, and concurrent groups split the node
+    between them."""
+    local_ranks = Counter(rank_nodes)
+    node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in nodes}
+    plan = []
+    for node in rank_nodes:
+        share = local_ranks[node] * (1 if use_gpu else settings.concurrent_groups)
+        threads = max(1, int(node_cpus.get(node, 1)) // share)
+        if use_gpu:
+            options = {"num_cpus": 1.0, "num_gpus": 1,
+                       "runtime_env": {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES: "1"}}}
+        else:
+            options = {"num_cpus": settings.cpus_per_rank, "num_gpus": 0}
+        plan.append((options, threads))
+    return plan
 
 
 def _family(ip: str) -> socket.AddressFamily:
@@ -185,24 +224,25 @@ class WorkerGroup:
         # A rank on another node than the driver's can lose its node while the driver lives on.
         driver_node = ray.get_runtime_context().get_node_id()
         self.off_driver_node = any(node != driver_node for node in self.rank_nodes)
-        local_ranks = Counter(self.rank_nodes)
-        node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in nodes}
         self.workers = []
         self.pids: list[int] = []
         try:
-            for rank, node in enumerate(self.rank_nodes):
-                # CPU ranks on one node share its cores: cores // local ranks threads each (and
-                # concurrent groups split the node between them).
-                share = local_ranks[node] * (1 if use_gpu else settings.concurrent_groups)
-                threads = max(1, int(node_cpus.get(node, 1)) // share)
+            for rank, (options, threads) in enumerate(
+                    rank_actor_options(self.rank_nodes, nodes, use_gpu, settings)):
                 self.workers.append(RankWorker.options(
-                    num_cpus=cpus, num_gpus=1 if use_gpu else 0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    **options, scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.pg, placement_group_bundle_index=groups[rank // tp]),
                 ).remote(sys.path, threads))
+            devices: list[int | None] = [None] * world_size
+            if use_gpu:
+                node_devices: dict[str, list[int]] = {}
+                for node, held in zip(self.rank_nodes, ray.get(
+                        [w.gpu_indices.remote() for w in self.workers])):
+                    node_devices.setdefault(node, []).extend(held)
+                devices = [d.device_index for d in device_map(self.rank_nodes, node_devices)]
             host, port = ray.get(self.workers[0].listen.remote())
             ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
-                                                 settings.trial_timeout_s)
+                                                 settings.trial_timeout_s, devices[rank])
                      for rank, w in enumerate(self.workers)])
             self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote()
                                                     for w in self.workers])]
@@ -213,6 +253,9 @@ class WorkerGroup:
             raise TrialFailed("the worker group could not start: "
                               + (describe_lost(lost) if lost else "a rank's worker died"),
                               kind=FailureKind.CRASH) from None
+        except BaseException:
+            self.shutdown()
+            raise
 
     def suits(self, config: TrialConfig, use_gpu: bool) -> bool:
         """Whether this group can run ``config`` as well placed as a new group would be."""

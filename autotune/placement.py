@@ -12,7 +12,12 @@ How a worker group is placed (``executor.WorkerGroup``):
 2. the ``PACK`` strategy, so the bundles fill as few nodes as possible;
 3. once placed, ``assign_groups`` gives each pipeline stage the bundles of as few nodes as
    the placement allows (best fit: the fullest node that holds the whole stage);
-4. rank r runs in the bundle of its TP group, ``r // tp_degree``.
+4. rank r runs in the bundle of its TP group, ``r // tp_degree``;
+5. on GPUs every rank sees all of its node's GPUs (Ray sets no ``CUDA_VISIBLE_DEVICES`` per
+   actor: masking each rank to one GPU keeps NCCL off P2P/NVLink between them) and takes
+   ``device_map``'s device: its local rank (its index among the group's ranks on its node)
+   picks among the GPUs Ray gave the group's ranks there, lowest first — the local rank
+   itself when the group holds the whole node.
 
 A layout whose TP groups cannot be packed into the nodes is refused before anything starts
 (``check_tp_fits``), naming the node sizes. Pure functions here, except ``read_nodes``.
@@ -21,6 +26,7 @@ A layout whose TP groups cannot be packed into the nodes is refused before anyth
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.errors import PlacementError
@@ -146,3 +152,51 @@ def ranks_of(groups: list[int], bundle_nodes: list[str], tp_degree: int) -> list
     """The node of every rank: rank r is in TP group r // tp_degree, placed in bundle
     ``groups[r // tp_degree]``."""
     return [bundle_nodes[groups[r // tp_degree]] for r in range(len(groups) * tp_degree)]
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    """Where one GPU rank of a worker group runs."""
+
+    rank: int
+    node_id: str
+    local_rank: int
+    """The rank's index among the group's ranks on its node, in rank order."""
+    device_index: int
+    """The CUDA device it sets (``torch.cuda.set_device``), among all of its node's GPUs."""
+
+
+def device_map(rank_nodes: list[str], node_devices: dict[str, Sequence[int]]) -> list[RankDevice]:
+    """The device of every rank: rank r's local rank ``k`` on its node takes the ``k``-th
+    lowest of the CUDA device indices the group holds there (``node_devices``: the devices Ray
+    assigned to the group's ranks on each node, ``visible_index``). Consecutive ranks, so each
+    TP group, get consecutive devices. Refuses, naming the node, a node with more ranks than
+    devices."""
+    local: Counter[str] = Counter()
+    devices = []
+    for rank, node in enumerate(rank_nodes):
+        held = sorted(node_devices.get(node, ()))
+        if local[node] >= len(held):
+            count = rank_nodes.count(node)
+            raise PlacementError(f"Ray node {node} holds {count} ranks of this trial but "
+                                 f"{len(held)} GPU(s) for them; give each rank one GPU "
+                                 "(num_gpus=1) or lower world_size")
+        devices.append(RankDevice(rank, node, local[node], held[local[node]]))
+        local[node] += 1
+    return devices
+
+
+def visible_index(gpu_id: int | str, cuda_visible_devices: str | None) -> int:
+    """The CUDA device index, in its own process, of the GPU that Ray assigned to an actor
+    (an id from ``ray.get_gpu_ids()``). Ray 2.60 with ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_
+    DEVICES`` leaves the node's ``CUDA_VISIBLE_DEVICES`` as the raylet had it and returns ids
+    from that list (or ``0..N-1`` when it is unset): the index is the id's position in the
+    list, as Ray Train's ``get_device`` reads it."""
+    if not cuda_visible_devices:
+        return int(gpu_id)
+    visible = [d.strip() for d in cuda_visible_devices.split(",")]
+    if str(gpu_id) not in visible:
+        raise PlacementError(f"Ray assigned GPU {gpu_id} but CUDA_VISIBLE_DEVICES is "
+                             f"'{cuda_visible_devices}'; start the Ray node with the GPUs it "
+                             "may use in CUDA_VISIBLE_DEVICES")
+    return visible.index(str(gpu_id))

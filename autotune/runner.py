@@ -38,6 +38,9 @@ def resolve_device(config: TrialConfig) -> torch.device:
         if not torch.cuda.is_available():
             raise ConfigError("device 'cuda' was asked for but no CUDA device is visible; "
                               "use device 'cpu' or 'auto'")
+        # The rank's own GPU, named by its index: every GPU of the node is visible, and the
+        # executor has set this rank's (``device_map``) current before the process group. The
+        # allocator figures, synchronize and the device name below all pass this device.
         return torch.device("cuda", torch.cuda.current_device())
     if config.optimizer_offload_enabled:
         raise ConfigError("optimizer_offload_enabled needs a CUDA device; none is visible")
