@@ -36,6 +36,32 @@ def _probe(address: str, home: Path, **env: str) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def _trial(address: str, tmp_path: Path, env: dict) -> tuple:
+    """``autotune trial --ray-address ADDRESS`` of a two-rank tiny GPT (one CPU per rank), as
+    a user runs it: (its config, the finished process)."""
+    from autotune.config import TrialConfig, WorkloadSpec
+
+    config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
+                                               global_batch_size=4),
+                         world_size=2, device="cpu", num_warmup_steps=1,
+                         num_timed_steps=1, num_profiled_steps=0)
+    path = tmp_path / "trial.json"
+    path.write_text(json.dumps(config.to_dict()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
+         "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address", address,
+         "--cpus-per-rank", "1", "--timeout", "240"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+    return config, proc
+
+
+def _reference(config) -> list[float]:
+    from reference import reference_losses
+
+    steps = config.num_warmup_steps + config.num_timed_steps + 1  # and the memory step
+    return reference_losses(config, steps)
+
+
 @pytest.fixture
 def home_with_token(tmp_path):
     (tmp_path / ".ray").mkdir()
@@ -71,10 +97,7 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     import threading
     import time
 
-    from reference import reference_losses
     from ports import free_port
-
-    from autotune.config import TrialConfig, WorkloadSpec
 
     home = tmp_path / "home"
     home.mkdir()
@@ -111,22 +134,11 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
             node_ip = found.group(1) if found else node_ip
         assert node_ip == "127.0.0.1", "".join(printed)
 
-        config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
-                                                   global_batch_size=4),
-                             world_size=2, device="cpu", num_warmup_steps=1,
-                             num_timed_steps=1, num_profiled_steps=0)
-        path = tmp_path / "trial.json"
-        path.write_text(json.dumps(config.to_dict()))
-        proc = subprocess.run(
-            [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
-             "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address",
-             f"{node_ip}:{port}", "--cpus-per-rank", "1", "--timeout", "240"],
-            capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+        config, proc = _trial(f"{node_ip}:{port}", tmp_path, env)
         assert proc.returncode == 0, proc.stderr
         result = json.loads(proc.stdout)
         assert len({r["node_id"] for r in result["ranks"]}) == 1
-        steps = config.num_warmup_steps + config.num_timed_steps + 1  # and the memory step
-        assert result["losses"] == pytest.approx(reference_losses(config, steps), abs=2e-5)
+        assert result["losses"] == pytest.approx(_reference(config), abs=2e-5)
     finally:
         # ray start --block stops its node on SIGTERM; anything of its session left is killed.
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -146,11 +158,8 @@ def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_p
     The driver asks the cluster first: a two-rank trial runs there with the single-process
     reference's losses; ``RAY_AUTH_MODE=token`` set against that cluster is refused in one
     line that names what to unset."""
+    import shutil
     import tempfile
-
-    from reference import reference_losses
-
-    from autotune.config import TrialConfig, WorkloadSpec
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
@@ -163,28 +172,12 @@ def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_p
          "--no-auth"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         address = json.loads(cluster.stdout.readline())["address"]
-        config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
-                                                   global_batch_size=4),
-                             world_size=2, device="cpu", num_warmup_steps=1,
-                             num_timed_steps=1, num_profiled_steps=0)
-        path = tmp_path / "trial.json"
-        path.write_text(json.dumps(config.to_dict()))
-
-        def trial(**extra: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
-                 "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address", address,
-                 "--cpus-per-rank", "1", "--timeout", "240"],
-                capture_output=True, text=True, cwd=ROOT, timeout=400,
-                env={**env, "HOME": str(home_with_token), **extra})
-
-        proc = trial()
+        env = {**env, "HOME": str(home_with_token)}
+        config, proc = _trial(address, tmp_path, env)
         assert proc.returncode == 0, proc.stderr
-        result = json.loads(proc.stdout)
-        steps = config.num_warmup_steps + config.num_timed_steps + 1  # and the memory step
-        assert result["losses"] == pytest.approx(reference_losses(config, steps), abs=2e-5)
+        assert json.loads(proc.stdout)["losses"] == pytest.approx(_reference(config), abs=2e-5)
 
-        refused = trial(RAY_AUTH_MODE="token")
+        _, refused = _trial(address, tmp_path, {**env, "RAY_AUTH_MODE": "token"})
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines() == [
             f"autotune: error: the Ray cluster at '{address}' has no token authentication but "
@@ -196,6 +189,4 @@ def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_p
             cluster.wait(timeout=60)
         except subprocess.TimeoutExpired:
             cluster.kill()
-        import shutil
-
         shutil.rmtree(temp_dir, ignore_errors=True)
