@@ -49,7 +49,10 @@ its own cluster; model-warm starts afresh at each table), and print a line per t
 
 For a JSON table whose rows carry their rounds, the NOISE FLOOR is printed too
 (``autotune.replay.one_round_trials``): what a strategy needs that knew one round's step times
-exactly, counted against the rounds' medians, as the MAPE floor of ``bench/cpu_sweep.py``.
+exactly, counted against the rounds' medians, as the MAPE floor of ``bench/cpu_sweep.py``,
+with the strategies whose pooled mean is under it (JSON: ``below_noise_floor``). It bounds a
+strategy that ranks layouts by what it measured; one whose first pick reads no answer (a
+prior, grid's fixed order) can come in under it however it is answered.
 
 With ``--full`` each strategy runs until it stops by itself (the trials it spends in all are
 printed too); otherwise a replay ends at the target.
