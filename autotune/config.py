@@ -17,10 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
-from autotune.models.shapes import MODEL_SHAPES, ModelShape, model_names
+from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
 
 ZeroStage = Literal[0, 1, 2, 3]
 ActivationCheckpointing = Literal["none", "selective", "full"]
+GIB = 2**30
+MIB = 2**20
+"""Byte units: memory limits are given in GiB, buckets and reports in MiB."""
+
 AC_ORDER = {"none": 0, "selective": 1, "full": 2}
 """Recomputation from none to most (more recomputation: less memory, more compute)."""
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -83,7 +87,7 @@ class WorkloadSpec:
         """The model's shape (built-in, or read from an HF config), or None for a user
         workload."""
         if self.hf_model is not None:
-            from autotune.models.hf import hf_shape
+            from autotune.hf_config import hf_shape
 
             return hf_shape(self.hf_model)
         if self.workload is not None:
@@ -250,7 +254,7 @@ class TrialConfig:
         if self.pp_degree > 1:
             self._validate_pipeline(num_layers)
         if self.workload.hf_model is not None:
-            from autotune.models.hf import check_layout, load_config
+            from autotune.hf_config import check_layout, load_config
 
             check_layout(load_config(self.workload.hf_model), self)
         if self.optimizer_offload_enabled:

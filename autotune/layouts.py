@@ -17,6 +17,9 @@ from autotune.errors import ConfigError
 
 
 DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
+KNOB_ORDER = ("tp_degree", "pp_degree", "pp_schedule", "zero_stage", "overlap_enabled",
+              "micro_batch_size", "activation_checkpointing", "bucket_mb")
+"""The knobs a search chooses, in the order it asks them and a report lists them."""
 
 
 def divisors(n: int) -> list[int]:

@@ -39,13 +39,13 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
-from autotune.cluster import local_cpu_cluster  # noqa: E402
+from autotune.model.cluster import local_cpu_cluster  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.perf_model import Calibration, predict_step_time  # noqa: E402
-from autotune.search import SearchSpec, base_config  # noqa: E402
-from autotune.space import SearchSpace  # noqa: E402
-from autotune.span_fit import summarize  # noqa: E402
-from autotune.study_calibration import StudyCalibration, fit_study  # noqa: E402
+from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
+from autotune.search.search import SearchSpec, base_config  # noqa: E402
+from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.model.span_fit import summarize  # noqa: E402
+from autotune.search.study_calibration import StudyCalibration, fit_study  # noqa: E402
 from db import Database, SpanRecord, TrialRecord  # noqa: E402
 
 TRUE = Calibration(compute_efficiency=0.3, half_efficiency_rows=2e6, layer_overhead_s=3e-4,

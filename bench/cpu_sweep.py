@@ -9,7 +9,7 @@
 Llama) at world sizes 2 and 4 — tp, pp with each schedule, dp, ZeRO 0-3, micro-batch and
 accumulation, activation checkpointing, overlap on/off, gradient bucket 5/25/100 MB (with
 dp > 1), seq_len 64/128, global batch 8/16 — from the search's own grid
-(``autotune.space.SearchSpace``: every row is a configuration a search could propose) by a
+(``autotune.search.space.SearchSpace``: every row is a configuration a search could propose) by a
 seeded greedy choice that keeps every knob's values as evenly represented as the valid layouts
 allow (each value appears at least once).
 
@@ -31,8 +31,8 @@ layout alike; inside a round the layouts are grouped by world size (one worker g
 size; the order of the two alternates between rounds, the order inside a group is shuffled per
 round). The table is written after every round.
 
-``evaluate`` calibrates the model (``autotune.calibration.fit_calibration``, cluster
-``autotune.cluster.local_cpu_cluster``, autotune's engine) on ``--calibrate-count`` rows chosen
+``evaluate`` calibrates the model (``autotune.model.calibration.fit_calibration``, cluster
+``autotune.model.cluster.local_cpu_cluster``, autotune's engine) on ``--calibrate-count`` rows chosen
 by seed, split evenly over world sizes, predicts every other row and prints each prediction,
 the mean absolute percentage error (MAPE), Spearman's ρ over all predicted rows and within
 each world size, the signed error by knob value, and the machine's NOISE FLOOR: the median
@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import AutotuneError, ConfigError  # noqa: E402
 from autotune.layouts import DEFAULT_BUCKET_MB, short_name  # noqa: E402
-from autotune.space import DEFAULT_BUCKETS_MB, SearchSpace  # noqa: E402
+from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace  # noqa: E402
 
 WORLD_SIZES = (2, 4)
 SEQ_LENS = (64, 128)
@@ -287,7 +287,7 @@ def write_table(path: Path, table: dict) -> None:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from autotune.executor import ExecutorSettings, RayExecutor
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
     from autotune.errors import TrialFailed, WorkloadError
 
     scope = Scope.from_args(args)
@@ -424,14 +424,14 @@ def noise_floor(rows: list[tuple[TrialConfig, dict]]) -> dict:
 
 def choose_clusters(rows: list[tuple[TrialConfig, dict]], cores: int | None) -> dict:
     """Each world size's ``local_cpu_cluster`` (its ranks share the machine's cores)."""
-    from autotune.cluster import local_cpu_cluster
+    from autotune.model.cluster import local_cpu_cluster
 
     return {w: local_cpu_cluster(w, cores=cores) for w in sorted({c.world_size for c, _ in rows})}
 
 
 def run_seed(rows, clusters: dict, count: int, seed: int) -> dict:
-    from autotune.calibration import Sample, fit_calibration
-    from autotune.perf_model import AUTOTUNE_ENGINE, predict_step_time
+    from autotune.model.calibration import Sample, fit_calibration
+    from autotune.model.perf_model import AUTOTUNE_ENGINE, predict_step_time
 
     calib = calibration_rows(rows, count, seed)
     samples = [Sample(rows[i][0], rows[i][1]["step_time_s"],

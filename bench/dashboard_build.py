@@ -16,7 +16,7 @@ batch 64):
   implies, per-rank memory by category, and a timeline of 2 profiled steps on each of the 8
   ranks with ``--ops`` compute ops per rank per step plus the collectives of that layout
   (DDP/FSDP buckets on dp, TP all-reduces, pipeline send/recv), step spans around them, and
-  the per-rank breakdown ``autotune.store`` keeps (``profiler.breakdown``);
+  the per-rank breakdown ``autotune.study.store`` keeps (``profiler.breakdown``);
 - the best three carry two re-measurements each.
 
 Then times ``load_study`` + ``build_report`` + writing the file (median of ``--runs``) and
@@ -50,9 +50,9 @@ from collections import Counter  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
 from autotune.config import WorkloadSpec  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.search import GIB, MEMORY_MARGIN, SearchSpec, base_config  # noqa: E402
-from autotune.space import SearchSpace  # noqa: E402
+from autotune.model.memory import estimate_memory  # noqa: E402
+from autotune.search.search import GIB, MEMORY_MARGIN, SearchSpec, base_config  # noqa: E402
+from autotune.search.space import SearchSpace  # noqa: E402
 from dashboards.data import load_study  # noqa: E402
 from dashboards.report import build_report  # noqa: E402
 from db import Database, RankMemoryRecord, SpanRecord, TrialRecord  # noqa: E402
@@ -109,7 +109,7 @@ def make_spans(config, rng: random.Random, ops: int) -> list[SpanRecord]:
 
 
 def rank_metrics(spans: list[SpanRecord]) -> list[dict]:
-    """What ``autotune.store.trial_metrics`` keeps: ``profiler.breakdown`` per rank."""
+    """What ``autotune.study.store.trial_metrics`` keeps: ``profiler.breakdown`` per rank."""
     return [{"rank": b.rank, "window_ns": b.window_ns, "compute_ns": b.compute_ns,
              "comm_ns": b.comm_ns, "overlap": b.overlap, "exposed_comm_ns": b.exposed_comm_ns,
              "idle_ns": b.idle_ns, "num_steps": b.num_steps}

@@ -8,7 +8,7 @@ At world size 1 (one GPU is enough):
 - ``w1 ZeRO-0 trial``: a GPT-small trial ran on CUDA, with the NCCL backend, and the CUDA
   allocator measured its memory (a trial that fell back to the CPU, gloo or the profiler's
   memory figures fails it). Only ZeRO-0 runs: at dp 1 no stage shards or synchronises
-  anything (``autotune/parallel/zero.py``), so every stage is the same plain AdamW.
+  anything (``autotune/trial/parallel/zero.py``), so every stage is the same plain AdamW.
 - ``w1 ZeRO-0 memory <category>``: the allocator's bytes of parameters, gradients, optimizer
   state, the rest of the peak and the peak against the memory model's CUDA prediction under
   bf16-mixed, within ``TOLERANCES`` (fp32 parameters at rest where bf16 was meant read +100%,
@@ -181,15 +181,15 @@ def expected_gradient_sync(config, device_type: str = "cuda") -> tuple[str, int]
     """(collective, bytes per optimizer step) that synchronise the gradients of a
     data-parallel trial of a built-in model, from its shape, independently of the profiler.
 
-    ``autotune/parallel/zero.py``: ZeRO-0/1 are DDP (or, without overlap, the bucketed
+    ``autotune/trial/parallel/zero.py``: ZeRO-0/1 are DDP (or, without overlap, the bucketed
     all-reduce), whose buckets of ``bucket_mb`` are flat views of the gradients in their own
     dtype — every gradient all-reduced once per step (``no_sync`` holds the sync back to the last
     micro-batch), so the buckets' sizes add up to the gradient bytes whatever their count.
     ZeRO-2/3 are FSDP2, which reduce-scatters each unit's gradients once per step, its input the
     unsharded gradients in ``reduce_dtype`` (fp32 under mixed precision, ``mp_policy``). The
-    element sizes are the memory model's (``autotune.memory.state_bytes``) for the precision
+    element sizes are the memory model's (``autotune.model.memory.state_bytes``) for the precision
     the trial resolves to on ``device_type``."""
-    from autotune.memory import state_bytes
+    from autotune.model.memory import state_bytes
 
     if config.tp_degree > 1 or config.pp_degree > 1 or config.dp_degree < 2:
         raise ValueError("expected_gradient_sync covers pure data parallelism (dp ≥ 2, tp 1, "
@@ -307,11 +307,11 @@ def _precision_losses(device: str, precisions: tuple[str, ...]) -> dict[str, lis
     import torch
     import torch.distributed as dist
 
-    from autotune.models.workload import build_workload
-    from autotune.parallel.mesh import build_mesh
-    from autotune.parallel.parallelize import parallelize
-    from autotune.parallel.precision import optimizer_class
-    from autotune.runner import Trainer, resolve_device
+    from autotune.trial.models.build import build_workload
+    from autotune.trial.parallel.mesh import build_mesh
+    from autotune.trial.parallel.parallelize import parallelize
+    from autotune.trial.parallel.precision import optimizer_class
+    from autotune.trial.runner import Trainer, resolve_device
 
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
@@ -392,8 +392,8 @@ def trial_checks(world_size: int, stages: tuple[int, ...], timeout_s: float) -> 
     """These ZeRO stages at this world size, on one local Ray cluster; with more than one rank
     the gradient sync's payload per stage and the stages' losses against each other."""
     from autotune.errors import AutotuneError
-    from autotune.executor import ExecutorSettings, RayExecutor
-    from autotune.memory import estimate_all_stages
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
+    from autotune.model.memory import estimate_all_stages
 
     label = f"w{world_size}"
     checks, losses = [], {}
@@ -433,7 +433,7 @@ def oom_config_args(device_bytes: int) -> tuple[int, list[str]]:
     """(micro-batch, search arguments) of a GPT-small configuration the memory model puts at
     OOM_FACTOR × the device's memory: one micro-batch, doubled until it is that large."""
     from autotune.config import TrialConfig, WorkloadSpec
-    from autotune.memory import estimate_memory
+    from autotune.model.memory import estimate_memory
 
     batch = 8
     while True:

@@ -23,7 +23,7 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.executor import RayExecutor  # noqa: E402
+from autotune.trial.executor import RayExecutor  # noqa: E402
 
 LAYOUTS = {
     "ddp dp2": dict(zero_stage=0, micro_batch_size=4),

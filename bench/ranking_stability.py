@@ -45,8 +45,8 @@ from pathlib import Path  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
-from autotune.leaderboard import build_leaderboard, declare_best  # noqa: E402
-from autotune.noise import paired_ratio_interval  # noqa: E402
+from autotune.study.leaderboard import build_leaderboard, declare_best  # noqa: E402
+from autotune.model.noise import paired_ratio_interval  # noqa: E402
 from autotune.status import TrialStatus  # noqa: E402
 from db import Database  # noqa: E402
 
@@ -97,7 +97,7 @@ def run_search(workdir: Path, i: int, strategy: str | None = None) -> dict:
 
 def measure_truth(candidates: list[TrialConfig], rounds: int) -> dict[TrialConfig, list[float]]:
     """``rounds`` interleaved rounds over ``candidates`` on one warm worker group."""
-    from autotune.executor import ExecutorSettings, RayExecutor
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     figures: dict[TrialConfig, list[float]] = {c: [] for c in candidates}
     with RayExecutor(ExecutorSettings(trial_timeout_s=300.0)) as ex:

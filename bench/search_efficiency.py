@@ -11,7 +11,7 @@ One run, tiny GPT on 2 CPU ranks, on a fixed space small enough to sweep exhaust
    - ds-heuristic: DeepSpeed-autotuner style — ZeRO stage by stage, the largest micro-batch
      that fits (by our memory model) then smaller ones until throughput stops improving; tp/pp
      1, no activation checkpointing (knobs DeepSpeed's autotuner does not tune);
-   - autotune-<sampler>: ``autotune.search.Search`` (define-by-run space, enqueued baseline,
+   - autotune-<sampler>: ``autotune.search.search.Search`` (define-by-run space, enqueued baseline,
      dedup) with each Optuna sampler it offers (TPE, GP, random), on an executor that replays
      the table; and each "(no baseline)": the same without the enqueued baseline trial
      (``Search(..., baseline=None)``), which measures the sampler alone. The search's default
@@ -44,18 +44,18 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.executor import RayExecutor  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.replay import MeasuredRow, TableExecutor  # noqa: E402
+from autotune.trial.executor import RayExecutor  # noqa: E402
+from autotune.model.memory import estimate_memory  # noqa: E402
+from autotune.search.replay import MeasuredRow, TableExecutor  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
-from autotune.search import (  # noqa: E402
+from autotune.search.search import (  # noqa: E402
     DEFAULT_SAMPLER,
     SAMPLERS,
     Search,
     SearchSpec,
     predicted_to_fit,
 )
-from autotune.space import SearchSpace  # noqa: E402
+from autotune.search.space import SearchSpace  # noqa: E402
 from db import Database  # noqa: E402
 
 SPACE = dict(fixed={"bucket_mb": 25.0, "overlap_enabled": True},
@@ -74,7 +74,7 @@ class TargetReached(Exception):
 
 
 class Replay:
-    """The search's executor on a measured sweep: ``autotune.replay.TableExecutor`` finds the
+    """The search's executor on a measured sweep: ``autotune.search.replay.TableExecutor`` finds the
     row that measured a proposed configuration (whatever its seed), the sweep's TrialResult of
     that row is the answer, and the search ends at the target (only the trials up to the first
     hit are counted)."""

@@ -6,7 +6,7 @@
 
 TABLE is a CSV in the shared format (``shared/data/a100-megatron/single_node.csv``) or a JSON
 table of ``bench/cpu_sweep.py``. It is split into groups of rows with the same world size,
-global batch, sequence length and model (``autotune.replay.MeasuredTable.groups``); every group
+global batch, sequence length and model (``autotune.search.replay.MeasuredTable.groups``); every group
 with at least ``--min-layouts`` layouts (8) is one search. Each strategy runs on a
 ``TableExecutor`` of the group: its candidates are the group's configurations, every trial it
 proposes is answered from the measured row, and its history grows by that answer. Counted: the
@@ -16,23 +16,23 @@ search), and how often it got there before stopping is printed beside it.
 
 Answers (``--answer``): ``median`` (default) answers each trial with the row's median over its
 rounds, quieter than any live trial; ``one-round`` answers each with one of the row's rounds,
-drawn at random, as one live trial would have measured it (``autotune.replay.Answer``), and
+drawn at random, as one live trial would have measured it (``autotune.search.replay.Answer``), and
 then every strategy is replayed over ``--seeds`` seeds (seed s draws the rounds, and orders
 random and TPE). A table without rounds (a CSV in the shared format) is refused under
 ``one-round``. A table that measured one configuration more than once is replayed with the
-median of the repeats (``autotune.replay.merge_repeats``); how many rows were merged is
+median of the repeats (``autotune.search.replay.merge_repeats``); how many rows were merged is
 printed (JSON: ``merged``).
 
 Cost: the wall time its measured trials (up to the target) would have taken,
 Σ (warm-up + timed steps) × step time + a fixed overhead per trial, with the steps of
 ``TrialConfig``'s defaults (2 + 5) and the warm per-trial overhead that
 ``bench/trial_overhead.py`` measured (0.02 s); a failed trial costs the overhead alone
-(``autotune.replay.trial_wall_s``).
+(``autotune.search.replay.trial_wall_s``).
 
 Strategies (``--strategies``, default all): grid (DeepSpeed's order), random, tpe (Optuna TPE
 over the real knobs, no baseline), deepspeed (the DeepSpeed autotuner's heuristic), tp-in-node
 (the engineers' "TP inside the node, ZeRO-1/DP across nodes" rule), model (the model-guided
-strategy, ``autotune.strategies.model_guided.ModelGuided``, each group from the cluster
+strategy, ``autotune.search.strategies.model_guided.ModelGuided``, each group from the cluster
 description alone), model-warm (the same, starting each group from a calibration fitted to the
 trials it ran itself in the earlier groups of this replay, in table order: what a cluster file
 calibrated by earlier searches gives a user; under ``--answer one-round`` each seed's pass over
@@ -48,7 +48,7 @@ its own cluster; model-warm starts afresh at each table), and print a line per t
 (JSON: ``per_table``).
 
 For a JSON table whose rows carry their rounds, the NOISE FLOOR is printed too
-(``autotune.replay.one_round_trials``): what a strategy needs that knew one round's step times
+(``autotune.search.replay.one_round_trials``): what a strategy needs that knew one round's step times
 exactly, counted against the rounds' medians, as the MAPE floor of ``bench/cpu_sweep.py``,
 with the strategies whose pooled mean is under it (JSON: ``below_noise_floor``). It bounds a
 strategy that ranks layouts by what it measured; one whose first pick reads no answer (a
@@ -70,10 +70,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
+from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
-from autotune.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
-from autotune.replay import (  # noqa: E402
+from autotune.model.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
+from autotune.search.replay import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
     TRIAL_STEPS,
@@ -87,8 +87,8 @@ from autotune.replay import (  # noqa: E402
     replay,
     trial_wall_s,
 )
-from autotune.strategies.base import Strategy  # noqa: E402
-from autotune.strategies.baselines import (  # noqa: E402
+from autotune.search.strategies.base import Strategy  # noqa: E402
+from autotune.search.strategies.baselines import (  # noqa: E402
     DeepSpeedHeuristic,
     GridStrategy,
     RandomStrategy,
@@ -125,13 +125,13 @@ class Setting:
         a user's cluster file holds after earlier searches on the same cluster."""
         if not self.samples:
             return None
-        from autotune.calibration import fit_calibration
+        from autotune.model.calibration import fit_calibration
 
         return fit_calibration(self.samples[-CARRIED_SAMPLES:], cluster,
                                engine=self.engine).calibration
 
     def carry(self, run: ReplayRun, group: TableGroup) -> None:
-        from autotune.calibration import Sample
+        from autotune.model.calibration import Sample
 
         cluster = self.cluster(group)
         self.samples += [Sample(m.config, m.step_time_s, group.shape, cluster=cluster)
@@ -146,9 +146,9 @@ class Setting:
 def model_factory() -> tuple[Callable | None, str]:
     """(ModelGuided's class, '') or (None, why it is skipped)."""
     try:
-        from autotune.strategies.model_guided import ModelGuided
+        from autotune.search.strategies.model_guided import ModelGuided
     except ImportError as e:
-        return None, f"autotune.strategies.model_guided is not available ({e})"
+        return None, f"autotune.search.strategies.model_guided is not available ({e})"
     return ModelGuided, ""
 
 

@@ -40,7 +40,7 @@ from types import SimpleNamespace  # noqa: E402
 WORLD_SIZE = 2
 WARM_OVERHEAD_TARGET_S = 1.0
 STEP_RATIO_TOLERANCE = 0.05
-PLAIN_LR = 1e-3  # autotune.parallel.zero.LEARNING_RATE
+PLAIN_LR = 1e-3  # autotune.trial.parallel.zero.LEARNING_RATE
 
 
 def log(msg: str) -> None:
@@ -58,7 +58,7 @@ def _plain_rank(rank: int, world_size: int, config_dict: dict, out_dir: str,
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from autotune.config import TrialConfig
-    from autotune.models.workload import build_workload
+    from autotune.trial.models.build import build_workload
 
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # 2 cores / 2 local ranks, as the harness's workers do
@@ -103,7 +103,7 @@ def run_plain(config, niceness: int | None = None) -> dict:
     """Spawn WORLD_SIZE processes running the plain loop; return its step time and raw data."""
     import torch.multiprocessing as mp
 
-    from autotune.result import summarize_steps
+    from autotune.trial.result import summarize_steps
 
     with tempfile.TemporaryDirectory(prefix="plain_ddp_") as out_dir:
         start = time.perf_counter()
@@ -152,7 +152,7 @@ def stats(values: list[float]) -> dict:
 
 def run_benchmark(args) -> dict:
     from autotune.config import TrialConfig, WorkloadSpec
-    from autotune.executor import RayExecutor
+    from autotune.trial.executor import RayExecutor
 
     gb = args.global_batch
     if gb % WORLD_SIZE:

@@ -1,7 +1,7 @@
 """A study read out of the database into plain frozen data, the one input of every figure.
 
 ``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders the trials
-it read as the search's leaderboard does (``autotune.leaderboard.build_leaderboard``), so the
+it read as the search's leaderboard does (``autotune.study.leaderboard.build_leaderboard``), so the
 dashboard and the printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
 report escape what they show).
 """
@@ -12,13 +12,12 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from autotune.config import TrialConfig, WorkloadSpec
+from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
-from autotune.perf_model import TERMS
-from autotune.leaderboard import Entry, build_leaderboard, declare_best
-from autotune.noise import Interval
-from autotune.screen import GIB
+from autotune.model.perf_model import TERMS
+from autotune.study.leaderboard import Entry, build_leaderboard, declare_best
+from autotune.model.noise import Interval
 from autotune.status import TrialStatus
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
@@ -36,7 +35,7 @@ RAN = tuple(s for s in TrialStatus if s.ran)
 
 @dataclass(frozen=True, slots=True)
 class RankTimes:
-    """One rank's time over a trial's profiled steps, as ``autotune.store`` keeps it in the
+    """One rank's time over a trial's profiled steps, as ``autotune.study.store`` keeps it in the
     trial's metrics['ranks'] from ``profiler.breakdown`` (HTA definitions; read, not
     recomputed: the dashboard never imports ``profiler``)."""
 

@@ -15,12 +15,12 @@ import warnings
 import numpy as np
 import plotly.graph_objects as go
 
-from autotune.memory import estimate_all_stages, estimate_memory
-from autotune.space import KNOB_ORDER
+from autotune.model.memory import estimate_all_stages, estimate_memory
+from autotune.layouts import KNOB_ORDER
+from autotune.config import MIB
 from autotune.status import STATUS_ORDER, TrialStatus
 from dashboards.data import RAN, StudyData, Timeline, TrialView
 
-MIB = 2**20
 TEMPLATE = "plotly_white"
 STATUS_LABELS = {TrialStatus.COMPLETE: "complete",
                  TrialStatus.INFEASIBLE_MEASURED: "infeasible (measured)",
@@ -542,7 +542,7 @@ def predicted_categories(trial: TrialView, rank: int | None) -> dict[str, int] |
     if rank is None:
         estimate = estimate_memory(config)
     else:
-        # Mesh dims (pp, dp, tp) with tp innermost (autotune/parallel/mesh.py).
+        # Mesh dims (pp, dp, tp) with tp innermost (autotune/trial/parallel/mesh.py).
         pp_rank = rank // (config.dp_degree * config.tp_degree)
         estimate = estimate_all_stages(config)[pp_rank]
     return {"parameters": estimate.parameters, "gradients": estimate.gradients,

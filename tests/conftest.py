@@ -12,7 +12,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 @pytest.fixture(scope="session")
 def executor():
     """One local Ray cluster and executor for the whole session; worker groups stay warm."""
-    from autotune.executor import ExecutorSettings, RayExecutor
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     ex = RayExecutor(ExecutorSettings(trial_timeout_s=120.0))
     yield ex

@@ -19,12 +19,12 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autotune.cluster import local_cpu_cluster
+from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.memory import estimate_memory
-from autotune.perf_model import predict_step_time
-from autotune.search import GIB, MEMORY_MARGIN, Search, SearchSpec, base_config
-from autotune.space import SearchSpace
+from autotune.model.memory import estimate_memory
+from autotune.model.perf_model import predict_step_time
+from autotune.search.search import GIB, MEMORY_MARGIN, Search, SearchSpec, base_config
+from autotune.search.space import SearchSpace
 from db import Database, RankMemoryRecord, TrialRecord
 
 NAME = "<script>alert(1)</script>"

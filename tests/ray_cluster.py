@@ -28,7 +28,7 @@ def main() -> None:
     num_nodes, cpus, temp_dir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_AUTH_MODE"] = "disabled" if sys.argv[4:] == ["--no-auth"] else "token"
-    from autotune.executor import _keep_ray_on_loopback
+    from autotune.trial.executor import _keep_ray_on_loopback
 
     # Cluster mode off: nodes keep 127.0.0.1 instead of the host's routable address.
     _keep_ray_on_loopback()

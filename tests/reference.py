@@ -1,6 +1,6 @@
 """The single-process reference: the same workload trained on one process, no parallelism.
 
-Written independently of ``autotune/parallel/precision.py``: mixed precision here is the
+Written independently of ``autotune/trial/parallel/precision.py``: mixed precision here is the
 textbook recipe (Micikevicius et al. 2018) with torch's own AdamW on an fp32 master copy.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from autotune.config import TrialConfig
-from autotune.models.workload import build_workload
-from autotune.parallel.zero import LEARNING_RATE
+from autotune.trial.models.build import build_workload
+from autotune.trial.parallel.zero import LEARNING_RATE
 
 HALF = {"bf16": torch.bfloat16, "16": torch.float16}
 BF16_LOSS_ATOL = 5e-4

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from test_search import spec
 
-from autotune.calibration import SHAPE_SHRINK, Sample, fit_calibration
-from autotune.cli import main
-from autotune.cluster import ClusterSpec, load_cluster, local_cpu_cluster
+from autotune.model.calibration import SHAPE_SHRINK, Sample, fit_calibration
+from autotune.cli.main import main
+from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.layouts import short_name
-from autotune.perf_model import TERMS, Calibration, layer_shape_key, predict_step_time
-from autotune.search import Search
-from autotune.study_calibration import StudyCalibration, fit_study
+from autotune.model.perf_model import TERMS, Calibration, layer_shape_key, predict_step_time
+from autotune.search.search import Search
+from autotune.search.study_calibration import StudyCalibration, fit_study
 from db import Database
 
 STUDY = "calibrated"

@@ -9,8 +9,8 @@ import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.models.shapes import MODEL_SHAPES
-from autotune.models.transformer import Transformer
+from autotune.shapes import MODEL_SHAPES
+from autotune.trial.models.transformer import Transformer
 
 
 def test_derived_quantities():

@@ -25,15 +25,15 @@ import pytest
 from plotly.io.json import to_json_plotly
 
 import dashboard_study as ds
-from autotune.cli import main
+from autotune.cli.main import main
 from autotune.config import TrialConfig
 from autotune.layouts import short_name
-from autotune.memory import estimate_all_stages, estimate_memory
-from autotune.perf_model import TERMS as PERF_TERMS
-from autotune.leaderboard import build_leaderboard
-from autotune.search import GIB
-from autotune.space import KNOB_ORDER
-from autotune.store import load_spans
+from autotune.model.memory import estimate_all_stages, estimate_memory
+from autotune.model.perf_model import TERMS as PERF_TERMS
+from autotune.study.leaderboard import build_leaderboard
+from autotune.search.search import GIB
+from autotune.search.space import KNOB_ORDER
+from autotune.study.store import load_spans
 from dashboards.data import MAX_SPANS_PER_TIMELINE, cap_spans
 from dashboards.figures import predicted_trace_name
 from dashboards.report import figure_json, write_report

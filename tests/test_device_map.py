@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import PlacementError
-from autotune.executor import ExecutorSettings, rank_actor_options
-from autotune.placement import (
+from autotune.trial.executor import ExecutorSettings, rank_actor_options
+from autotune.trial.placement import (
     RankDevice,
     assign_groups,
     device_map,
@@ -118,7 +118,7 @@ def test_gpu_ranks_reserve_one_gpu_and_keep_every_gpu_of_the_node_visible():
 PROBE = """
 import json, os, sys
 import ray
-from autotune.executor import ExecutorSettings, RankWorker, rank_actor_options
+from autotune.trial.executor import ExecutorSettings, RankWorker, rank_actor_options
 ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
 out = []
 for noset in (True, False):

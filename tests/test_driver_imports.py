@@ -16,10 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NO_TORCH_NO_RAY = ["autotune.search", "autotune.search_loop", "autotune.leaderboard",
-                   "autotune.screen", "autotune.store", "autotune.result", "autotune.status",
-                   "autotune.cli", "dashboards.data", "profiler"]
-NO_TORCH = ["autotune.executor", "autotune.pool"]
+NO_TORCH_NO_RAY = ["autotune.search.search", "autotune.search.loop", "autotune.study.leaderboard",
+                   "autotune.search.screen", "autotune.study.store", "autotune.trial.result", "autotune.status",
+                   "autotune.cli.main", "dashboards.data", "profiler"]
+NO_TORCH = ["autotune.trial.executor", "autotune.trial.pool"]
 """These start trials on Ray, so they import it; torch stays in the workers."""
 
 
@@ -43,4 +43,4 @@ def test_driver_module_imports_no_torch(module):
 
 def test_the_training_stack_does_import_torch():
     """The check itself sees torch when a module does load it."""
-    assert "torch" in loaded_after_import("autotune.runner")
+    assert "torch" in loaded_after_import("autotune.trial.runner")

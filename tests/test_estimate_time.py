@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from autotune.cli import main
-from autotune.cluster import load_cluster
+from autotune.cli.main import main
+from autotune.model.cluster import load_cluster
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.models.shapes import ModelShape
-from autotune.perf_model import TERMS, Calibration, predict_step_time
+from autotune.shapes import ModelShape
+from autotune.model.perf_model import TERMS, Calibration, predict_step_time
 
 LLAMA_70B = ("--model", "llama-70b", "--world-size", "512", "--tp", "8", "--pp", "8",
              "--zero", "2", "--micro-batch", "1", "--global-batch", "1024", "--seq-len", "4096",

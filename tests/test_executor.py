@@ -10,7 +10,7 @@ import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
-from autotune.executor import ExecutorSettings, RayExecutor
+from autotune.trial.executor import ExecutorSettings, RayExecutor
 
 CONFIG = TrialConfig(world_size=2, micro_batch_size=2, num_warmup_steps=1, num_timed_steps=2,
                      device="cpu")

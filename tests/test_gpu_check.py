@@ -25,7 +25,7 @@ import gpu_check  # noqa: E402
 from gpu_check import Check, Status  # noqa: E402
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
-from autotune.memory import estimate_all_stages, estimate_memory  # noqa: E402
+from autotune.model.memory import estimate_all_stages, estimate_memory  # noqa: E402
 from profiler import Span  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_expected_gradient_sync_is_the_gradient_bytes_in_the_synced_dtype():
 
 def test_expected_gradient_sync_counts_the_built_models_parameters():
     """Against the model the trial builds: GPT-tiny's parameters, counted by torch."""
-    from autotune.models.workload import build_workload
+    from autotune.trial.models.build import build_workload
 
     config = TrialConfig(world_size=2, device="cpu")
     numel = sum(p.numel() for p in build_workload(config.workload).model.parameters())

@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")  # the hf extra; CI installs 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.layouts import enumerate_configs, short_name  # noqa: E402
-from autotune.models.workload import cross_entropy_loss, synthetic_batch  # noqa: E402
-from autotune.parallel.zero import LEARNING_RATE  # noqa: E402
+from autotune.trial.models.workload import cross_entropy_loss, synthetic_batch  # noqa: E402
+from autotune.trial.parallel.zero import LEARNING_RATE  # noqa: E402
 from spawn import run_ranks  # noqa: E402
 
 NUM_STEPS = 2
@@ -110,10 +110,10 @@ def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
                    measured: list[TrialConfig]) -> dict:
     """On one process group: every layout built, parallelised and trained (per-step losses),
     and the memory of the ``measured`` trials as the runner measures it."""
-    from autotune.models.workload import build_workload
-    from autotune.parallel.mesh import build_mesh
-    from autotune.parallel.parallelize import check_workload_supports, parallelize
-    from autotune.runner import Trainer, run_rank
+    from autotune.trial.models.build import build_workload
+    from autotune.trial.parallel.mesh import build_mesh
+    from autotune.trial.parallel.parallelize import check_workload_supports, parallelize
+    from autotune.trial.runner import Trainer, run_rank
 
     device = torch.device("cpu")
     out: dict = {"losses": {}, "memory": {}}
@@ -192,7 +192,7 @@ def test_deepspeed_parses_every_layouts_ds_config(model_dirs):
     with exactly those numbers."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    from autotune.export import ds_config
+    from autotune.export.ds_config import ds_config
 
     configs = [c for p in model_dirs.values() for c in layouts(p)]
     assert {c.dp_degree for c in configs} == {1, 2}
@@ -213,7 +213,7 @@ def test_deepspeed_parses_every_layouts_ds_config(model_dirs):
 
 
 def test_memory_model_reads_the_hf_shape_and_predicts_the_measured_peak(sweep):
-    from autotune.memory import estimate_all_stages
+    from autotune.model.memory import estimate_all_stages
 
     _, measured, results = sweep
     for i, config in enumerate(measured):
@@ -233,7 +233,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     code = main(list(argv))
     captured = capsys.readouterr()
@@ -322,8 +322,8 @@ def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_p
     assert best.workload.hf_model == model_dirs["llama"] and best.tp_degree == 2
 
     # Predicted memory: every trial carries the memory model's prediction for the HF shape.
-    from autotune.leaderboard import build_leaderboard
-    from autotune.screen import predict_peak
+    from autotune.study.leaderboard import build_leaderboard
+    from autotune.search.screen import predict_peak
     from db import Database
 
     database = Database.open(f"sqlite:///{tmp_path}/autotune.db", create=False)
@@ -335,7 +335,7 @@ def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_p
     assert all(e.predicted_peak > 0 for e in board)
 
     # ds_config.json: the layout's DeepSpeed config (parsed on real meshes in the sweep).
-    from autotune.export import ds_config
+    from autotune.export.ds_config import ds_config
 
     assert json.loads((tmp_path / "ds_config.json").read_text()) == ds_config(best)
     _check_accelerate(tmp_path / "accelerate_config.yaml", best)

@@ -121,8 +121,8 @@ def test_llama_layout_matches_single_process(executor, config):
 
 
 def _train_without_grad_sync(rank: int, config: TrialConfig) -> list[float]:
-    from autotune.parallel import zero
-    from autotune.runner import run_rank
+    from autotune.trial.parallel import zero
+    from autotune.trial.runner import run_rank
 
     zero.BucketedAllReduce.__call__ = lambda self: None  # the bug this control plants
     return run_rank(config).losses

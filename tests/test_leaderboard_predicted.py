@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from autotune.cluster import local_cpu_cluster
+from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.layouts import short_name
-from autotune.perf_model import predict_step_time
-from autotune.leaderboard import build_leaderboard, format_leaderboard
-from autotune.search_loop import SearchOutcome
+from autotune.model.perf_model import predict_step_time
+from autotune.study.leaderboard import build_leaderboard, format_leaderboard
+from autotune.search.loop import SearchOutcome
 from db import Database, RankMemoryRecord, TrialRecord
 
 # (micro-batch, measured step time ÷ predicted, tokens/s, store the prediction?): one trial

@@ -1,4 +1,4 @@
-"""The memory model (autotune/memory.py) against hand arithmetic, saved tensors, and real trials.
+"""The memory model (autotune/model/memory.py) against hand arithmetic, saved tensors, and real trials.
 
 Hand-computed expectations follow the cited formulas (ZeRO: Rajbhandari et al. 2020 §5;
 activations: Korthikanti et al. 2022 Table 2, recounted for our block) and are written out in
@@ -61,8 +61,8 @@ import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate_cli import add_estimate_parser, cmd_estimate
-from autotune.memory import (
+from autotune.cli.estimate import add_estimate_parser, cmd_estimate
+from autotune.model.memory import (
     CATEGORIES,
     MemoryEstimate,
     block_backward_bytes,
@@ -73,7 +73,7 @@ from autotune.memory import (
     model_state_bytes,
     stage_layer_counts,
 )
-from autotune.models.shapes import MODEL_SHAPES, ModelShape
+from autotune.shapes import MODEL_SHAPES, ModelShape
 
 GIB = 2**30
 
@@ -182,7 +182,7 @@ def test_tp_divides_only_the_sharded_linears():
 def test_pp_splits_layers_like_split_for_pipeline():
     import torch  # noqa: F401  (the real split below builds a model)
 
-    from autotune.models.transformer import Transformer, split_for_pipeline
+    from autotune.trial.models.transformer import Transformer, split_for_pipeline
 
     # 12 layers over 5 stages: earlier stages take the remainder → 3, 3, 2, 2, 2.
     assert stage_layer_counts(12, 5) == [3, 3, 2, 2, 2]
@@ -240,9 +240,9 @@ def test_layer_formula_matches_saved_tensors(family, attention, dtype, checkpoin
     """The per-layer formula equals the bytes autograd really saves in one of our blocks."""
     import torch
 
-    from autotune.models.transformer import Transformer
-    from autotune.models.workload import transformer_blocks
-    from autotune.parallel.activation_checkpoint import apply_ac
+    from autotune.trial.models.transformer import Transformer
+    from autotune.trial.models.workload import transformer_blocks
+    from autotune.trial.parallel.activation_checkpoint import apply_ac
 
     # Odd sizes so that no coefficient can hide: s 48, b 3, h 80, 5 heads (Llama: 5 KV heads
     # would be plain MHA, so GQA with 1 KV head), f 208.
@@ -275,9 +275,9 @@ def test_block_backward_temporaries_match_the_profiler(family, checkpointing):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from autotune.models.transformer import Transformer
-    from autotune.models.workload import transformer_blocks
-    from autotune.parallel.activation_checkpoint import apply_ac
+    from autotune.trial.models.transformer import Transformer
+    from autotune.trial.models.workload import transformer_blocks
+    from autotune.trial.parallel.activation_checkpoint import apply_ac
 
     shape = ModelShape(family, 2, 64, 4, 4, 256 if family == "gpt" else 176, 64, 256)
     model = Transformer(shape, vocab_size=64)

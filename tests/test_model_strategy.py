@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune.calibration import FitReport
-from autotune.cli import main
-from autotune.cluster import local_cpu_cluster
+from autotune.model.calibration import FitReport
+from autotune.cli.main import main
+from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.perf_model import Calibration
-from autotune.replay import MeasuredTable, ReplayTrialExecutor
-from autotune.search import Search, SearchSpec, resolve_strategy
+from autotune.model.perf_model import Calibration
+from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from autotune.search.search import Search, SearchSpec, resolve_strategy
 from autotune.status import TrialStatus
-from autotune.strategies.base import Measured
-from autotune.strategies.model_guided import ModelGuided
+from autotune.search.strategies.base import Measured
+from autotune.search.strategies.model_guided import ModelGuided
 from db import Database
 
 TABLE = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_b.json"
@@ -126,7 +126,7 @@ def test_gp_sampler_under_a_memory_limit(tmp_path, world2_rows):
 
     import optuna
 
-    from autotune.search import GIB
+    from autotune.search.search import GIB
 
     peaks = sorted(r.peak_memory_bytes for r in world2_rows if r.peak_memory_bytes)
     limit = peaks[len(peaks) // 2]
@@ -150,8 +150,8 @@ def test_model_guided_search_records_the_fastest_layouts_memory_ruled_out(tmp_pa
     stops, the study shows the best few it never saw because they do not fit, never run."""
     import dataclasses
 
-    from autotune import screen
-    from autotune.search import GIB, MEMORY_MARGIN
+    from autotune.search import screen
+    from autotune.search.search import GIB, MEMORY_MARGIN
 
     configs = [r.config for r in world2_rows]
     peaks = sorted(screen.predict_peak(c, "cpu") * (1 + MEMORY_MARGIN) for c in configs)

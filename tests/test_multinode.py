@@ -152,7 +152,7 @@ def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postg
 
     import optuna
 
-    from autotune.search import _optuna_storage
+    from autotune.search.search import _optuna_storage
 
     with Database.open(db_url, create=False) as database:
         storage = _optuna_storage(database)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.calibration import Sample, fit_calibration
-from autotune.cluster import ClusterSpec, DeviceSpec, LinkSpec, load_cluster, read_nccl_tests
+from autotune.model.calibration import Sample, fit_calibration
+from autotune.model.cluster import ClusterSpec, DeviceSpec, LinkSpec, load_cluster, read_nccl_tests
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.models.shapes import ModelShape
-from autotune.perf_model import (
+from autotune.shapes import ModelShape
+from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     MEGATRON_ENGINE,
     TERMS,

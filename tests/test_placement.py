@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from autotune.errors import PlacementError
-from autotune.placement import (
+from autotune.trial.placement import (
     NodeSlots,
     assign_groups,
     best_cost,

@@ -12,14 +12,14 @@ import json
 import pytest
 import torch
 
-from autotune.cli import main as cli_main
+from autotune.cli.main import main as cli_main
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate_cli import main as estimate_main
-from autotune.export import ds_config
-from autotune.memory import estimate_memory
-from autotune.models.shapes import MODEL_SHAPES
-from autotune.parallel.precision import LossScaler, MasterWeightAdamW, check_precision_supported
+from autotune.cli.estimate import main as estimate_main
+from autotune.export.ds_config import ds_config
+from autotune.model.memory import estimate_memory
+from autotune.shapes import MODEL_SHAPES
+from autotune.trial.parallel.precision import LossScaler, MasterWeightAdamW, check_precision_supported
 
 GB = 1e9  # the ZeRO paper's GB (decimal): 16 · 7.5e9 bytes = 120 GB
 

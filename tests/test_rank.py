@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.cluster import load_cluster
+from autotune.cli.main import main
+from autotune.model.cluster import load_cluster
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.layouts import enumerate_configs
-from autotune.memory import estimate_memory
-from autotune.models.shapes import MODEL_SHAPES
-from autotune.perf_model import Calibration, predict_step_time
-from autotune.rank_cli import _Progress, enumerate_layouts
-from autotune.space import DEFAULT_BUCKETS_MB, SearchSpace
+from autotune.model.memory import estimate_memory
+from autotune.shapes import MODEL_SHAPES
+from autotune.model.perf_model import Calibration, predict_step_time
+from autotune.cli.rank import _Progress, enumerate_layouts
+from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -126,7 +126,7 @@ def test_table_lists_the_json_order(capsys):
 
 
 def test_rank_imports_no_torch():
-    code = ("import sys; from autotune.cli import main; "
+    code = ("import sys; from autotune.cli.main import main; "
             "main(['rank', '--model', 'gpt-small', '--cluster', 'h100-sxm', '--global-batch', "
             "'8', '--seq-len', '128', '--top', '1']); "
             "assert 'torch' not in sys.modules and 'ray' not in sys.modules")

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.export import export_study
+from autotune.export.best_config import export_study
 from autotune.layouts import short_name
-from autotune.leaderboard import Entry, declare_best, equivalent
-from autotune.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
-from autotune.replay import MeasuredTable, ReplayTrialExecutor
-from autotune.search import Search, SearchSpec, base_config
-from autotune.space import SearchSpace
+from autotune.study.leaderboard import Entry, declare_best, equivalent
+from autotune.model.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
+from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from autotune.search.search import Search, SearchSpec, base_config
+from autotune.search.space import SearchSpace
 from autotune.status import TrialStatus
 from db import Database
 

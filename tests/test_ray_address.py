@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
 import json, os, sys
-from autotune.executor import _joinable
+from autotune.trial.executor import _joinable
 from ray._private import ray_constants
 address = _joinable(sys.argv[1])
 print(json.dumps({"address": address, "auth": os.environ.get("RAY_AUTH_MODE"),

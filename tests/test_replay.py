@@ -12,8 +12,8 @@ import pytest
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.layouts import enumerate_configs, short_name
-from autotune.models.shapes import ModelShape
-from autotune.replay import (
+from autotune.shapes import ModelShape
+from autotune.search.replay import (
     CSV_COLUMNS,
     Answer,
     MeasuredRow,
@@ -25,8 +25,8 @@ from autotune.replay import (
     replay,
     trial_wall_s,
 )
-from autotune.strategies.base import Measured
-from autotune.strategies.baselines import (
+from autotune.search.strategies.base import Measured
+from autotune.search.strategies.baselines import (
     DeepSpeedHeuristic,
     GridStrategy,
     RandomStrategy,

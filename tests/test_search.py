@@ -9,8 +9,9 @@ import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.export import ds_config, export_study
-from autotune.search import GIB, Search, SearchSpec
+from autotune.export.best_config import export_study
+from autotune.export.ds_config import ds_config
+from autotune.search.search import GIB, Search, SearchSpec
 from db import Database
 
 # dp 2, ZeRO-0, no TP/PP: the knobs left are micro-batch {1, 4} and checkpointing {none, full}.
@@ -82,10 +83,10 @@ def test_search_finds_the_best_by_construction(executor, database):
 
 
 def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
-    from autotune.memory import estimate_memory
+    from autotune.model.memory import estimate_memory
 
     probe = Search(spec(study_name="probe"), database, None, out=None)
-    from autotune.search import MEMORY_MARGIN
+    from autotune.search.search import MEMORY_MARGIN
 
     peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in probe.space.configs)
     limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two do not
@@ -196,7 +197,7 @@ def test_export_writes_loadable_files(executor, database, tmp_path):
 def test_enqueued_parameters_propose_exactly_that_configuration():
     import optuna
 
-    from autotune.space import SearchSpace
+    from autotune.search.space import SearchSpace
 
     space = SearchSpace(TrialConfig(world_size=4))
     study = optuna.create_study(direction="maximize")
@@ -213,7 +214,7 @@ def test_the_space_offers_zero1_with_tensor_and_pipeline_parallelism():
     used to be refused."""
     import optuna
 
-    from autotune.space import SearchSpace
+    from autotune.search.space import SearchSpace
 
     space = SearchSpace(TrialConfig(world_size=4))
     wanted = [c for c in space.configs if c.zero_stage == 1 and c.dp_degree == 2
@@ -264,8 +265,8 @@ def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor,
     the single-process reference, so concurrent trials did not disturb each other."""
     from reference import reference_losses
 
-    from autotune.executor import ExecutorSettings
-    from autotune.pool import TrialPool
+    from autotune.trial.executor import ExecutorSettings
+    from autotune.trial.pool import TrialPool
 
     executor.discard_group()  # the session's group would hold the cores the pool needs
     s = spec(world_size=1, n_trials=4, num_warmup_steps=0, num_timed_steps=2, top_k=1,

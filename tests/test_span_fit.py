@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from autotune.cluster import GB, local_cpu_cluster
+from autotune.model.cluster import GB, local_cpu_cluster
 from autotune.config import TrialConfig
-from autotune.perf_model import Calibration, layer_forward_flops, predict_step_time
-from autotune.span_fit import INTER, INTRA, fit_link, fit_spans, summarize
+from autotune.model.perf_model import Calibration, layer_forward_flops, predict_step_time
+from autotune.model.span_fit import INTER, INTRA, fit_link, fit_spans, summarize
 from profiler import Span
 
 LATENCY_S = 80e-6

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.store import MEMORY_CATEGORIES, load_spans, store_result, to_record
+from autotune.study.store import MEMORY_CATEGORIES, load_spans, store_result, to_record
 from db import Database
 from profiler.trace import TRACKS, chrome_trace, write_chrome_trace
 

@@ -32,8 +32,8 @@ import math
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.memory import estimate_all_stages
-from autotune.models.workload import build_workload
+from autotune.model.memory import estimate_all_stages
+from autotune.trial.models.build import build_workload
 from reference import reference_losses
 
 WORLD = 4
@@ -230,8 +230,8 @@ def test_distributed_optimizer_shares_tile_every_parameter_once(n):
     """Without a process group: over n ranks (3 pads every bucket) the owned slices cover every
     element of every parameter exactly once, each bucket's shares are equal and padded by less
     than n, and the memory model's worst rank is the partition's."""
-    from autotune.memory import _flat_partition
-    from autotune.parallel.distributed_optimizer import partition
+    from autotune.model.memory import _flat_partition
+    from autotune.trial.parallel.distributed_optimizer import partition
 
     params = list(build_workload(CONFIG.workload).model.parameters())
     bucket_mb = 0.1
@@ -303,7 +303,7 @@ def check_mixed_precision_bytes(result, stage: int) -> None:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_mixed_precision_bytes_per_category(mixed_by_stage, stage):
-    from autotune.memory import estimate_memory
+    from autotune.model.memory import estimate_memory
 
     result = mixed_by_stage[stage]
     check_mixed_precision_bytes(result, stage)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from autotune.config import WorkloadSpec
-from autotune.models.workload import Workload
+from autotune.trial.models.workload import Workload
 
 HIDDEN, LAYERS = 32, 4
 

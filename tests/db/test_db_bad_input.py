@@ -233,7 +233,7 @@ def test_a_wrong_password_on_a_real_server_is_named_never_shown(postgres, capsys
                                                                  debug):
     """The server refuses the password: one line that says so (or the --debug traceback), and
     neither the wrong password nor the right one anywhere in the output or the log."""
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     wrong = "wr0ng-" + postgres.password[::-1]
     url = postgres.url("postgres").replace(postgres.password, wrong)

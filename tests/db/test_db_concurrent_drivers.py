@@ -2,7 +2,7 @@
 
 Each writer is a process that does what a search driver does with the database, in the same
 order and through the same code: it opens a new database (creating the schema unless the other
-did), makes Optuna's storage (``autotune.search._optuna_storage``, creating Optuna's tables
+did), makes Optuna's storage (``autotune.search.search._optuna_storage``, creating Optuna's tables
 unless the other did), creates its two studies (autotune's and Optuna's), and then, from a
 common start, asks Optuna for trials and stores each with its memory, steps and spans, a
 calibration after it, and tells Optuna its value. The trials themselves are not run: running
@@ -44,7 +44,7 @@ def _value(writer: int, number: int) -> float:
 
 def _driver(url: str, writer: int, barrier, results) -> None:
     try:
-        from autotune.search import _optuna_storage
+        from autotune.search.search import _optuna_storage
 
         name = STUDIES[writer]
         with Database.open(url) as database:

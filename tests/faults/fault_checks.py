@@ -25,7 +25,7 @@ def estimated_as_builtin():
     test_search_over_a_user_workload); while this is active, the driver predicts them as the
     built-in model their spec names, so a fault test can also exercise the memory screen.
     Nothing changes on the workers."""
-    from autotune import screen
+    from autotune.search import screen
 
     original = screen.predict_peak
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import WorkloadSpec
-from autotune.models.workload import Workload, build_builtin
+from autotune.trial.models.workload import Workload, build_builtin
 
 FAULTY_RANK = 1
 FAULTY_MICRO_BATCH = 2

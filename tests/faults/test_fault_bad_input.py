@@ -1,7 +1,7 @@
 """Bad input the other suites leave out: one line naming the fix, the documented exit code (2
 usage, 1 runtime, 130 interrupted), no traceback, and nothing written.
 
-Run through ``autotune.cli.main`` in this process (no interpreter start per case; every case
+Run through ``autotune.cli.main.main`` in this process (no interpreter start per case; every case
 fails before Ray). The cases already proven elsewhere are listed in docs/reliability.md.
 """
 
@@ -22,11 +22,11 @@ import optuna
 import pytest
 from fault_checks import complete_trial
 
-from autotune.cli import main
+from autotune.cli.main import main
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.export import write_json_atomically
-from autotune.space import SearchSpace
+from autotune.export.files import write_json_atomically
+from autotune.search.space import SearchSpace
 from db import Database
 from db.schema import MIGRATIONS, latest_version
 
@@ -180,7 +180,7 @@ def test_export_interrupted_mid_write_keeps_the_previous_files(study_db, tmp_pat
             raise KeyboardInterrupt
         real_dump(data, f, **kwargs)
 
-    monkeypatch.setattr("autotune.export.json.dump", dump_then_interrupt)
+    monkeypatch.setattr("autotune.export.files.json.dump", dump_then_interrupt)
     result = cli(capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out",
                  str(out))
     one_line(result, 130, "autotune: interrupted")
@@ -194,7 +194,7 @@ def test_export_interrupted_mid_write_keeps_the_previous_files(study_db, tmp_pat
 KILLED_WRITER = """
 import sys
 from pathlib import Path
-from autotune.export import write_json_atomically
+from autotune.export.files import write_json_atomically
 write_json_atomically(Path(sys.argv[1]), {"spans": list(range(5_000_000))})
 """
 

@@ -43,8 +43,8 @@ from fault_checks import descendants, wait_gone
 from read_while_writing import trial_digest
 
 from autotune.config import TrialConfig
-from autotune.search import Search, SearchSpec, base_config
-from autotune.space import SearchSpace
+from autotune.search.search import Search, SearchSpec, base_config
+from autotune.search.space import SearchSpace
 from db import Database
 
 ROOT = Path(__file__).resolve().parents[2]

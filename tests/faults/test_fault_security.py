@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fault_checks import command_line, complete_trial, descendants, listening_sockets
 
-from autotune.cli import main
+from autotune.cli.main import main
 from autotune.config import TrialConfig
 from db import Database, SpanRecord
 

@@ -21,8 +21,8 @@ from fault_checks import without_remeasurements as first_stored
 from fault_workloads import FAULTY_MICRO_BATCH, OVER_LIMIT_MICRO_BATCH
 
 from autotune.config import WorkloadSpec
-from autotune.executor import ExecutorSettings
-from autotune.search import CONSTRAINT_ATTR, GIB, Search, SearchOutcome, SearchSpec
+from autotune.trial.executor import ExecutorSettings
+from autotune.search.search import CONSTRAINT_ATTR, GIB, Search, SearchOutcome, SearchSpec
 from db import Database, TrialRecord
 
 FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,

@@ -1,0 +1,438 @@
+"""``autotune estimate``: predicted per-rank memory of a configuration, without running it.
+
+The configuration comes from ``--config FILE`` (a TrialConfig), from knob flags (which also
+override the file's fields), or from an explicit architecture (``--num-layers --hidden-size
+--num-heads --seq-len --vocab-size``) for models that are not built in; ``--params N`` alone
+gives the model states only. With ``--cluster NAME|FILE`` (and ``--nodes N``) it also prints the
+predicted step time, tokens/s, MFU and their breakdown (``perf_model.predict_step_time`` with
+the cluster's stored calibration, for autotune's own engine). Nothing here imports torch or Ray:
+an estimate takes milliseconds, so models far too large for this machine (Llama 70B on 512
+GPUs) can be planned.
+
+``add_estimate_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_estimate(args)``
+runs it and returns the exit status. Bad input raises :class:`ConfigError` (one line, exit 2).
+The flag groups and the model / cluster helpers are shared with ``autotune rank``
+(``rank_cli.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+
+from autotune.model.cluster import ClusterSpec, builtin_names, load_cluster
+from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.model.memory import (
+    CATEGORIES,
+    estimate_all_stages,
+    gathered_parameter_bytes,
+    model_state_bytes,
+)
+from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
+from autotune.model.perf_model import (
+    AUTOTUNE_ENGINE,
+    TERMS,
+    Calibration,
+    StepTimeEstimate,
+    predict_step_time,
+)
+
+EXPLICIT_WORKLOAD = "explicit:architecture"
+"""Workload name of an explicit architecture in the printed / JSON config."""
+SHAPE_FLAGS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+"""Flags that, with --seq-len, describe a model that is not built in."""
+
+
+def add_estimate_parser(sub) -> None:
+    p = sub.add_parser(
+        "estimate", help="predict per-rank memory of a configuration, without running it",
+        description="Print the predicted peak memory of the worst rank (the worst pipeline "
+        "stage) by category — parameters, gradients, optimizer state, activations, "
+        "communication buffers, other — for a TrialConfig, a built-in model with knob flags, "
+        "or an explicit architecture. Formulas: ZeRO (Rajbhandari et al. 2020) for model "
+        "states, Korthikanti et al. 2022 for activations, calibrated to this implementation "
+        "(see autotune/model/memory.py). With --cluster, also the predicted step time, tokens/s, MFU "
+        "and where the time goes (autotune/model/perf_model.py).",
+        epilog="example: autotune estimate --model llama-70b --world-size 512 --tp 8 --pp 8 "
+        "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --precision bf16-mixed "
+        "--cluster a100-sxm4-80gb")
+    p.add_argument("--config", metavar="FILE",
+                   help="TrialConfig JSON; knob flags given as well override its fields")
+    p.add_argument("--model", metavar="NAME",
+                   help=f"built-in model: {', '.join(model_names())} (default gpt-tiny), or "
+                   "hf:PATH_OR_ID, a Hugging Face causal LM's config.json")
+    knobs = p.add_argument_group("layout and batch (default: the config's, else TrialConfig's)")
+    knobs.add_argument("--world-size", type=int, metavar="N", help="ranks (devices)")
+    knobs.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree")
+    knobs.add_argument("--pp", type=int, metavar="N", help="pipeline-parallel degree")
+    knobs.add_argument("--zero", type=int, metavar="STAGE", help="ZeRO stage 0-3")
+    knobs.add_argument("--micro-batch", type=int, metavar="N",
+                       help="sequences per micro-batch per data-parallel rank")
+    knobs.add_argument("--global-batch", type=int, metavar="N",
+                       help="sequences per optimizer step over all data-parallel ranks")
+    knobs.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
+    knobs.add_argument("--ac", choices=("none", "selective", "full"),
+                       help="activation checkpointing")
+    knobs.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
+                       help="pipeline schedule (with --pp > 1)")
+    add_precision_args(knobs)
+    knobs.add_argument("--attention", choices=("sdpa", "eager"), help="attention kernel")
+    knobs.add_argument("--bucket-mb", type=float, metavar="MB",
+                       help="gradient bucket / FSDP unit size in MB")
+    knobs.add_argument("--no-overlap", action="store_true",
+                       help="overlap_enabled false (one bucketed all-reduce after backward)")
+    arch = add_architecture_args(p)
+    arch.add_argument("--params", type=float, metavar="N",
+                      help="parameter count only (e.g. 7e9): model states, activations unknown")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="whose memory: cuda (default unless the config says cpu) or cpu, "
+                   "which adds the CPU measurement's allowance")
+    add_cluster_args(p, nodes_help="nodes of the cluster (default: the fewest that hold the "
+                     "world size; nodes × devices per node must equal it when given)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+
+def add_precision_args(group) -> None:
+    """``--precision`` and the older ``--dtype`` (``estimate``, ``rank`` and ``search``)."""
+    group.add_argument("--precision", metavar="NAME",
+                       help=f"{', '.join(PRECISION_COMPUTE_DTYPE)} (Lightning's names; mixed: "
+                       "fp32 master weights and optimizer state, half-precision compute); "
+                       "default: bf16-mixed on GPUs, 32-true on CPUs")
+    group.add_argument("--dtype", choices=tuple(DTYPE_PRECISION),
+                       help="older spelling of the *-true precisions (float32 = 32-true, "
+                       "bfloat16 = bf16-true, float16 = 16-true)")
+
+
+def precision_arg(text: str | None) -> str | None:
+    """--precision checked: an unknown name is one line, exit 2 (argparse's choices would
+    print the usage too)."""
+    if text is not None and text not in PRECISION_COMPUTE_DTYPE:
+        raise ConfigError(f"unknown precision '{text}'; choose one of "
+                          f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
+    return text
+
+
+def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The explicit-architecture flags (``estimate`` and ``rank``); returns their group."""
+    arch = p.add_argument_group("explicit architecture (instead of --model)")
+    arch.add_argument("--num-layers", type=int, metavar="N")
+    arch.add_argument("--hidden-size", type=int, metavar="N")
+    arch.add_argument("--num-heads", type=int, metavar="N")
+    arch.add_argument("--num-kv-heads", type=int, metavar="N",
+                      help="key/value heads (default --num-heads)")
+    arch.add_argument("--ffn-hidden-size", type=int, metavar="N",
+                      help="MLP width (default 4h for gpt, Llama's 8h/3 rounded up to 256)")
+    arch.add_argument("--vocab-size", type=int, metavar="N")
+    arch.add_argument("--family", choices=("gpt", "llama"),
+                      help="block type of the explicit architecture (default gpt)")
+    return arch
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
+                     nodes_help: str) -> None:
+    """``--cluster NAME|FILE`` and ``--nodes N`` (``estimate`` and ``rank``)."""
+    p.add_argument("--cluster", metavar="NAME|FILE", required=required,
+                   help=f"the cluster to predict the step time on: {', '.join(builtin_names())}"
+                   ", or a ClusterSpec JSON/TOML file (its stored calibration is used)")
+    p.add_argument("--nodes", type=int, metavar="N", help=nodes_help)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    config = _config_from_args(args)
+    device = args.device or ("cpu" if config.device == "cpu" else "cuda")
+    config.validate_precision()
+    config = config.with_precision(device)
+    if args.nodes is not None and args.cluster is None:
+        raise ConfigError("--nodes sizes the cluster of --cluster NAME|FILE: give --cluster too")
+    cluster = cluster_for_world(args.cluster, args.nodes, config.world_size) if (
+        args.cluster) else None
+    if args.params is not None:
+        return _print_states_only(args, config, device, cluster)
+    shape = explicit_shape(args, config)
+    if shape is not None:
+        config = mark_explicit(config, shape)
+    stages = estimate_all_stages(config, shape, device_type=device)
+    worst = max(stages, key=lambda e: e.total)
+    refusal = _engine_refusal(config, shape)
+    time = None if cluster is None else predict_step_time(
+        config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=AUTOTUNE_ENGINE)
+    if args.json:
+        extra = {} if cluster is None else {"cluster": cluster.name,
+                                            "nodes": cluster.num_nodes, "time": time.as_dict()}
+        print(json.dumps({
+            "config": config.resolved(), "shape": dataclasses.asdict(shape) if shape else None,
+            "device": device, "per_rank": worst.as_dict(), "stage": worst.stage,
+            "phase": worst.phase,
+            "stages": [e.as_dict() for e in stages], "engine_refusal": refusal, **extra},
+            indent=2))
+        return 0
+    print(_describe(config, shape, device))
+    where = "" if config.pp_degree == 1 else (
+        f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
+    title = f"per rank{where}, peak {worst.phase}"
+    if time is None:
+        print(f"{title}:")
+        _print_table(worst.as_dict())
+    else:
+        print(f"{title}; predicted step time on {cluster.name}:")
+        print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
+        print(_time_summary(time, cluster))
+    if config.pp_degree > 1:
+        print("total per stage: " + ", ".join(f"{e.stage}: {_human(e.total)}" for e in stages))
+    if refusal:
+        print(f"note: the trial engine refuses this layout ({refusal}); the estimate is of the "
+              "layout itself")
+    return 0
+
+
+# ---- building the configuration ------------------------------------------------------------
+def _config_from_args(args: argparse.Namespace) -> TrialConfig:
+    config = TrialConfig.from_file(args.config) if args.config else TrialConfig()
+    workload = config.workload
+    if args.model is not None:
+        workload = builtin_workload(workload, args.model)
+    wl_fields = {"seq_len": args.seq_len, "global_batch_size": args.global_batch,
+                 "dtype": args.dtype, "vocab_size": args.vocab_size}
+    workload = dataclasses.replace(workload, **{k: v for k, v in wl_fields.items()
+                                                if v is not None})
+    fields = {"world_size": args.world_size, "tp_degree": args.tp, "pp_degree": args.pp,
+              "zero_stage": args.zero, "micro_batch_size": args.micro_batch,
+              "activation_checkpointing": args.ac, "pp_schedule": args.schedule,
+              "attention": args.attention, "bucket_mb": args.bucket_mb}
+    if args.no_overlap:
+        fields["overlap_enabled"] = False
+    if precision_arg(args.precision) is not None:
+        fields["precision"] = args.precision
+    config = dataclasses.replace(config, workload=workload,
+                                 **{k: v for k, v in fields.items() if v is not None})
+    if config.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {config.zero_stage}")
+    if args.global_batch is None and not args.config:
+        # No batch given: one micro-batch per data-parallel rank (no accumulation).
+        tp_pp = config.tp_degree * config.pp_degree
+        if tp_pp > 0 and config.world_size % tp_pp == 0 and config.world_size >= tp_pp:
+            batch = config.micro_batch_size * config.dp_degree
+            if config.pp_degree > 1:  # enough micro-batches for the schedule to fill
+                batch *= config.pp_degree * (2 if config.pp_schedule == "interleaved_1f1b"
+                                             else 1)
+            config = dataclasses.replace(config, workload=dataclasses.replace(
+                config.workload, global_batch_size=batch))
+    return config
+
+
+def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
+    """``workload`` training the model named ``model``: a built-in one (e.g. 'llama-70b') or a
+    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
+    if model.startswith("hf:"):
+        from autotune.hf_config import hf_shape
+
+        ref = model[3:]
+        hf_shape(ref)  # a missing or unsupported config is one line here
+        return dataclasses.replace(workload, hf_model=ref, workload=None)
+    family, _, size = model.partition("-")
+    if (family, size) not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")
+    return dataclasses.replace(workload, family=family, size=size, workload=None)
+
+
+def cluster_for_world(name_or_path: str, nodes: int | None, world_size: int) -> ClusterSpec:
+    """The cluster ``--cluster`` names with ``--nodes`` nodes, which must hold exactly
+    ``world_size`` devices; without ``--nodes``, the fewest nodes that hold the world."""
+    cluster = load_cluster(name_or_path, nodes=nodes)
+    if nodes is not None:
+        cluster.check_world(world_size)
+        return cluster
+    return cluster.with_nodes(max(1, math.ceil(world_size / cluster.devices_per_node)))
+
+
+def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
+    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
+    if not given:
+        if args.num_kv_heads or args.ffn_hidden_size or args.family:
+            raise ConfigError("--num-kv-heads, --ffn-hidden-size and --family describe an "
+                              "explicit architecture: give --num-layers, --hidden-size, "
+                              "--num-heads, --seq-len and --vocab-size too")
+        return None
+    if args.model is not None:
+        raise ConfigError("give either --model or an explicit architecture (--num-layers "
+                          "--hidden-size --num-heads --seq-len --vocab-size), not both")
+    missing = [f for f in SHAPE_FLAGS if getattr(args, f) is None]
+    if args.seq_len is None:
+        missing.append("seq_len")
+    if missing:
+        raise ConfigError("an explicit architecture needs "
+                          + ", ".join("--" + f.replace("_", "-") for f in missing))
+    h, a = args.hidden_size, args.num_heads
+    for name in (*SHAPE_FLAGS, "num_kv_heads", "ffn_hidden_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, "
+                              f"not {value}")
+    if h % a:
+        raise ConfigError(f"--num-heads {a} must divide --hidden-size {h}")
+    kv = args.num_kv_heads or a
+    if a % kv:
+        raise ConfigError(f"--num-kv-heads {kv} must divide --num-heads {a}")
+    family = args.family or "gpt"
+    ffn = args.ffn_hidden_size or (4 * h if family == "gpt"
+                                   else 256 * math.ceil(8 * h / 3 / 256))
+    return ModelShape(family, args.num_layers, h, a, kv, ffn, args.vocab_size,
+                      max_seq_len=config.workload.seq_len)
+
+
+def mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
+    """The config as estimated: its workload named as the explicit architecture."""
+    return dataclasses.replace(config, workload=dataclasses.replace(
+        config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD))
+
+
+def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None:
+    """Why the trial engine would refuse this layout (the estimate still describes it)."""
+    try:
+        if shape is None:
+            config.validate()
+        else:
+            config.validate(
+                num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                num_layers=shape.num_layers)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+# ---- output --------------------------------------------------------------------------------
+def _describe(config: TrialConfig, shape: ModelShape | None, device: str) -> str:
+    wl = config.workload
+    name = wl.name if shape is None else (
+        f"{shape.family} architecture ({shape.num_layers} layers, hidden "
+        f"{shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size}, "
+        f"{shape.num_params():,} parameters)")
+    schedule = f", schedule {config.pp_schedule}" if config.pp_degree > 1 else ""
+    return (f"{name}: world {config.world_size} = tp {config.tp_degree} × pp "
+            f"{config.pp_degree} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
+            f"micro-batch {config.micro_batch_size} × {config.grad_accum_steps} accumulation, "
+            f"seq {wl.seq_len}, {config.precision}, checkpointing "
+            f"{config.activation_checkpointing}"
+            f"{schedule} (device {device})")
+
+
+def _table_lines(row: dict[str, int | None]) -> list[str]:
+    lines = [f"  {'category':<16} {'bytes':>18} {'size':>12}"]
+    for name in (*CATEGORIES, "total"):
+        value = row.get(name)
+        if name == "total":
+            lines.append("  " + "-" * 48)
+        if value is None:
+            lines.append(f"  {name:<16} {'unknown':>18} {'unknown':>12}")
+        else:
+            lines.append(f"  {name:<16} {value:>18,} {_human(value):>12}")
+    return lines
+
+
+def _print_table(row: dict[str, int | None]) -> None:
+    print("\n".join(_table_lines(row)))
+
+
+def _time_lines(time: StepTimeEstimate) -> list[str]:
+    """The predicted step's breakdown: seconds and share of the step per term."""
+    lines = [f"{'term':<12} {'seconds':>12} {'share':>7}"]
+    for term in TERMS:
+        seconds = time.breakdown[term]
+        lines.append(f"{term:<12} {seconds:>12.4f} {seconds / time.step_time_s:>7.1%}")
+    lines += ["-" * 33, f"{'step':<12} {time.step_time_s:>12.4f} {1:>7.1%}"]
+    return lines
+
+
+def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec) -> str:
+    mfu = f", MFU {time.mfu:.1%}" if time.mfu is not None else ""
+    return (f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
+            f"({describe_cluster(cluster)})")
+
+
+def describe_cluster(cluster: ClusterSpec) -> str:
+    """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    calibration = "stored calibration" if cluster.calibration else "default calibration"
+    return (f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
+            f"{AUTOTUNE_ENGINE.name} engine")
+
+
+def _side_by_side(left: list[str], right: list[str], gap: int = 4) -> str:
+    width = max(len(line) for line in left) + gap
+    rows = max(len(left), len(right))
+    left, right = left + [""] * (rows - len(left)), right + [""] * (rows - len(right))
+    return "\n".join(f"{a:<{width}}{b}".rstrip() for a, b in zip(left, right))
+
+
+def _human(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: str,
+                       cluster: ClusterSpec | None) -> int:
+    if args.model is not None or any(getattr(args, f) is not None for f in SHAPE_FLAGS[:3]):
+        raise ConfigError("--params gives the parameter count alone: drop --model and the "
+                          "architecture flags, or drop --params")
+    if not (args.params >= 1 and math.isfinite(args.params)):
+        raise ConfigError(f"--params must be a positive parameter count, not {args.params:g}")
+    checked = dataclasses.replace(config, workload=dataclasses.replace(
+        config.workload, workload=EXPLICIT_WORKLOAD))
+    checked.validate()
+    kw = dict(zero_stage=config.zero_stage, dp_degree=config.dp_degree,
+              tp_degree=config.tp_degree, pp_degree=config.pp_degree,
+              precision=config.precision)
+    parameters, gradients, optimizer_state = model_state_bytes(int(args.params), **kw)
+    gathered = gathered_parameter_bytes(int(args.params), **kw)
+    # Model states at the step's peak: at rest, plus what ZeRO-2 keeps gathered from forward
+    # through backward (the ZeRO paper's unpartitioned 2Φ of fp16 parameters).
+    row: dict[str, int | None] = {
+        "parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state,
+        "activations": None, "comm_buffers": None, "other": None, "total": None,
+        "gathered_parameters": gathered,
+        "model_states": parameters + gradients + optimizer_state + gathered}
+    no_time = ("note: --params gives no architecture, so no step time is predicted on "
+               f"cluster '{cluster.name}'; give --model or the architecture flags instead"
+               ) if cluster is not None else None
+    if args.json:
+        extra = {} if cluster is None else {"cluster": cluster.name, "time": None}
+        print(json.dumps({"config": config.resolved(), "params": int(args.params),
+                          "device": device, "per_rank": row, **extra}, indent=2))
+        if no_time:
+            print(no_time, file=sys.stderr)
+        return 0
+    print(f"{int(args.params):,} parameters: world {config.world_size} = tp "
+          f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, "
+          f"ZeRO-{config.zero_stage}, {config.precision}")
+    print("per rank, model states only (parameters spread evenly over tp × pp; activations "
+          "need the architecture):")
+    _print_table(row)
+    if gathered:
+        print(f"  {'+ gathered':<16} {gathered:>18,} {_human(gathered):>12}  (ZeRO-2 "
+              "parameters gathered from forward through backward)")
+    print(f"  {'model states':<16} {row['model_states']:>18,} "
+          f"{_human(row['model_states']):>12}")
+    if no_time:
+        print(no_time)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``estimate`` alone (``python -m autotune.cli.estimate ...``)."""
+    parser = argparse.ArgumentParser(prog="autotune")
+    add_estimate_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["estimate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return cmd_estimate(args)
+    except ConfigError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""``autotune rank``: every valid layout of a model on a cluster, ranked by predicted throughput.
+
+For a built-in model (``--model``) or an explicit architecture (``estimate``'s flags), a
+cluster (``--cluster NAME|FILE --nodes N``: world size = nodes × devices per node), a global
+batch and a sequence length, it lists every layout the trial engine accepts — the rules of
+``layouts.enumerate_configs`` and ``TrialConfig.validate`` — predicts each one's peak memory
+(``memory.estimate_memory``) and, for those predicted to fit the limit with the search's margin
+(``search.predicted_to_fit``), its step time (``perf_model.predict_step_time`` with the cluster's
+stored calibration, for autotune's own engine), and prints the fastest K. Nothing runs and
+nothing imports torch: Llama 70B on 512 GPUs (about 21,000 layouts) is ranked in seconds.
+
+What is enumerated (``ENUMERATED``): tp × pp × dp, micro-batch (hence accumulation), ZeRO stage,
+activation checkpointing, pipeline schedule, overlap on/off and the search's bucket sizes. With
+dp 1 there is nothing to shard, overlap or bucket, so only ZeRO-0 with overlap on and the
+default bucket is listed (``enumerate_configs`` lists only ZeRO-0 there for the same reason).
+The attention kernel stays at TrialConfig's default (SDPA): eager attention is slower and
+larger in both models, so it would not reorder the ranking while it doubles the count.
+
+``add_rank_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_rank(args)`` runs it.
+Bad input raises :class:`ConfigError` (one line, exit 2); nothing predicted to fit is a runtime
+error (exit 1) naming the smallest predicted peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+import time as timer
+from dataclasses import dataclass
+
+from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.config import GIB, TrialConfig, WorkloadSpec
+from autotune.errors import AutotuneError, ConfigError
+from autotune.cli.estimate import (
+    add_architecture_args,
+    add_cluster_args,
+    builtin_workload,
+    describe_cluster,
+    explicit_shape,
+    mark_explicit,
+)
+from autotune.layouts import divisors
+from autotune.model.memory import BYTES_PER_ELEMENT, estimate_memory
+from autotune.shapes import ModelShape, model_names
+from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, StepTimeEstimate, predict_step_time
+from autotune.search.space import DEFAULT_BUCKETS_MB
+
+ZERO_STAGES = (0, 1, 2, 3)
+CHECKPOINTING = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+OVERLAP = (True, False)
+ENUMERATED = ("tp × pp × dp, micro-batch (× accumulation), ZeRO stage 0-3, activation "
+              "checkpointing none/selective/full, pipeline schedule gpipe/1f1b/interleaved_1f1b "
+              "(pp > 1), overlap on/off and bucket size 5/25/100 MB (dp > 1)")
+"""The knobs ``autotune rank`` enumerates, as its --help says."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredLayout:
+    """One layout predicted to fit, with its predicted step."""
+
+    config: TrialConfig
+    time: StepTimeEstimate
+    peak_memory_bytes: int
+
+    def as_dict(self) -> dict:
+        return {"config": self.config.resolved(), "step_time_s": self.time.step_time_s,
+                "tokens_per_s": self.time.tokens_per_s, "mfu": self.time.mfu,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "breakdown": dict(self.time.breakdown)}
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Every layout scored: how many, and those predicted to fit, fastest first."""
+
+    scored: int
+    fitting: tuple[ScoredLayout, ...]
+    smallest_peak: tuple[TrialConfig, int] | None
+    """The layout with the smallest predicted peak of those that do not fit (config, bytes)."""
+
+
+# ---- the command line ----------------------------------------------------------------------
+def add_rank_parser(sub) -> None:
+    p = sub.add_parser(
+        "rank", help="rank every valid layout on a cluster by predicted throughput, nothing run",
+        description="Enumerate every valid layout of a model on a cluster — "
+        f"{ENUMERATED} — predict each one's peak memory (autotune/model/memory.py) and step time "
+        "(autotune/model/perf_model.py, with the cluster's stored calibration), drop those "
+        "predicted not to fit the memory limit with the search's 15% margin, and print the "
+        "fastest by predicted tokens/s. Bucket size (25 MB) and attention (sdpa) stay at "
+        "TrialConfig's defaults. With dp 1, only ZeRO-0 with overlap on is listed (nothing to "
+        "shard or overlap).",
+        epilog="example: autotune rank --model llama-70b --cluster a100-sxm4-80gb --nodes 64 "
+        "--global-batch 1024 --seq-len 4096")
+    p.add_argument("--model", metavar="NAME",
+                   help=f"built-in model: {', '.join(model_names())}, or hf:PATH_OR_ID (a "
+                   "Hugging Face causal LM's config.json)")
+    add_cluster_args(p, required=True, nodes_help="nodes of the cluster (default: the "
+                     "cluster's own, 1 for the built-in ones); world size = nodes × devices "
+                     "per node")
+    p.add_argument("--global-batch", type=int, required=True, metavar="N",
+                   help="sequences per optimizer step over all data-parallel ranks")
+    p.add_argument("--seq-len", type=int, required=True, metavar="N",
+                   help="tokens per sequence")
+    p.add_argument("--dtype", choices=tuple(BYTES_PER_ELEMENT), default="bfloat16",
+                   help="parameter and activation dtype (default bfloat16)")
+    p.add_argument("--memory-limit", type=float, metavar="GIB",
+                   help="per-device memory limit in GiB (default: the cluster device's memory)")
+    p.add_argument("--top", type=int, default=10, metavar="K",
+                   help="layouts to print (default 10)")
+    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    add_architecture_args(p)
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+
+def cmd_rank(args: argparse.Namespace) -> int:
+    from autotune.search.screen import MEMORY_MARGIN  # the search's margin
+
+    if args.top < 1:
+        raise ConfigError(f"--top must be ≥ 1, not {args.top}")
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise ConfigError(f"--memory-limit must be a positive number of GiB, not "
+                          f"{args.memory_limit:g}")
+    cluster = load_cluster(args.cluster, nodes=args.nodes)
+    device_type = _device_type(cluster)
+    base, shape = _base_config(args, cluster)
+    # A dtype the device gives no peak for: refuse now.
+    cluster.device.flops(base.compute_dtype(device_type))
+    limit_gib = args.memory_limit or cluster.device.memory_gib
+    layouts = enumerate_layouts(base, shape)
+    if not layouts:
+        raise ConfigError(_no_layout_message(base, shape))
+    ranking = rank_layouts(layouts, cluster, shape=shape, limit_bytes=int(limit_gib * GIB),
+                           device_type=device_type, progress=_Progress(len(layouts)))
+    if not ranking.fitting:
+        config, peak = ranking.smallest_peak
+        raise AutotuneError(
+            f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB: "
+            f"the smallest predicted peak is {peak / GIB:.1f} GiB ({_layout_name(config)}), "
+            f"{peak * (1 + MEMORY_MARGIN) / GIB:.1f} GiB with the {MEMORY_MARGIN:.0%} margin; "
+            "add nodes (--nodes) or raise --memory-limit")
+    top = ranking.fitting[:args.top]
+    if args.json:
+        print(json.dumps({
+            "cluster": cluster.name, "nodes": cluster.num_nodes, "world_size": base.world_size,
+            "memory_limit_bytes": int(limit_gib * GIB),
+            "shape": dataclasses.asdict(shape) if shape else None,
+            "scored": ranking.scored, "fit": len(ranking.fitting),
+            "layouts": [s.as_dict() for s in top]}, indent=2))
+        return 0
+    wl = base.workload
+    name = wl.name if shape is None else (
+        f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
+        f"{shape.num_heads} heads, vocab {shape.vocab_size})")
+    print(f"{name} on {describe_cluster(cluster)}: world {base.world_size}, global batch "
+          f"{wl.global_batch_size} × seq {wl.seq_len}, "
+          f"{base.resolved_precision(device_type)}")
+    print(format_table(top))
+    print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
+          f"{limit_gib:g} GiB (peak + {MEMORY_MARGIN:.0%} margin); the top {len(top)} by "
+          "predicted tokens/s")
+    return 0
+
+
+def _base_config(args: argparse.Namespace,
+                 cluster: ClusterSpec) -> tuple[TrialConfig, ModelShape | None]:
+    """The layout-free part: workload, world size, device; and the explicit shape, if any."""
+    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch,
+                            dtype=args.dtype, vocab_size=args.vocab_size)
+    if args.model is not None:
+        workload = builtin_workload(workload, args.model)
+    base = TrialConfig(workload=workload, world_size=cluster.world_size,
+                       device=_device_type(cluster))
+    shape = explicit_shape(args, base)
+    if shape is None and args.model is None:
+        raise ConfigError("give --model NAME or an explicit architecture (--num-layers "
+                          "--hidden-size --num-heads --vocab-size) to rank")
+    if shape is not None:
+        base = mark_explicit(base, shape)
+    base.workload.validate()
+    return base, shape
+
+
+def _device_type(cluster: ClusterSpec) -> str:
+    """Whose memory: the CUDA allocator's on a GPU cluster (nccl), the CPU measurement's with
+    its allowance on CPU ranks (gloo)."""
+    return "cpu" if cluster.backend == "gloo" else "cuda"
+
+
+# ---- enumeration ---------------------------------------------------------------------------
+def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> list[TrialConfig]:
+    """Every layout of ``base``'s workload on its world size that ``validate`` accepts.
+
+    The loops of ``layouts.enumerate_configs`` with overlap on and off, less the overlap-off
+    twin of each dp-1 layout (nothing to overlap): equal to
+    ``[c for c in enumerate_configs(base, overlap=(True, False)) if c.overlap_enabled or
+    c.dp_degree > 1]``, each layout once per bucket size of the search's grid
+    (``space.DEFAULT_BUCKETS_MB``; the first alone with dp 1): the search's own grid,
+    ``space.SearchSpace(base).configs`` (``tests/test_rank.py``), validated against ``shape``
+    when the architecture is explicit. Tensor-parallel degrees that cannot divide the heads are skipped
+    before their micro-batches are tried, which ``validate`` would refuse one by one.
+    """
+    heads = shape or base.workload.shape
+    rules = {} if shape is None else {"num_heads": shape.num_heads,
+                                      "num_kv_heads": shape.num_kv_heads,
+                                      "num_layers": shape.num_layers}
+    world, batch = base.world_size, base.workload.global_batch_size
+    layouts = []
+    for tp, pp in itertools.product(divisors(world), divisors(world)):
+        if world % (tp * pp) or (heads and (heads.num_heads % tp or heads.num_kv_heads % tp)):
+            continue
+        dp = world // (tp * pp)
+        if batch % dp:
+            continue
+        schedules = SCHEDULES if pp > 1 else (base.pp_schedule,)
+        stages = ZERO_STAGES if dp > 1 else (0,)
+        overlaps = OVERLAP if dp > 1 else (True,)
+        for micro, zero, ac, schedule, overlap in itertools.product(
+                divisors(batch // dp), stages, CHECKPOINTING, schedules, overlaps):
+            config = dataclasses.replace(
+                base, tp_degree=tp, pp_degree=pp, micro_batch_size=micro, zero_stage=zero,
+                activation_checkpointing=ac, pp_schedule=schedule, overlap_enabled=overlap)
+            try:
+                config.validate(**rules)
+            except ConfigError:
+                continue
+            # The bucket sizes the search tries (space.DEFAULT_BUCKETS_MB) where there is a
+            # gradient sync to bucket, as the search's own grid lists them.
+            buckets = DEFAULT_BUCKETS_MB if dp > 1 else DEFAULT_BUCKETS_MB[:1]
+            layouts += [dataclasses.replace(config, bucket_mb=b) for b in buckets]
+    return layouts
+
+
+def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
+    """Why no layout splits the global batch, and the batches that would split."""
+    world, batch = base.world_size, base.workload.global_batch_size
+    structural = []  # dp of each (tp, pp) the model allows, one micro-batch each
+    for tp, pp in itertools.product(divisors(world), divisors(world)):
+        if world % (tp * pp):
+            continue
+        dp = world // (tp * pp)
+        config = dataclasses.replace(
+            base, tp_degree=tp, pp_degree=pp, micro_batch_size=1, pp_schedule="gpipe",
+            workload=dataclasses.replace(base.workload, global_batch_size=dp))
+        try:
+            config.validate(**({} if shape is None else {
+                "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+                "num_layers": shape.num_layers}))
+        except ConfigError:
+            continue
+        structural.append(dp)
+    name = base.workload.name if shape is None else "the architecture"
+    return (f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
+            "data-parallel degree dp = world / (tp × pp) must divide it, and tp must divide "
+            "the heads and pp must not exceed the layers, so dp is at least "
+            f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}")
+
+
+# ---- scoring -------------------------------------------------------------------------------
+def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
+                 shape: ModelShape | None = None, limit_bytes: int | None,
+                 device_type: str = "cuda", calibration: Calibration | None = None,
+                 progress: _Progress | None = None) -> Ranking:
+    """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
+    search's margin), the step time; fastest first (ties: smaller peak first)."""
+    from autotune.search.screen import predicted_to_fit  # the search's rule, imported when used
+
+    calibration = calibration or Calibration.for_cluster(cluster)
+    fitting, smallest = [], None
+    for done, config in enumerate(layouts, 1):
+        peak = estimate_memory(config, shape, device_type=device_type).total
+        if predicted_to_fit(peak, limit_bytes):
+            time = predict_step_time(config, cluster, calibration, shape=shape,
+                                     engine=AUTOTUNE_ENGINE)
+            fitting.append(ScoredLayout(config, time, peak))
+        elif smallest is None or peak < smallest[1]:
+            smallest = (config, peak)
+        if progress is not None:
+            progress.update(done)
+    if progress is not None:
+        progress.close(len(fitting))
+    fitting.sort(key=lambda s: (-s.time.tokens_per_s, s.peak_memory_bytes))
+    return Ranking(scored=len(layouts), fitting=tuple(fitting), smallest_peak=smallest)
+
+
+class _Progress:
+    """A carriage-return progress line every 2% on a terminal; otherwise one line at the end."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.every = max(1, total // 50)
+        self.start = timer.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        if self.tty and (done % self.every == 0 or done == self.total):
+            sys.stderr.write(f"\rscoring layouts: {done / self.total:4.0%} "
+                             f"({done:,}/{self.total:,})")
+            sys.stderr.flush()
+
+    def close(self, fit: int) -> None:
+        elapsed = timer.perf_counter() - self.start
+        sys.stderr.write(f"{chr(13) if self.tty else ''}scored {self.total:,} layouts in "
+                         f"{elapsed:.1f} s; {fit:,} predicted to fit\n")
+        sys.stderr.flush()
+
+
+# ---- output --------------------------------------------------------------------------------
+def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
+    lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
+             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>6} {'step':>9} {'tokens/s':>11} "
+             f"{'MFU':>6} {'peak GiB':>8}  largest term"]
+    for i, s in enumerate(layouts, 1):
+        c, t = s.config, s.time
+        term = max(t.breakdown, key=t.breakdown.get)
+        mfu = f"{t.mfu:.1%}" if t.mfu is not None else "-"
+        lines.append(
+            f"{i:>4} {c.tp_degree:>3} {c.pp_degree:>3} {c.dp_degree:>4} {c.zero_stage:>4} "
+            f"{f'{c.micro_batch_size}×{c.grad_accum_steps}':>10}  "
+            f"{c.activation_checkpointing:<9} {c.pp_schedule if c.pp_degree > 1 else '-':<16} "
+            f"{'on' if c.overlap_enabled else 'off':<7} "
+            f"{f'{c.bucket_mb:g}' if c.dp_degree > 1 else '-':>6} {_seconds(t.step_time_s):>9} "
+            f"{t.tokens_per_s:>11,.0f} {mfu:>6} {s.peak_memory_bytes / GIB:>8.1f}  "
+            f"{term} {t.breakdown[term] / t.step_time_s:.0%}")
+    return "\n".join(lines)
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.2f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
+
+
+def _layout_name(c: TrialConfig) -> str:
+    schedule = f" {c.pp_schedule}" if c.pp_degree > 1 else ""
+    return (f"tp {c.tp_degree} × pp {c.pp_degree} × dp {c.dp_degree}, ZeRO-{c.zero_stage}, "
+            f"micro-batch {c.micro_batch_size} × {c.grad_accum_steps}, checkpointing "
+            f"{c.activation_checkpointing}{schedule}")

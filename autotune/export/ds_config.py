@@ -1,0 +1,86 @@
+"""DeepSpeed's ``ds_config.json`` of a configuration.
+
+DeepSpeed keys follow its configuration reference (deepspeed.ai/docs/config-json):
+``train_batch_size`` must equal ``train_micro_batch_size_per_gpu × gradient_accumulation_steps ×
+data-parallel size`` (DeepSpeed asserts it), and ZeRO bucket sizes are counted in elements.
+"""
+
+from __future__ import annotations
+
+from autotune.config import MIXED_PRECISIONS, PRECISION_COMPUTE_DTYPE, TrialConfig
+from autotune.errors import ConfigError
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _precision_sections(precision: str) -> dict:
+    """DeepSpeed's ``bf16`` / ``fp16`` sections. Both keep fp32 master weights and optimizer
+    state (DeepSpeed's mixed precision); ``fp16.loss_scale`` 0 is its dynamic loss scale,
+    starting at 2^initial_scale_power as 16-mixed's does (``parallel/precision.py``)."""
+    dtype = PRECISION_COMPUTE_DTYPE[precision]
+    fp16: dict = {"enabled": dtype == "float16"}
+    if precision == "16-mixed":
+        fp16.update(loss_scale=0, initial_scale_power=16, loss_scale_window=2000,
+                    hysteresis=1, min_loss_scale=1)
+    return {"bf16": {"enabled": dtype == "bfloat16"}, "fp16": fp16}
+
+
+def ds_config(config: TrialConfig) -> dict:
+    """The same choice in DeepSpeed's keys, with notes where DeepSpeed cannot follow it."""
+    w = config.workload
+    device_type = "cpu" if config.device == "cpu" else "cuda"
+    precision = config.resolved_precision(device_type)
+    bucket_elements = int(config.bucket_mb * 2**20
+                          // ELEMENT_BYTES[config.compute_dtype(device_type)])
+    ds: dict = {
+        "train_batch_size": w.global_batch_size,
+        "train_micro_batch_size_per_gpu": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "zero_optimization": {
+            "stage": config.zero_stage,
+            "reduce_bucket_size": bucket_elements,
+            "allgather_bucket_size": bucket_elements,
+            "overlap_comm": config.overlap_enabled,
+            "contiguous_gradients": True,
+        },
+        **_precision_sections(precision),
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+    }
+    if config.optimizer_offload_enabled:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if config.activation_checkpointing != "none":
+        ds["activation_checkpointing"] = {"partition_activations": False,
+                                          "contiguous_memory_optimization": False}
+    if config.tp_degree > 1:
+        ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
+    notes = []
+    if precision not in MIXED_PRECISIONS and precision != "32-true":
+        notes.append(f"precision {precision} (no fp32 master copy) has no DeepSpeed "
+                     "equivalent: its bf16/fp16 modes keep fp32 master weights and optimizer "
+                     "state, as bf16-mixed/16-mixed do")
+    if config.pp_degree > 1:
+        notes.append(f"pipeline parallelism (pp_degree {config.pp_degree}, schedule "
+                     f"{config.pp_schedule}) is configured in DeepSpeed's PipelineModule "
+                     "(num_stages), not in this file")
+        if config.zero_stage >= 2:
+            notes.append("DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; with "
+                         "DeepSpeed use zero_stage ≤ 1 for this layout")
+    if config.tp_degree > 1 and config.zero_stage > 2:
+        notes.append("DeepSpeed AutoTP needs ZeRO stage ≤ 2")
+    if config.activation_checkpointing == "selective":
+        notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
+                     "deepspeed.checkpointing to the attention core in the model")
+    if notes:
+        ds["autotune_notes"] = notes
+    return ds
+
+
+def check_batch_identity(ds: dict, dp_degree: int) -> None:
+    """The identity DeepSpeed asserts at start-up."""
+    expected = (ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+                * dp_degree)
+    if ds["train_batch_size"] != expected:
+        raise ConfigError(f"train_batch_size {ds['train_batch_size']} != micro × accumulation "
+                          f"× dp = {expected}")
+
+

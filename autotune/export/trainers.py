@@ -1,0 +1,236 @@
+"""Exports of the best layout for the trainers people use, beside ``ds_config.json``.
+
+- ``accelerate_config.yaml``: Hugging Face Accelerate's launch config (the file ``accelerate
+  config`` writes and ``accelerate launch --config_file`` reads): FSDP2 keys
+  (``fsdp_version: 2``, ``fsdp_reshard_after_forward``, the decoder-layer class to wrap,
+  activation checkpointing, offload), ``parallelism_config`` sizes (dp_replicate × dp_shard ×
+  tp) and ``mixed_precision``. Keys follow accelerate 1.x ``commands/config/config_args.py`` and
+  ``commands/launch.py``.
+- ``torchtitan_config.py``: a job config for torchtitan 0.3, which loads Python configs (no TOML
+  since 0.3): ``--module torchtitan_config --config autotune_best`` with the folder on
+  ``PYTHONPATH``. It starts from one of torchtitan's own model configs (torchtitan trains its own
+  model implementations, not HF ones) and sets ``parallelism``, ``training`` and
+  ``activation_checkpoint`` (``torchtitan/config/configs.py``, ``torchtitan/trainer.py``).
+
+Each file states what its target cannot express (YAML comments; the module's docstring and
+``CANNOT_EXPRESS``). ``tests/test_hf.py`` loads each with the target library's own loader.
+"""
+
+from __future__ import annotations
+
+import json
+import pprint
+from pathlib import Path
+
+from autotune.config import TrialConfig
+
+ACCELERATE_FILE = "accelerate_config.yaml"
+TORCHTITAN_FILE = "torchtitan_config.py"
+
+# Accelerate's mixed_precision: autocast with fp32 master weights, i.e. the *-mixed precisions.
+_ACCELERATE_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16",
+                         "bf16-true": "bf16", "16-true": "fp16"}
+
+
+def export_precision(config: TrialConfig) -> str:
+    """The precision the exported job trains in: the trial's, or the GPU default."""
+    return config.resolved_precision("cuda")
+_TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+
+
+def decoder_layer_class(config: TrialConfig) -> str:
+    """The class name FSDP wraps and checkpointing recomputes: the HF decoder layer, the
+    built-in TransformerBlock, or a placeholder for a user workload."""
+    if config.workload.hf_model is not None:
+        from autotune.hf_config import decoder_layer_class_name
+
+        return decoder_layer_class_name(config.workload.hf_model)
+    if config.workload.workload is None:
+        return "TransformerBlock"
+    return "YourDecoderLayer"
+
+
+# ---- Accelerate ------------------------------------------------------------------------------
+def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list[str]]:
+    """(the config dict, what Accelerate cannot express)."""
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    notes = [f"micro-batch {config.micro_batch_size} and {config.grad_accum_steps} accumulation "
+             "steps belong in the training script (DataLoader batch_size, "
+             "Accelerator(gradient_accumulation_steps=...)), not in this file"]
+    processes = dp * tp
+    if pp > 1:
+        notes.append(f"pipeline parallelism (pp {pp}, {config.pp_schedule}) has no Accelerate "
+                     f"training key: this file runs the dp × tp = {processes} part of the "
+                     f"world of {config.world_size}")
+    use_fsdp = zero >= 2 or tp > 1
+    precision = export_precision(config)
+    if precision.endswith("-true") and precision != "32-true":
+        notes.append(f"{precision} (the whole model in half precision, no fp32 master copy) "
+                     "has no Accelerate key: written as its mixed precision")
+    doc: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False,
+                 "distributed_type": "FSDP" if use_fsdp else (
+                     "MULTI_GPU" if processes > 1 else "NO"),
+                 "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
+                 "mixed_precision": _ACCELERATE_PRECISION[precision],
+                 "num_machines": 1, "num_processes": processes, "rdzv_backend": "static",
+                 "same_network": True, "use_cpu": config.device == "cpu"}
+    if zero == 1:
+        notes.append("ZeRO-1 (optimizer state sharded, gradients all-reduced) has no FSDP "
+                     "equivalent: written as plain data parallelism; use ds_config.json "
+                     "(Accelerate's DeepSpeed plugin) to keep it")
+    if use_fsdp:
+        shard = dp if zero >= 2 else 1
+        doc["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": layer_class,
+            "fsdp_reshard_after_forward": zero == 3,
+            "fsdp_activation_checkpointing": config.activation_checkpointing != "none",
+            "fsdp_offload_params": config.optimizer_offload_enabled,
+            "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+        doc["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": dp // shard,
+            "parallelism_config_dp_shard_size": shard,
+            "parallelism_config_tp_size": tp,
+            "parallelism_config_cp_size": 1,
+        }
+        if zero < 2:
+            notes.append(f"ZeRO-{zero} with tp {tp}: FSDP2 with dp_shard_size 1 replicates "
+                         "over dp (DDP-like), the closest Accelerate layout")
+        if config.activation_checkpointing == "selective":
+            notes.append("selective recomputation (attention core only) has no key: "
+                         "fsdp_activation_checkpointing recomputes whole decoder layers")
+        if config.optimizer_offload_enabled:
+            notes.append("fsdp_offload_params offloads parameters and gradients as well as "
+                         "the optimizer state")
+    elif config.activation_checkpointing != "none":
+        notes.append("activation checkpointing without FSDP has no Accelerate key: call "
+                     "model.gradient_checkpointing_enable() in the script")
+    notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
+                 f"{'on' if config.overlap_enabled else 'off'} have no Accelerate key")
+    if config.device == "cpu":
+        notes.append("measured on CPU (gloo); on GPUs set use_cpu false")
+    return doc, notes
+
+
+def accelerate_yaml(config: TrialConfig, layer_class: str) -> str:
+    doc, notes = accelerate_config(config, layer_class)
+    head = [f"# Accelerate launch config for autotune's best layout of {config.workload.name}",
+            "# (accelerate launch --config_file accelerate_config.yaml train.py).",
+            "# What Accelerate cannot express:"]
+    head += [f"#   - {n}" for n in notes]
+    return "\n".join(head) + "\n" + _yaml(doc) + "\n"
+
+
+def _yaml(value: dict, indent: int = 0) -> str:
+    """Block YAML of a dict of scalars and dicts; scalars as JSON, which YAML reads as-is."""
+    lines = []
+    for key, v in value.items():
+        if isinstance(v, dict):
+            lines.append(" " * indent + f"{key}:")
+            lines.append(_yaml(v, indent + 2))
+        else:
+            lines.append(" " * indent + f"{key}: {json.dumps(v)}")
+    return "\n".join(lines)
+
+
+# ---- torchtitan ------------------------------------------------------------------------------
+def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
+    """(fields to set on torchtitan's Trainer.Config, what torchtitan cannot express)."""
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    w = config.workload
+    notes = ["torchtitan trains its own model implementations: BASE_MODULE / BASE_CONFIG name "
+             "the torchtitan model config this layout is applied to; pick the flavor matching "
+             f"{w.name}"]
+    # ZeRO-2/3 are FSDP (dp_shard); ZeRO-0 is replication (dp_replicate, DDP or HSDP).
+    shard = dp if zero >= 2 else 1
+    if zero == 1:
+        notes.append("ZeRO-1 has no torchtitan equivalent: written as dp_replicate (DDP); "
+                     "ZeRO-2 (dp_shard with fsdp_reshard_after_forward 'never') is the nearest "
+                     "sharded choice")
+    per_dp = w.global_batch_size // dp
+    parallelism = {"data_parallel_replicate_degree": dp // shard,
+                   "data_parallel_shard_degree": shard,
+                   "fsdp_reshard_after_forward": "always" if zero == 3 else "never",
+                   "tensor_parallel_degree": tp, "enable_sequence_parallel": False,
+                   "pipeline_parallel_degree": pp,
+                   "pipeline_parallel_schedule": _TORCHTITAN_SCHEDULES[config.pp_schedule],
+                   "pipeline_parallel_microbatch_size": config.micro_batch_size}
+    # Without a pipeline torchtitan accumulates global / (local × dp) micro-batches of
+    # local_batch_size; with one, local_batch_size is the rank's batch, cut into microbatches.
+    training = {"local_batch_size": per_dp if pp > 1 else config.micro_batch_size,
+                "global_batch_size": w.global_batch_size, "seq_len": w.seq_len,
+                "enable_cpu_offload": config.optimizer_offload_enabled}
+    precision = export_precision(config)
+    if precision.startswith("16-"):
+        notes.append(f"{precision}: torchtitan has no float16 key (bfloat16 or float32 only): "
+                     "written as bfloat16 mixed precision")
+    elif precision == "bf16-true":
+        notes.append("bf16-true: torchtitan keeps fp32 master weights under FSDP: written as "
+                     "bfloat16 mixed precision")
+    training["mixed_precision_param"] = "float32" if precision == "32-true" else "bfloat16"
+    if config.attention == "eager":
+        notes.append("eager attention: torchtitan's models choose their attention backend "
+                     "in the model config")
+    notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
+                 f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key")
+    if config.optimizer_offload_enabled:
+        notes.append("enable_cpu_offload offloads parameters and gradients as well as the "
+                     "optimizer state")
+    if config.activation_checkpointing == "selective":
+        notes.append("selective: torchtitan's SelectiveAC saves chosen matmuls per op, not "
+                     "exactly the attention core that autotune recomputes")
+    return {"parallelism": parallelism, "training": training,
+            "activation_checkpoint": config.activation_checkpointing}, notes
+
+
+def torchtitan_module(config: TrialConfig) -> str:
+    settings, notes = torchtitan_settings(config)
+    family = config.workload.shape.family if config.workload.shape else "llama"
+    base_module, base_config = "torchtitan.models.llama3.config_registry", "llama3_debugmodel"
+    if family != "llama":
+        notes.insert(1, f"torchtitan has no {family.upper()}-style model: the base is its "
+                     "Llama 3 config; change BASE_MODULE / BASE_CONFIG")
+    note_lines = "\n".join(f"- {n}" for n in notes)
+    return f'''"""autotune's best layout of {config.workload.name} as a torchtitan job config.
+
+Run: PYTHONPATH=. torchrun --nproc-per-node {config.world_size} -m torchtitan.train \\
+         --module torchtitan_config --config autotune_best
+
+What torchtitan cannot express:
+{note_lines}
+"""
+
+import importlib
+
+BASE_MODULE = {base_module!r}
+BASE_CONFIG = {base_config!r}
+SETTINGS = {pprint.pformat(settings, sort_dicts=False)}
+CANNOT_EXPRESS = {pprint.pformat(notes)}
+
+
+def autotune_best():
+    config = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()
+    for section in ("parallelism", "training"):
+        for key, value in SETTINGS[section].items():
+            setattr(getattr(config, section), key, value)
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    config.activation_checkpoint = {{"none": None, "full": FullAC.Config(),
+                                     "selective": SelectiveAC.Config()}}[
+        SETTINGS["activation_checkpoint"]]
+    return config
+'''
+
+
+def write_trainer_exports(config: TrialConfig, out: Path) -> list[Path]:
+    """Write accelerate_config.yaml and torchtitan_config.py into ``out``."""
+    from autotune.export.files import write_text_atomically
+
+    accelerate = out / ACCELERATE_FILE
+    write_text_atomically(accelerate, accelerate_yaml(config, decoder_layer_class(config)))
+    titan = out / TORCHTITAN_FILE
+    write_text_atomically(titan, torchtitan_module(config))
+    return [accelerate, titan]

@@ -1,0 +1,724 @@
+"""Predicted per-rank memory of a trial, by category, from arithmetic alone.
+
+``estimate_memory(config)`` says how many bytes the worst rank of a :class:`TrialConfig` will
+hold at its peak, split into the categories the runner measures (``runner.MemoryBreakdown``):
+parameters, gradients, optimizer state, activations, communication buffers and other. It builds
+no model and touches no tensor, so a search can score thousands of configurations a second
+(``tests/test_memory.py`` asserts at least 1,000/s; about 50,000/s were measured on one core of
+the 2-core CPU development machine).
+
+The formulas are the textbook ones, each cited beside its code, *re-derived for this
+implementation* wherever it stores something differently from the paper's setting:
+
+- **Model states** (Rajbhandari et al. 2020, "ZeRO", §3.1 and §5): mixed-precision Adam holds
+  2Φ (fp16 parameters) + 2Φ (fp16 gradients) + 12Φ (fp32 master parameters, momentum and
+  variance) bytes for Φ parameters, i.e. 16Φ; ZeRO-1 shards the 12Φ over N data-parallel ranks
+  (4Φ + 12Φ/N), ZeRO-2 also the gradients (2Φ + 14Φ/N), ZeRO-3 everything (16Φ/N). Here the
+  bytes per element follow the trial's precision and the mechanism that trains it
+  (:func:`state_bytes`, ``parallel/precision.py``): bf16-mixed/16-mixed under DDP, ZeRO-1 or no
+  data parallelism keep the paper's split exactly (half-precision parameters and gradients,
+  the optimizer holding fp32 master copies and moments: 2 + 2 + 12 bytes); under FSDP2
+  (ZeRO-2/3) the fp32 shards are the master copy, so a shard holds 4 + 4 + 8 bytes and the
+  parameters are gathered in half precision for compute (``comm_buffers``; ZeRO-2 keeps them from
+  forward through backward, the paper's whole 2Φ). 32-true holds 4 + 4 + 8, bf16-true and
+  16-true 2 + 2 + 4 (no master copy). AdamW adds one 4-byte fp32 step counter per parameter
+  tensor. What is sharded follows ``parallel/zero.py``:
+  ZeRO-1 (``ZeroRedundancyOptimizer``) shards only the optimizer state (master copies
+  included), assigning whole tensors
+  greedily, largest first, to the least-loaded rank (reproduced exactly, so the worst rank's share
+  is exact); for DTensor parameters (tp > 1, or a pipeline with overlap) ZeRO-1 is Megatron's
+  distributed optimizer, which splits each bucket of the TP-local parameters into N equal
+  shares (reproduced exactly too); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at
+  rest, each tensor on dim 0 padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
+  Megatron-sharded Linear weights by tp (``builtin_tp_plan``); embeddings, norms and the output
+  head are replicated. A pipeline rank holds its stages' layers (``split_for_pipeline``), the
+  first stage the embeddings, the last the final norm and head.
+- **Activations** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", Table 2): see :func:`layer_activation_bytes` for the per-layer
+  formula of *this* model, counted tensor by tensor from what autograd saves, and
+  :func:`microbatches_in_flight` for how many micro-batches a pipeline schedule keeps.
+- **Communication buffers**: DDP's bucket copy of the gradients while ``no_sync`` accumulates
+  outside it (``gradient_as_bucket_view`` makes the bucket the gradients otherwise), FSDP2's
+  unsharded parameters (ZeRO-2: every unit from forward through backward; ZeRO-3: two units at
+  a time) with their all-gather staging buffers, its unsharded gradients while accumulating,
+  the flat bucket of the non-overlapped all-reduce, and the distributed optimizer's all-gather
+  of one bucket (its share and the gathered bucket).
+- **Other**: torch pipelining's receive buffers (one per micro-batch, allocated once), and with
+  ``device_type="cpu"`` an allowance for the CPU measurement's blind spot (see below).
+
+The peak is the larger of two moments: forward/backward (saved activations of the micro-batches
+in flight, the largest temporary, communication buffers) and after the last backward (gradient
+sync and the optimizer step). Gradients are always counted whole — the runner measures them at
+rest — which over-predicts by up to the gradients when a single micro-batch peaks before they
+exist.
+
+Calibration: the coefficients were fitted to and checked against the runner's measurement of
+2,181 (trial, stage) pairs of real CPU trials (world 2 and 4, every ZeRO stage, TP, PP with all
+three schedules, every checkpointing mode, micro-batch 1/2/4, sequence 64/128, GPT and Llama,
+float32 and bfloat16, SDPA and eager); ``tests/test_memory.py`` states the tolerance reached per
+category and re-measures a dozen trials. The CPU measurement (profiler allocation events) sees
+neither frees on gloo's threads nor buffers allocated before the measured step, so it varies
+between runs; nothing was measured on CUDA (no GPU here): the CUDA-specific terms (foreach AdamW
+temporaries) come from reading torch's code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autotune.config import (
+    INTERLEAVED_STAGES_PER_RANK,
+    MIB,
+    MIXED_PRECISIONS,
+    PRECISION_COMPUTE_DTYPE,
+    TrialConfig,
+)
+from autotune.errors import ConfigError
+from autotune.shapes import ModelShape
+
+BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Element size per dtype."""
+FP32_BYTES = 4
+ADAM_STEP_BYTES = 4
+"""AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
+
+PIPELINE_RETURNS_OUTPUTS = False
+"""Whether the runner's pipeline step keeps and concatenates every micro-batch's logits
+(torch's default ``return_outputs=True``: 2·M·e·s·b·V bytes on the last stage). The runner passes
+``return_outputs=False``, so they are not kept."""
+
+PHASE_FORWARD_BACKWARD = "forward/backward"
+PHASE_AFTER_BACKWARD = "after backward"
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "comm_buffers",
+              "other")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Predicted bytes on one rank at its peak, by category (the runner's categories)."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    """Tensors saved for backward of the micro-batches in flight, plus backward temporaries."""
+    comm_buffers: int
+    """Gradient copies outside DDP buckets, FSDP unsharded parameters/gradients, staging."""
+    other: int
+    """Pipeline receive buffers, the CPU measurement allowance, optimizer-step temporaries."""
+    stage: int = 0
+    """The pipeline rank (pp rank) this estimate is for."""
+    phase: str = "forward/backward"
+    """When the peak happens: 'forward/backward', or 'after backward' (gradient sync and
+    optimizer step, whose temporaries are then under ``other``)."""
+
+    @property
+    def total(self) -> int:
+        """Predicted peak bytes on this rank: the sum of the categories."""
+        return (self.parameters + self.gradients + self.optimizer_state + self.activations
+                + self.comm_buffers + self.other)
+
+    @property
+    def model_states(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state
+
+    def as_dict(self) -> dict[str, int]:
+        d = {name: getattr(self, name) for name in CATEGORIES}
+        d["total"] = self.total
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter element of each model state, for one precision and mechanism."""
+
+    parameter: int
+    """The model's parameters at rest (FSDP2: its shards)."""
+    gradient: int
+    master: int
+    """The optimizer's fp32 master copy (0: none, or the parameters are the master)."""
+    moment: int
+    """Each of AdamW's two moments."""
+    compute: int
+    """Activations, and parameters and gradients FSDP2 gathers for compute."""
+
+
+def state_bytes(precision: str, *, fsdp: bool) -> StateBytes:
+    """Element sizes of ``precision`` (``parallel/precision.py``); ``fsdp``: ZeRO-2/3 over
+    more than one rank, where FSDP2's MixedPrecisionPolicy keeps fp32 shards."""
+    c = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
+    if precision not in MIXED_PRECISIONS:
+        return StateBytes(c, c, 0, c, c)
+    if fsdp:
+        return StateBytes(FP32_BYTES, FP32_BYTES, 0, FP32_BYTES, c)
+    return StateBytes(c, c, FP32_BYTES, FP32_BYTES, c)
+
+
+# ---- the parameter tensors a rank holds --------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Tensors:
+    """Parameter tensors as (dim-0 rows, elements per row), local to one TP rank."""
+
+    shapes: tuple[tuple[int, int], ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(r * c for r, c in self.shapes)
+
+    def fsdp_shard_numel(self, n: int) -> int:
+        # FSDP2 shards dim 0 into N chunks padded to ⌈rows/N⌉ rows; rank 0 holds a full chunk.
+        return sum(-(-r // n) * c for r, c in self.shapes)
+
+
+def _layer_tensors(shape: ModelShape, tp: int) -> _Tensors:
+    """One transformer block's parameters after Megatron TP (``builtin_tp_plan``): wq/wk/wv/w1/w3
+    column-wise (rows ÷ tp), wo/w2 row-wise (columns ÷ tp), norms replicated."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    linears = [(_ceil(h, tp), h), (_ceil(kv, tp), h), (_ceil(kv, tp), h), (h, _ceil(h, tp)),
+               (_ceil(f, tp), h), (h, _ceil(f, tp))]
+    if shape.family == "llama":
+        linears.append((_ceil(f, tp), h))  # SwiGLU gate w3
+        norms = [(h, 1)] * 2  # RMSNorm weight
+    else:
+        norms = [(h, 1)] * 4  # LayerNorm weight + bias, twice
+    return _Tensors(tuple(norms[: len(norms) // 2] + linears[:4] + norms[len(norms) // 2:]
+                          + linears[4:]))
+
+
+def _root_tensors(shape: ModelShape, vocab: int, first: bool, last: bool) -> _Tensors:
+    """Parameters outside the blocks: embeddings (first stage), final norm and head (last)."""
+    h = shape.hidden_size
+    out: list[tuple[int, int]] = []
+    if first:
+        out.append((vocab, h))
+        if shape.family == "gpt":
+            out.append((shape.max_seq_len, h))  # learned positions
+    if last:
+        out += [(h, 1)] * (2 if shape.family == "gpt" else 1)
+        if not (shape.tied_embeddings and first):
+            out.append((vocab, h))  # output head (a tied one is the embedding itself)
+    return _Tensors(tuple(out))
+
+
+def stage_layer_counts(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per pipeline stage as ``split_for_pipeline`` splits them (earlier stages take the
+    remainder)."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (1 if i < extra else 0) for i in range(num_stages)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One (virtual) pipeline stage held by a rank."""
+
+    index: int
+    num_layers: int
+    first: bool
+    last: bool
+
+
+@lru_cache(maxsize=4096)
+def _parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int) -> tuple[_Part, ...]:
+    stages = pp * INTERLEAVED_STAGES_PER_RANK if interleaved else pp
+    counts = stage_layer_counts(num_layers, stages)
+    return tuple(_Part(i, counts[i], i == 0, i == stages - 1)
+                 for i in range(pp_rank, stages, pp))
+
+
+@dataclass(frozen=True, slots=True)
+class _States:
+    """Model-state bytes of one rank plus what FSDP gathers."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    unsharded_numel: int
+    """Parameters of this rank's parts before dp sharding (TP-local)."""
+    root_numel: int
+    """Of which outside any block (the FSDP root units)."""
+    unit_numels: tuple[int, ...]
+    """FSDP units (blocks grouped up to bucket_mb, and each part's root), unsharded."""
+    largest_tensor_numel: int
+    optimizer_numel: int
+    """Parameters whose AdamW state this rank holds (its ZeRO-1 share, or its FSDP shard)."""
+    gather_numel: int = 0
+    """The distributed optimizer's largest bucket, padded (its all-gather output)."""
+
+
+@lru_cache(maxsize=65536)
+def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp: int,
+            zero: int, sb: StateBytes, bucket_mb: float, flat_zero1: bool = False) -> _States:
+    layer = _layer_tensors(shape, tp)
+    roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
+    layers = sum(p.num_layers for p in parts)
+    numel = layers * layer.numel + sum(r.numel for r in roots)
+    num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
+    # FSDP units: consecutive blocks grouped until their bytes reach bucket_mb
+    # (``zero.group_blocks``), per part; each part's root is a unit of its own.
+    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * sb.parameter)))
+    units: list[int] = []
+    for p, r in zip(parts, roots):
+        full, rest = divmod(p.num_layers, per_unit)
+        units += [per_unit * layer.numel] * full + ([rest * layer.numel] if rest else [])
+        if r.numel:
+            units.append(r.numel)
+    root_numel = sum(r.numel for r in roots)
+    biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
+    state = sb.master + 2 * sb.moment  # optimizer bytes per element: master copy, moments
+    if dp == 1 or zero == 0:
+        # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
+        # per tensor.
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * numel + ADAM_STEP_BYTES * num_tensors,
+                       numel, root_numel, tuple(units), biggest, numel)
+    if zero == 1 and flat_zero1:
+        # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
+        # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
+        sizes = []
+        for p, r in zip(parts, roots):
+            head = 2 if p.first and shape.family == "gpt" else int(p.first)  # the embeddings
+            sizes += [a * b for a, b in r.shapes[:head]]
+            sizes += [a * b for a, b in layer.shapes] * p.num_layers
+            sizes += [a * b for a, b in r.shapes[head:]]
+        worst_numel, worst_count, gather = _flat_partition(
+            tuple(sizes), dp, bucket_mb * MIB / sb.parameter, state)
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
+                       numel, root_numel, tuple(units), biggest, worst_numel, gather)
+    if zero == 1:
+        # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
+        # (``_partition_parameters``); the worst rank's moments and step counters.
+        sizes = [r * c for r, c in layer.shapes] * layers
+        for root in roots:
+            sizes += [r * c for r, c in root.shapes]
+        worst_numel, worst_count = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
+        return _States(numel * sb.parameter, numel * sb.gradient,
+                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
+                       numel, root_numel, tuple(units), biggest, worst_numel)
+    # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
+    shard = layers * layer.fsdp_shard_numel(dp) + sum(r.fsdp_shard_numel(dp) for r in roots)
+    return _States(shard * sb.parameter, shard * sb.gradient,
+                   state * shard + ADAM_STEP_BYTES * num_tensors,
+                   numel, root_numel, tuple(units), biggest, shard)
+
+
+@lru_cache(maxsize=4096)
+def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
+    """(elements, tensors) of the most loaded rank after ZeroRedundancyOptimizer's greedy
+    partition of ``sizes`` (sorted, largest first) over n ranks (ties go to the lowest rank)."""
+    heap = [(0, rank, 0) for rank in range(n)]  # (elements, rank, tensors)
+    for size in sizes:
+        elements, rank, count = heapq.heappop(heap)
+        heapq.heappush(heap, (elements + size, rank, count + 1))
+    elements, _, count = max(heap)
+    return elements, count
+
+
+def _uses_distributed_optimizer(config: TrialConfig) -> bool:
+    """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
+    which carries data parallelism under a pipeline with overlap on."""
+    return (config.zero_stage == 1 and config.dp_degree > 1
+            and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled)))
+
+
+@lru_cache(maxsize=4096)
+def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
+                    state_bytes_per_element: int) -> tuple[int, int, int]:
+    """(elements, tensors) of the rank of n with the most optimizer-state bytes, and the largest
+    padded bucket, under the
+    distributed optimizer's partition of tensors of ``sizes`` (in order): buckets closed once
+    they reach ``bucket_numel``, each padded to a multiple of n and split into n equal shares.
+    A tensor cut between two ranks has a share, and a step counter, on both."""
+    elements, tensors = [0] * n, [0] * n
+    start = largest = 0
+    while start < len(sizes):
+        stop, total = start, 0
+        while stop < len(sizes) and (stop == start or total < bucket_numel):
+            total += sizes[stop]
+            stop += 1
+        share = -(-total // n)
+        largest = max(largest, share * n)
+        ends = list(itertools.accumulate(sizes[start:stop]))
+        for r in range(n):
+            lo, hi = r * share, min((r + 1) * share, total)
+            if lo < hi:
+                elements[r] += hi - lo
+                tensors[r] += bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo) + 1
+        start = stop
+    worst = max(range(n), key=lambda r: state_bytes_per_element * elements[r]
+                + ADAM_STEP_BYTES * tensors[r])
+    return elements[worst], tensors[worst], largest
+
+
+def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
+                      tp_degree: int = 1, pp_degree: int = 1, precision: str = "32-true"
+                      ) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes per rank at rest for Φ parameters spread
+    evenly over tp × pp, when only the count is known (no tensor shapes: no padding, no step
+    counters). The optimizer state includes the fp32 master copy.
+
+    ZeRO (Rajbhandari et al. 2020, §5) with this implementation's element sizes
+    (:func:`state_bytes`). In 16-mixed / bf16-mixed: ZeRO-0 2Φ + 2Φ + 12Φ = 16Φ and ZeRO-1
+    2Φ + 2Φ + 12Φ/N, the paper's; ZeRO-2/3 (FSDP2, fp32 shards) 16Φ/N at rest, ZeRO-2 adding
+    the 2Φ it gathers (:func:`gathered_parameter_bytes`; the paper's 2Φ + 14Φ/N). In 32-true
+    4Φ + 4Φ + 8Φ (ZeRO-1: 8Φ + 8Φ/N); in bf16-true half of that.
+    """
+    n = dp_degree
+    fsdp = n > 1 and zero_stage >= 2
+    sb = state_bytes(precision, fsdp=fsdp)
+    phi = _ceil(num_params, tp_degree * pp_degree)
+    parameters, gradients = sb.parameter * phi, sb.gradient * phi
+    optimizer_state = (sb.master + 2 * sb.moment) * phi
+    if n > 1 and zero_stage >= 1:
+        optimizer_state = _ceil(optimizer_state, n)
+    if fsdp:
+        parameters, gradients = _ceil(parameters, n), _ceil(gradients, n)
+    return parameters, gradients, optimizer_state
+
+
+def gathered_parameter_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
+                             tp_degree: int = 1, pp_degree: int = 1,
+                             precision: str = "32-true") -> int:
+    """Parameter bytes ZeRO-2 holds gathered, in the compute dtype, from forward through
+    backward (FSDP2 ``reshard_after_forward=False``); 0 for the other stages (ZeRO-3 gathers
+    one unit at a time, which needs the architecture)."""
+    if zero_stage != 2 or dp_degree == 1:
+        return 0
+    phi = _ceil(num_params, tp_degree * pp_degree)
+    return state_bytes(precision, fsdp=True).compute * phi
+
+
+# ---- activations ---------------------------------------------------------------------------
+def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
+                           checkpointing: str, attention: str, dtype: str) -> int:
+    """Bytes one transformer block saves for backward, for one micro-batch on one TP rank.
+
+    Korthikanti et al. 2022 (Table 2) give sbh(34 + 5as/h) bytes per layer with no parallelism
+    and sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, for 16-bit activations, a 4h GELU
+    MLP, 1-byte dropout masks and an explicit softmax; selective recomputation drops the 5as²b
+    attention term; full recomputation keeps only the 2sbh layer input. Our block differs, so the
+    coefficients below are recounted for it (every saved tensor was listed with
+    ``torch.autograd.graph.saved_tensors_hooks`` and the sum is asserted by
+    ``tests/test_memory.py::test_layer_formula_matches_saved_tensors``):
+
+    - no dropout: the paper's 1-byte masks (as²b + 2sbh) and the softmax-dropout output
+      (2as²b) do not exist;
+    - element size ``e`` = the compute dtype (4 bytes in 32-true, not the paper's 2);
+    - SDPA's CPU/flash kernel saves its output and a fp32 log-sum-exp (4·asb/t) instead of the
+      as²b softmax; eager attention saves the softmax (e·as²b/t) and an s² bool mask;
+    - replicated under TP (no sequence parallelism): the layer input and the norm outputs that
+      feed the column-parallel matmuls; everything between the column- and row-parallel
+      Linears is divided by t, as in the paper;
+    - GPT block (LayerNorm, GELU MLP with f = ffn size):
+        e·sbh·(4 + 4/t) + 2e·sbf/t + 4e·sb (norm statistics) + attention core
+      (input + norm output, ×2 norms; q, k, v and the attention output; GELU input and output);
+      with f = 4h, float32, t = 1 and eager attention that is sbh(64 + 4as/h), against the
+      paper's sbh(34 + 5as/h);
+    - Llama block (RMSNorm in fp32, SwiGLU with three f-wide tensors plus their product,
+      rotary cos/sin, grouped KV heads repeated to all heads before attention):
+        2·(8·sbh + 4·sb + e·sbh) + e·sbh·4/t + 4e·sbf/t + 2e·s·head_dim + attention core.
+    - selective (``checkpoint`` around the attention core, the paper's selective
+      recomputation): the core's saved tensors (the log-sum-exp, or the softmax and mask) are
+      recomputed; q, k, v and the output stay.
+    - full (``checkpoint_wrapper`` per block): e·sbh, the block input, as in the paper.
+    """
+    s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
+    a = shape.num_heads
+    e = BYTES_PER_ELEMENT[dtype]
+    sbh, sbf = s * b * h, s * b * f
+    if checkpointing == "full":
+        return e * sbh
+    if shape.family == "gpt":
+        # LayerNorm saves its input, mean and rstd; its output is saved by the next Linear.
+        norms = 2 * (2 * e * sbh + 2 * e * s * b)
+        mlp = 2 * e * sbf // tp  # GELU input and output
+    else:
+        # RMSNorm upcasts to fp32 and saves input and normalised input (fp32) plus rstd; its
+        # output (workload dtype) is saved by the next Linear.
+        norms = 2 * (2 * FP32_BYTES * sbh + FP32_BYTES * s * b + e * sbh)
+        mlp = 4 * e * sbf // tp  # w1 out, silu out, w3 out, their product
+        norms += 2 * e * s * shape.head_dim  # rotary cos and sin for q and k: 4 × (s, d/2)
+    qkv_out = 4 * e * sbh // tp  # q, k, v (KV repeated to all heads) and the attention output
+    if checkpointing == "selective":
+        core = 0
+    elif attention == "sdpa":
+        core = FP32_BYTES * a * s * b // tp  # log-sum-exp
+    else:
+        core = e * a * s * s * b // tp + s * s  # softmax probabilities + causal mask
+    return norms + qkv_out + mlp + core
+
+
+def block_backward_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
+                         checkpointing: str, attention: str, dtype: str) -> int:
+    """Temporary bytes while one block runs its backward, above what it saved (measured).
+
+    Gradient buffers of the block's widest tensors (measured with the profiler's allocation
+    events on single blocks, s·b from 64 to 512): ≈ e·sbf/t + e·sbh for the GELU MLP, 2e·sbf/t
+    for SwiGLU, plus e·as²b/t for eager attention's softmax gradient. Recomputation first
+    rebuilds what was not saved: the whole block, one at a time (full recomputation,
+    Korthikanti et al. 2022), or the attention core (selective).
+    """
+    s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
+    e = BYTES_PER_ELEMENT[dtype]
+    if shape.family == "gpt":
+        grads = e * s * b * f // tp + e * s * b * h
+    else:
+        grads = 2 * e * s * b * f // tp
+    if attention == "eager":
+        grads += e * shape.num_heads * s * s * b // tp
+    if checkpointing == "none":
+        return grads
+    kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype)
+    rebuilt = layer_activation_bytes(shape, checkpointing="none", **kwargs)
+    if checkpointing == "selective":
+        rebuilt -= layer_activation_bytes(shape, checkpointing="selective", **kwargs)
+    return rebuilt + grads
+
+
+def _head_bytes(shape: ModelShape, s: int, b: int, e: int) -> int:
+    """Final norm saved tensors plus the fp32 log-probabilities cross-entropy saves."""
+    h = shape.hidden_size
+    if shape.family == "gpt":
+        return 2 * e * s * b * h + 2 * e * s * b
+    return 2 * FP32_BYTES * s * b * h + FP32_BYTES * s * b + e * s * b * h
+
+
+def microbatches_in_flight(schedule: str, pp: int, pp_rank: int,
+                           num_microbatches: int) -> tuple[int, ...]:
+    """Micro-batches whose activations a pipeline rank holds at once, per local stage.
+
+    GPipe (Huang et al. 2019): every micro-batch's forward runs before any backward: M.
+    1F1B (Narayanan et al. 2021, §2.2, PipeDream-Flush; torch's ``Schedule1F1B``): stage i runs
+    min(M, pp − i) warm-up forwards before its first backward, then alternates: min(M, pp − i).
+    Interleaved 1F1B (Narayanan et al. 2021, §2.2; torch's ``ScheduleInterleaved1F1B``): see
+    :func:`_interleaved_peak`; with equal stage sizes this is the warm-up count plus one, split
+    over the rank's two virtual stages.
+    """
+    if schedule == "gpipe":
+        return (num_microbatches,)
+    if schedule == "1f1b":
+        return (min(num_microbatches, pp - pp_rank),)
+    return _interleaved_peak(pp, pp_rank, num_microbatches, (1,) * INTERLEAVED_STAGES_PER_RANK)
+
+
+@lru_cache(maxsize=4096)
+def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]
+                      ) -> tuple[int, ...]:
+    """Per local stage, the micro-batches held when the weighted sum held is largest.
+
+    Replays torch's order (``_get_warmup_ops`` / ``_get_1f1b_rank_ops``): with v local stages
+    and m' = M / max(1, M // pp) micro-batches per round, (v − 1)·m' + 2·(pp − 1 − rank)
+    warm-up forwards (at most v·M), then one forward and one backward alternately, then the
+    remaining backwards. Forward k runs local stage (k // m') mod v; backward k runs local stage
+    v − 1 − (k // m') mod v, each on its oldest micro-batch."""
+    v = len(weights)
+    per_round = m // max(1, m // pp)
+    total_ops = v * m
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), total_ops)
+    held = [0] * v
+    best, best_held = -1, tuple(held)
+
+    def forward(k: int) -> None:
+        nonlocal best, best_held
+        held[(k // per_round) % v] += 1
+        load = sum(w * n for w, n in zip(weights, held))
+        if load > best:
+            best, best_held = load, tuple(held)
+
+    for k in range(warmup):
+        forward(k)
+    for i in range(total_ops - warmup):
+        forward(warmup + i)
+        held[v - 1 - (i // per_round) % v] -= 1
+    return best_held
+
+
+def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
+                        device_type: str = "cpu") -> list[MemoryEstimate]:
+    """One estimate per pipeline rank (pp rank 0 … pp − 1), in the precision the config
+    trains in on ``device_type``."""
+    shape = _resolve_shape(config, shape)
+    config = config.with_precision(device_type)
+    return [_estimate_stage(config, shape, r, device_type) for r in range(config.pp_degree)]
+
+
+def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
+                    device_type: str = "cpu") -> MemoryEstimate:
+    """The worst rank's predicted peak memory by category.
+
+    ``shape`` None takes the built-in workload's shape; a user workload needs an explicit
+    ``ModelShape`` (its architecture is not known without building it)."""
+    return max(estimate_all_stages(config, shape, device_type=device_type),
+               key=lambda e: e.total)
+
+
+def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
+    """The shape to estimate, after checking the layout's structural rules."""
+    checked = config
+    if shape is None:
+        shape = config.workload.shape
+        if shape is None:
+            raise ConfigError(
+                f"cannot estimate the memory of user workload '{config.workload.workload}' "
+                "without its shape; pass an explicit ModelShape (autotune estimate: "
+                "--num-layers, --hidden-size, --num-heads, --vocab-size)")
+        checked.validate()
+    else:
+        checked = dataclasses.replace(
+            checked, workload=dataclasses.replace(config.workload, workload="explicit:shape"))
+        checked.validate(num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                         num_layers=shape.num_layers)
+        if shape.family == "gpt" and config.workload.seq_len > shape.max_seq_len:
+            raise ConfigError(f"seq_len {config.workload.seq_len} exceeds the shape's context "
+                              f"{shape.max_seq_len}; lower seq_len")
+    return shape
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
+                    device_type: str) -> MemoryEstimate:
+    spec = config.workload
+    compute_dtype = PRECISION_COMPUTE_DTYPE[config.precision]
+    vocab = spec.vocab_size or shape.vocab_size  # an explicit shape brings its own
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    s, b, m = spec.seq_len, config.micro_batch_size, config.grad_accum_steps
+    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
+    parts = _parts(shape.num_layers, pp, interleaved, pp_rank)
+    last = any(p.last for p in parts)
+    sb = state_bytes(config.precision, fsdp=dp > 1 and zero >= 2)
+    e = sb.compute  # activations and what FSDP2 gathers
+    st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb,
+                 flat_zero1=_uses_distributed_optimizer(config))
+    sbh = s * b * shape.hidden_size
+    sbv = s * b * vocab
+    ac = config.activation_checkpointing
+
+    # ---- activations saved for backward ----------------------------------------------------
+    layer = layer_activation_bytes(shape, seq_len=s, micro_batch=b, tp=tp, checkpointing=ac,
+                                   attention=config.attention, dtype=compute_dtype)
+    per_microbatch = []
+    for part in parts:
+        saved = part.num_layers * layer
+        if part.last:
+            saved += _head_bytes(shape, s, b, e) + FP32_BYTES * sbv  # fp32 log-probabilities
+        elif pp > 1:
+            saved += e * sbh  # the stage output, kept by the schedule until its backward
+        per_microbatch.append(saved)
+    if pp == 1:
+        held: tuple[int, ...] = (1,)  # accumulation runs one micro-batch at a time
+    elif interleaved:
+        held = _interleaved_peak(pp, pp_rank, m, tuple(per_microbatch))
+    else:
+        held = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m)
+    saved = sum(n * a for n, a in zip(held, per_microbatch))
+    # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
+    # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
+    transient = max(2 * FP32_BYTES * sbv if last else 0,
+                    block_backward_bytes(shape, seq_len=s, micro_batch=b, tp=tp,
+                                         checkpointing=ac, attention=config.attention,
+                                         dtype=compute_dtype))
+    # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
+    # and concatenate them after the last backward, since the runner calls ``schedule.step``
+    # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
+    pp_outputs = m * e * sbv if (pp > 1 and last and PIPELINE_RETURNS_OUTPUTS) else 0
+
+    # ---- communication buffers ---------------------------------------------------------------
+    # Each candidate peak is (activations, comm_buffers) during forward/backward; ``post`` is
+    # after the last backward (gradient sync, optimizer step).
+    grads = st.gradients
+    comm_held = 0  # communication buffers alive throughout forward/backward
+    extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
+    comm_post = 0
+    if dp > 1 and zero <= 1 and not config.overlap_enabled:
+        # BucketedAllReduce: one flat bucket (bucket_mb plus the tensor that overfilled it).
+        comm_post = min(grads, int(config.bucket_mb * MIB)
+                        + st.largest_tensor_numel * sb.gradient)
+    elif dp > 1 and zero <= 1:
+        # DDP (gradient_as_bucket_view) and replicate: while no_sync accumulates, gradients
+        # live outside the buckets, which hold a second copy from the last micro-batch on.
+        if m > 1:
+            comm_held = grads
+    elif dp > 1:
+        # FSDP2 (measured). Unsharded gradients accumulate without reduce-scatter over every
+        # micro-batch but the last (set_requires_gradient_sync(False)); the sharded ones
+        # (under ``gradients``) only appear as those are reduced, so they are not counted twice.
+        if m > 1:
+            comm_held = st.unsharded_numel * e - grads
+        two_largest = sum(sorted(st.unit_numels, reverse=True)[:2]) * e
+        if zero == 2 or pp > 1:
+            # ZeRO-2 — and ZeRO-3 under a pipeline, whose runtime turns resharding after
+            # backward off — keeps every unit gathered from its forward through backward and
+            # gathers only in forward: the staging buffers of the unit in use and the one
+            # prefetched (each lives until the next all-gather completes) never meet the loss's
+            # temporaries.
+            comm_held += st.unsharded_numel * e
+            extra.append((0, two_largest))
+        else:
+            # ZeRO-3 reshards every unit (the root too) after forward and gathers again in
+            # backward: the root (parameters + staging) while the loss's gradients are still
+            # alive, later the two units in use and their two staging buffers.
+            extra = [(transient, 2 * st.root_numel * e), (0, 2 * two_largest)]
+
+    if st.gather_numel:
+        # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
+        # gathered bucket, padded); the gradient sync's buffers are gone by then.
+        comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * sb.parameter)
+
+    # ---- other ----------------------------------------------------------------------------
+    other = 0
+    if pp > 1:
+        # Receive buffers, one per micro-batch, allocated when the schedule first runs:
+        # activations into every stage but the first, gradients into every one but the last.
+        for part in parts:
+            other += m * e * sbh * ((not part.first) + (not part.last))
+    if device_type == "cpu":
+        # The CPU measurement (the profiler's allocation events, runner.measure_memory) misses
+        # frees that happen on gloo's threads — a collective's buffers released when its work
+        # object dies there — so its peak carries tensors already freed, more with every
+        # micro-batch. Fitted to the sweep (tests/test_memory.py): a quarter of FSDP's two
+        # largest units plus 15% of them per further micro-batch, and under TP half a layer
+        # output (the all-reduced sbh) per layer and micro-batch. An allowance, not memory.
+        if dp > 1 and zero >= 2:
+            two_largest = sum(sorted(st.unit_numels, reverse=True)[:2]) * e
+            other += two_largest // 4 + 3 * two_largest * (m - 1) // 20
+        if tp > 1:
+            other += m * sum(p.num_layers for p in parts) * e * sbh // 2
+    # The optimizer step's temporaries. Single-tensor AdamW (CPU, and DTensor parameters —
+    # FSDP, TP, replicate — which torch's foreach path does not take): about two of the largest
+    # tensor (measured on CPU). Foreach AdamW (CUDA, plain parameters; torch.optim.adam
+    # ``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor.
+    # Mixed precision's master-weight AdamW (single-tensor, parallel/precision.py) adds the
+    # largest gradient read as fp32.
+    optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
+    if sb.master:
+        optimizer_temps += st.largest_tensor_numel * FP32_BYTES
+    # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
+    # DTensors' local tensors).
+    plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
+    if (device_type == "cuda" and plain_params and not config.optimizer_offload_enabled
+            and not sb.master):
+        optimizer_temps = max(optimizer_temps, st.optimizer_numel * sb.moment)
+
+    # ---- the peak: the larger of forward/backward and after backward -------------------
+    fb = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum)
+    post = (2 * pp_outputs, comm_post, other + optimizer_temps)
+    phase = PHASE_AFTER_BACKWARD if sum(post) > sum(fb) else PHASE_FORWARD_BACKWARD
+    activations, comm, other = post if phase == PHASE_AFTER_BACKWARD else fb
+    parameters, optimizer_state = st.parameters, st.optimizer_state
+    if config.optimizer_offload_enabled and device_type == "cuda":
+        # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
+        # optimizer state live in host memory; the device holds what is gathered (comm_buffers).
+        parameters = grads = optimizer_state = 0
+    return MemoryEstimate(parameters, grads, optimizer_state, activations, comm, other, pp_rank,
+                          phase)

@@ -1,0 +1,605 @@
+"""Predicted step time of any layout on any cluster, from FLOPs, bytes and a calibration.
+
+``predict_step_time(config, cluster, calibration)`` returns a :class:`StepTimeEstimate`: the
+seconds of one optimizer step and their breakdown into compute, tensor-parallel collectives,
+pipeline point-to-point transfers, the pipeline bubble, the exposed part of data-parallel
+synchronisation, the optimizer step and fixed overheads. It builds nothing and touches no
+tensor: thousands of layouts are scored a second (``autotune rank``).
+
+The terms, each with its source:
+
+- **Compute** per micro-batch per stage. Forward FLOPs of one decoder layer are
+  ``2bs(2h² + 2h·kv) + 4bs²h + 2bs·h·f·k`` (k = 2 for a GELU MLP, 3 for SwiGLU): the
+  Megatron count of Narayanan et al. 2021 (SC'21, "Efficient Large-Scale Language Model
+  Training on GPU Clusters", §5.1: 24bsh² + 4bs²h for kv = h, f = 4h), generalised to
+  grouped-query attention and gated MLPs. The output head adds 2bshV. Backward costs twice the
+  forward (same source); full recomputation adds one forward of the layers, selective
+  recomputation the attention core (Korthikanti et al. 2022, §4). Time = FLOPs ÷ (peak ×
+  efficiency), with the efficiency a calibrated saturating curve of the per-rank matmul size
+  w = b·s·h·h/tp: ``eff = e_max · w / (w + w_half)`` (the roofline's rise of GEMM efficiency
+  with size), plus the memory-bound element-wise kernels (norms, activations, residuals,
+  dropout, and a materialised softmax with eager attention) as bytes ÷ memory bandwidth, and
+  a fixed cost per layer pass (kernel launches).
+- **Tensor parallelism**: all-reduces of the b·s·h activation per layer per micro-batch —
+  forward two (Megatron, Shoeybi et al. 2019, §3: one after attention, one after the MLP),
+  backward one per column-parallel input (two with a fused QKV and MLP input, as Megatron has;
+  more for an engine whose plan keeps q, k, v separate), and the forward's again under full
+  recomputation. Ring time ``2(t−1)/t · S / busbw`` (nccl-tests' bus bandwidth).
+- **Pipeline**: with stage times T_i per micro-batch, the step takes ``m · max T_i +
+  (Σ T_i − max T_i) / v`` for m micro-batches and v virtual stages per rank, which is
+  Narayanan et al. 2021's bubble (p−1)/m of the ideal time for equal stages, and (p−1)/(v·m)
+  for the interleaved schedule (§2.2). With fewer micro-batches than stages (which torch's
+  flexible interleaved schedule runs) interleaving hides nothing: ``Σ T_i + (m − 1) · max
+  T_i / v`` (``pipeline_bubble``). Each boundary moves the b·s·h activation forward and its
+  gradient back per micro-batch (point-to-point, over the link the boundary crosses); a rank
+  takes part in ``stage_boundaries`` of them, the interleaved schedule's wrap-around from the
+  last rank to the first included. On a CPU rank each is host work as well (gloo's send and
+  recv run on the rank's own thread; torch's pipelining issues and waits on each as Python
+  actions): a calibrated ``p2p_overhead_s`` per boundary per micro-batch.
+- **CPU ranks sharing cores** (``cores_per_node``): a rank's compute and host work run on
+  cores/ranks of a core (the cluster's peak per rank, and ``host_share``); in the pipeline's
+  fill and drain only one stage's tp·dp ranks work and share the cores among themselves
+  (``core_sharing``); a collective over more ranks than cores waits about group/cores turns
+  for its members to be scheduled (``uncoscheduled``: no gang scheduling).
+- **Data parallelism** by ZeRO stage (Rajbhandari et al. 2020, §7): stages 0–1 all-reduce the
+  gradients (2Φ bytes moved per parameter byte in a ring); ZeRO-1 also gathers the updated
+  parameters; ZeRO-2 reduce-scatters gradients and all-gathers parameters once per
+  micro-batch; ZeRO-3 all-gathers twice per micro-batch (forward and backward): 3Φ, 1.5× the
+  all-reduce, with one micro-batch. Gloo runs reduce-scatter as a full all-reduce. With
+  overlap on, the gradient sync hides behind the last micro-batch's backward except its last
+  bucket, and FSDP's all-gathers behind compute; the calibrated ``overlap_efficiency`` says
+  how much of the hideable part really hides (on CPUs overlap is contention for the cores).
+- **Links by placement**: ranks are numbered as the executor's mesh ``(pp, dp, tp)`` numbers
+  them (tp fastest), so a TP group is inside a node when tp ≤ devices per node, a DP group
+  spans ⌈tp·dp / devices per node⌉ nodes. A group inside a node uses the intra-node curve; one
+  that crosses nodes shares each node's network bandwidth with the node's other groups that
+  communicate at the same time (all of them, in a symmetric layout): time = c · 2(n−1)/n · S
+  ÷ node bandwidth, with c groups per node — the ring's per-node traffic.
+- **FSDP2's hooks** (autotune's engine): each ``fully_shard`` / ``replicate`` unit runs
+  Python hooks around every forward and backward, a host cost per unit per micro-batch
+  (``hooked_units`` × the calibrated ``unit_overhead_s``); torch's DDP does its bookkeeping in
+  C++ and has none.
+- **Optimizer step**: memory-bound, ``bytes per parameter × parameters the rank updates ÷
+  memory bandwidth`` (AdamW reads parameter, gradient and two moments and writes three:
+  28 bytes per fp32 parameter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.model.cluster import GB, ClusterSpec, _ring_factor
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.hardware import flops_per_token
+from autotune.model.memory import BYTES_PER_ELEMENT, stage_layer_counts
+from autotune.shapes import ModelShape
+
+TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
+"""The breakdown of a predicted step, in seconds; they add up to the step time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineTraits:
+    """How a training code base turns a layout into kernels and collectives.
+
+    autotune's own engine (``AUTOTUNE_ENGINE``) keeps the output head and embeddings whole on
+    every TP rank and shards q, k, v (and SwiGLU's two inputs) as separate column-parallel
+    linears, each of whose input gradients is all-reduced; Megatron-LM (``MEGATRON_ENGINE``)
+    shards the vocabulary over TP and fuses QKV and the MLP input.
+    """
+
+    name: str
+    vocab_parallel: bool
+    """Output head, loss and embedding sharded over TP (Megatron's VocabParallelEmbedding)."""
+    fused_column_inputs: bool
+    """One column-parallel input per attention and per MLP (fused QKV, fused gate/up)."""
+    fsdp2_data_parallel: bool = False
+    """ZeRO-2/3 by FSDP2's ``fully_shard``, and overlapped ZeRO-0/1 beside TP or a pipeline by
+    its ``replicate`` (``parallel/zero.py``): units whose hooks run in Python each micro-batch
+    (``hooked_units``)."""
+
+
+AUTOTUNE_ENGINE = EngineTraits(name="autotune", vocab_parallel=False, fused_column_inputs=False,
+                               fsdp2_data_parallel=True)
+MEGATRON_ENGINE = EngineTraits(name="megatron", vocab_parallel=True, fused_column_inputs=True)
+ENGINES = {e.name: e for e in (AUTOTUNE_ENGINE, MEGATRON_ENGINE)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """The model's fitted parameters; defaults are priors for an uncalibrated cluster."""
+
+    compute_efficiency: float = 0.6
+    """Asymptotic fraction of peak FLOP/s reached by large matmuls."""
+    half_efficiency_rows: float = 512.0
+    """Matmul rows (tokens per micro-batch, b·s) at which efficiency is half its asymptote."""
+    half_efficiency_cols: float = 128.0
+    """Matmul columns per rank (h/tp) at which efficiency is half its asymptote."""
+    elementwise_bytes: float = 30.0
+    """Element-wise bytes moved per activation element b·s·h per layer forward pass."""
+    elementwise_sharded_bytes: float = 10.0
+    """Element-wise bytes per activation element per layer forward on TP-sharded tensors."""
+    score_bytes: float = 8.0
+    """Bytes moved per attention-score element b·(a/tp)·s² per layer forward (eager attention)."""
+    layer_overhead_s: float = 20e-6
+    """Host seconds per layer per pass (forward, backward, recompute): launching its kernels."""
+    tp_layer_overhead_s: float = 0.0
+    """Extra host seconds per layer pass when tensor parallel (sharded-tensor dispatch)."""
+    collective_overhead_s: float = 10e-6
+    """Host seconds per collective (launch and the ranks' synchronisation)."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed seconds per micro-batch per stage (schedule and framework work)."""
+    unit_overhead_s: float = 0.0
+    """Host seconds per FSDP2 unit per micro-batch: its forward and backward hooks, run in
+    Python (``hooked_units``)."""
+    p2p_overhead_s: float = 0.0
+    """Host seconds per pipeline boundary a CPU rank takes part in, per micro-batch: issuing
+    and waiting on its point-to-point transfers (``stage_boundaries``). A GPU rank's transfers
+    run on the device's streams and leave the host free (not charged)."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step (synchronisation, bookkeeping)."""
+    comm_efficiency: float = 1.0
+    """Multiplies the links' bandwidth: achieved over described."""
+    overlap_efficiency: float = 1.0
+    """Fraction of the hideable communication that overlap actually hides (0-1)."""
+    optimizer_bytes_per_param: float = 28.0
+    """Memory traffic of the optimizer step per parameter the rank updates."""
+    layer_shape_factors: dict[str, float] = field(default_factory=dict)
+    """Measured correction of a layer's device time per per-rank shape (``layer_shape_key``):
+    what a kernel profile knows and a smooth efficiency curve cannot (a GEMM shape the
+    library tiles badly). Shapes never measured take the curve alone (factor 1)."""
+    host_shape_factors: dict[str, float] = field(default_factory=dict)
+    """Measured correction of a layer's host launch time per shape, for shapes whose measured
+    steps are launch-bound (their device time cannot be seen, their host time can)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Calibration:
+        if not isinstance(data, dict):
+            raise ConfigError("a calibration must be an object of Calibration fields")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
+                              f"{', '.join(sorted(names))}")
+        data = dict(data)
+        tables = {name: data.pop(name, {}) for name in SHAPE_TABLES}
+        for name, table in tables.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"calibration '{name}' must map shapes to numbers")
+        for key, value in [*data.items(), *(kv for t in tables.values() for kv in t.items())]:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ConfigError(f"calibration '{key}' must be a number ≥ 0, not {value!r}")
+        return cls(**{k: float(v) for k, v in data.items()},
+                   **{name: {str(k): float(v) for k, v in table.items()}
+                      for name, table in tables.items()})
+
+    @classmethod
+    def for_cluster(cls, cluster: ClusterSpec) -> Calibration:
+        """The cluster's stored calibration, or the defaults."""
+        return cls.from_dict(cluster.calibration) if cluster.calibration else cls()
+
+
+SHAPE_TABLES = ("layer_shape_factors", "host_shape_factors")
+"""The calibration's per-shape corrections (maps of ``layer_shape_key`` to a factor)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeEstimate:
+    """Predicted seconds of one optimizer step and where they go."""
+
+    step_time_s: float
+    breakdown: dict[str, float]
+    """Seconds per term of ``TERMS``; they sum to ``step_time_s``."""
+    tokens_per_s: float
+    mfu: float | None
+    """Model FLOPs utilisation (PaLM definition, recomputation not counted)."""
+    bottleneck_stage: int
+    """The pipeline rank whose per-micro-batch time sets the pace."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "bottleneck_stage": self.bottleneck_stage,
+                "breakdown": dict(self.breakdown)}
+
+
+# ---- the model's arithmetic ----------------------------------------------------------------
+def layer_forward_flops(shape: ModelShape, *, seq_len: int, micro_batch: int) -> tuple[float,
+                                                                                        float]:
+    """(matmul FLOPs, attention-score FLOPs) of one layer's forward for one micro-batch, whole
+    (divide by tp for a rank). Narayanan et al. 2021 §5.1, generalised to GQA and SwiGLU."""
+    b, s, h, f = micro_batch, seq_len, shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    mlp_mats = 3 if shape.family == "llama" else 2
+    projections = 2 * b * s * (2 * h * h + 2 * h * kv)
+    mlp = 2 * b * s * h * f * mlp_mats
+    scores = 4 * b * s * s * h  # Q·Kᵀ and softmax·V
+    return projections + mlp, scores
+
+
+def layer_params(shape: ModelShape) -> int:
+    """Parameters of one decoder layer (as ``ModelShape.num_params`` counts them)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    attn = 2 * h * h + 2 * h * kv
+    if shape.family == "llama":
+        return attn + 3 * h * f + 2 * h
+    return attn + 2 * h * f + 4 * h
+
+
+def layer_shape_key(config: TrialConfig, shape: ModelShape, device_type: str = "cuda") -> str:
+    """The key of a per-rank layer shape: the block's architecture (family, hidden, MLP width,
+    heads), the tokens per micro-batch, tp and dtype — what decides its kernels."""
+    rows = config.micro_batch_size * config.workload.seq_len
+    return (f"{shape.family} h{shape.hidden_size} f{shape.ffn_hidden_size} "
+            f"a{shape.num_heads}/{shape.num_kv_heads} rows{rows} tp{config.tp_degree} "
+            f"{config.compute_dtype(device_type)}")
+
+
+SOFT_MAX_POWER = 32.0
+"""max(a, b) ≈ (a⁴ + b⁴)^¼: host and device work overlap imperfectly near the crossover."""
+
+
+def _soft_max(a: float, b: float) -> float:
+    if a <= 0 or b <= 0:
+        return max(a, b)
+    big = max(a, b)
+    return big * ((a / big) ** SOFT_MAX_POWER + (b / big) ** SOFT_MAX_POWER) ** (
+        1 / SOFT_MAX_POWER)
+
+
+def matmul_efficiency(cal: Calibration, rows: float, cols: float) -> float:
+    """Fraction of peak a (rows × h) · (h × cols) matmul reaches: e_max · r/(r + r½) ·
+    c/(c + c½). Each dimension saturates on its own (tiles fill the GPU's SMs along both);
+    a thin per-rank width h/tp is what makes high tensor parallelism inefficient."""
+    return max(cal.compute_efficiency * rows / (rows + cal.half_efficiency_rows)
+               * cols / (cols + cal.half_efficiency_cols), 1e-6)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Where a communication group's ranks sit."""
+
+    size: int
+    nodes: int
+    """Nodes it spans."""
+    concurrent: int
+    """Groups of its kind on one node that talk at the same time (share the node's network)."""
+
+
+def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group, bool, int]:
+    """(tp group, dp group, whether some pipeline boundary crosses nodes, ranks per node that
+    cross it together), for the mesh (pp, dp, tp) numbered with tp fastest."""
+    tp, dp, pp = config.tp_degree, config.dp_degree, config.pp_degree
+    n = devices_per_node
+    tp_nodes = max(1, math.ceil(tp / n))
+    tp_group = _Group(tp, tp_nodes, max(1, n // tp) if tp_nodes > 1 else 1)
+    span = tp * dp
+    dp_nodes = max(1, math.ceil(span / n))
+    dp_members_per_node = max(1, dp // dp_nodes)
+    dp_group = _Group(dp, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
+    pp_crosses = pp > 1 and config.world_size > n
+    return tp_group, dp_group, pp_crosses, min(n, span)
+
+
+def collective_time(cluster: ClusterSpec, calibration: Calibration, group: _Group,
+                    nbytes: float, *, kind: str = "all_reduce") -> float:
+    """Seconds of one collective of ``nbytes`` (nccl-tests' size) over ``group``.
+
+    all_reduce moves 2(n−1)/n·S per rank, all_gather and reduce_scatter (n−1)/n·S (nccl-tests
+    ``PERFORMANCE.md``); gloo's reduce_scatter is an all-reduce."""
+    n = group.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "reduce_scatter" and cluster.backend == "gloo":
+        kind = "all_reduce"
+    factor = 1.0 if kind == "all_reduce" else 0.5
+    eff = calibration.comm_efficiency
+    intra_n = min(n, cluster.devices_per_node)
+    link = cluster.intra_node
+    t = factor * _ring_factor(n) * nbytes / (link.busbw(nbytes, intra_n) * eff)
+    if group.nodes > 1:
+        inter = cluster.inter_node
+        node_bw = inter.bandwidth_gbs * GB * eff
+        t_inter = inter.latency_us * 1e-6 + (
+            group.concurrent * factor * _ring_factor(n) * nbytes / node_bw)
+        t = max(t, t_inter)
+    return t
+
+
+def p2p_time(cluster: ClusterSpec, calibration: Calibration, nbytes: float, *,
+             crosses_nodes: bool, concurrent: int) -> float:
+    """Seconds of one point-to-point transfer between adjacent pipeline stages."""
+    eff = calibration.comm_efficiency
+    if crosses_nodes:
+        link = cluster.inter_node
+        bw = link.bandwidth_gbs * GB * eff / max(1, concurrent)
+    else:
+        link = cluster.intra_node
+        bw = link.bandwidth_gbs * GB * eff
+    return link.latency_us * 1e-6 + nbytes / bw
+
+
+def pipeline_bubble(stage_s: list[float], m: int, v: int) -> float:
+    """Seconds a pipeline of stages taking ``stage_s`` seconds per micro-batch spends beyond
+    ``m · max T_i`` (m micro-batches, v virtual stages per rank).
+
+    With m ≥ p: ``(Σ T_i − max T_i) / v``, Narayanan et al. 2021's bubble (p−1)/(v·m) of the
+    ideal time (§2.2). With m < p interleaving cannot hide it: a micro-batch's chunks run one
+    after another, so the first micro-batch crosses every chunk (Σ T_i) and each later one
+    trails it by a chunk of the slowest stage (max T_i / v): ``Σ T_i + (m − 1) · max T_i / v −
+    m · max T_i``. For v = 1 both are Σ T_i − max T_i (GPipe's and 1F1B's (p−1)/m), and they
+    agree at m = p."""
+    p, t_max, total = len(stage_s), max(stage_s), sum(stage_s)
+    if m >= p or v == 1:
+        return (total - t_max) / v
+    return total + (m - 1) * t_max / v - m * t_max
+
+
+def stage_boundaries(rank: int, p: int, v: int) -> int:
+    """Stage boundaries pipeline rank ``rank`` of ``p`` takes part in, each crossed once per
+    micro-batch: its v chunks' incoming and outgoing ones, but for the pipeline's first chunk
+    (rank 0 receives nothing) and its last (rank p − 1 sends nothing). Rank r holds virtual
+    stages r, r + p, … (Narayanan et al. 2021 §2.2), so with v > 1 rank p − 1 also sends to
+    rank 0 (its chunk j to rank 0's chunk j + 1): 2v − 1 at either end, 2v between; 1, 2, …, 1
+    for v = 1. 0 without a pipeline."""
+    if p <= 1:
+        return 0
+    return 2 * v - (rank == 0) - (rank == p - 1)
+
+
+def ranks_per_core(cluster: ClusterSpec, ranks: int) -> float:
+    """How many of ``ranks`` runnable ranks of one node share each core (at least 1): a CPU
+    rank then runs at 1/this of a core (the OS scheduler's processor sharing). 1 for a device
+    per rank (no ``cores_per_node``, or an asynchronous device)."""
+    cores = cluster.cores_per_node
+    if not cores or cluster.device.asynchronous:
+        return 1.0
+    return max(1.0, min(ranks, cluster.devices_per_node) / cores)
+
+
+def core_sharing(cluster: ClusterSpec, active: int) -> float:
+    """How much faster CPU ranks run when only ``active`` of a node's ranks work at once than
+    when all ``devices_per_node`` do (the stage times' speed): the ratio of the ranks per core
+    (``ranks_per_core``), max(1, active/cores) / max(1, ranks/cores). 1 without
+    ``cores_per_node`` (a device per rank)."""
+    return (ranks_per_core(cluster, active)
+            / ranks_per_core(cluster, cluster.devices_per_node))
+
+
+def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
+    """Factor on a collective's host cost when its ``group`` ranks outnumber the cores.
+
+    A collective returns only when every member has taken part, so with more members than
+    cores it cannot be run by all of them at once: without gang scheduling (Ousterhout 1982,
+    "Scheduling Techniques for Concurrent Systems": coscheduling) the operating system runs
+    them a core's worth at a time and each message waits for its peer's turn, about
+    ``group / cores`` turns in all. 1 while the group fits the cores, and for a device per rank
+    (no ``cores_per_node``). The share of the cores the rank gets otherwise (``host_share``)
+    is a separate factor: it slows the rank's own work, not its waiting for peers."""
+    return ranks_per_core(cluster, group)  # the members on one node
+
+
+def hooked_units(config: TrialConfig, chunk_layers: list[int], per_layer_bytes: float,
+                 engine: EngineTraits) -> int:
+    """FSDP2 units on one pipeline rank whose Python hooks run every micro-batch.
+
+    autotune's engine (``parallel/zero.py``) shards ZeRO-2/3 with ``fully_shard`` and, with
+    overlap on beside TP or a pipeline, replicates ZeRO-0/1 with ``replicate`` (FSDP2's DDP);
+    both group a part's blocks up to ``bucket_mb`` into units and wrap the part itself (the
+    root). Each unit's ``FSDPState`` registers forward pre/post hooks and backward hooks that
+    run in Python on every forward and backward (torch 2.13
+    ``distributed/fsdp/_fully_shard/_fsdp_state.py``: ``_pre_forward``, ``_post_forward``,
+    ``_pre_backward``, ``_root_post_backward_final_callback``; ``replicate_with_fsdp.py``'s
+    state is a subclass), whether the gradient is synchronised that micro-batch or not.
+    torch's DDP keeps its bookkeeping in the C++ Reducer, and the non-overlapped path
+    all-reduces once after the backward: no per-unit hooks. ``chunk_layers``: the layers of
+    each of the rank's parts (virtual stages), each a part with its own root;
+    ``per_layer_bytes``: one block's parameter bytes on the rank."""
+    if not engine.fsdp2_data_parallel or config.dp_degree <= 1:
+        return 0
+    fsdp2 = config.zero_stage >= 2 or (config.overlap_enabled and (
+        config.tp_degree > 1 or config.pp_degree > 1))
+    if not fsdp2:
+        return 0
+    per_unit = max(1, math.ceil(config.bucket_mb * 2**20 / max(per_layer_bytes, 1.0)))
+    return sum(math.ceil(n / per_unit) + 1 for n in chunk_layers)
+
+
+def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
+                      calibration: Calibration | None = None, *, shape: ModelShape | None = None,
+                      engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
+    """Predicted step time of ``config`` on ``cluster`` (see the module docstring).
+
+    ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
+    is placed on ``cluster`` as the executor places it; ``cluster`` must have at least
+    ``config.world_size`` devices."""
+    cal = calibration or Calibration.for_cluster(cluster)
+    shape = shape or config.workload.shape
+    if shape is None:
+        raise ConfigError(f"cannot predict the step time of user workload "
+                          f"'{config.workload.workload}' without its shape; pass a ModelShape")
+    spec = config.workload
+    # Mixed precision computes at the half-precision peak; a config naming no precision
+    # trains in the cluster's default (gloo: CPU ranks).
+    device_type = "cpu" if cluster.backend == "gloo" else "cuda"
+    dtype = config.compute_dtype(device_type)
+    e = BYTES_PER_ELEMENT[dtype]
+    peak = cluster.device.flops(dtype)
+    mem_bw = cluster.device.memory_bandwidth_gbs * GB
+    tp, pp, dp = config.tp_degree, config.pp_degree, config.dp_degree
+    b, s, m = config.micro_batch_size, spec.seq_len, config.grad_accum_steps
+    h, a = shape.hidden_size, shape.num_heads
+    vocab = spec.vocab_size or shape.vocab_size
+    ac = config.activation_checkpointing
+    full = ac == "full"
+    v = config.num_pp_stages // pp
+
+    # ---- compute per micro-batch -----------------------------------------------------------
+    mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
+    flop_rate = peak * matmul_efficiency(cal, b * s, h / tp)
+    eager = config.attention == "eager"
+    act_elems = b * s * h
+    # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
+    # parallelism); the MLP activation and biases on the rank's shard.
+    elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
+        act_elems * e / mem_bw)
+    score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
+    layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
+    attn_core_s = score_flops / tp / flop_rate + score_s
+    recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
+    passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
+    shape_key = layer_shape_key(config, shape, device_type)
+    layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
+        shape_key, 1.0)
+    head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)
+    head_s = 3 * 2 * head_work / (peak * matmul_efficiency(
+        cal, b * s, vocab / (tp if engine.vocab_parallel else 1)))
+
+    # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
+    tp_group, dp_group, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
+    act_bytes = act_elems * e
+    if tp > 1:
+        backward_inputs = 2 if engine.fused_column_inputs else (
+            3 + (2 if shape.family == "llama" else 1))
+        tp_collectives = 2 * (2 if full else 1) + backward_inputs
+        t_ar = collective_time(cluster, cal, tp_group, act_bytes)
+        tp_layer_s = tp_collectives * t_ar
+        tp_embed_s = t_ar if engine.vocab_parallel else 0.0
+    else:
+        tp_collectives = 0
+        tp_layer_s = tp_embed_s = 0.0
+    # The host launches each layer pass's kernels and collectives. On a GPU they queue on a
+    # stream, so a layer takes the longer of the host's launch time and the device's work
+    # (small layers are launch-bound); a CPU rank does both itself, so they add.
+    # CPU ranks that outnumber the cores run their interpreter on a share of one.
+    host_share = ranks_per_core(cluster, cluster.devices_per_node)
+    tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
+    host_layer_s = (passes * cal.layer_overhead_s + tp_dispatch_s
+                    + tp_collectives * cal.collective_overhead_s * uncoscheduled(cluster, tp)
+                    ) * cal.host_shape_factors.get(shape_key, 1.0) * host_share
+    if cluster.device.asynchronous:
+        busy = layer_device_s + tp_layer_s
+        layer_excess_s = _soft_max(host_layer_s, busy) - busy
+    else:
+        layer_excess_s = host_layer_s
+
+    # ---- per stage (pipeline rank) per micro-batch ------------------------------------------
+    counts = stage_layer_counts(shape.num_layers, pp * v)
+    # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
+    stage_layers = [sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp)]
+    t_p2p = p2p_time(cluster, cal, act_bytes / (tp if engine.vocab_parallel else 1),
+                     crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
+    # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
+    unit_s = [hooked_units(config, [counts[i] for i in range(r, pp * v, pp)],
+                           layer_params(shape) / tp * e, engine) * cal.unit_overhead_s
+              for r in range(pp)]
+    stages = []
+    for rank in range(pp):
+        layers = stage_layers[rank]
+        first, last = rank == 0, rank == pp - 1
+        compute = layers * layer_device_s + (head_s if last else 0.0)
+        tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
+        boundaries = stage_boundaries(rank, pp, v)
+        p2p = t_p2p * boundaries
+        if not cluster.device.asynchronous:
+            p2p += boundaries * cal.p2p_overhead_s * host_share
+        if unit_s[rank] and cluster.device.asynchronous:
+            # The hooks are host work too: on a GPU they hide behind queued kernels as the
+            # layers' launches do (the same max, over the rank's layers and units).
+            hooks_s = _soft_max(layers * host_layer_s + unit_s[rank], layers * busy) - (
+                layers * busy) - layers * layer_excess_s
+        else:
+            hooks_s = unit_s[rank] * host_share
+        overhead = (layers * layer_excess_s + cal.microbatch_overhead_s * host_share
+                    + hooks_s)
+        stages.append((compute, tp_s, p2p, overhead))
+    totals = [sum(t) for t in stages]
+    slowest = max(range(pp), key=lambda i: totals[i])
+    t_max = totals[slowest]
+    bubble_s = pipeline_bubble(totals, m, v)
+    # More CPU ranks than cores: the stage times are at the speed of a core shared by all the
+    # node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks work, and
+    # the waiting ranks leave their cores to them (processor sharing; 1 on GPUs).
+    bubble_s *= core_sharing(cluster, tp * dp)
+    pipe_s = m * t_max + bubble_s
+    c_b, tp_b, p2p_b, ovh_b = stages[slowest]
+
+    # ---- data-parallel synchronisation -------------------------------------------------------
+    # Parameters outside the blocks (ModelShape.num_params): the first stage's embeddings
+    # (and GPT's learned positions), the last stage's final norm and output head.
+    vocab_share = vocab * h / (tp if engine.vocab_parallel else 1)
+    embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
+    head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
+    params_rank = max(
+        (stage_layers[r] * layer_params(shape) / tp
+         + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
+        for r in range(pp))
+    grad_bytes = params_rank * e
+    zero = config.zero_stage if dp > 1 else 0
+    sync_s = gather_s = 0.0
+    if dp > 1:
+        if zero <= 1:
+            sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
+            if zero == 1:
+                gather_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="all_gather")
+        else:
+            sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+            gathers = m * (2 if zero == 3 else 1)
+            gather_s = gathers * collective_time(cluster, cal, dp_group, grad_bytes,
+                                                 kind="all_gather")
+    if config.overlap_enabled and dp > 1:
+        hide = cal.overlap_efficiency
+        last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
+        backward_last = (2 / 3) * c_b
+        sync_exposed = max(last_bucket, sync_s - hide * backward_last)
+        if zero >= 2:
+            per_mb = gather_s / m
+            gather_exposed = m * max(per_mb / max(1, shape.num_layers // pp),
+                                     per_mb - hide * c_b)
+        else:
+            gather_exposed = gather_s
+    else:
+        sync_exposed, gather_exposed = sync_s, gather_s
+    # Each DP collective also costs the host its launch: DDP all-reduces one bucket at a
+    # time, FSDP gathers and reduces one unit (blocks grouped up to bucket_mb) at a time.
+    dp_collectives = 0
+    if dp > 1:
+        bucket = config.bucket_mb * 2**20
+        if zero <= 1:
+            dp_collectives = math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
+        else:
+            layers_rank = max(stage_layers)
+            per_unit = max(1, math.ceil(bucket / max(layer_params(shape) / tp * e, 1.0)))
+            units = math.ceil(layers_rank / per_unit) + 1  # + the root's unit
+            dp_collectives = units * (1 + m * (2 if zero == 3 else 1))
+    dp_s = sync_exposed + gather_exposed + (dp_collectives * cal.collective_overhead_s
+                                            * host_share * uncoscheduled(cluster, dp))
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    updated = params_rank / (dp if zero >= 1 else 1)
+    optimizer_s = cal.optimizer_bytes_per_param * updated / mem_bw
+
+    breakdown = {
+        "compute": m * c_b,
+        "tp_comm": m * tp_b,
+        "pp_p2p": m * p2p_b,
+        "pp_bubble": pipe_s - m * t_max,
+        "dp_comm": dp_s,
+        "optimizer": optimizer_s,
+        "overhead": m * ovh_b + cal.step_overhead_s * host_share,
+    }
+    step = sum(breakdown.values())
+    tokens = config.tokens_per_step
+    total_params = shape.num_params(vocab)
+    model_flops = flops_per_token(total_params, shape.num_layers, h, s) * tokens
+    mfu = model_flops / step / (config.world_size * peak)
+    return StepTimeEstimate(step_time_s=step, breakdown=breakdown, tokens_per_s=tokens / step,
+                            mfu=mfu, bottleneck_stage=slowest)

@@ -1,0 +1,290 @@
+"""A search over one study: its spec, and the thin front that sets the study up and runs the loop.
+
+    SearchSpec → SearchSpace (the valid grid) → memory limit, cluster
+      → Optuna study "autotune:NAME" in the same database as our tables (new; or resumed:
+        trials an interrupted search left RUNNING are failed)
+      → baseline enqueued (a new study) → ``search_loop.SearchLoop.run``
+
+``Search`` is the front (as optuna's ``Study`` is to ``_optimize``): it checks the spec and the
+study's name, builds the space and the study, refuses a space where nothing is predicted to fit,
+begins the study's calibration when it runs, and hands the rest to the loop
+(``autotune.search.loop``: ask, screen, run, tell, re-measure). Trial records are built by
+``autotune.study.store``, the leaderboard by ``autotune.study.leaderboard``, the memory screen is
+``autotune.search.screen``.
+
+Optuna learns where the memory wall is through ``Trial.set_constraint`` (a trial is feasible
+when its predicted or measured peak minus the limit is ≤ 0). Trials are numbered within the
+study; ``resume`` continues a study without re-running a finished trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import Literal, TextIO
+
+from autotune.search import screen
+from autotune.config import GIB, TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.study.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
+from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit
+from autotune.search.loop import CONSTRAINT_ATTR, SearchLoop, SearchOutcome, TrialExecutor
+from autotune.search.space import SearchSpace
+from autotune.search.spec import (DEFAULT_SAMPLER, DEFAULT_STRATEGY, SAMPLERS, STRATEGIES,
+                                  SearchSpec)
+
+__all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "DEFAULT_STRATEGY", "GIB", "MEMORY_MARGIN",
+           "SAMPLERS", "STRATEGIES", "Entry", "resolve_strategy",
+           "Search", "SearchOutcome", "SearchSpec", "base_config", "default_world_size",
+           "device_type", "format_leaderboard", "make_sampler", "memory_limit_bytes",
+           "plain_baseline", "predicted_to_fit"]
+"""This module's own names, and those of the loop, the leaderboard and the screen that a
+caller of ``Search`` uses (each also importable from its own module)."""
+
+def make_sampler(name: str, seed: int):
+    """A seeded Optuna sampler. Each reads the memory constraint that ``Trial.set_constraint``
+    stores (Optuna 5): TPE and GP steer away from configurations over the limit."""
+    import optuna
+
+    if name == "tpe":  # multivariate: the knobs interact (tp × pp × micro-batch)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True)
+    if name == "gp":
+        # The space is define-by-run (pp_schedule only when pp > 1): GP models the knobs
+        # every trial has and samples the conditional ones at random, which is intended here.
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5,
+                                         warn_independent_sampling=False)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
+
+
+def default_world_size() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def memory_limit_bytes(spec: SearchSpec) -> int | None:
+    if spec.memory_limit_gib is not None:
+        return int(spec.memory_limit_gib * GIB)
+    import torch
+
+    if spec.device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return None
+
+
+def device_type(spec: SearchSpec) -> str:
+    """Where the trials will run, for the memory model's device-specific terms."""
+    if spec.device != "auto":
+        return spec.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def base_config(spec: SearchSpec) -> TrialConfig:
+    return TrialConfig(workload=spec.workload, world_size=spec.world_size, seed=spec.seed,
+                       num_warmup_steps=spec.num_warmup_steps,
+                       num_timed_steps=spec.num_timed_steps,
+                       num_profiled_steps=spec.num_profiled_steps, device=spec.device,
+                       precision=spec.precision).with_precision(device_type(spec))
+
+
+def plain_baseline(space: SearchSpace, device_type: str,
+                   limit: int | None) -> TrialConfig | None:
+    """The configuration an engineer (or DeepSpeed's autotuner) tries first: no tensor or
+    pipeline parallelism, no recomputation, the lowest ZeRO stage and then the largest
+    micro-batch predicted to fit; None when nothing is predicted to fit."""
+
+    def fits(c: TrialConfig) -> bool:
+        return predicted_to_fit(screen.predict_peak(c, device_type), limit)
+
+    candidates = sorted(
+        (c for c in space.configs if fits(c)),
+        key=lambda c: (*simplicity(c), -c.micro_batch_size, not c.overlap_enabled,
+                       abs(c.bucket_mb - 25.0)))
+    return candidates[0] if candidates else None
+
+
+class Search:
+    """A search over one study; ``run`` may be called on a new or an interrupted study.
+
+    ``executor`` runs the trials (a ``search_loop.TrialExecutor``: a ``RayExecutor``, or a
+    ``TrialPool`` whose ``slots`` > 1 runs that many at once); None sets a search up without
+    running it. ``baseline`` is the first trial of a new study, enqueued before the sampler
+    proposes anything: ``"plain"`` (the default) is ``plain_baseline``'s layout, a
+    ``TrialConfig`` of the space is that configuration, None enqueues nothing (the sampler
+    starts alone). ``include`` keeps only the space's configurations it accepts (a replay
+    over a measured table: ``replay.ReplayTrialExecutor.contains``)."""
+
+    def __init__(self, spec: SearchSpec, database, executor: TrialExecutor | None, *,
+                 resume: bool = False, out: TextIO | None = sys.stderr,
+                 baseline: TrialConfig | Literal["plain"] | None = "plain",
+                 include: Callable[[TrialConfig], bool] | None = None) -> None:
+        import optuna
+
+        spec.validate()
+        self.spec, self.db, self.executor, self.out = spec, database, executor, out
+        self.space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
+        if include is not None:  # e.g. the configurations a measured table holds
+            self.space.configs = [c for c in self.space.configs if include(c)]
+            if not self.space.configs:
+                raise ConfigError("no configuration of the search space is among those "
+                                  "included (a replay table must hold this workload's layouts)")
+        self.limit = memory_limit_bytes(spec)
+        self.device_type = device_type(spec)
+        self._check_something_fits()
+        if resume:
+            baseline = None  # a resumed study has its first trial
+        elif baseline == "plain":
+            baseline = plain_baseline(self.space, self.device_type, self.limit)
+        elif baseline is not None and not (isinstance(baseline, TrialConfig)
+                                           and baseline in self.space.configs):
+            from autotune.layouts import short_name
+
+            name = short_name(baseline) if isinstance(baseline, TrialConfig) else repr(baseline)
+            raise ConfigError(f"the baseline {name} is not a configuration of this search's "
+                              "space; give one of its configurations, 'plain' or None")
+        from autotune.search.study_calibration import resolve_cluster
+
+        # A --cluster is checked now, before anything runs; a described one when the search
+        # starts (on GPUs it is read from the running Ray cluster).
+        self.cluster = (resolve_cluster(spec.cluster, spec.world_size) if spec.cluster
+                        else None)
+        self.study_calibration = None  # a StudyCalibration once run() starts
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = _optuna_storage(database)
+        names = {s.name for s in database.list_studies()}
+        if resume and spec.study_name not in names:
+            raise ConfigError(f"no study named '{spec.study_name}' to resume in "
+                              f"{database.url_for_display}; existing: "
+                              f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
+                              "a new one)")
+        if spec.study_name in names and not resume:
+            raise ConfigError(f"a study named '{spec.study_name}' already exists in "
+                              f"{database.url_for_display}; pass --resume to continue it or "
+                              "choose another --study")
+        # The study keeps the limit the search used (on a GPU, the device's memory by default).
+        resolved = dataclasses.replace(spec, memory_limit_gib=self.limit / GIB
+                                       if self.limit is not None else None)
+        self.study_record = (database.get_study(spec.study_name) if resume
+                             else database.create_study(spec.study_name, resolved.to_dict()))
+        self.strategy, note = resolve_strategy(spec.sampler, self.device_type, spec.workload)
+        if note:
+            self._say(f"autotune: note: {note}")
+        # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible. The
+        # model-guided strategy enqueues its choices; TPE stands behind it for anything asked.
+        sampler = make_sampler(self.strategy if self.strategy in SAMPLERS else "tpe", spec.seed)
+        self.study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
+                                         storage=storage, direction="maximize",
+                                         sampler=sampler, load_if_exists=True)
+        self._fail_stale_trials()
+        if baseline is not None:
+            self.study.enqueue_trial(self.space.params_for(baseline), skip_if_exists=True)
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _check_something_fits(self) -> None:
+        if self.limit is None:
+            return
+        peaks = [screen.predict_peak(c, self.device_type) for c in self.space.configs]
+        if None in peaks:
+            return  # a user workload: only measurements can tell
+        lowest = min(peaks)
+        if not predicted_to_fit(lowest, self.limit):
+            raise ConfigError(
+                f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
+                f"predicted peak is {lowest / GIB:.3g} GiB; raise --memory-limit, add ranks, or "
+                "allow more ZeRO/activation checkpointing")
+
+    def _fail_stale_trials(self) -> None:
+        """Trials left RUNNING by an interrupted search are marked failed in Optuna."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+    def _say(self, text: str) -> None:
+        if self.out is not None:
+            print(text, file=self.out, flush=True)
+
+    def _begin_calibration(self) -> None:
+        """The cluster the study runs on and its calibration, stored with the study."""
+        from autotune.search.study_calibration import StudyCalibration, describe_cluster
+
+        if self.study_calibration is not None:
+            return
+        self.study_calibration = StudyCalibration.begin(
+            self.db, self.study_record.id, self.cluster,
+            lambda: describe_cluster(self.spec.world_size, self.device_type), say=self._say)
+        c = self.study_calibration.cluster
+        self._say(f"cluster '{c.name}': {c.num_nodes} × {c.devices_per_node} "
+                  f"{c.device.name} ({c.backend}); step times predicted, the calibration "
+                  "refitted after each complete trial")
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        """Run the loop (``search_loop.SearchLoop``) until a budget is spent, then re-measure
+        the best; the outcome's leaderboard ranks every trial of the study."""
+        if self.executor is None:
+            raise ConfigError("this search was set up without an executor; pass one to "
+                              "Search(...) to run it")
+        start = time.monotonic()
+        self._begin_calibration()
+        strategy = None
+        if self.strategy == "model":
+            from autotune.search.strategies.model_guided import ModelGuided
+
+            # The study refits after every trial already; the strategy reads that fit
+            # rather than fitting the same trials again.
+            study = self.study_calibration
+            strategy = ModelGuided(study.cluster, calibration=study.calibration,
+                                   fitted=lambda: study.last_report)
+        loop = SearchLoop(spec=self.spec, space=self.space, study=self.study, database=self.db,
+                          study_id=self.study_record.id, executor=self.executor,
+                          limit=self.limit, device_type=self.device_type,
+                          calibration=self.study_calibration, say=self._say,
+                          strategy=strategy)
+        return loop.run(start)
+
+    def leaderboard(self) -> list[Entry]:
+        """The study's trials as they stand, ranked."""
+        return build_leaderboard(self.db.list_trials(self.study_record.id))
+
+
+def resolve_strategy(name: str, device_type: str,
+                     workload: WorkloadSpec) -> tuple[str, str]:
+    """(the strategy to run, a note to print or ''): auto becomes model on GPUs and TPE on CPU
+    ranks; model (auto on GPUs too) falls back to TPE for a workload the performance model
+    cannot describe, and says so.
+
+    Why TPE on CPU ranks, where bench/search_replay.py has model-guided reach the best in
+    fewer trials on every CPU sweep: bench/ranking_stability.py with model-guided searches
+    declared a best within 3% of the interleaved truth's best in 1 of 10 runs (TPE: 10 of 10).
+    On 2 cores its finalists are bucket and overlap variants of one layout that the truth
+    itself cannot order (docs/benchmarks.md)."""
+    if name == "auto":
+        name = "model" if device_type == "cuda" else "tpe"
+    if name != "model":
+        return name, ""
+    if workload.shape is None:
+        return "tpe", (f"--strategy model needs a model the performance model can describe; "
+                       f"user workload '{workload.name}' has no known shape, so the search "
+                       "uses TPE")
+    return "model", ""
+
+
+def _optuna_storage(database):
+    """Optuna's RDB storage on the ``db.Database``'s database (its tables have no autotune_
+    prefix). Created under the database's setup lock: Optuna creates its tables
+    check-then-create, which fails for one of two drivers starting together on a new
+    PostgreSQL database."""
+    import optuna
+
+    url = database.connect_url
+    kwargs = ({"connect_args": {"timeout": 30}} if url.startswith("sqlite")
+              else {"pool_pre_ping": True})
+    with database.setup_lock():
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

@@ -1,0 +1,147 @@
+"""Hugging Face ``transformers`` causal LMs as workloads: ``--model hf:PATH_OR_ID``.
+
+The model is built from its ``config.json`` alone (``AutoModelForCausalLM.from_config``, random
+initialisation, no weights), so a search never downloads or loads a checkpoint. PATH is a folder
+holding ``config.json`` or the file itself; an id (``org/name``) is looked up in the local Hugging
+Face cache only (``huggingface_hub.try_to_load_from_cache``).
+
+The trained module is :class:`HFStage`: the HF model's own embeddings, decoder layers, final norm
+and output head, driven by a forward that follows the HF base model's (positions, the causal
+masks of ``transformers.masking_utils``, rotary embeddings computed on every stage that has
+layers). A pipeline stage is the same class holding a slice of the layers, keyed by their global
+index as in the built-in model (``models/transformer.py``), the embeddings on the first stage and
+the final norm and head on the last. Tensor parallelism translates the config's
+``base_model_tp_plan`` (``colwise``/``rowwise``) into torch's ParallelStyles; activation
+checkpointing and FSDP units are the decoder layers (the class ``_no_split_modules`` names).
+
+Architectures whose base-model forward this reproduces: GPT-2 (``wte``/``wpe``/``h``/``ln_f``)
+and the Llama-style decoders (``embed_tokens``/``rotary_emb``/``layers``/``norm``) listed in
+``LLAMA_STYLE``. ``tests/test_hf.py`` checks that every valid world-2 layout trains the same
+losses as the plain HF model in one process.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.errors import ConfigError
+from autotune.hf_config import _transformers, load_config, tp_plan_names
+
+# ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
+def tp_plan(config: Any, layer_indices: range) -> dict | None:
+    """torch ParallelStyles for the config's ``base_model_tp_plan``
+    (``autotune.hf_config.tp_plan_names``), one per expanded path of :class:`HFStage`."""
+    names = tp_plan_names(config, layer_indices)
+    if names is None:
+        return None
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    return {path: styles[style]() for path, style in names.items()}
+
+
+# ---- the stage module ------------------------------------------------------------------------
+class HFStage(nn.Module):
+    """An HF causal LM (or one pipeline stage of it) whose forward maps a tensor to a tensor:
+    token ids → logits for the whole model, ids → hidden states (first stage), hidden → hidden,
+    hidden → logits (last stage)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.config = model.config
+        base = model.base_model
+        gpt2 = self.config.model_type == "gpt2"
+        self.embed: nn.Module | None = base.wte if gpt2 else base.embed_tokens
+        self.pos_embed: nn.Module | None = base.wpe if gpt2 else None
+        self.embed_dropout: nn.Module | None = base.drop if gpt2 else None
+        self.rotary: nn.Module | None = getattr(base, "rotary_emb", None)
+        layers = base.h if gpt2 else base.layers
+        self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
+        self.norm: nn.Module | None = base.ln_f if gpt2 else base.norm
+        self.lm_head: nn.Module | None = model.get_output_embeddings()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
+
+        h = self.embed(x) if self.embed is not None else x
+        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(position_ids)
+        if self.embed_dropout is not None:
+            h = self.embed_dropout(h)
+        if self.layers:
+            mask_args = dict(config=self.config, inputs_embeds=h, attention_mask=None,
+                             cache=None, position_ids=position_ids)
+            layer_types = getattr(self.config, "layer_types", None)
+            # Mistral (no layer_types) slides every layer's window when it has one.
+            default = ("sliding_attention" if self.config.model_type == "mistral"
+                       and getattr(self.config, "sliding_window", None) is not None
+                       else "full_attention")
+            masks = {"full_attention": create_causal_mask(**mask_args)}
+            if default == "sliding_attention" or "sliding_attention" in (layer_types or ()):
+                masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_args)
+            extra = {}
+            if self.rotary is not None:
+                extra["position_embeddings"] = self.rotary(h, position_ids)
+            for key, layer in self.layers.items():
+                kind = layer_types[int(key)] if layer_types else default
+                out = layer(h, attention_mask=masks[kind], position_ids=position_ids,
+                            use_cache=False, **extra)
+                h = out[0] if isinstance(out, tuple) else out
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.lm_head is not None:
+            h = self.lm_head(h)
+        return h
+
+
+def split_stage(stage: nn.Module, stage_index: int, num_stages: int) -> nn.Module:
+    """Keep one pipeline stage's layers (and the embeddings / norm and head at the ends), in
+    place; layers are split as ``transformer.split_for_pipeline`` splits them."""
+    from autotune.trial.models.transformer import stage_layer_range
+
+    keep = stage_layer_range(len(stage.layers), stage_index, num_stages)
+    for key in list(stage.layers.keys()):
+        if int(key) not in keep:
+            del stage.layers[key]
+    if stage_index > 0:
+        stage.embed = stage.pos_embed = stage.embed_dropout = None
+    if stage_index < num_stages - 1:
+        stage.norm = stage.lm_head = None
+    return stage
+
+
+def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
+    """The Workload of a spec with ``hf_model``: random init from the config, no weights."""
+    from autotune.trial.models.workload import Workload, synthetic_batch, transformer_blocks
+
+    transformers = _transformers()
+    vocab = spec.resolved_vocab_size
+    config = copy.deepcopy(load_config(spec.hf_model))  # the cached one stays unchanged
+    config.vocab_size, config.use_cache = vocab, False
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    model = model.float().train()  # fp32, as the built-in model: see parallel/precision.py
+    stage = HFStage(model)
+    num_layers = config.num_hidden_layers
+
+    def batch(step: int):
+        return synthetic_batch(step, seed=seed, batch_size=spec.global_batch_size,
+                               seq_len=spec.seq_len, vocab_size=vocab)
+
+    try:
+        plan = tp_plan(config, range(num_layers))
+    except ConfigError:
+        plan = None  # check_layout names the entry when a layout asks for tp_degree > 1
+    return Workload(model=stage, batch=batch, tp_plan=plan,
+                    pipeline_split=split_stage, blocks=transformer_blocks,
+                    num_heads=config.num_attention_heads, num_layers=num_layers)
+
+

@@ -1,0 +1,98 @@
+"""Apply every parallelism to a workload in the one order that composes.
+
+0. **Precision** (``parallel/precision.py``) before everything: TP, replicate and FSDP build
+   their DTensors and buckets from the parameters' dtype at rest.
+1. **Pipeline split** first: each stage is the full model minus the other stages' layers, so
+   the TP plan's module paths still resolve and each stage is parallelised on its own (as in
+   torchtitan, which splits before ``parallelize``). Splitting after TP would deep-copy DTensors.
+2. **Tensor parallelism** next: it rewrites Linear weights into DTensors on the tp dim, and the
+   plan names the *unwrapped* module paths that checkpoint wrappers would hide.
+3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
+   modules, so recomputation replays the TP collectives too.
+4. **ZeRO / data parallelism** last: FSDP2 must see the final module tree (checkpoint wrappers
+   included) to shard per block, and DDP must see the final parameters.
+5. Pipeline stages and the schedule are built from the wrapped modules; the pipelining runtime
+   recognises DDP/FSDP modules and delays gradient sync to the last microbatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.trial.models.workload import Workload
+from autotune.trial.parallel.activation_checkpoint import apply_ac
+from autotune.trial.parallel.mesh import MeshCoords, coords_of
+from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
+from autotune.trial.parallel.precision import LossScaler, apply_precision
+from autotune.trial.parallel.tensor_parallel import apply_tp
+from autotune.trial.parallel.zero import DataParallelParts, apply_zero
+
+
+@dataclass
+class ParallelModel:
+    """Everything a rank needs to run training steps of one trial."""
+
+    config: TrialConfig
+    mesh: DeviceMesh
+    coords: MeshCoords
+    dp: DataParallelParts
+    schedule: Any | None
+    """A pipelining schedule when pp_degree > 1."""
+    loss_scaler: LossScaler | None = None
+    """The dynamic loss scale of 16-mixed, else None."""
+
+    @property
+    def parts(self) -> list[nn.Module]:
+        return self.dp.parts
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.pp_rank == self.config.pp_degree - 1
+
+
+def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
+    """Refuse layouts the workload cannot run, before any collective is issued."""
+    config.validate(num_heads=workload.num_heads, num_layers=workload.num_layers)
+    if config.tp_degree > 1 and not workload.tp_plan:
+        raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
+                          "use tp_degree 1 or add a tp_plan to its Workload")
+    if config.pp_degree > 1 and workload.pipeline_split is None:
+        raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
+                          "use pp_degree 1 or add a pipeline_split to its Workload")
+
+
+def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
+                device: torch.device) -> ParallelModel:
+    """``config.precision`` must be resolved (``TrialConfig.with_precision``)."""
+    coords = coords_of(mesh)
+    model = workload.model
+    if config.pp_degree > 1:
+        parts = split_stages(model, config, coords.pp_rank, workload.pipeline_split)
+    else:
+        parts = [model]
+    parts = [apply_precision(p.to(device), config) for p in parts]
+    if config.tp_degree > 1:
+        parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
+    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
+    dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
+    scaler = LossScaler() if config.precision == "16-mixed" else None
+    schedule = None
+    if config.pp_degree > 1:
+        loss_fn = workload.loss_fn
+        if scaler is not None:
+            def loss_fn(output, target, _loss=workload.loss_fn):  # the scaled loss backpropagates
+                return _loss(output, target) * scaler.scale
+        schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device,
+                                  loss_fn)
+    return ParallelModel(config, mesh, coords, dp, schedule, scaler)

@@ -1,0 +1,190 @@
+"""Data parallelism by ZeRO stage (Rajbhandari et al. 2020), with torch-native mechanisms.
+
+| stage | mechanism                                   | sharded over dp          |
+|-------|---------------------------------------------|--------------------------|
+| 0     | DDP (``bucket_cap_mb``)                     | nothing                  |
+| 1     | DDP + ``ZeroRedundancyOptimizer`` (DTensors: ``DistributedOptimizer``) | optimizer state |
+| 2     | FSDP2 ``fully_shard(reshard_after_forward=False)`` | + gradients (params gathered once per step) |
+| 3     | FSDP2 ``fully_shard(reshard_after_forward=True)``  | + parameters (gathered per use) |
+
+``overlap_enabled=False`` for stages 0/1 replaces DDP's backward hooks with one bucketed
+all-reduce after the last backward (:class:`BucketedAllReduce`); for stages 2/3 it drops the
+explicit prefetch of the next block's all-gather. ``bucket_mb`` sets DDP's buckets, the
+all-reduce buckets, and for FSDP how many consecutive blocks share one all-gather.
+With dp_degree 1 there is nothing to shard or synchronise and no wrapper is applied.
+
+ZeRO-1 of DTensor parameters (TP's, or replicate's under a pipeline with overlap on) cannot use
+``ZeroRedundancyOptimizer``; it is Megatron's distributed optimizer
+(``distributed_optimizer.py``), behind the same gradient sync as stage 0.
+Mixed precision (``parallel/precision.py``): FSDP2 gets a ``MixedPrecisionPolicy``; the other
+paths train a half-precision model with fp32 master weights in the optimizer (under the
+distributed optimizer, a master copy of the owned slices only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from autotune.config import TrialConfig
+from autotune.trial.parallel.distributed_optimizer import DistributedOptimizer, local_tensor
+from autotune.trial.parallel.precision import mp_policy, optimizer_class
+
+LEARNING_RATE = 1e-3
+"""Adam's learning rate in trials: large enough that losses move within a few steps."""
+
+
+class BucketedAllReduce:
+    """Average gradients over the dp group after backward, in buckets of ``bucket_mb``.
+
+    The non-overlapped baseline for stages 0/1: all communication happens after the last
+    backward, in flat buffers of at most ``bucket_mb`` MB (one all-reduce each).
+    """
+
+    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup,
+                 bucket_mb: float) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.bucket_bytes = int(bucket_mb * 2**20)
+
+    def __call__(self) -> None:
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in self.params:
+            if p.grad is None:
+                continue
+            g = local_tensor(p.grad)
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+            if size >= self.bucket_bytes:
+                self._reduce(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce(bucket)
+
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+@dataclass
+class DataParallelParts:
+    """Model parts after ZeRO wrapping, their optimizer and how to synchronise gradients."""
+
+    parts: list[nn.Module]
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
+    grad_sync: Callable[[], None] | None = None
+    """Called after the last micro-batch's backward (non-overlapped stages 0/1), else None."""
+
+
+def group_blocks(blocks: list[tuple[str, nn.Module]], bucket_mb: float) -> list[list[nn.Module]]:
+    """Consecutive blocks grouped until their parameters reach ``bucket_mb`` (FSDP wrap units)."""
+    groups: list[list[nn.Module]] = []
+    current: list[nn.Module] = []
+    size = 0
+    limit = bucket_mb * 2**20
+    for _, block in blocks:
+        current.append(block)
+        size += sum(local_tensor(p).numel() * p.element_size() for p in block.parameters())
+        if size >= limit:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def apply_zero(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
+               blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+               device: torch.device) -> DataParallelParts:
+    if config.dp_degree == 1:
+        return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()],
+                                              config))
+    if config.zero_stage <= 1:
+        return _apply_ddp(parts, config, dp_mesh, blocks, device)
+    return _apply_fsdp(parts, config, dp_mesh, blocks)
+
+
+def _adam(params: list[nn.Parameter], config: TrialConfig) -> torch.optim.Optimizer:
+    return optimizer_class(config)(params, lr=LEARNING_RATE, weight_decay=0.0)
+
+
+def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
+               blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+               device: torch.device) -> DataParallelParts:
+    dp_group = dp_mesh.get_group()
+    grad_sync = None
+    if not config.overlap_enabled:
+        grad_sync = BucketedAllReduce([p for m in parts for p in m.parameters()], dp_group,
+                                      config.bucket_mb)
+    elif config.tp_degree == 1 and config.pp_degree == 1:
+        # gradient_as_bucket_view: gradients live in DDP's buckets, so no second copy exists.
+        parts = [DDP(m, process_group=dp_group, bucket_cap_mb=config.bucket_mb,
+                     gradient_as_bucket_view=True,
+                     device_ids=[device.index] if device.type == "cuda" else None)
+                 for m in parts]
+    else:
+        # DDP cannot hold TP's DTensor parameters, and its per-forward bookkeeping breaks
+        # under pipeline schedules that run several forwards before their backwards (GPipe).
+        # FSDP2's replicate is DDP built on FSDP's machinery: it composes with TP and the
+        # pipelining runtime drives it like FSDP. Blocks grouped by bucket_mb are its buckets.
+        for part in parts:
+            for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
+                replicate(group if len(group) > 1 else group[0], mesh=dp_mesh)
+            replicate(part, mesh=dp_mesh)
+    # Parameters are collected only now: replicate swaps them for new objects.
+    params = [p for m in parts for p in m.parameters()]
+    optimizer: torch.optim.Optimizer | DistributedOptimizer
+    if config.zero_stage == 1 and any(isinstance(p, DTensor) for p in params):
+        # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them. The inner
+        # optimizer (with its fp32 master copy under mixed precision) steps on the owned slices.
+        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb,
+                                         lambda owned: _adam(owned, config))
+    elif config.zero_stage == 1:
+        optimizer = ZeroRedundancyOptimizer(
+            params, optimizer_class=optimizer_class(config), process_group=dp_group,
+            lr=LEARNING_RATE, weight_decay=0.0)
+    else:
+        optimizer = _adam(params, config)
+    return DataParallelParts(parts, optimizer, grad_sync)
+
+
+def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
+                blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None
+                ) -> DataParallelParts:
+    reshard = config.zero_stage == 3
+    offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=True)
+                              if config.optimizer_offload_enabled else OffloadPolicy())
+    policy = mp_policy(config.precision)
+    for part in parts:
+        units: list[FSDPModule] = []
+        for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
+            # Several blocks in one unit share one all-gather / reduce-scatter (the bucket).
+            fully_shard(group if len(group) > 1 else group[0], mesh=dp_mesh,
+                        reshard_after_forward=reshard, offload_policy=offload, mp_policy=policy)
+            units.append(group[0])  # type: ignore[arg-type]
+        # The root holds what no block holds (embeddings, final norm, head).
+        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload,
+                    mp_policy=policy)
+        if config.overlap_enabled and len(units) > 1:
+            for prev, nxt in zip(units, units[1:]):
+                prev.set_modules_to_forward_prefetch([nxt])
+                nxt.set_modules_to_backward_prefetch([prev])
+    params = [p for m in parts for p in m.parameters()]
+    return DataParallelParts(parts, _adam(params, config))

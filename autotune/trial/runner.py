@@ -1,0 +1,315 @@
+"""The per-rank trial runner: build, parallelise, warm up, time, measure memory.
+
+Runs inside a process whose default process group is already initialised (a Ray worker, or a
+test's spawned process). Every rank builds the same model from the same seed, so the trial
+trains exactly the model the single-process reference trains.
+
+Phases: ``num_warmup_steps`` untimed steps, ``num_timed_steps`` timed steps (each rank times its
+own step; the trial's step time is the median over steps of the slowest rank), then one memory
+step measured by the CUDA allocator or, on CPU, by the profiler's allocation events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch._C._profiler import _ExtraFields_Allocation as _AllocationFields
+from torch.profiler import ProfilerActivity, profile
+
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.trial.models.build import build_workload
+from autotune.trial.models.workload import Workload
+from autotune.trial.parallel.mesh import build_mesh
+from autotune.trial.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
+from autotune.trial.parallel.precision import check_device_precision, compute_dtype
+from autotune.trial.parallel.zero import local_tensor
+from autotune.trial.result import MemoryBreakdown, RankResult
+from profiler import Span
+from profiler import record as profile_record
+from profiler.clock import measure_offset
+
+
+def resolve_device(config: TrialConfig) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' was asked for but no CUDA device is visible; "
+                              "use device 'cpu' or 'auto'")
+        # The rank's own GPU, named by its index: every GPU of the node is visible, and the
+        # executor has set this rank's (``device_map``) current before the process group. The
+        # allocator figures, synchronize and the device name below all pass this device.
+        return torch.device("cuda", torch.cuda.current_device())
+    if config.optimizer_offload_enabled:
+        raise ConfigError("optimizer_offload_enabled needs a CUDA device; none is visible")
+    return torch.device("cpu")
+
+
+class Trainer:
+    """Runs optimizer steps of a parallelised workload on this rank."""
+
+    def __init__(self, pm: ParallelModel, workload: Workload, device: torch.device) -> None:
+        self.pm = pm
+        self.workload = workload
+        self.device = device
+        self.config = pm.config
+        dtype = compute_dtype(self.config.precision)
+        self.autocast_dtype = None if dtype == torch.float32 else dtype
+        self._local_losses: list[torch.Tensor] = []
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, step: int, on_grads=None, phase=None) -> None:
+        """One optimizer step. ``phase(name)`` (profiled steps only) opens a named range around
+        forward / backward / optimizer / pipeline work; timed steps carry no annotation."""
+        config, pm = self.config, self.pm
+        phase = phase or _no_phase
+        inputs, targets = self.workload.batch(step)
+        rows = config.workload.global_batch_size // config.dp_degree
+        lo = pm.coords.dp_rank * rows
+        inputs = inputs[lo: lo + rows].to(self.device, non_blocking=True)
+        targets = targets[lo: lo + rows].to(self.device, non_blocking=True)
+        if pm.schedule is not None:
+            with phase("pipeline"):
+                loss = self._pipeline_step(inputs, targets)
+        else:
+            loss = self._accumulation_step(inputs, targets, phase)
+        if pm.dp.grad_sync is not None:
+            with phase("backward"):
+                pm.dp.grad_sync()
+        if on_grads is not None:
+            on_grads()
+        with phase("optimizer"):
+            if pm.loss_scaler is None or pm.loss_scaler.unscale_and_check(
+                    [p for m in pm.parts for p in m.parameters()], self.device):
+                pm.dp.optimizer.step()
+            pm.dp.optimizer.zero_grad(set_to_none=True)
+        has_loss = loss is not None
+        self._local_losses.append(torch.stack([
+            loss.detach().float() if has_loss else torch.zeros((), device=self.device),
+            torch.tensor(float(has_loss), device=self.device)]))
+
+    def _pipeline_step(self, inputs, targets):
+        pm = self.pm
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if pm.is_first_stage else ()
+        kwargs = {"target": targets, "losses": losses} if pm.is_last_stage else {}
+        kwargs["return_outputs"] = False  # else the last stage keeps every micro-batch's logits
+        scale = pm.loss_scaler.scale if pm.loss_scaler is not None else 1.0
+        with self._autocast():
+            pm.schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean() / scale if pm.is_last_stage else None
+
+    def _accumulation_step(self, inputs, targets, phase):
+        pm, workload = self.pm, self.workload
+        (model,) = pm.parts
+        accum = self.config.grad_accum_steps
+        scale = pm.loss_scaler.scale if pm.loss_scaler is not None else 1.0
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
+            with _grad_sync(model, enabled=i == accum - 1):
+                with phase("forward"), self._autocast():
+                    loss = workload.loss_fn(model(x), y)
+                with phase("backward"):
+                    (loss * (scale / accum)).backward()
+            total += loss.detach()
+        return total / accum
+
+    def losses(self) -> list[float]:
+        """Per-step global-batch losses: one all-reduce for all steps, after the timed ones."""
+        stacked = torch.stack(self._local_losses)
+        dist.all_reduce(stacked)
+        return (stacked[:, 0] / stacked[:, 1]).tolist()
+
+
+def _no_phase(name: str):
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _grad_sync(model: torch.nn.Module, enabled: bool):
+    """Skip gradient synchronisation on all but the last micro-batch."""
+    if enabled:
+        yield
+    elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def _tensor_bytes(tensors) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        t = local_tensor(t)
+        key = t.untyped_storage().data_ptr() if t.numel() else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def _optimizer_state_tensors(optimizer: torch.optim.Optimizer):
+    # ZeroRedundancyOptimizer and the distributed optimizer keep their shard in ``optim``.
+    inner = getattr(optimizer, "optim", optimizer)
+    for state in inner.state.values():
+        yield from state.values()
+
+
+def master_copy_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the fp32 master copy a mixed-precision optimizer holds (counted under the
+    optimizer state too; 0 under FSDP2, whose fp32 parameter shards are the master copy)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return _tensor_bytes(state["master"] for state in inner.state.values() if "master" in state)
+
+
+def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
+    """Run one training step and measure this rank's memory by category."""
+    pm, device = trainer.pm, trainer.device
+    params = lambda: [p for m in pm.parts for p in m.parameters()]  # noqa: E731
+    grads_bytes = 0
+
+    def on_grads() -> None:
+        nonlocal grads_bytes
+        grads_bytes = _tensor_bytes(p.grad for p in params())
+
+    start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        at_rest = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        trainer.step(step, on_grads)
+        torch.cuda.synchronize(device)
+        peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator"
+    else:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            trainer.step(step, on_grads)
+        peak_delta = _peak_live_delta(prof)
+        at_rest = None
+        source = "cpu_profiler"
+    elapsed = time.perf_counter() - start
+    param_bytes = _tensor_bytes(params())
+    opt_bytes = _tensor_bytes(_optimizer_state_tensors(pm.dp.optimizer))
+    states = param_bytes + opt_bytes
+    if at_rest is None:
+        # On CPU the profiler gives allocations relative to the step's start; the bytes alive
+        # then are the parameters and optimizer state (gradients are freed by zero_grad).
+        at_rest = states
+        peak = at_rest + peak_delta
+    activations = max(0, peak - states - grads_bytes)
+    other = max(0, at_rest - states)
+    return MemoryBreakdown(param_bytes, grads_bytes, opt_bytes, activations, other, peak,
+                           source), elapsed
+
+
+def _peak_live_delta(prof) -> int:
+    """Peak of live CPU tensor bytes above the level at the profile's start.
+
+    Blocks are tracked by address. The profiler sees only the threads it profiles, so a block
+    whose last reference is dropped on a gloo worker thread is never reported freed; when the
+    allocator hands the same address out again, that block was certainly freed before, and it
+    leaves the live set then instead of inflating every later reading.
+    """
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if isinstance(fields, _AllocationFields) and fields.device.type == "cpu":
+            allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+    allocations.sort(key=lambda a: a[0])
+    live: dict[int, int] = {}
+    seen: set[int] = set()
+    level = peak = 0
+    for _, ptr, size in allocations:
+        level -= live.pop(ptr, 0)  # a free, or an earlier block at this address freed unseen
+        if size > 0:
+            live[ptr] = size
+        level += size if size > 0 or ptr not in seen else 0  # a block older than the profile
+        seen.add(ptr)
+        peak = max(peak, level)
+    return peak
+
+
+def mesh_group_of(launch: str) -> str:
+    """The mesh dimension of a collective, from the API that launched it.
+
+    Gloo's events name no process group, but each mechanism here talks on one mesh dim:
+    DTensor (tensor parallelism) launches functional collectives on tp; pipelining sends and
+    receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer, the distributed optimizer and
+    the bucketed all-reduce launch c10d collectives on dp."""
+    if launch.startswith("_c10d_functional::"):
+        return "tp"
+    if launch.startswith(("c10d::send", "c10d::recv")):
+        return "pp"
+    return "dp"
+
+
+def run_rank(config: TrialConfig) -> RankResult:
+    """Run one trial on this rank of the (already initialised) default process group."""
+    t0 = time.perf_counter()
+    device = resolve_device(config)
+    config = config.with_precision(device.type)
+    check_device_precision(config.precision, device)
+    workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
+    check_workload_supports(config, workload)
+    if dist.get_world_size() != config.world_size:
+        raise ConfigError(f"the worker group has {dist.get_world_size()} ranks but the config "
+                          f"asks for world_size {config.world_size}")
+    mesh = build_mesh(config, device.type)
+    pm = parallelize(workload, config, mesh, device)
+    trainer = Trainer(pm, workload, device)
+    setup_s = time.perf_counter() - t0
+    step_times = []
+    num_steps = config.num_warmup_steps + config.num_timed_steps
+    for step in range(num_steps):
+        start = time.perf_counter()
+        trainer.step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_times.append(time.perf_counter() - start)
+    # Profiled steps come after the timed ones: throughput is never measured under the profiler.
+    spans: list[Span] = []
+    offset = 0
+    if config.num_profiled_steps:
+        offset = measure_offset()
+        with profile_record(rank=dist.get_rank(), clock_offset_ns=offset,
+                            group_of=mesh_group_of, cuda=device.type == "cuda") as rec:
+            for step in range(num_steps, num_steps + config.num_profiled_steps):
+                start = time.perf_counter()
+                with rec.step(step):
+                    trainer.step(step, phase=rec.phase)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                step_times.append(time.perf_counter() - start)
+        spans = rec.spans
+        num_steps += config.num_profiled_steps
+    memory, memory_s = measure_memory(trainer, num_steps)
+    step_times.append(memory_s)
+    losses = trainer.losses()
+    c = pm.coords
+    return RankResult(
+        rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
+        device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
+        step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
+        clock_offset_ns=offset,
+        extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+               else "cpu"})
