@@ -126,8 +126,8 @@ class CalibrationRecord:
     num_trials: int
     """Complete trials fitted on (0: the cluster's own figures, before any trial)."""
     cluster: dict
-    """The cluster description (``autotune.cluster.ClusterSpec.to_dict``)."""
+    """The cluster description (``autotune.model.cluster.ClusterSpec.to_dict``)."""
     calibration: dict
-    """The fitted parameters (``autotune.perf_model.Calibration.to_dict``)."""
+    """The fitted parameters (``autotune.model.perf_model.Calibration.to_dict``)."""
     residuals: dict
     """How well the fit matches: per-trial errors, MAPE, the span fits (JSON-serialisable)."""

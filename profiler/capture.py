@@ -36,7 +36,7 @@ CUDA rules, as torch 2.13 reports the events (``prof.profiler.kineto_results.eve
   process group, ``Seq`` order).
 
 Gloo events carry no process-group name, so a caller may pass ``group_of(launch_name)`` that
-names the group from the launching API (see ``autotune.runner`` for the mapping it uses).
+names the group from the launching API (see ``autotune.trial.runner`` for the mapping it uses).
 """
 
 from __future__ import annotations
