@@ -30,6 +30,8 @@ AC_ORDER = {"none": 0, "selective": 1, "full": 2}
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Attention = Literal["eager", "sdpa"]
 DType = Literal["float32", "bfloat16", "float16"]
+BYTES_PER_ELEMENT: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Element size of each dtype, in bytes."""
 Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]
 """Lightning's names. *-mixed: fp32 master parameters and optimizer state, compute (and the
 model copy it reads) in bf16/fp16; *-true: everything in that dtype, no master copy."""

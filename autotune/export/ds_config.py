@@ -7,10 +7,13 @@ data-parallel size`` (DeepSpeed asserts it), and ZeRO bucket sizes are counted i
 
 from __future__ import annotations
 
-from autotune.config import MIXED_PRECISIONS, PRECISION_COMPUTE_DTYPE, TrialConfig
+from autotune.config import (
+    BYTES_PER_ELEMENT,
+    MIXED_PRECISIONS,
+    PRECISION_COMPUTE_DTYPE,
+    TrialConfig,
+)
 from autotune.errors import ConfigError
-
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _precision_sections(precision: str) -> dict:
@@ -31,7 +34,7 @@ def ds_config(config: TrialConfig) -> dict:
     device_type = "cpu" if config.device == "cpu" else "cuda"
     precision = config.resolved_precision(device_type)
     bucket_elements = int(config.bucket_mb * 2**20
-                          // ELEMENT_BYTES[config.compute_dtype(device_type)])
+                          // BYTES_PER_ELEMENT[config.compute_dtype(device_type)])
     ds: dict = {
         "train_batch_size": w.global_batch_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,

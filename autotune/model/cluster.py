@@ -29,9 +29,11 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from autotune.config import DType
 from autotune.errors import ConfigError
+from autotune.hardware import PEAK_FLOPS, device_tag
 
 GB = 1e9
 
@@ -279,22 +281,25 @@ def _gpu_node(name: str, device: DeviceSpec, nvlink_busbw: float, nic_gbits: flo
         source=source)
 
 
+def _peaks(tag: str) -> dict[str, float]:
+    """A known accelerator's dense peak FLOP/s per dtype (``hardware.PEAK_FLOPS``), in the
+    order the dtypes are declared (``config.DType``)."""
+    return {dtype: PEAK_FLOPS[tag][dtype] for dtype in get_args(DType)}
+
+
 # NVIDIA A100 datasheet (SXM4 80 GB): 312 TFLOP/s dense bf16/fp16 tensor core, 19.5 TFLOP/s
 # fp32 (156 with TF32), 2,039 GB/s HBM2e; NVLink 3 600 GB/s bidirectional per GPU. DGX A100:
 # 8 × 200 Gb/s HDR InfiniBand for compute traffic. NCCL's all-reduce bus bandwidth on NVLink 3
 # reaches about 230 GB/s (nccl-tests on 8 A100s; see examples/clusters/a100-megatron.json).
-A100_SXM4_80GB = DeviceSpec(name="A100-SXM4-80GB", peak_flops={
-    "float32": 19.5e12, "bfloat16": 312e12, "float16": 312e12},
-    memory_bandwidth_gbs=2039.0, memory_gib=80.0)
+A100_SXM4_80GB = DeviceSpec(name="A100-SXM4-80GB", peak_flops=_peaks("A100"),
+                            memory_bandwidth_gbs=2039.0, memory_gib=80.0)
 # NVIDIA H100 datasheet (SXM5 80 GB): 989 TFLOP/s dense bf16/fp16, 67 TFLOP/s fp32, 3.35 TB/s
 # HBM3, NVLink 4 900 GB/s bidirectional per GPU; DGX H100: 8 × 400 Gb/s NDR InfiniBand.
-H100_SXM_80GB = DeviceSpec(name="H100-SXM5-80GB", peak_flops={
-    "float32": 67e12, "bfloat16": 989e12, "float16": 989e12},
-    memory_bandwidth_gbs=3350.0, memory_gib=80.0)
+H100_SXM_80GB = DeviceSpec(name="H100-SXM5-80GB", peak_flops=_peaks("H100"),
+                           memory_bandwidth_gbs=3350.0, memory_gib=80.0)
 # NVIDIA H200 datasheet (SXM 141 GB): the H100's compute, 4.8 TB/s HBM3e, 141 GB.
-H200_SXM_141GB = DeviceSpec(name="H200-SXM-141GB", peak_flops={
-    "float32": 67e12, "bfloat16": 989e12, "float16": 989e12},
-    memory_bandwidth_gbs=4800.0, memory_gib=141.0)
+H200_SXM_141GB = DeviceSpec(name="H200-SXM-141GB", peak_flops=_peaks("H200"),
+                            memory_bandwidth_gbs=4800.0, memory_gib=141.0)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 
@@ -314,6 +319,14 @@ def builtin_clusters() -> dict[str, ClusterSpec]:
         "cpu-local": local_cpu_cluster(2),
     }
     return named
+
+
+def builtin_gpu_cluster(device_name: str) -> ClusterSpec | None:
+    """The built-in node of a GPU by its CUDA name ('NVIDIA H200' → ``h200-sxm``): the one
+    whose device has the same ``hardware.PEAK_FLOPS`` tag; None for a GPU not in the table."""
+    tag = device_tag(device_name)
+    return next((c for c in builtin_clusters().values()
+                 if tag is not None and device_tag(c.device.name) == tag), None)
 
 
 def builtin_names() -> list[str]:
@@ -347,8 +360,7 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
     flops = per_rank * 2.5e9 * 32
     return ClusterSpec(
         name="cpu-local", num_nodes=1, devices_per_node=world_size,
-        device=DeviceSpec(name="cpu", peak_flops={"float32": flops, "bfloat16": flops,
-                                                  "float16": flops},
+        device=DeviceSpec(name="cpu", peak_flops=dict.fromkeys(get_args(DType), flops),
                           memory_bandwidth_gbs=20.0, memory_gib=16.0, asynchronous=False),
         intra_node=LinkSpec(bandwidth_gbs=5.0, latency_us=100.0),
         inter_node=LinkSpec(bandwidth_gbs=1.0, latency_us=200.0),

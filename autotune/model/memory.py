@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autotune.config import (
+    BYTES_PER_ELEMENT,
     INTERLEAVED_STAGES_PER_RANK,
     MIB,
     MIXED_PRECISIONS,
@@ -82,9 +83,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.shapes import ModelShape
 
-BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""Element size per dtype."""
-FP32_BYTES = 4
+FP32_BYTES = BYTES_PER_ELEMENT["float32"]
 ADAM_STEP_BYTES = 4
 """AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
 

@@ -429,7 +429,7 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     spec = config.workload
     # Mixed precision computes at the half-precision peak; a config naming no precision
     # trains in the cluster's default (gloo: CPU ranks).
-    device_type = "cpu" if cluster.backend == "gloo" else "cuda"
+    device_type = cluster.device_type
     dtype = config.compute_dtype(device_type)
     e = BYTES_PER_ELEMENT[dtype]
     peak = cluster.device.flops(dtype)

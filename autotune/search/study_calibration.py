@@ -31,15 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.model.calibration import FitReport, Sample, fit_calibration
-from autotune.model.cluster import ClusterSpec, builtin_clusters, load_cluster, local_cpu_cluster
+from autotune.model.cluster import (
+    ClusterSpec,
+    builtin_gpu_cluster,
+    load_cluster,
+    local_cpu_cluster,
+)
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.model.perf_model import Calibration, predict_step_time
 from autotune.model.span_fit import SpanFit, TrialSpans, fit_spans, summarize
 from autotune.status import TrialStatus
-
-GPU_CLUSTERS = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm4-80gb"))
-"""A substring of ``torch.cuda.get_device_name`` → the built-in cluster whose node it is."""
 
 
 # ---- the cluster -----------------------------------------------------------------------------
@@ -65,7 +67,7 @@ def describe_cluster(world_size: int, device_type: str) -> ClusterSpec:
 
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unknown GPU"
     nodes, per_node = _gpu_nodes(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    builtin = next((builtin_clusters()[key] for tag, key in GPU_CLUSTERS if tag in name), None)
+    builtin = builtin_gpu_cluster(name)
     if builtin is None:
         nominal = local_cpu_cluster(max(per_node, 1))
         builtin = dataclasses.replace(
