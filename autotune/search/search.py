@@ -28,8 +28,10 @@ from typing import Literal, TextIO
 from autotune.search import screen
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
+from autotune.layouts import DEFAULT_BUCKET_MB
 from autotune.study.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
 from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit
+from autotune.search.local_gpus import local_gpus
 from autotune.search.loop import CONSTRAINT_ATTR, SearchLoop, SearchOutcome, TrialExecutor
 from autotune.search.space import SearchSpace
 from autotune.search.spec import (DEFAULT_SAMPLER, DEFAULT_STRATEGY, SAMPLERS, STRATEGIES,
@@ -61,18 +63,15 @@ def make_sampler(name: str, seed: int):
 
 
 def default_world_size() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    gpus = local_gpus()
+    return gpus.count if gpus.available else 2
 
 
 def memory_limit_bytes(spec: SearchSpec) -> int | None:
     if spec.memory_limit_gib is not None:
         return int(spec.memory_limit_gib * GIB)
-    import torch
-
-    if spec.device != "cpu" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory
+    if spec.device != "cpu" and local_gpus().available:
+        return local_gpus().total_memory
     return None
 
 
@@ -80,9 +79,7 @@ def device_type(spec: SearchSpec) -> str:
     """Where the trials will run, for the memory model's device-specific terms."""
     if spec.device != "auto":
         return spec.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if local_gpus().available else "cpu"
 
 
 def base_config(spec: SearchSpec) -> TrialConfig:
@@ -105,7 +102,7 @@ def plain_baseline(space: SearchSpace, device_type: str,
     candidates = sorted(
         (c for c in space.configs if fits(c)),
         key=lambda c: (*simplicity(c), -c.micro_batch_size, not c.overlap_enabled,
-                       abs(c.bucket_mb - 25.0)))
+                       abs(c.bucket_mb - DEFAULT_BUCKET_MB)))
     return candidates[0] if candidates else None
 
 

@@ -18,7 +18,8 @@ How a fit is made (``fit_study``), the same in a search and in ``autotune calibr
 Every refit starts from the cluster's calibration, not from the previous fit, so the prior stays
 put as trials accumulate and a fit depends only on the trials it is given.
 
-No torch or Ray at import (``describe_cluster`` imports them when it runs).
+No torch or Ray at import (``describe_cluster`` imports Ray when it runs, and asks torch for
+the GPU in a child process, ``autotune.search.local_gpus``).
 """
 
 from __future__ import annotations
@@ -63,10 +64,11 @@ def describe_cluster(world_size: int, device_type: str) -> ClusterSpec:
     figures under its own name, which calibration scales."""
     if device_type == "cpu":
         return local_cpu_cluster(world_size)
-    import torch
+    from autotune.search.local_gpus import local_gpus
 
-    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unknown GPU"
-    nodes, per_node = _gpu_nodes(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    gpus = local_gpus()  # asked of torch in a child process: the driver loads no torch
+    name = gpus.name if gpus.available else "unknown GPU"
+    nodes, per_node = _gpu_nodes(gpus.count if gpus.available else 0)
     builtin = builtin_gpu_cluster(name)
     if builtin is None:
         nominal = local_cpu_cluster(max(per_node, 1))

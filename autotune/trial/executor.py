@@ -535,10 +535,11 @@ def _cluster_wants_token(gcs_address: str) -> bool | None:
 
 def _environment(group: WorkerGroup, rank0: RankResult) -> dict:
     import platform
+    from importlib.metadata import version
 
-    import torch
-
-    return {"torch": torch.__version__, "ray": ray.__version__,
+    # torch's version from its installed metadata (what torch.__version__ reads at build time):
+    # importing torch here would load it into the driver after every trial.
+    return {"torch": version("torch"), "ray": ray.__version__,
             "python": platform.python_version(), "device": rank0.device,
             "backend": group.backend, "world_size": group.world_size,
             "num_nodes": len(set(group.rank_nodes)),
