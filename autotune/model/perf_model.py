@@ -413,6 +413,55 @@ def hooked_units(config: TrialConfig, chunk_layers: list[int], per_layer_bytes: 
     return sum(math.ceil(n / per_unit) + 1 for n in chunk_layers)
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What every term of a predicted step reads: the layout, the cluster, the calibration and
+    the quantities derived from them once."""
+
+    config: TrialConfig
+    cluster: ClusterSpec
+    cal: Calibration
+    shape: ModelShape
+    engine: EngineTraits
+    device_type: str
+    e: int
+    """Bytes per element of the compute dtype."""
+    peak: float
+    mem_bw: float
+    host_share: float
+    """Ranks per core of a node whose ranks all work (``ranks_per_core``; 1 on GPUs)."""
+    vocab: int
+
+    @property
+    def tp_vocab(self) -> int:
+        """What the vocabulary dimension is divided by on a rank (tp when vocab-parallel)."""
+        return self.config.tp_degree if self.engine.vocab_parallel else 1
+
+    @property
+    def act_bytes(self) -> float:
+        """One micro-batch's b·s·h activation, in bytes."""
+        return (self.config.micro_batch_size * self.config.workload.seq_len
+                * self.shape.hidden_size * self.e)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerCost:
+    """Seconds of one decoder layer per micro-batch, and of the output head."""
+
+    device_s: float
+    """Device work: forward, backward and recomputation (shape factor applied)."""
+    head_s: float
+    """The output head's forward and backward (last stage)."""
+    tp_s: float
+    """Tensor-parallel all-reduces."""
+    tp_embed_s: float
+    """The vocab-parallel embedding's all-reduce (first stage)."""
+    host_s: float
+    """Host launch time of its kernels and collectives."""
+    excess_s: float
+    """What the host adds beyond the device's work (all of it on a CPU rank)."""
+
+
 def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
                       calibration: Calibration | None = None, *, shape: ModelShape | None = None,
                       engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
@@ -421,30 +470,76 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
     is placed on ``cluster`` as the executor places it; ``cluster`` must have at least
     ``config.world_size`` devices."""
+    st = _setup(config, cluster, calibration, shape, engine)
+    pp, m = config.pp_degree, config.grad_accum_steps
+    v = config.num_pp_stages // pp
+    layer = _layer_cost(st)
+    counts = stage_layer_counts(st.shape.num_layers, pp * v)
+    # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
+    chunks = [[counts[i] for i in range(r, pp * v, pp)] for r in range(pp)]
+    stage_layers = [sum(c) for c in chunks]
+    stages = _stage_times(st, layer, chunks, v)
+    totals = [sum(t) for t in stages]
+    slowest = max(range(pp), key=lambda i: totals[i])
+    t_max = totals[slowest]
+    bubble_s = _bubble_time(st, totals, v)
+    pipe_s = m * t_max + bubble_s
+    c_b, tp_b, p2p_b, ovh_b = stages[slowest]
+    params_rank = _params_per_rank(st, stage_layers)
+    breakdown = {
+        "compute": m * c_b,
+        "tp_comm": m * tp_b,
+        "pp_p2p": m * p2p_b,
+        "pp_bubble": pipe_s - m * t_max,
+        "dp_comm": _dp_time(st, params_rank, stage_layers, c_b),
+        "optimizer": _optimizer_time(st, params_rank),
+        "overhead": m * ovh_b + st.cal.step_overhead_s * st.host_share,
+    }
+    step = sum(breakdown.values())
+    tokens = config.tokens_per_step
+    total_params = st.shape.num_params(st.vocab)
+    model_flops = flops_per_token(total_params, st.shape.num_layers, st.shape.hidden_size,
+                                  config.workload.seq_len) * tokens
+    mfu = model_flops / step / (config.world_size * st.peak)
+    return StepTimeEstimate(step_time_s=step, breakdown=breakdown, tokens_per_s=tokens / step,
+                            mfu=mfu, bottleneck_stage=slowest)
+
+
+def _setup(config: TrialConfig, cluster: ClusterSpec, calibration: Calibration | None,
+           shape: ModelShape | None, engine: EngineTraits) -> _Step:
+    """The step's inputs, checked, and the figures every term reads."""
     cal = calibration or Calibration.for_cluster(cluster)
     shape = shape or config.workload.shape
     if shape is None:
         raise ConfigError(f"cannot predict the step time of user workload "
                           f"'{config.workload.workload}' without its shape; pass a ModelShape")
-    spec = config.workload
     # Mixed precision computes at the half-precision peak; a config naming no precision
     # trains in the cluster's default (gloo: CPU ranks).
     device_type = cluster.device_type
     dtype = config.compute_dtype(device_type)
-    e = BYTES_PER_ELEMENT[dtype]
-    peak = cluster.device.flops(dtype)
-    mem_bw = cluster.device.memory_bandwidth_gbs * GB
-    tp, pp, dp = config.tp_degree, config.pp_degree, config.dp_degree
-    b, s, m = config.micro_batch_size, spec.seq_len, config.grad_accum_steps
-    h, a = shape.hidden_size, shape.num_heads
-    vocab = spec.vocab_size or shape.vocab_size
-    ac = config.activation_checkpointing
-    full = ac == "full"
-    v = config.num_pp_stages // pp
+    return _Step(config=config, cluster=cluster, cal=cal, shape=shape, engine=engine,
+                 device_type=device_type, e=BYTES_PER_ELEMENT[dtype],
+                 peak=cluster.device.flops(dtype),
+                 mem_bw=cluster.device.memory_bandwidth_gbs * GB,
+                 # CPU ranks that outnumber the cores run their interpreter on a share of one.
+                 host_share=ranks_per_core(cluster, cluster.devices_per_node),
+                 vocab=config.workload.vocab_size or shape.vocab_size)
 
-    # ---- compute per micro-batch -----------------------------------------------------------
+
+def _layer_cost(st: _Step) -> _LayerCost:
+    """One layer's device work, TP collectives and host launches per micro-batch; the head's.
+
+    Compute: Narayanan et al. 2021 §5.1 FLOPs (``layer_forward_flops``) ÷ (peak ×
+    ``matmul_efficiency``), backward twice the forward, recomputation per Korthikanti et al.
+    2022 §4, plus the element-wise kernels as bytes ÷ memory bandwidth. TP: Megatron's
+    all-reduces (Shoeybi et al. 2019 §3), each a ring ``collective_time``."""
+    config, cal, shape, engine = st.config, st.cal, st.shape, st.engine
+    tp, ac = config.tp_degree, config.activation_checkpointing
+    b, s = config.micro_batch_size, config.workload.seq_len
+    h, a, e, mem_bw = shape.hidden_size, shape.num_heads, st.e, st.mem_bw
+    full = ac == "full"
     mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
-    flop_rate = peak * matmul_efficiency(cal, b * s, h / tp)
+    flop_rate = st.peak * matmul_efficiency(cal, b * s, h / tp)
     eager = config.attention == "eager"
     act_elems = b * s * h
     # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
@@ -455,151 +550,173 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
     attn_core_s = score_flops / tp / flop_rate + score_s
     recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
-    passes = 3 if full else 2  # forward, backward (+ recompute): launches counted per pass
-    shape_key = layer_shape_key(config, shape, device_type)
-    layer_device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(
-        shape_key, 1.0)
-    head_work = b * s * h * vocab / (tp if engine.vocab_parallel else 1)
-    head_s = 3 * 2 * head_work / (peak * matmul_efficiency(
-        cal, b * s, vocab / (tp if engine.vocab_parallel else 1)))
+    shape_key = layer_shape_key(config, shape, st.device_type)
+    device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(shape_key, 1.0)
+    head_work = b * s * h * st.vocab / st.tp_vocab
+    head_s = 3 * 2 * head_work / (st.peak * matmul_efficiency(cal, b * s, st.vocab / st.tp_vocab))
 
     # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
-    tp_group, dp_group, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
-    act_bytes = act_elems * e
+    tp_group = _groups(config, st.cluster.devices_per_node)[0]
     if tp > 1:
         backward_inputs = 2 if engine.fused_column_inputs else (
             3 + (2 if shape.family == "llama" else 1))
         tp_collectives = 2 * (2 if full else 1) + backward_inputs
-        t_ar = collective_time(cluster, cal, tp_group, act_bytes)
-        tp_layer_s = tp_collectives * t_ar
+        t_ar = collective_time(st.cluster, cal, tp_group, st.act_bytes)
+        tp_s = tp_collectives * t_ar
         tp_embed_s = t_ar if engine.vocab_parallel else 0.0
     else:
         tp_collectives = 0
-        tp_layer_s = tp_embed_s = 0.0
-    # The host launches each layer pass's kernels and collectives. On a GPU they queue on a
-    # stream, so a layer takes the longer of the host's launch time and the device's work
-    # (small layers are launch-bound); a CPU rank does both itself, so they add.
-    # CPU ranks that outnumber the cores run their interpreter on a share of one.
-    host_share = ranks_per_core(cluster, cluster.devices_per_node)
-    tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
-    host_layer_s = (passes * cal.layer_overhead_s + tp_dispatch_s
-                    + tp_collectives * cal.collective_overhead_s * uncoscheduled(cluster, tp)
-                    ) * cal.host_shape_factors.get(shape_key, 1.0) * host_share
-    if cluster.device.asynchronous:
-        busy = layer_device_s + tp_layer_s
-        layer_excess_s = _soft_max(host_layer_s, busy) - busy
+        tp_s = tp_embed_s = 0.0
+    host_s = _host_layer_time(st, tp_collectives, 3 if full else 2, shape_key)
+    if st.cluster.device.asynchronous:
+        busy = device_s + tp_s
+        excess_s = _soft_max(host_s, busy) - busy
     else:
-        layer_excess_s = host_layer_s
+        excess_s = host_s
+    return _LayerCost(device_s, head_s, tp_s, tp_embed_s, host_s, excess_s)
 
-    # ---- per stage (pipeline rank) per micro-batch ------------------------------------------
-    counts = stage_layer_counts(shape.num_layers, pp * v)
-    # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
-    stage_layers = [sum(counts[i] for i in range(r, pp * v, pp)) for r in range(pp)]
-    t_p2p = p2p_time(cluster, cal, act_bytes / (tp if engine.vocab_parallel else 1),
+
+def _host_layer_time(st: _Step, tp_collectives: int, passes: int, shape_key: str) -> float:
+    """Host seconds to launch one layer's kernels and collectives per micro-batch (``passes``:
+    forward, backward, and recompute; launches counted per pass).
+
+    On a GPU they queue on a stream, so a layer takes the longer of the host's launch time and
+    the device's work (small layers are launch-bound); a CPU rank does both itself, so they
+    add. A TP collective over more ranks than cores waits for its members' turns
+    (``uncoscheduled``)."""
+    cal, tp = st.cal, st.config.tp_degree
+    tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
+    return (passes * cal.layer_overhead_s + tp_dispatch_s
+            + tp_collectives * cal.collective_overhead_s * uncoscheduled(st.cluster, tp)
+            ) * cal.host_shape_factors.get(shape_key, 1.0) * st.host_share
+
+
+def _stage_times(st: _Step, layer: _LayerCost, chunks: list[list[int]],
+                 v: int) -> list[tuple[float, float, float, float]]:
+    """Per pipeline rank, seconds per micro-batch of (compute, TP collectives, point-to-point
+    transfers, overheads). Each boundary the rank takes part in (``stage_boundaries``) moves
+    the b·s·h activation or its gradient (``p2p_time``); FSDP2 units add their hooks
+    (``hooked_units``)."""
+    config, cal, cluster = st.config, st.cal, st.cluster
+    pp, tp = config.pp_degree, config.tp_degree
+    _, _, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
+    t_p2p = p2p_time(cluster, cal, st.act_bytes / st.tp_vocab,
                      crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
-    unit_s = [hooked_units(config, [counts[i] for i in range(r, pp * v, pp)],
-                           layer_params(shape) / tp * e, engine) * cal.unit_overhead_s
-              for r in range(pp)]
+    unit_s = [hooked_units(config, chunks[r], layer_params(st.shape) / tp * st.e, st.engine)
+              * cal.unit_overhead_s for r in range(pp)]
+    busy = layer.device_s + layer.tp_s
     stages = []
     for rank in range(pp):
-        layers = stage_layers[rank]
+        layers = sum(chunks[rank])
         first, last = rank == 0, rank == pp - 1
-        compute = layers * layer_device_s + (head_s if last else 0.0)
-        tp_s = layers * tp_layer_s + (tp_embed_s if first else 0.0)
+        compute = layers * layer.device_s + (layer.head_s if last else 0.0)
+        tp_s = layers * layer.tp_s + (layer.tp_embed_s if first else 0.0)
         boundaries = stage_boundaries(rank, pp, v)
         p2p = t_p2p * boundaries
         if not cluster.device.asynchronous:
-            p2p += boundaries * cal.p2p_overhead_s * host_share
+            p2p += boundaries * cal.p2p_overhead_s * st.host_share
         if unit_s[rank] and cluster.device.asynchronous:
             # The hooks are host work too: on a GPU they hide behind queued kernels as the
             # layers' launches do (the same max, over the rank's layers and units).
-            hooks_s = _soft_max(layers * host_layer_s + unit_s[rank], layers * busy) - (
-                layers * busy) - layers * layer_excess_s
+            hooks_s = _soft_max(layers * layer.host_s + unit_s[rank], layers * busy) - (
+                layers * busy) - layers * layer.excess_s
         else:
-            hooks_s = unit_s[rank] * host_share
-        overhead = (layers * layer_excess_s + cal.microbatch_overhead_s * host_share
+            hooks_s = unit_s[rank] * st.host_share
+        overhead = (layers * layer.excess_s + cal.microbatch_overhead_s * st.host_share
                     + hooks_s)
         stages.append((compute, tp_s, p2p, overhead))
-    totals = [sum(t) for t in stages]
-    slowest = max(range(pp), key=lambda i: totals[i])
-    t_max = totals[slowest]
-    bubble_s = pipeline_bubble(totals, m, v)
-    # More CPU ranks than cores: the stage times are at the speed of a core shared by all the
-    # node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks work, and
-    # the waiting ranks leave their cores to them (processor sharing; 1 on GPUs).
-    bubble_s *= core_sharing(cluster, tp * dp)
-    pipe_s = m * t_max + bubble_s
-    c_b, tp_b, p2p_b, ovh_b = stages[slowest]
+    return stages
 
-    # ---- data-parallel synchronisation -------------------------------------------------------
-    # Parameters outside the blocks (ModelShape.num_params): the first stage's embeddings
-    # (and GPT's learned positions), the last stage's final norm and output head.
-    vocab_share = vocab * h / (tp if engine.vocab_parallel else 1)
+
+def _bubble_time(st: _Step, totals: list[float], v: int) -> float:
+    """The pipeline's fill and drain (``pipeline_bubble``, Narayanan et al. 2021 §2.2).
+
+    More CPU ranks than cores: the stage times are at the speed of a core shared by all the
+    node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks work, and the
+    waiting ranks leave their cores to them (processor sharing, ``core_sharing``; 1 on
+    GPUs)."""
+    config = st.config
+    bubble_s = pipeline_bubble(totals, config.grad_accum_steps, v)
+    return bubble_s * core_sharing(st.cluster, config.tp_degree * config.dp_degree)
+
+
+def _params_per_rank(st: _Step, stage_layers: list[int]) -> float:
+    """Parameters of the pipeline rank that holds the most: its blocks ÷ tp, and the
+    parameters outside the blocks (``ModelShape.num_params``): the first stage's embeddings
+    (and GPT's learned positions), the last stage's final norm and output head."""
+    shape, tp, pp, h = st.shape, st.config.tp_degree, st.config.pp_degree, st.shape.hidden_size
+    vocab_share = st.vocab * h / st.tp_vocab
     embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
     head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
-    params_rank = max(
+    return max(
         (stage_layers[r] * layer_params(shape) / tp
          + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
         for r in range(pp))
-    grad_bytes = params_rank * e
-    zero = config.zero_stage if dp > 1 else 0
-    sync_s = gather_s = 0.0
-    if dp > 1:
-        if zero <= 1:
-            sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
-            if zero == 1:
-                gather_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="all_gather")
-        else:
-            sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
-            gathers = m * (2 if zero == 3 else 1)
-            gather_s = gathers * collective_time(cluster, cal, dp_group, grad_bytes,
-                                                 kind="all_gather")
-    if config.overlap_enabled and dp > 1:
+
+
+def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float) -> float:
+    """Exposed seconds of data-parallel synchronisation per step, by ZeRO stage (Rajbhandari
+    et al. 2020, §7), with its host launch costs.
+
+    Stages 0–1 all-reduce the gradients, ZeRO-1 also gathers the updated parameters; ZeRO-2
+    reduce-scatters and all-gathers once per micro-batch, ZeRO-3 all-gathers twice. With
+    overlap on, the sync hides behind the last micro-batch's backward (``c_b``: the slowest
+    stage's compute per micro-batch) but for its last bucket, FSDP's all-gathers behind
+    compute, each to ``overlap_efficiency``."""
+    config, cal, cluster = st.config, st.cal, st.cluster
+    dp, m = config.dp_degree, config.grad_accum_steps
+    if dp <= 1:
+        return 0.0
+    dp_group = _groups(config, cluster.devices_per_node)[1]
+    grad_bytes = params_rank * st.e
+    zero = config.zero_stage
+    gather_s = 0.0
+    if zero <= 1:
+        sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
+        if zero == 1:
+            gather_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="all_gather")
+    else:
+        sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+        gathers = m * (2 if zero == 3 else 1)
+        gather_s = gathers * collective_time(cluster, cal, dp_group, grad_bytes,
+                                             kind="all_gather")
+    if config.overlap_enabled:
         hide = cal.overlap_efficiency
         last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
         backward_last = (2 / 3) * c_b
         sync_exposed = max(last_bucket, sync_s - hide * backward_last)
         if zero >= 2:
             per_mb = gather_s / m
-            gather_exposed = m * max(per_mb / max(1, shape.num_layers // pp),
+            gather_exposed = m * max(per_mb / max(1, st.shape.num_layers // config.pp_degree),
                                      per_mb - hide * c_b)
         else:
             gather_exposed = gather_s
     else:
         sync_exposed, gather_exposed = sync_s, gather_s
-    # Each DP collective also costs the host its launch: DDP all-reduces one bucket at a
-    # time, FSDP gathers and reduces one unit (blocks grouped up to bucket_mb) at a time.
-    dp_collectives = 0
-    if dp > 1:
-        bucket = config.bucket_mb * 2**20
-        if zero <= 1:
-            dp_collectives = math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
-        else:
-            layers_rank = max(stage_layers)
-            per_unit = max(1, math.ceil(bucket / max(layer_params(shape) / tp * e, 1.0)))
-            units = math.ceil(layers_rank / per_unit) + 1  # + the root's unit
-            dp_collectives = units * (1 + m * (2 if zero == 3 else 1))
-    dp_s = sync_exposed + gather_exposed + (dp_collectives * cal.collective_overhead_s
-                                            * host_share * uncoscheduled(cluster, dp))
+    return sync_exposed + gather_exposed + (
+        _dp_collectives(st, grad_bytes, stage_layers) * cal.collective_overhead_s
+        * st.host_share * uncoscheduled(cluster, dp))
 
-    # ---- optimizer ----------------------------------------------------------------------------
+
+def _dp_collectives(st: _Step, grad_bytes: float, stage_layers: list[int]) -> int:
+    """Data-parallel collectives the host launches per step: DDP all-reduces one bucket at a
+    time, FSDP gathers and reduces one unit (blocks grouped up to bucket_mb) at a time."""
+    config = st.config
+    zero, m = config.zero_stage, config.grad_accum_steps
+    bucket = config.bucket_mb * 2**20
+    if zero <= 1:
+        return math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
+    per_unit = max(1, math.ceil(bucket / max(layer_params(st.shape) / config.tp_degree * st.e,
+                                             1.0)))
+    units = math.ceil(max(stage_layers) / per_unit) + 1  # + the root's unit
+    return units * (1 + m * (2 if zero == 3 else 1))
+
+
+def _optimizer_time(st: _Step, params_rank: float) -> float:
+    """The optimizer step, memory-bound: bytes per parameter × the parameters the rank updates
+    (its ZeRO share) ÷ memory bandwidth (AdamW: 28 bytes per fp32 parameter)."""
+    dp = st.config.dp_degree
+    zero = st.config.zero_stage if dp > 1 else 0
     updated = params_rank / (dp if zero >= 1 else 1)
-    optimizer_s = cal.optimizer_bytes_per_param * updated / mem_bw
-
-    breakdown = {
-        "compute": m * c_b,
-        "tp_comm": m * tp_b,
-        "pp_p2p": m * p2p_b,
-        "pp_bubble": pipe_s - m * t_max,
-        "dp_comm": dp_s,
-        "optimizer": optimizer_s,
-        "overhead": m * ovh_b + cal.step_overhead_s * host_share,
-    }
-    step = sum(breakdown.values())
-    tokens = config.tokens_per_step
-    total_params = shape.num_params(vocab)
-    model_flops = flops_per_token(total_params, shape.num_layers, h, s) * tokens
-    mfu = model_flops / step / (config.world_size * peak)
-    return StepTimeEstimate(step_time_s=step, breakdown=breakdown, tokens_per_s=tokens / step,
-                            mfu=mfu, bottleneck_stage=slowest)
+    return st.cal.optimizer_bytes_per_param * updated / st.mem_bw
