@@ -25,9 +25,17 @@ GIB = 2**30
 MIB = 2**20
 """Byte units: memory limits are given in GiB, buckets and reports in MiB."""
 
-AC_ORDER = {"none": 0, "selective": 1, "full": 2}
-"""Recomputation from none to most (more recomputation: less memory, more compute)."""
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+
+# The knobs' value sets, read once from their Literals (in the Literals' order, which is the
+# order the search's grid enumerates them in and so the order Optuna sees them first).
+ZERO_STAGES: tuple[int, ...] = typing.get_args(ZeroStage)
+CHECKPOINTING_MODES: tuple[str, ...] = typing.get_args(ActivationCheckpointing)
+PP_SCHEDULES: tuple[str, ...] = typing.get_args(PipelineSchedule)
+OVERLAP_CHOICES = (True, False)
+"""``overlap_enabled``'s values, on first."""
+AC_ORDER = {mode: i for i, mode in enumerate(CHECKPOINTING_MODES)}
+"""Recomputation from none to most (more recomputation: less memory, more compute)."""
 Attention = Literal["eager", "sdpa"]
 DType = Literal["float32", "bfloat16", "float16"]
 BYTES_PER_ELEMENT: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -224,7 +232,7 @@ class TrialConfig:
         _non_negative("num_warmup_steps", self.num_warmup_steps)
         _non_negative("num_profiled_steps", self.num_profiled_steps)
         _positive("num_timed_steps", self.num_timed_steps)
-        if self.zero_stage not in (0, 1, 2, 3):
+        if self.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, not {self.zero_stage!r}")
         self.validate_precision()
         if not self.bucket_mb > 0:

@@ -12,11 +12,12 @@ import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 
-from autotune.config import TrialConfig
+from autotune.config import CHECKPOINTING_MODES, PP_SCHEDULES, ZERO_STAGES, TrialConfig
 from autotune.errors import ConfigError
 
 
 DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
+"""``TrialConfig``'s default gradient bucket (a name omits it; the baselines prefer it)."""
 KNOB_ORDER = ("tp_degree", "pp_degree", "pp_schedule", "zero_stage", "overlap_enabled",
               "micro_batch_size", "activation_checkpointing", "bucket_mb")
 """The knobs a search chooses, in the order it asks them and a report lists them."""
@@ -29,9 +30,9 @@ def divisors(n: int) -> list[int]:
 def enumerate_configs(
     base: TrialConfig,
     *,
-    zero_stages: Sequence[int] = (0, 1, 2, 3),
-    activation_checkpointing: Sequence[str] = ("none", "selective", "full"),
-    pp_schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved_1f1b"),
+    zero_stages: Sequence[int] = ZERO_STAGES,
+    activation_checkpointing: Sequence[str] = CHECKPOINTING_MODES,
+    pp_schedules: Sequence[str] = PP_SCHEDULES,
     overlap: Sequence[bool] = (True,),
     tp_degrees: Sequence[int] | None = None,
     pp_degrees: Sequence[int] | None = None,

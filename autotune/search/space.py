@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import (CHECKPOINTING_MODES, OVERLAP_CHOICES, PP_SCHEDULES, ZERO_STAGES,
+                             TrialConfig)
 from autotune.errors import ConfigError
 from autotune.layouts import KNOB_ORDER, enumerate_configs
 
@@ -81,11 +82,11 @@ class SearchSpace:
         _check_values(base, narrowed)
         choice = {k: tuple(narrowed[k]) for k in KNOB_ORDER if k in narrowed}
         grid = enumerate_configs(
-            base, zero_stages=choice.get("zero_stage", (0, 1, 2, 3)),
+            base, zero_stages=choice.get("zero_stage", ZERO_STAGES),
             activation_checkpointing=choice.get("activation_checkpointing",
-                                                ("none", "selective", "full")),
-            pp_schedules=choice.get("pp_schedule", ("gpipe", "1f1b", "interleaved_1f1b")),
-            overlap=choice.get("overlap_enabled", (True, False)),
+                                                CHECKPOINTING_MODES),
+            pp_schedules=choice.get("pp_schedule", PP_SCHEDULES),
+            overlap=choice.get("overlap_enabled", OVERLAP_CHOICES),
             tp_degrees=choice.get("tp_degree"), pp_degrees=choice.get("pp_degree"),
             dedupe_zero_at_dp1=True)
         buckets = tuple(float(b) for b in choice.get("bucket_mb", buckets_mb))

@@ -18,13 +18,13 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.config import AC_ORDER, TrialConfig
+from autotune.config import AC_ORDER, PP_SCHEDULES, TrialConfig
+from autotune.layouts import DEFAULT_BUCKET_MB
 from autotune.shapes import ModelShape
 from autotune.status import RowStatus
 from autotune.search.strategies.base import Measured, Proposal
 
-SCHEDULE_ORDER = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
-DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
+SCHEDULE_ORDER = {schedule: i for i, schedule in enumerate(PP_SCHEDULES)}
 
 
 def _first_untried(order: Sequence[TrialConfig], history: Sequence[Measured],
