@@ -585,56 +585,131 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """One pipeline rank of a trial, as every memory category reads it."""
+
+    config: TrialConfig
+    shape: ModelShape
+    pp_rank: int
+    device_type: str
+    parts: tuple[_Part, ...]
+    sb: StateBytes
+    st: _States
+    vocab: int
+    interleaved: bool
+    """The interleaved 1F1B schedule: v virtual stages on the rank."""
+
+    @property
+    def e(self) -> int:
+        """Bytes per element of activations and of what FSDP2 gathers."""
+        return self.sb.compute
+
+    @property
+    def last(self) -> bool:
+        return any(p.last for p in self.parts)
+
+    @property
+    def sbh(self) -> int:
+        """Elements of one micro-batch's b·s·h activation."""
+        return self.config.workload.seq_len * self.config.micro_batch_size * self.shape.hidden_size
+
+    @property
+    def sbv(self) -> int:
+        """Elements of one micro-batch's logits, b·s·V."""
+        return self.config.workload.seq_len * self.config.micro_batch_size * self.vocab
+
+    @property
+    def two_largest_units(self) -> int:
+        """Bytes of FSDP's two largest units, gathered."""
+        return sum(sorted(self.st.unit_numels, reverse=True)[:2]) * self.e
+
+
 def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
                     device_type: str) -> MemoryEstimate:
-    spec = config.workload
-    compute_dtype = PRECISION_COMPUTE_DTYPE[config.precision]
-    vocab = spec.vocab_size or shape.vocab_size  # an explicit shape brings its own
+    stage = _stage(config, shape, pp_rank, device_type)
+    saved, transient, pp_outputs = _activations(stage)
+    comm_held, extra, comm_post = _comm_buffers(stage, transient)
+    other = _other(stage)
+    optimizer_temps = _optimizer_temporaries(stage)
+
+    # ---- the peak: the larger of forward/backward and after backward -------------------
+    # Each candidate peak is (activations, comm_buffers, other) during forward/backward;
+    # ``post`` is after the last backward (gradient sync, optimizer step).
+    fb = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum)
+    post = (2 * pp_outputs, comm_post, other + optimizer_temps)
+    phase = PHASE_AFTER_BACKWARD if sum(post) > sum(fb) else PHASE_FORWARD_BACKWARD
+    activations, comm, other = post if phase == PHASE_AFTER_BACKWARD else fb
+    st = stage.st
+    parameters, grads, optimizer_state = st.parameters, st.gradients, st.optimizer_state
+    if config.optimizer_offload_enabled and device_type == "cuda":
+        # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
+        # optimizer state live in host memory; the device holds what is gathered (comm_buffers).
+        parameters = grads = optimizer_state = 0
+    return MemoryEstimate(parameters, grads, optimizer_state, activations, comm, other, pp_rank,
+                          phase)
+
+
+def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str) -> _Stage:
+    """The rank's parts (virtual stages), element sizes and model states (``_states``)."""
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
-    s, b, m = spec.seq_len, config.micro_batch_size, config.grad_accum_steps
+    vocab = config.workload.vocab_size or shape.vocab_size  # an explicit shape brings its own
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
     parts = _parts(shape.num_layers, pp, interleaved, pp_rank)
-    last = any(p.last for p in parts)
     sb = state_bytes(config.precision, fsdp=dp > 1 and zero >= 2)
-    e = sb.compute  # activations and what FSDP2 gathers
     st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb,
                  flat_zero1=_uses_distributed_optimizer(config))
-    sbh = s * b * shape.hidden_size
-    sbv = s * b * vocab
-    ac = config.activation_checkpointing
+    return _Stage(config, shape, pp_rank, device_type, parts, sb, st, vocab, interleaved)
 
-    # ---- activations saved for backward ----------------------------------------------------
+
+def _activations(stage: _Stage) -> tuple[int, int, int]:
+    """(saved for backward, the largest temporary on top of them, the pipeline's kept
+    outputs) in bytes: Korthikanti et al. 2022's per-layer activations
+    (``layer_activation_bytes``) times the micro-batches the schedule keeps in flight
+    (``microbatches_in_flight``)."""
+    config, shape, e = stage.config, stage.shape, stage.e
+    compute_dtype = PRECISION_COMPUTE_DTYPE[config.precision]
+    s, b, m = config.workload.seq_len, config.micro_batch_size, config.grad_accum_steps
+    pp, tp, ac = config.pp_degree, config.tp_degree, config.activation_checkpointing
+    sbv = stage.sbv
     layer = layer_activation_bytes(shape, seq_len=s, micro_batch=b, tp=tp, checkpointing=ac,
                                    attention=config.attention, dtype=compute_dtype)
     per_microbatch = []
-    for part in parts:
+    for part in stage.parts:
         saved = part.num_layers * layer
         if part.last:
             saved += _head_bytes(shape, s, b, e) + FP32_BYTES * sbv  # fp32 log-probabilities
         elif pp > 1:
-            saved += e * sbh  # the stage output, kept by the schedule until its backward
+            saved += e * stage.sbh  # the stage output, kept by the schedule until its backward
         per_microbatch.append(saved)
     if pp == 1:
         held: tuple[int, ...] = (1,)  # accumulation runs one micro-batch at a time
-    elif interleaved:
-        held = _interleaved_peak(pp, pp_rank, m, tuple(per_microbatch))
+    elif stage.interleaved:
+        held = _interleaved_peak(pp, stage.pp_rank, m, tuple(per_microbatch))
     else:
-        held = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m)
+        held = microbatches_in_flight(config.pp_schedule, pp, stage.pp_rank, m)
     saved = sum(n * a for n, a in zip(held, per_microbatch))
     # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
-    transient = max(2 * FP32_BYTES * sbv if last else 0,
+    transient = max(2 * FP32_BYTES * sbv if stage.last else 0,
                     block_backward_bytes(shape, seq_len=s, micro_batch=b, tp=tp,
                                          checkpointing=ac, attention=config.attention,
                                          dtype=compute_dtype))
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
     # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
-    pp_outputs = m * e * sbv if (pp > 1 and last and PIPELINE_RETURNS_OUTPUTS) else 0
+    pp_outputs = m * e * sbv if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS) else 0
+    return saved, transient, pp_outputs
 
-    # ---- communication buffers ---------------------------------------------------------------
-    # Each candidate peak is (activations, comm_buffers) during forward/backward; ``post`` is
-    # after the last backward (gradient sync, optimizer step).
+
+def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, int]], int]:
+    """(communication buffers alive throughout forward/backward, the (activations,
+    comm_buffers) temporaries that do not coexist — ``transient`` among them — and the
+    buffers after the last backward): DDP's and the flat all-reduce's buckets, FSDP2's
+    unsharded parameters and gradients, the distributed optimizer's gathered bucket."""
+    config, st, sb, e = stage.config, stage.st, stage.sb, stage.e
+    dp, zero, m, pp = (config.dp_degree, config.zero_stage, config.grad_accum_steps,
+                       config.pp_degree)
     grads = st.gradients
     comm_held = 0  # communication buffers alive throughout forward/backward
     extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
@@ -654,7 +729,7 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
         # (under ``gradients``) only appear as those are reduced, so they are not counted twice.
         if m > 1:
             comm_held = st.unsharded_numel * e - grads
-        two_largest = sum(sorted(st.unit_numels, reverse=True)[:2]) * e
+        two_largest = stage.two_largest_units
         if zero == 2 or pp > 1:
             # ZeRO-2 — and ZeRO-3 under a pipeline, whose runtime turns resharding after
             # backward off — keeps every unit gathered from its forward through backward and
@@ -673,15 +748,21 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
         comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * sb.parameter)
+    return comm_held, extra, comm_post
 
-    # ---- other ----------------------------------------------------------------------------
+
+def _other(stage: _Stage) -> int:
+    """Torch pipelining's receive buffers, and on CPU the measurement's allowance."""
+    config, e, sbh = stage.config, stage.e, stage.sbh
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    m = config.grad_accum_steps
     other = 0
     if pp > 1:
         # Receive buffers, one per micro-batch, allocated when the schedule first runs:
         # activations into every stage but the first, gradients into every one but the last.
-        for part in parts:
+        for part in stage.parts:
             other += m * e * sbh * ((not part.first) + (not part.last))
-    if device_type == "cpu":
+    if stage.device_type == "cpu":
         # The CPU measurement (the profiler's allocation events, runner.measure_memory) misses
         # frees that happen on gloo's threads — a collective's buffers released when its work
         # object dies there — so its peak carries tensors already freed, more with every
@@ -689,35 +770,31 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
         # largest units plus 15% of them per further micro-batch, and under TP half a layer
         # output (the all-reduced sbh) per layer and micro-batch. An allowance, not memory.
         if dp > 1 and zero >= 2:
-            two_largest = sum(sorted(st.unit_numels, reverse=True)[:2]) * e
+            two_largest = stage.two_largest_units
             other += two_largest // 4 + 3 * two_largest * (m - 1) // 20
         if tp > 1:
-            other += m * sum(p.num_layers for p in parts) * e * sbh // 2
-    # The optimizer step's temporaries. Single-tensor AdamW (CPU, and DTensor parameters —
-    # FSDP, TP, replicate — which torch's foreach path does not take): about two of the largest
-    # tensor (measured on CPU). Foreach AdamW (CUDA, plain parameters; torch.optim.adam
-    # ``_multi_tensor_adam``): ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor.
-    # Mixed precision's master-weight AdamW (single-tensor, parallel/precision.py) adds the
-    # largest gradient read as fp32.
+            other += m * sum(p.num_layers for p in stage.parts) * e * sbh // 2
+    return other
+
+
+def _optimizer_temporaries(stage: _Stage) -> int:
+    """Bytes of the optimizer step's temporaries.
+
+    Single-tensor AdamW (CPU, and DTensor parameters — FSDP, TP, replicate — which torch's
+    foreach path does not take): about two of the largest tensor (measured on CPU). Foreach
+    AdamW (CUDA, plain parameters; torch.optim.adam ``_multi_tensor_adam``):
+    ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor. Mixed precision's
+    master-weight AdamW (single-tensor, parallel/precision.py) adds the largest gradient read
+    as fp32."""
+    config, st, sb = stage.config, stage.st, stage.sb
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
     if sb.master:
         optimizer_temps += st.largest_tensor_numel * FP32_BYTES
     # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
     # DTensors' local tensors).
     plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
-    if (device_type == "cuda" and plain_params and not config.optimizer_offload_enabled
+    if (stage.device_type == "cuda" and plain_params and not config.optimizer_offload_enabled
             and not sb.master):
         optimizer_temps = max(optimizer_temps, st.optimizer_numel * sb.moment)
-
-    # ---- the peak: the larger of forward/backward and after backward -------------------
-    fb = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum)
-    post = (2 * pp_outputs, comm_post, other + optimizer_temps)
-    phase = PHASE_AFTER_BACKWARD if sum(post) > sum(fb) else PHASE_FORWARD_BACKWARD
-    activations, comm, other = post if phase == PHASE_AFTER_BACKWARD else fb
-    parameters, optimizer_state = st.parameters, st.optimizer_state
-    if config.optimizer_offload_enabled and device_type == "cuda":
-        # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
-        # optimizer state live in host memory; the device holds what is gathered (comm_buffers).
-        parameters = grads = optimizer_state = 0
-    return MemoryEstimate(parameters, grads, optimizer_state, activations, comm, other, pp_rank,
-                          phase)
+    return optimizer_temps
