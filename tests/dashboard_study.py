@@ -48,6 +48,16 @@ def predicted_metrics(config: TrialConfig) -> dict:
             "predicted_breakdown": dict(estimate.breakdown)}
 
 
+def rank_memory(config: TrialConfig, peak: int) -> tuple[RankMemoryRecord, ...]:
+    """Two ranks' measured categories under a measured ``peak`` (rank 1's a byte lower), the
+    memory model's peak beside the measured one."""
+    return tuple(RankMemoryRecord(r, c, estimate_memory(config).total if c == "peak" else None, b)
+                 for r in range(2)
+                 for c, b in (("parameters", 1 << 20), ("gradients", 1 << 20),
+                              ("optimizer_state", 2 << 20), ("activations", peak - (4 << 20)),
+                              ("other", 0), ("peak", peak - r)))
+
+
 def build(executor, directory: Path) -> str:
     """The database URL of the study (built on the first call of the session)."""
     if "url" in _built:
@@ -82,13 +92,7 @@ def build(executor, directory: Path) -> str:
             env={"device": "cpu"}, error=f"measured peak {measured / GIB:.3g} GiB > limit "
                                          f"{limit / GIB:.3g} GiB",
             created_at=datetime.now(UTC),
-            memory=tuple(RankMemoryRecord(r, c, estimate_memory(over).total if c == "peak"
-                                          else None, b)
-                         for r in range(2)
-                         for c, b in (("parameters", 1 << 20), ("gradients", 1 << 20),
-                                      ("optimizer_state", 2 << 20),
-                                      ("activations", measured - (4 << 20)), ("other", 0),
-                                      ("peak", measured - r)))))
+            memory=rank_memory(over, measured)))
         older = TrialConfig(world_size=2, micro_batch_size=2, device="cpu")
         throughput = min(t.metrics["throughput_tokens_per_s"] for t in complete) / 2
         peak = int(limit / 2)
@@ -98,13 +102,7 @@ def build(executor, directory: Path) -> str:
             metrics={"step_time_s": older.tokens_per_step / throughput,
                      "throughput_tokens_per_s": throughput, "peak_memory_bytes": peak},
             env={"device": "cpu"}, error=None, created_at=datetime.now(UTC),
-            memory=tuple(RankMemoryRecord(r, c, estimate_memory(older).total if c == "peak"
-                                          else None, b)
-                         for r in range(2)
-                         for c, b in (("parameters", 1 << 20), ("gradients", 1 << 20),
-                                      ("optimizer_state", 2 << 20),
-                                      ("activations", peak - (4 << 20)), ("other", 0),
-                                      ("peak", peak - r)))))
+            memory=rank_memory(older, peak)))
         broken = TrialConfig(world_size=2, zero_stage=3, micro_batch_size=1, device="cpu")
         database.add_trial(TrialRecord(
             id=None, study_id=study_id, number=after + 2, status="failed",
