@@ -97,7 +97,6 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
     """Least-squares fit of ``fitted`` parameters to the samples' step times, then (with
     ``fit_shapes``) one correction factor per measured layer shape."""
     import numpy as np
-    from scipy.optimize import least_squares
 
     if not samples:
         raise ConfigError("no measured step times to calibrate from: run some trials first")
@@ -115,28 +114,78 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
     # A parameter that starts at zero has no prior value to be pulled toward (its floor is
     # only where the search begins); the others keep their log-normal prior.
     prior_weight = np.array([0.0 if getattr(start, n) <= 0 else 1.0 for n in names])
-    measured = np.log([smp.step_time_s for smp in samples])
+    lower, upper = _bounds(names)
+    objective = _Objective(samples, cluster, engine, start, names, np.clip(x0, lower, upper),
+                           prior_weight, np.log([smp.step_time_s for smp in samples]))
+    # A parameter no sample's time depends on (the TP overhead when every trial ran tp 1)
+    # has a zero column in the Jacobian: the solver may move it anywhere, and it would then
+    # predict the layouts it does matter for absurdly. It keeps its starting value.
+    informed = _informed(names, objective.x0,
+                         lambda x: objective.predict(objective.calibration_at(x), subset=None))
+    if not all(informed):
+        keep = [i for i, ok in enumerate(informed) if ok]
+        objective = dataclasses.replace(
+            objective, names=[names[i] for i in keep], x0=objective.x0[keep],
+            prior_weight=prior_weight[keep])
+        lower, upper = lower[keep], upper[keep]
+    cal = start  # nothing the samples can inform: only the shapes are fitted
+    if objective.names:
+        cal = objective.calibration_at(_solve(objective, lower, upper))
+    if fit_shapes:
+        cal = _fit_shape_factors(samples, cluster, cal, engine)
+    errors = np.exp(objective.predict(cal) - objective.measured) - 1
+    return FitReport(cal, tuple(objective.names), len(samples), tuple(float(r) for r in errors))
 
-    def calibration_at(x) -> Calibration:
+
+@dataclass(frozen=True, slots=True)
+class _Objective:
+    """The fit's residuals: the log of predicted / measured step time of each sample, and a
+    log-normal prior of width ``PRIOR_SIGMA`` pulling each parameter (in log space) toward
+    where it starts."""
+
+    samples: Sequence[Sample]
+    cluster: ClusterSpec
+    engine: EngineTraits
+    start: Calibration
+    names: list[str]
+    """The parameters fitted, in the order of the vector ``x`` (their logs)."""
+    x0: object
+    """Where the fit starts (log values, clipped to the bounds)."""
+    prior_weight: object
+    """Per parameter, 1 with a prior and 0 for one that starts at zero."""
+    measured: object
+    """Log of each sample's measured step time."""
+
+    def calibration_at(self, x) -> Calibration:
         # Clipped: a step of the solver far out of range must not overflow.
-        values = {n: float(math.exp(min(max(v, -60.0), 60.0))) for n, v in zip(names, x)}
+        values = {n: float(math.exp(min(max(v, -60.0), 60.0))) for n, v in zip(self.names, x)}
         for capped in ("overlap_efficiency", "compute_efficiency", "comm_efficiency"):
             if capped in values:
                 values[capped] = min(1.0, values[capped])
-        return dataclasses.replace(start, **values)
+        return dataclasses.replace(self.start, **values)
 
-    def predict(cal: Calibration, subset=None):
-        chosen = samples if subset is None else [samples[i] for i in subset]
-        return np.log([predict_step_time(smp.config, smp.cluster or cluster, cal,
-                                         shape=smp.shape, engine=engine).step_time_s
+    def predict(self, cal: Calibration, subset=None):
+        import numpy as np
+
+        chosen = self.samples if subset is None else [self.samples[i] for i in subset]
+        return np.log([predict_step_time(smp.config, smp.cluster or self.cluster, cal,
+                                         shape=smp.shape, engine=self.engine).step_time_s
                        for smp in chosen])
 
-    def residuals(x, subset=None):
-        target = measured if subset is None else measured[subset]
+    def residuals(self, x, subset=None):
+        import numpy as np
+
+        target = self.measured if subset is None else self.measured[subset]
         w = 1.0 / math.sqrt(len(target))
-        data = (predict(calibration_at(x), subset) - target) * w
-        prior = (x - x0) / PRIOR_SIGMA * (0.3 * w) * prior_weight
+        data = (self.predict(self.calibration_at(x), subset) - target) * w
+        prior = (x - self.x0) / PRIOR_SIGMA * (0.3 * w) * self.prior_weight
         return np.concatenate([data, prior])
+
+
+def _bounds(names: Sequence[str]):
+    """(lower, upper) bounds of the log parameters: the efficiencies are fractions of an ideal
+    (at most 1), and the links reach at least 5% of what they are described to."""
+    import numpy as np
 
     upper = np.full(len(names), np.inf)
     for capped in ("overlap_efficiency", "compute_efficiency"):  # fractions of an ideal
@@ -148,45 +197,40 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
         # explained by per-collective costs (collective_overhead_s) than by a crawling link.
         upper[names.index("comm_efficiency")] = 0.0
         lower[names.index("comm_efficiency")] = math.log(0.05)
-    x0 = np.clip(x0, lower, upper)
-    # A parameter no sample's time depends on (the TP overhead when every trial ran tp 1)
-    # has a zero column in the Jacobian: the solver may move it anywhere, and it would then
-    # predict the layouts it does matter for absurdly. It keeps its starting value.
-    informed = _informed(names, x0, lambda x: predict(calibration_at(x), subset=None))
-    if not all(informed):
-        keep = [i for i, ok in enumerate(informed) if ok]
-        names = [names[i] for i in keep]
-        x0, prior_weight = x0[keep], prior_weight[keep]
-        lower, upper = lower[keep], upper[keep]
-    cal = start  # nothing the samples can inform: only the shapes are fitted
-    if names:
-        # The host/device crossover makes the surface non-convex in the host overheads: start
-        # from a few of their scales (on at most START_SAMPLES samples, for speed), then refine
-        # the best start on all samples.
-        starts = [x0]
-        for scale in (10.0, 100.0, 1000.0):
-            x = x0.copy()
-            for n in ("layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s"):
-                if n in names:
-                    x[names.index(n)] += math.log(scale)
-            starts.append(x)
-        subset = None
-        if len(samples) > START_SAMPLES:
-            subset = np.random.default_rng(0).choice(len(samples), START_SAMPLES, replace=False)
-        best = None
-        for x_start in starts:
-            result = least_squares(residuals, x_start, bounds=(lower, upper), x_scale=1.0,
-                                   diff_step=1e-3, max_nfev=400, args=(subset,))
-            if best is None or result.cost < best.cost:
-                best = result
-        if subset is not None:
-            best = least_squares(residuals, best.x, bounds=(lower, upper), x_scale=1.0,
-                                 diff_step=1e-3, max_nfev=200)
-        cal = calibration_at(best.x)
-    if fit_shapes:
-        cal = _fit_shape_factors(samples, cluster, cal, engine)
-    errors = np.exp(predict(cal) - measured) - 1
-    return FitReport(cal, tuple(names), len(samples), tuple(float(r) for r in errors))
+    return lower, upper
+
+
+def _solve(objective: _Objective, lower, upper):
+    """The best log parameters: ``scipy.optimize.least_squares`` from several starts.
+
+    The host/device crossover makes the surface non-convex in the host overheads: start from a
+    few of their scales (on at most START_SAMPLES samples, for speed), then refine the best
+    start on all samples."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    names, x0 = objective.names, objective.x0
+    starts = [x0]
+    for scale in (10.0, 100.0, 1000.0):
+        x = x0.copy()
+        for n in ("layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s"):
+            if n in names:
+                x[names.index(n)] += math.log(scale)
+        starts.append(x)
+    num_samples = len(objective.samples)
+    subset = None
+    if num_samples > START_SAMPLES:
+        subset = np.random.default_rng(0).choice(num_samples, START_SAMPLES, replace=False)
+    best = None
+    for x_start in starts:
+        result = least_squares(objective.residuals, x_start, bounds=(lower, upper), x_scale=1.0,
+                               diff_step=1e-3, max_nfev=400, args=(subset,))
+        if best is None or result.cost < best.cost:
+            best = result
+    if subset is not None:
+        best = least_squares(objective.residuals, best.x, bounds=(lower, upper), x_scale=1.0,
+                             diff_step=1e-3, max_nfev=200)
+    return best.x
 
 
 def _informed(names: Sequence[str], x0, predict_at) -> list[bool]:
