@@ -35,7 +35,7 @@ def test_trial_json_and_table_output_train_the_reference_model(tmp_path):
     """One ``autotune trial --json`` (a CLI subprocess with its own local Ray: ~15 s, so one
     run serves both outputs): its losses are the single-process reference's, and the table
     that ``autotune trial`` prints without ``--json`` (``format_result``) names every rank."""
-    from autotune.cli.main import format_result
+    from autotune.cli.trial import format_result
     from autotune.trial.result import TrialResult, rank_from_dict
 
     cfg = tmp_path / "cfg.json"

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from autotune.cli.args import add_db_arg, add_debug_arg
 from autotune.errors import AutotuneError, ConfigError
 
 
-def add_calibrate_parser(sub, default_db: str) -> None:
+def add_calibrate_parser(sub) -> None:
     p = sub.add_parser(
         "calibrate", help="fit the step-time model to a study's trials; write the cluster file",
         description="Fit the performance model's calibration to the complete trials of a "
@@ -24,14 +25,13 @@ def add_calibrate_parser(sub, default_db: str) -> None:
         "every parameter from their step times), print the parameters and each trial's "
         "measured and predicted step time, and optionally write the calibrated cluster.")
     p.add_argument("--study", required=True, metavar="NAME", help="the study to fit")
-    p.add_argument("--db", default=default_db, metavar="URL",
-                   help=f"database URL (default {default_db})")
+    add_db_arg(p)
     p.add_argument("--cluster", metavar="FILE|NAME",
                    help="the cluster the trials ran on (default: the one the search stored)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the cluster with its calibration as JSON")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks on errors")
+    add_debug_arg(p)
+    p.set_defaults(run=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -11,8 +11,8 @@ GPUs) can be planned.
 
 ``add_estimate_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_estimate(args)``
 runs it and returns the exit status. Bad input raises :class:`ConfigError` (one line, exit 2).
-The flag groups and the model / cluster helpers are shared with ``autotune rank``
-(``rank_cli.py``).
+The model / cluster helpers are shared with ``autotune rank`` (``cli/rank.py``), the flag
+groups with it and ``autotune search`` (``cli/args.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,22 @@ import dataclasses
 import json
 import math
 import sys
+from typing import get_args
 
-from autotune.model.cluster import ClusterSpec, builtin_names, load_cluster
-from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, TrialConfig, WorkloadSpec
+from autotune.cli.args import (
+    add_architecture_args,
+    add_cluster_args,
+    add_debug_arg,
+    add_precision_args,
+    precision_arg,
+)
+from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.config import (
+    ActivationCheckpointing,
+    PipelineSchedule,
+    TrialConfig,
+    WorkloadSpec,
+)
 from autotune.errors import ConfigError
 from autotune.model.memory import (
     CATEGORIES,
@@ -75,9 +88,9 @@ def add_estimate_parser(sub) -> None:
     knobs.add_argument("--global-batch", type=int, metavar="N",
                        help="sequences per optimizer step over all data-parallel ranks")
     knobs.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
-    knobs.add_argument("--ac", choices=("none", "selective", "full"),
+    knobs.add_argument("--ac", choices=get_args(ActivationCheckpointing),
                        help="activation checkpointing")
-    knobs.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
+    knobs.add_argument("--schedule", choices=get_args(PipelineSchedule),
                        help="pipeline schedule (with --pp > 1)")
     add_precision_args(knobs)
     knobs.add_argument("--attention", choices=("sdpa", "eager"), help="attention kernel")
@@ -94,53 +107,8 @@ def add_estimate_parser(sub) -> None:
     add_cluster_args(p, nodes_help="nodes of the cluster (default: the fewest that hold the "
                      "world size; nodes × devices per node must equal it when given)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks on errors")
-
-
-def add_precision_args(group) -> None:
-    """``--precision`` and the older ``--dtype`` (``estimate``, ``rank`` and ``search``)."""
-    group.add_argument("--precision", metavar="NAME",
-                       help=f"{', '.join(PRECISION_COMPUTE_DTYPE)} (Lightning's names; mixed: "
-                       "fp32 master weights and optimizer state, half-precision compute); "
-                       "default: bf16-mixed on GPUs, 32-true on CPUs")
-    group.add_argument("--dtype", choices=tuple(DTYPE_PRECISION),
-                       help="older spelling of the *-true precisions (float32 = 32-true, "
-                       "bfloat16 = bf16-true, float16 = 16-true)")
-
-
-def precision_arg(text: str | None) -> str | None:
-    """--precision checked: an unknown name is one line, exit 2 (argparse's choices would
-    print the usage too)."""
-    if text is not None and text not in PRECISION_COMPUTE_DTYPE:
-        raise ConfigError(f"unknown precision '{text}'; choose one of "
-                          f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
-    return text
-
-
-def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """The explicit-architecture flags (``estimate`` and ``rank``); returns their group."""
-    arch = p.add_argument_group("explicit architecture (instead of --model)")
-    arch.add_argument("--num-layers", type=int, metavar="N")
-    arch.add_argument("--hidden-size", type=int, metavar="N")
-    arch.add_argument("--num-heads", type=int, metavar="N")
-    arch.add_argument("--num-kv-heads", type=int, metavar="N",
-                      help="key/value heads (default --num-heads)")
-    arch.add_argument("--ffn-hidden-size", type=int, metavar="N",
-                      help="MLP width (default 4h for gpt, Llama's 8h/3 rounded up to 256)")
-    arch.add_argument("--vocab-size", type=int, metavar="N")
-    arch.add_argument("--family", choices=("gpt", "llama"),
-                      help="block type of the explicit architecture (default gpt)")
-    return arch
-
-
-def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
-                     nodes_help: str) -> None:
-    """``--cluster NAME|FILE`` and ``--nodes N`` (``estimate`` and ``rank``)."""
-    p.add_argument("--cluster", metavar="NAME|FILE", required=required,
-                   help=f"the cluster to predict the step time on: {', '.join(builtin_names())}"
-                   ", or a ClusterSpec JSON/TOML file (its stored calibration is used)")
-    p.add_argument("--nodes", type=int, metavar="N", help=nodes_help)
+    add_debug_arg(p)
+    p.set_defaults(run=cmd_estimate)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

@@ -31,12 +31,11 @@ import sys
 import time as timer
 from dataclasses import dataclass
 
+from autotune.cli.args import add_architecture_args, add_cluster_args, add_debug_arg
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError, ConfigError
 from autotune.cli.estimate import (
-    add_architecture_args,
-    add_cluster_args,
     builtin_workload,
     describe_cluster,
     explicit_shape,
@@ -114,8 +113,8 @@ def add_rank_parser(sub) -> None:
                    help="layouts to print (default 10)")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
     add_architecture_args(p)
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks on errors")
+    add_debug_arg(p)
+    p.set_defaults(run=cmd_rank)
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
