@@ -30,10 +30,18 @@ import json
 import sys
 import time as timer
 from dataclasses import dataclass
+from typing import get_args
 
 from autotune.cli.args import add_architecture_args, add_cluster_args, add_debug_arg
 from autotune.model.cluster import ClusterSpec, load_cluster
-from autotune.config import GIB, TrialConfig, WorkloadSpec
+from autotune.config import (
+    GIB,
+    ActivationCheckpointing,
+    PipelineSchedule,
+    TrialConfig,
+    WorkloadSpec,
+    ZeroStage,
+)
 from autotune.errors import AutotuneError, ConfigError
 from autotune.cli.estimate import (
     builtin_workload,
@@ -45,16 +53,17 @@ from autotune.layouts import divisors
 from autotune.model.memory import BYTES_PER_ELEMENT, estimate_memory
 from autotune.shapes import ModelShape, model_names
 from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, StepTimeEstimate, predict_step_time
-from autotune.search.space import DEFAULT_BUCKETS_MB
+from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 
-ZERO_STAGES = (0, 1, 2, 3)
-CHECKPOINTING = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-OVERLAP = (True, False)
-ENUMERATED = ("tp × pp × dp, micro-batch (× accumulation), ZeRO stage 0-3, activation "
-              "checkpointing none/selective/full, pipeline schedule gpipe/1f1b/interleaved_1f1b "
-              "(pp > 1), overlap on/off and bucket size 5/25/100 MB (dp > 1)")
-"""The knobs ``autotune rank`` enumerates, as its --help says."""
+ZERO_STAGES = get_args(ZeroStage)
+CHECKPOINTING = get_args(ActivationCheckpointing)
+SCHEDULES = get_args(PipelineSchedule)
+ENUMERATED = (f"tp × pp × dp, micro-batch (× accumulation), ZeRO stage {ZERO_STAGES[0]}-"
+              f"{ZERO_STAGES[-1]}, activation checkpointing {'/'.join(CHECKPOINTING)}, pipeline "
+              f"schedule {'/'.join(SCHEDULES)} (pp > 1), overlap on/off and bucket size "
+              f"{'/'.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)} MB (dp > 1)")
+"""The knobs ``autotune rank`` enumerates (the search's grid, ``space.SearchSpace``), as its
+--help says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,46 +202,34 @@ def _device_type(cluster: ClusterSpec) -> str:
 
 # ---- enumeration ---------------------------------------------------------------------------
 def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> list[TrialConfig]:
-    """Every layout of ``base``'s workload on its world size that ``validate`` accepts.
-
-    The loops of ``layouts.enumerate_configs`` with overlap on and off, less the overlap-off
-    twin of each dp-1 layout (nothing to overlap): equal to
-    ``[c for c in enumerate_configs(base, overlap=(True, False)) if c.overlap_enabled or
-    c.dp_degree > 1]``, each layout once per bucket size of the search's grid
-    (``space.DEFAULT_BUCKETS_MB``; the first alone with dp 1): the search's own grid,
-    ``space.SearchSpace(base).configs`` (``tests/test_rank.py``), validated against ``shape``
-    when the architecture is explicit. Tensor-parallel degrees that cannot divide the heads are skipped
-    before their micro-batches are tried, which ``validate`` would refuse one by one.
+    """Every layout of ``base``'s workload on its world size that ``validate`` accepts: the
+    search's own grid, ``space.SearchSpace(base).configs`` (``layouts.enumerate_configs`` with
+    overlap on and off, less the overlap-off twin of each dp-1 layout, each layout once per
+    bucket size of ``space.DEFAULT_BUCKETS_MB``, the first alone with dp 1), validated against
+    ``shape`` when the architecture is explicit. Tensor-parallel degrees that cannot divide the
+    heads are left out of the grid before their micro-batches are tried, which ``validate``
+    would refuse one by one.
     """
     heads = shape or base.workload.shape
-    rules = {} if shape is None else {"num_heads": shape.num_heads,
-                                      "num_kv_heads": shape.num_kv_heads,
-                                      "num_layers": shape.num_layers}
-    world, batch = base.world_size, base.workload.global_batch_size
-    layouts = []
-    for tp, pp in itertools.product(divisors(world), divisors(world)):
-        if world % (tp * pp) or (heads and (heads.num_heads % tp or heads.num_kv_heads % tp)):
-            continue
-        dp = world // (tp * pp)
-        if batch % dp:
-            continue
-        schedules = SCHEDULES if pp > 1 else (base.pp_schedule,)
-        stages = ZERO_STAGES if dp > 1 else (0,)
-        overlaps = OVERLAP if dp > 1 else (True,)
-        for micro, zero, ac, schedule, overlap in itertools.product(
-                divisors(batch // dp), stages, CHECKPOINTING, schedules, overlaps):
-            config = dataclasses.replace(
-                base, tp_degree=tp, pp_degree=pp, micro_batch_size=micro, zero_stage=zero,
-                activation_checkpointing=ac, pp_schedule=schedule, overlap_enabled=overlap)
-            try:
-                config.validate(**rules)
-            except ConfigError:
-                continue
-            # The bucket sizes the search tries (space.DEFAULT_BUCKETS_MB) where there is a
-            # gradient sync to bucket, as the search's own grid lists them.
-            buckets = DEFAULT_BUCKETS_MB if dp > 1 else DEFAULT_BUCKETS_MB[:1]
-            layouts += [dataclasses.replace(config, bucket_mb=b) for b in buckets]
-    return layouts
+    tp_degrees = [tp for tp in divisors(base.world_size)
+                  if not heads or not (heads.num_heads % tp or heads.num_kv_heads % tp)]
+    try:
+        grid = SearchSpace(base, narrowed={"tp_degree": tp_degrees}).configs
+    except ConfigError:  # no valid layout: the caller says why (_no_layout_message)
+        return []
+    if shape is None:
+        return grid
+    rules = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+             "num_layers": shape.num_layers}
+    return [c for c in grid if _valid(c, rules)]
+
+
+def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
+    try:
+        config.validate(**rules)
+    except ConfigError:
+        return False
+    return True
 
 
 def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
