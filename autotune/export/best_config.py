@@ -26,7 +26,7 @@ def best_config_document(config: TrialConfig, metrics: dict, env: dict, *, study
 
 def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, ...]:
     """Write best_config.json, ds_config.json and the other trainers' configs
-    (``trainer_exports``) of a stored study's best trial; their paths, best_config first."""
+    (``export.trainers``) of a stored study's best trial; their paths, best_config first."""
     from autotune.study.leaderboard import build_leaderboard, declare_best
     from autotune.export.trainers import write_trainer_exports
 

@@ -510,7 +510,7 @@ class TableExecutor:
 
 # ---- replaying a strategy --------------------------------------------------------------
 class ReplayTrialExecutor:
-    """A ``TableExecutor`` behind the search's executor protocol (``search_loop.TrialExecutor``):
+    """A ``TableExecutor`` behind the search's executor protocol (``search.loop.TrialExecutor``):
     ``run`` returns a ``TrialResult`` built from the measured row (its step time on every rank,
     its peak memory, no timeline), or raises ``TrialFailed`` for a row that failed or ran out of
     memory. ``Search`` runs on it exactly as on Ray, so a search over a table is stored, resumed

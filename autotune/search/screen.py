@@ -1,6 +1,6 @@
 """The memory screen: whether a configuration is predicted to fit under a per-device limit.
 
-The search screens every proposal with it before anything runs (``search_loop``), picks its
+The search screens every proposal with it before anything runs (``search.loop``), picks its
 baseline among the configurations it passes (``search``), and ``autotune rank`` ranks only
 those it passes. No torch: the memory model (``autotune.model.memory``) is imported when used.
 """

@@ -3,7 +3,7 @@
     SearchSpec → SearchSpace (the valid grid) → memory limit, cluster
       → Optuna study "autotune:NAME" in the same database as our tables (new; or resumed:
         trials an interrupted search left RUNNING are failed)
-      → baseline enqueued (a new study) → ``search_loop.SearchLoop.run``
+      → baseline enqueued (a new study) → ``search.loop.SearchLoop.run``
 
 ``Search`` is the front (as optuna's ``Study`` is to ``_optimize``): it checks the spec and the
 study's name, builds the space and the study, refuses a space where nothing is predicted to fit,
@@ -109,7 +109,7 @@ def plain_baseline(space: SearchSpace, device_type: str,
 class Search:
     """A search over one study; ``run`` may be called on a new or an interrupted study.
 
-    ``executor`` runs the trials (a ``search_loop.TrialExecutor``: a ``RayExecutor``, or a
+    ``executor`` runs the trials (a ``search.loop.TrialExecutor``: a ``RayExecutor``, or a
     ``TrialPool`` whose ``slots`` > 1 runs that many at once); None sets a search up without
     running it. ``baseline`` is the first trial of a new study, enqueued before the sampler
     proposes anything: ``"plain"`` (the default) is ``plain_baseline``'s layout, a
@@ -223,7 +223,7 @@ class Search:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
-        """Run the loop (``search_loop.SearchLoop``) until a budget is spent, then re-measure
+        """Run the loop (``search.loop.SearchLoop``) until a budget is spent, then re-measure
         the best; the outcome's leaderboard ranks every trial of the study."""
         if self.executor is None:
             raise ConfigError("this search was set up without an executor; pass one to "

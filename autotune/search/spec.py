@@ -43,7 +43,7 @@ class SearchSpec:
     """Knobs narrowed to some values, e.g. {'micro_batch_size': [1, 2]}."""
     top_k: int = 3
     """How many of the best configurations are measured again before one is declared best
-    (with the study's first trial, the baseline: ``search_loop.finalist_ids``)."""
+    (with the study's first trial, the baseline: ``search.loop.finalist_ids``)."""
     remeasure_repeats: int = 2
     """Interleaved re-measurement rounds over the top_k, at least (0: none)."""
     remeasure_max_repeats: int = 6
