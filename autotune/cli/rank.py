@@ -52,7 +52,12 @@ from autotune.cli.estimate import (
 from autotune.layouts import divisors
 from autotune.model.memory import BYTES_PER_ELEMENT, estimate_memory
 from autotune.shapes import ModelShape, model_names
-from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, StepTimeEstimate, predict_step_time
+from autotune.model.perf_model import (
+    AUTOTUNE_ENGINE,
+    Calibration,
+    StepTimeEstimate,
+    predict_step_time,
+)
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 
 ZERO_STAGES = get_args(ZeroStage)
@@ -135,7 +140,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         raise ConfigError(f"--memory-limit must be a positive number of GiB, not "
                           f"{args.memory_limit:g}")
     cluster = load_cluster(args.cluster, nodes=args.nodes)
-    device_type = _device_type(cluster)
+    device_type = cluster.device_type
     base, shape = _base_config(args, cluster)
     # A dtype the device gives no peak for: refuse now.
     cluster.device.flops(base.compute_dtype(device_type))
@@ -183,7 +188,7 @@ def _base_config(args: argparse.Namespace,
     if args.model is not None:
         workload = builtin_workload(workload, args.model)
     base = TrialConfig(workload=workload, world_size=cluster.world_size,
-                       device=_device_type(cluster))
+                       device=cluster.device_type)
     shape = explicit_shape(args, base)
     if shape is None and args.model is None:
         raise ConfigError("give --model NAME or an explicit architecture (--num-layers "
@@ -192,12 +197,6 @@ def _base_config(args: argparse.Namespace,
         base = mark_explicit(base, shape)
     base.workload.validate()
     return base, shape
-
-
-def _device_type(cluster: ClusterSpec) -> str:
-    """Whose memory: the CUDA allocator's on a GPU cluster (nccl), the CPU measurement's with
-    its allowance on CPU ranks (gloo)."""
-    return "cpu" if cluster.backend == "gloo" else "cuda"
 
 
 # ---- enumeration ---------------------------------------------------------------------------

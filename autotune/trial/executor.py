@@ -156,6 +156,11 @@ def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: Execut
         raise ClusterError(f"{subject} {need:g} {what} but the Ray cluster has {have:g}; {fix}")
 
 
+def rank_cpus(use_gpu: bool, settings: ExecutorSettings) -> float:
+    """The Ray CPUs one rank reserves: one beside its GPU, ``cpus_per_rank`` for a CPU rank."""
+    return 1.0 if use_gpu else settings.cpus_per_rank
+
+
 def rank_actor_options(rank_nodes: list[str], nodes: list[dict], use_gpu: bool,
                        settings: ExecutorSettings) -> list[tuple[dict, int]]:
     """The Ray actor options (less the placement) and the torch thread count of every rank,
@@ -171,11 +176,9 @@ def rank_actor_options(rank_nodes: list[str], nodes: list[dict], use_gpu: bool,
     for node in rank_nodes:
         share = local_ranks[node] * (1 if use_gpu else settings.concurrent_groups)
         threads = max(1, int(node_cpus.get(node, 1)) // share)
+        options = {"num_cpus": rank_cpus(use_gpu, settings), "num_gpus": 1 if use_gpu else 0}
         if use_gpu:
-            options = {"num_cpus": 1.0, "num_gpus": 1,
-                       "runtime_env": {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES: "1"}}}
-        else:
-            options = {"num_cpus": settings.cpus_per_rank, "num_gpus": 0}
+            options["runtime_env"] = {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES: "1"}}
         plan.append((options, threads))
     return plan
 
@@ -201,7 +204,7 @@ class WorkerGroup:
         world_size, tp = config.world_size, config.tp_degree
         self.world_size, self.use_gpu = world_size, use_gpu
         self.backend = "nccl" if use_gpu else "gloo"
-        cpus = 1.0 if use_gpu else settings.cpus_per_rank
+        cpus = rank_cpus(use_gpu, settings)
         # One bundle per TP group: Ray puts a bundle on one node, so no TP group is ever split;
         # PACK fills one node before the next.
         bundle = {"CPU": cpus * tp, **({"GPU": float(tp)} if use_gpu else {})}
