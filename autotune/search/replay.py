@@ -459,7 +459,9 @@ class TableExecutor:
         if answer not in tuple(Answer):
             raise ConfigError(f"answer must be one of {', '.join(Answer)}, not {answer!r}")
         self.answer, self.seed = Answer(answer), seed
-        merged = merge_repeats(rows)
+        # A MeasuredTable merged its repeats when it was read; rows given bare are merged here.
+        merged = (MergedRows(rows, table.merged_rows, table.merged_configs)
+                  if isinstance(table, MeasuredTable) else merge_repeats(rows))
         self.merged_rows = merged.merged_rows
         """Rows given that repeated an earlier row's configuration, merged into it."""
         self.compared = compared_fields(merged.rows)
