@@ -30,7 +30,8 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_exp
 """Config keys of mixture-of-experts models: experts have no TP/PP plan here."""
 
 
-def _transformers():
+def import_transformers():
+    """The transformers module, or a WorkloadError naming the install step; its logging quieted."""
     try:
         import transformers
     except ImportError:
@@ -63,7 +64,7 @@ def config_path(ref: str) -> Path:
             raise ConfigError(f"'{ref}' does not exist; give a model folder with config.json, "
                               "the file itself, or a model id in the Hugging Face cache")
         return path
-    _transformers()
+    import_transformers()
     from huggingface_hub import try_to_load_from_cache
 
     try:
@@ -88,7 +89,7 @@ def load_config(ref: str) -> Any:
         raise ConfigError(f"cannot read '{path}' as JSON: {e}") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigError(f"'{path}' has no model_type: it is not a Hugging Face model config")
-    transformers = _transformers()
+    transformers = import_transformers()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     model_type = data.pop("model_type")

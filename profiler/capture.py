@@ -292,6 +292,10 @@ def _family(name: str) -> str:
     return name
 
 
+# NCCL kernel → the record collectives it runs ('SendRecv' runs send, recv and all-to-all).
+_KERNEL_FAMILIES = {"sendrecv": {"send", "recv", "alltoall"}}
+
+
 class _CommRecords:
     """The collectives' ``record_param_comms`` records, claimed by NCCL kernels.
 
@@ -320,10 +324,6 @@ class _CommRecords:
         if record is not None:
             self.unclaimed.remove(record)
         return record
-
-
-# NCCL kernel → the record collectives it runs ('SendRecv' runs send, recv and all-to-all).
-_KERNEL_FAMILIES = {"sendrecv": {"send", "recv", "alltoall"}}
 
 
 def _kernel_span(e, records: _CommRecords, rec: Recorder, step_of) -> Span:

@@ -19,9 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NO_TORCH_NO_RAY = ["autotune.search.search", "autotune.search.loop", "autotune.study.leaderboard",
-                   "autotune.search.screen", "autotune.study.store", "autotune.trial.result", "autotune.status",
-                   "autotune.cli.main", "dashboards.data", "profiler"]
+NO_TORCH_NO_RAY = ["autotune.search.search", "autotune.search.loop",
+                   "autotune.study.leaderboard", "autotune.search.screen", "autotune.study.store",
+                   "autotune.trial.result", "autotune.status", "autotune.cli.main",
+                   "dashboards.data", "profiler"]
 NO_TORCH = ["autotune.trial.executor", "autotune.trial.pool"]
 """These start trials on Ray, so they import it; torch stays in the workers."""
 

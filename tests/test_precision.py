@@ -19,7 +19,11 @@ from autotune.cli.estimate import main as estimate_main
 from autotune.export.ds_config import ds_config
 from autotune.model.memory import estimate_memory
 from autotune.shapes import MODEL_SHAPES
-from autotune.trial.parallel.precision import LossScaler, MasterWeightAdamW, check_precision_supported
+from autotune.trial.parallel.precision import (
+    LossScaler,
+    MasterWeightAdamW,
+    check_precision_supported,
+)
 
 GB = 1e9  # the ZeRO paper's GB (decimal): 16 · 7.5e9 bytes = 120 GB
 

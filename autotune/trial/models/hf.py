@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from autotune.errors import ConfigError
-from autotune.hf_config import _transformers, load_config, tp_plan_names
+from autotune.hf_config import import_transformers, load_config, tp_plan_names
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
 def tp_plan(config: Any, layer_indices: range) -> dict | None:
@@ -122,7 +122,7 @@ def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
     """The Workload of a spec with ``hf_model``: random init from the config, no weights."""
     from autotune.trial.models.workload import Workload, synthetic_batch, transformer_blocks
 
-    transformers = _transformers()
+    transformers = import_transformers()
     vocab = spec.resolved_vocab_size
     config = copy.deepcopy(load_config(spec.hf_model))  # the cached one stays unchanged
     config.vocab_size, config.use_cache = vocab, False
