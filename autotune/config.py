@@ -70,7 +70,7 @@ class WorkloadSpec:
     family: Literal["gpt", "llama"] = "gpt"
     """Built-in model family: gpt (GPT-2 style) or llama."""
     size: str = "tiny"
-    """Built-in model size: tiny, small/medium/large/xl (gpt) or 7b/13b/70b (llama)."""
+    """Built-in model size: tiny, small/medium/large/xl (gpt) or 1b/7b/13b/70b (llama)."""
     seq_len: int = 64
     """Tokens per sequence."""
     global_batch_size: int = 8

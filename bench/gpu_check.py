@@ -61,8 +61,10 @@ import os
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+BENCH = os.path.join(REPO_ROOT, "bench")
+for _path in (REPO_ROOT, BENCH):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -70,10 +72,21 @@ import math  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from enum import StrEnum  # noqa: E402
 
-EXIT_FAILED, EXIT_NO_CUDA = 1, 2
+import gpu_rows  # noqa: E402
+import gpu_search  # noqa: E402
+from gpu_table import (  # noqa: E402
+    EXIT_FAILED,
+    EXIT_NO_CUDA,
+    Check,
+    Status,
+    exit_status,
+    format_table,
+    mib,
+    relative_error,
+    summary_line,
+)
+
 TOLERANCES = {"parameters": 0.05, "gradients": 0.10, "optimizer_state": 0.10,
               "activations": 0.50, "peak": 0.25}
 """Largest |measured / predicted − 1| accepted per category. Model states are counted exactly
@@ -101,52 +114,6 @@ OOM_FACTOR = 1.5
 """The out-of-memory configuration's predicted peak, in device memories."""
 
 
-class Status(StrEnum):
-    PASS = "PASS"
-    FAIL = "FAIL"
-    SKIP = "SKIP"
-    """Not checked on this machine (e.g. a world-size-2 check with one GPU); never a pass."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One row of the table."""
-
-    name: str
-    expected: str
-    measured: str
-    status: Status
-
-    @classmethod
-    def judged(cls, name: str, expected: str, measured: str, ok: bool) -> Check:
-        return cls(name, expected, measured, Status.PASS if ok else Status.FAIL)
-
-    @property
-    def failed(self) -> bool:
-        return self.status is Status.FAIL
-
-
-def format_table(checks: list[Check]) -> str:
-    """The checks as an aligned text table, with a PASS/FAIL/SKIP column."""
-    header = ("check", "expected", "measured", "")
-    rows = [header] + [(c.name, c.expected, c.measured, c.status.value) for c in checks]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def summary_line(checks: list[Check], seconds: float) -> str:
-    """'7 passed, 1 failed, 8 skipped of 16 checks in 212s': skips counted on their own."""
-    counts = {s: sum(1 for c in checks if c.status is s) for s in Status}
-    return (f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, "
-            f"{counts[Status.SKIP]} skipped of {len(checks)} checks in {seconds:.0f}s")
-
-
-def exit_status(checks: list[Check]) -> int:
-    return EXIT_FAILED if any(c.failed for c in checks) else 0
-
-
 def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
     """Measured (``MemoryBreakdown`` fields) against predicted bytes per category.
 
@@ -161,9 +128,9 @@ def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
     checks = []
     for category, tolerance in TOLERANCES.items():
         want, got = wanted[category], measured[category]
-        error = _relative_error(got, want)
-        checks.append(Check.judged(f"{label} memory {category}", f"{_mib(want)} ±{tolerance:.0%}",
-                                   f"{_mib(got)} ({error:+.1%})", abs(error) <= tolerance))
+        error = relative_error(got, want)
+        checks.append(Check.judged(f"{label} memory {category}", f"{mib(want)} ±{tolerance:.0%}",
+                                   f"{mib(got)} ({error:+.1%})", abs(error) <= tolerance))
     return checks
 
 
@@ -210,21 +177,21 @@ def payload_check(label: str, config, spans: list, device_type: str = "cuda") ->
     from profiler import bytes_per_step
 
     name, want = expected_gradient_sync(config, device_type)
-    expected = f"{name} {_mib(want)}/step ±{PAYLOAD_RTOL:.0%} on each of {config.world_size}"
+    expected = f"{name} {mib(want)}/step ±{PAYLOAD_RTOL:.0%} on each of {config.world_size}"
     per_step = bytes_per_step(spans)
     measured = {r: sum(v for (kind, op, _), v in per_step.get(r, {}).items()
                        if kind == "comm" and op == name)
                 for r in sorted({s.rank for s in spans})}
     if not measured:
         return Check.judged(f"{label} NCCL gradient payload", expected, "no spans", False)
-    errors = {r: _relative_error(got, want) for r, got in measured.items()}
+    errors = {r: relative_error(got, want) for r, got in measured.items()}
     worst = max(errors, key=lambda r: abs(errors[r]))
     calls = sum(1 for s in spans if s.rank == worst and s.kind == "comm" and s.name == name)
     steps = len({s.step for s in spans if s.rank == worst and s.kind == "step"})
     ok = len(measured) == config.world_size and all(abs(e) <= PAYLOAD_RTOL
                                                     for e in errors.values())
     return Check.judged(f"{label} NCCL gradient payload", expected,
-                        f"rank {worst}: {_mib(measured[worst])} in {calls / max(1, steps):g} "
+                        f"rank {worst}: {mib(measured[worst])} in {calls / max(1, steps):g} "
                         f"calls ({errors[worst]:+.1%}); {len(measured)} ranks", ok)
 
 
@@ -359,14 +326,6 @@ def precision_checks(device: str) -> list[Check]:
                              False)]
 
 
-def _relative_error(got: float, want: float) -> float:
-    return (got / want - 1) if want else (0.0 if got == 0 else math.inf)
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
 # ---- the runs ----------------------------------------------------------------------------------
 def base_config(world_size: int):
     from autotune.config import TrialConfig, WorkloadSpec
@@ -482,28 +441,80 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=240.0,
                         help="per-trial timeout in seconds (default 240)")
-    parser.add_argument("--skip-oom", action="store_true", help="skip the out-of-memory check")
+    parser.add_argument("--skip-oom", action="store_true", help="skip the out-of-memory checks")
+    parser.add_argument("--skip-search", action="store_true",
+                        help="skip the default search and its exports")
+    parser.add_argument("--cpu-dry-run", action="store_true",
+                        help="run the rows' code paths on CPU with a tiny model (the figures "
+                             "judge nothing there; for checking the script before a GPU run)")
     args = parser.parse_args(argv)
     import torch
 
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.cpu_dry_run:
+        return _cpu_dry_run(args)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); run it "
               "on a machine with a GPU and a CUDA build of torch", file=sys.stderr)
         return EXIT_NO_CUDA
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     num_gpus = torch.cuda.device_count()
     props = torch.cuda.get_device_properties(0)
     print(f"{num_gpus} × {props.name}, {props.total_memory / 2**30:.0f} GiB; torch "
           f"{torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     start = time.monotonic()
-    checks = []
-    for world_size, stages in trial_plan(num_gpus):
-        checks += trial_checks(world_size, stages, args.timeout)
-    if num_gpus < 2:
-        checks += skipped_multi_gpu_checks(num_gpus)
-    checks += precision_checks("cuda")
-    if not args.skip_oom:
-        checks.append(oom_check(props.total_memory, args.timeout))
+    checks: list[Check] = []
+    stages = [("default search", lambda: [] if args.skip_search else
+               gpu_search.run_default_search(REPO_ROOT, timeout_s=args.timeout)),
+              ("1B rows", lambda: gpu_rows.run_rows(gpu_rows.Scale(), props.total_memory,
+                                                    args.timeout)),
+              ("ZeRO trials", lambda: [c for ws, st in trial_plan(num_gpus)
+                                       for c in trial_checks(ws, st, args.timeout)]
+               + (skipped_multi_gpu_checks(num_gpus) if num_gpus < 2 else [])),
+              ("master weights", lambda: precision_checks("cuda")),
+              ("search OOM", lambda: [] if args.skip_oom else
+               [oom_check(props.total_memory, args.timeout)])]
+    for name, stage in stages:
+        checks += _run_stage(name, stage, start)
+    print(format_table(checks))
+    print(summary_line(checks, time.monotonic() - start))
+    return exit_status(checks)
+
+
+def _run_stage(name: str, stage, start: float) -> list[Check]:
+    """One stage's checks, its progress on stderr; a stage that raises is one FAIL row (the
+    stages after it still run)."""
+    print(f"[{time.monotonic() - start:5.0f}s] {name} ...", file=sys.stderr, flush=True)
+    try:
+        checks = stage()
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        import traceback
+
+        traceback.print_exc()
+        checks = [Check.judged(name, "runs", f"{type(e).__name__}: {e}"[:140], False)]
+    for c in checks:
+        print(f"    {c.status.value} {c.name}: {c.measured}", file=sys.stderr, flush=True)
+    return checks
+
+
+def _cpu_dry_run(args) -> int:
+    """The stages on CPU: a default search (gloo) and the rows on a tiny Llama."""
+    start = time.monotonic()
+    checks: list[Check] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def search():
+            from pathlib import Path
+
+            proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db",
+                                   f"sqlite:///{tmp}/s.db", "--out", tmp, "--trials", "3",
+                                   "--remeasure", "0"], capture_output=True, text=True,
+                                  cwd=REPO_ROOT, timeout=args.timeout)
+            return ([Check.judged("default search", "exits 0", f"exit {proc.returncode}",
+                                  proc.returncode == 0)]
+                    + gpu_search.search_checks(f"sqlite:///{tmp}/s.db", Path(tmp), "cpu"))
+
+        checks += _run_stage("default search (cpu)", search, start)
+        checks += _run_stage("rows (cpu, tiny)", lambda: gpu_rows.run_rows(
+            gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False), start)
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)

@@ -274,3 +274,85 @@ def test_the_out_of_memory_configuration_is_predicted_beyond_the_device():
     assert predicted(batch) > gpu_check.OOM_FACTOR * device >= predicted(batch // 2)
     assert args[args.index("--global-batch") + 1] == str(batch)
     assert f"micro_batch_size={batch}" in args
+
+
+# ---- the 1B rows (bench/gpu_rows.py) and the search rows (bench/gpu_search.py) -------------------
+import gpu_rows  # noqa: E402
+import gpu_search  # noqa: E402
+
+
+def _measured(name: str, step_s: float, peak: int, reserved: int | None = None,
+              outside: int | None = None) -> gpu_rows.Measured:
+    row = next(r for r in gpu_rows.ROWS if r.name == name)
+    return gpu_rows.Measured(row, gpu_rows.Scale().config(row), step_s, peak, reserved, outside)
+
+
+def test_memory_rows_judge_allocated_and_reserved_plus_outside_at_their_tolerances():
+    predicted = 10 * 2**30
+    inside = _measured("ac none", 1.0, int(predicted * 1.19), int(predicted * 1.0), 2**29)
+    checks = gpu_rows.memory_row_checks(inside, predicted, int(predicted * 1.05))
+    assert [c.status for c in checks] == [Status.PASS, Status.PASS]
+    # 21% over on the allocated peak; reserved 1.2 × plus 0.5 GiB outside: 10% + 5% over 1.05.
+    outside = _measured("ac none", 1.0, int(predicted * 1.21), int(predicted * 1.2), 2**29)
+    checks = gpu_rows.memory_row_checks(outside, predicted, int(predicted * 1.0))
+    assert [c.status for c in checks] == [Status.FAIL, Status.PASS]
+    # The bytes outside the allocator count: without them the same reserved peak passes.
+    big_outside = _measured("ac none", 1.0, predicted, int(predicted * 1.2), 2 * 2**30)
+    assert gpu_rows.memory_row_checks(big_outside, predicted, predicted)[1].failed
+    assert not gpu_rows.memory_row_checks(
+        _measured("ac none", 1.0, predicted, int(predicted * 1.2), 0), predicted,
+        predicted)[1].failed
+    # A trial that does not report its reserved peak fails that row rather than passing it.
+    assert gpu_rows.memory_row_checks(_measured("ac none", 1.0, predicted), predicted,
+                                      predicted)[1].failed
+
+
+def test_step_time_rows_skip_the_calibration_rows_and_judge_the_mean_of_the_rest():
+    names = [r.name for r in gpu_rows.ROWS]
+    measured = [_measured(n, 0.100, 1) for n in names]
+    held_out = [n for n in names if n not in gpu_rows.CALIBRATE_ON]
+    # Every held-out row 20% slow: each inside ±40%, the mean 20% inside 25%.
+    predicted = {n: 0.100 if n in gpu_rows.CALIBRATE_ON else 0.120 for n in names}
+    checks = gpu_rows.time_checks(measured, predicted)
+    assert sum(c.status is Status.SKIP for c in checks) == len(gpu_rows.CALIBRATE_ON)
+    assert not any(c.failed for c in checks)
+    assert f"over {len(held_out)} rows" in checks[-1].measured
+    # One held-out row 2x off: that row fails, and the mean (20% · 5 + 100%) / 6 = 33% fails.
+    predicted[held_out[0]] = 0.200
+    checks = gpu_rows.time_checks(measured, predicted)
+    assert [c.name for c in checks if c.failed] == [f"1B {held_out[0]} step time",
+                                                    "1B step-time model, held-out rows"]
+
+
+def test_the_oom_row_is_predicted_beyond_the_device_and_half_of_it_is_not():
+    from autotune.model.memory import estimate_memory
+
+    device = 141 * 10**9
+    row = gpu_rows.oom_row(gpu_rows.Scale(), device)
+    scale = gpu_rows.Scale()
+    assert estimate_memory(scale.config(row), device_type="cuda").total > 1.5 * device
+    half = dataclasses.replace(row, micro_batch=row.micro_batch // 2)
+    assert estimate_memory(scale.config(half), device_type="cuda").total <= 1.5 * device
+
+
+def test_the_rows_cover_what_the_issue_lists():
+    rows = gpu_rows.ROWS
+    assert len(rows) >= 8
+    assert {r.activation_checkpointing for r in rows} == {"none", "selective", "full"}
+    assert len({r.micro_batch for r in rows}) >= 2 and any(r.offload for r in rows)
+    assert {r.precision for r in rows} >= {"bf16-mixed", "32-true", "bf16-true"}
+    assert all(2048 <= r.seq_len <= 8192 for r in rows)
+    shape = gpu_rows.Scale().config(rows[0]).workload.shape
+    assert 0.9e9 < shape.num_params() < 1.5e9  # "a model of about 1B parameters"
+
+
+def test_exports_must_parse(tmp_path):
+    (tmp_path / "best_config.json").write_text('{"a": 1}')
+    (tmp_path / "ds_config.json").write_text('{"a": ')
+    (tmp_path / "torchtitan_config.py").write_text("def f(:\n")
+    (tmp_path / "accelerate_config.yaml").write_text("a: [1, 2\n")
+    status = {n: gpu_search.export_check(tmp_path / n).status for n in gpu_search.EXPORTS}
+    assert status == {"best_config.json": Status.PASS, "ds_config.json": Status.FAIL,
+                      "accelerate_config.yaml": Status.FAIL,
+                      "torchtitan_config.py": Status.FAIL}
+    assert gpu_search.export_check(tmp_path / "missing.json").failed
