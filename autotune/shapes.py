@@ -5,8 +5,9 @@ Learners", Table 2, with the HuggingFace ``gpt2*`` configs: vocab 50257, context
 The Llama shapes are those of Touvron et al. 2023 ("Llama 2", Table 1 and the released
 ``params.json``: SwiGLU MLP, RMSNorm, rotary embeddings, grouped-query attention with 8 KV heads
 for 70B). ``llama-1b`` is Llama 3.2 1B's released ``config.json`` (16 layers, hidden 2048, 32
-heads with 8 KV heads, MLP 8192, vocabulary 128,256, tied embeddings, context 131,072): 1.24B
-parameters, the size the GPU check measures memory on. The ``tiny`` sizes exist so that a trial step takes milliseconds on one CPU core.
+heads with 8 KV heads, MLP 8192, vocabulary 128,256, context 131,072) with an untied output
+head, as every built-in model has one: 1.50B parameters (Llama 3.2 1B ties it: 1.24B), the
+size the GPU check measures memory on. The ``tiny`` sizes exist so that a trial step takes milliseconds on one CPU core.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ MODEL_SHAPES: dict[tuple[str, str], ModelShape] = {
     ("gpt", "large"):    ModelShape("gpt", 36, 1280, 20, 20, 5120, 50257, 1024),
     ("gpt", "xl"):       ModelShape("gpt", 48, 1600, 25, 25, 6400, 50257, 1024),
     ("llama", "tiny"):   ModelShape("llama", 4, 64, 4, 2, 176, 512, 256),
-    ("llama", "1b"):     ModelShape("llama", 16, 2048, 32, 8, 8192, 128256, 131072, True),
+    ("llama", "1b"):     ModelShape("llama", 16, 2048, 32, 8, 8192, 128256, 131072),
     ("llama", "7b"):     ModelShape("llama", 32, 4096, 32, 32, 11008, 32000, 4096),
     ("llama", "13b"):    ModelShape("llama", 40, 5120, 40, 40, 13824, 32000, 4096),
     ("llama", "70b"):    ModelShape("llama", 80, 8192, 64, 8, 28672, 32000, 4096),

@@ -292,7 +292,7 @@ def _precision_losses(device: str, precisions: tuple[str, ...]) -> dict[str, lis
             config = master_weight_config(precision, device)
             where = resolve_device(config)
             workload = build_workload(config.workload, attention=config.attention,
-                                      seed=config.seed)
+                                      seed=config.seed, device=where)
             pm = parallelize(workload, config, build_mesh(config, where.type), where)
             params = [p for m in pm.parts for p in m.parameters()]
             pm.dp.optimizer = optimizer_class(config)(params, lr=MASTER_LR, weight_decay=0.0)

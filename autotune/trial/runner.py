@@ -268,7 +268,8 @@ def run_rank(config: TrialConfig) -> RankResult:
     device = resolve_device(config)
     config = config.with_precision(device.type)
     check_device_precision(config.precision, device)
-    workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
+    workload = build_workload(config.workload, attention=config.attention, seed=config.seed,
+                              device=device)
     check_workload_supports(config, workload)
     if dist.get_world_size() != config.world_size:
         raise ConfigError(f"the worker group has {dist.get_world_size()} ranks but the config "

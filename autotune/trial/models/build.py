@@ -30,14 +30,17 @@ def load_builder(path: str) -> Callable[[WorkloadSpec], Workload]:
     return fn
 
 
-def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0) -> Workload:
-    """Build the workload of a spec on this process, seeded identically on every rank."""
+def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0,
+                   device: torch.device | str = "cpu") -> Workload:
+    """Build the workload of a spec on this process, seeded identically on every rank; a
+    built-in model is initialised on ``device`` (others are built where their code builds
+    them, and moved by ``parallelize``)."""
     if spec.hf_model is not None:
         from autotune.trial.models.hf import build_hf  # transformers only when asked for
 
         return build_hf(spec, attention=attention, seed=seed)
     if spec.workload is None:
-        return build_builtin(spec, attention=attention, seed=seed)
+        return build_builtin(spec, attention=attention, seed=seed, device=device)
     builder = load_builder(spec.workload)
     torch.manual_seed(seed)
     try:
