@@ -13,7 +13,8 @@ algbw = bytes / time, and busbw = algbw · 2(n−1)/n for all-reduce, algbw · (
 all-gather and reduce-scatter, so a ring all-reduce of S bytes over n ranks takes
 ``2(n−1)/n · S / busbw``.
 
-Built-in nodes cite their vendors' figures beside the numbers. A search on this machine's CPU
+Built-in nodes are made from ``autotune.hardware.GPUS``, one per GPU, whose entries cite their
+vendors' datasheets. A search on this machine's CPU
 describes it with :func:`local_cpu_cluster`; its throughput figures are nominal and the
 calibration (``Calibration`` in ``perf_model.py``) scales them to what trials measure.
 """
@@ -29,11 +30,13 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, get_args
 
 from autotune.config import DType
 from autotune.errors import ConfigError
-from autotune.hardware import PEAK_FLOPS, device_tag
+from autotune.gpu_properties import gpu_from_properties
+from autotune.hardware import GPUS, Gpu, gpu_by_key, gpu_by_name
 
 GB = 1e9
 
@@ -272,61 +275,54 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 # ---- built-in clusters -------------------------------------------------------------------
-def _gpu_node(name: str, device: DeviceSpec, nvlink_busbw: float, nic_gbits: float,
-              source: str) -> ClusterSpec:
+INTRA_NODE_LATENCY_US = 10.0
+"""Nominal per-collective latency inside a node; a study's calibration fits the real cost
+(``collective_overhead_s``)."""
+INTER_NODE_LATENCY_US = 15.0
+"""Nominal per-collective latency between nodes."""
+
+
+def gpu_cluster(gpu: Gpu) -> ClusterSpec:
+    """One node of ``gpu`` (``hardware.GPUS``): its peaks per compute dtype, memory, the
+    intra-node link as its all-reduce bus bandwidth, the node's NICs as the inter-node link."""
+    device = DeviceSpec(name=gpu.name, memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
+                        memory_gib=gpu.memory_gib,
+                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in get_args(DType)})
     return ClusterSpec(
-        name=name, num_nodes=1, devices_per_node=8, device=device,
-        intra_node=LinkSpec(bandwidth_gbs=nvlink_busbw, latency_us=10.0),
-        inter_node=LinkSpec(bandwidth_gbs=nic_gbits / 8, latency_us=15.0),
-        source=source)
+        name=gpu.key, num_nodes=1, devices_per_node=gpu.devices_per_node, device=device,
+        intra_node=LinkSpec(bandwidth_gbs=gpu.allreduce_busbw_gbs,
+                            latency_us=INTRA_NODE_LATENCY_US),
+        inter_node=LinkSpec(bandwidth_gbs=gpu.nic_gbits / 8, latency_us=INTER_NODE_LATENCY_US),
+        source=gpu.source)
 
-
-def _peaks(tag: str) -> dict[str, float]:
-    """A known accelerator's dense peak FLOP/s per dtype (``hardware.PEAK_FLOPS``), in the
-    order the dtypes are declared (``config.DType``)."""
-    return {dtype: PEAK_FLOPS[tag][dtype] for dtype in get_args(DType)}
-
-
-# NVIDIA A100 datasheet (SXM4 80 GB): 312 TFLOP/s dense bf16/fp16 tensor core, 19.5 TFLOP/s
-# fp32 (156 with TF32), 2,039 GB/s HBM2e; NVLink 3 600 GB/s bidirectional per GPU. DGX A100:
-# 8 × 200 Gb/s HDR InfiniBand for compute traffic. NCCL's all-reduce bus bandwidth on NVLink 3
-# reaches about 230 GB/s (nccl-tests on 8 A100s; see examples/clusters/a100-megatron.json).
-A100_SXM4_80GB = DeviceSpec(name="A100-SXM4-80GB", peak_flops=_peaks("A100"),
-                            memory_bandwidth_gbs=2039.0, memory_gib=80.0)
-# NVIDIA H100 datasheet (SXM5 80 GB): 989 TFLOP/s dense bf16/fp16, 67 TFLOP/s fp32, 3.35 TB/s
-# HBM3, NVLink 4 900 GB/s bidirectional per GPU; DGX H100: 8 × 400 Gb/s NDR InfiniBand.
-H100_SXM_80GB = DeviceSpec(name="H100-SXM5-80GB", peak_flops=_peaks("H100"),
-                           memory_bandwidth_gbs=3350.0, memory_gib=80.0)
-# NVIDIA H200 datasheet (SXM 141 GB): the H100's compute, 4.8 TB/s HBM3e, 141 GB.
-H200_SXM_141GB = DeviceSpec(name="H200-SXM-141GB", peak_flops=_peaks("H200"),
-                            memory_bandwidth_gbs=4800.0, memory_gib=141.0)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 
 
 def builtin_clusters() -> dict[str, ClusterSpec]:
-    """Named clusters of one node each (``--nodes N`` scales them)."""
-    named = {
-        "a100-sxm4-80gb": _gpu_node(
-            "a100-sxm4-80gb", A100_SXM4_80GB, nvlink_busbw=230.0, nic_gbits=1600.0,
-            source="NVIDIA A100 datasheet; DGX A100 user guide (8x HDR 200 Gb/s)"),
-        "h100-sxm": _gpu_node(
-            "h100-sxm", H100_SXM_80GB, nvlink_busbw=360.0, nic_gbits=3200.0,
-            source="NVIDIA H100 datasheet; DGX H100 user guide (8x NDR 400 Gb/s)"),
-        "h200-sxm": _gpu_node(
-            "h200-sxm", H200_SXM_141GB, nvlink_busbw=360.0, nic_gbits=3200.0,
-            source="NVIDIA H200 datasheet; DGX H200 user guide (8x NDR 400 Gb/s)"),
-        "cpu-local": local_cpu_cluster(2),
-    }
-    return named
+    """Named clusters of one node each (``--nodes N`` scales them): every GPU of
+    ``hardware.GPUS`` by its key, and this machine's CPUs."""
+    return {**{gpu.key: gpu_cluster(gpu) for gpu in GPUS}, "cpu-local": local_cpu_cluster(2)}
 
 
 def builtin_gpu_cluster(device_name: str) -> ClusterSpec | None:
-    """The built-in node of a GPU by its CUDA name ('NVIDIA H200' → ``h200-sxm``): the one
-    whose device has the same ``hardware.PEAK_FLOPS`` tag; None for a GPU not in the table."""
-    tag = device_tag(device_name)
-    return next((c for c in builtin_clusters().values()
-                 if tag is not None and device_tag(c.device.name) == tag), None)
+    """The built-in node of a GPU by the name torch reports ('NVIDIA H200' → ``h200-sxm``,
+    'NVIDIA L40S' → ``l40s``); None for a GPU not in ``hardware.GPUS``."""
+    gpu = gpu_by_name(device_name)
+    return gpu_cluster(gpu) if gpu is not None else None
+
+
+def gpu_node(device_name: str, properties: Any = None, *,
+             warn: Callable[[str], None]) -> ClusterSpec:
+    """A node of the GPU torch names ``device_name``: its built-in node, or, for a GPU not in
+    ``hardware.GPUS``, one described from its CUDA properties (``gpu_properties``), saying
+    in one line through ``warn`` what was assumed. Never a CPU's figures."""
+    builtin = builtin_gpu_cluster(device_name)
+    if builtin is not None:
+        return builtin
+    described = gpu_from_properties(properties, name=device_name)
+    warn(described.assumed)
+    return gpu_cluster(described.gpu)
 
 
 def builtin_names() -> list[str]:
@@ -334,14 +330,20 @@ def builtin_names() -> list[str]:
 
 
 def load_cluster(name_or_path: str, *, nodes: int | None = None) -> ClusterSpec:
-    """A built-in cluster by name, a shipped example by name, or a JSON/TOML file."""
+    """A built-in cluster by name or alias (any case: 'b200', 'H100'), a shipped example by
+    name, a JSON/TOML file, or a GPU by the name torch reports ('NVIDIA L40S')."""
     named = builtin_clusters()
+    gpu = gpu_by_key(name_or_path)
     if name_or_path in named:
         spec = named[name_or_path]
+    elif gpu is not None:
+        spec = gpu_cluster(gpu)
     elif (EXAMPLES_DIR / f"{name_or_path}.json").is_file():
         spec = ClusterSpec.from_file(EXAMPLES_DIR / f"{name_or_path}.json")
     elif Path(name_or_path).suffix in (".json", ".toml") or os.sep in name_or_path:
         spec = ClusterSpec.from_file(name_or_path)
+    elif (gpu := gpu_by_name(name_or_path)) is not None:
+        spec = gpu_cluster(gpu)
     else:
         raise ConfigError(f"unknown cluster '{name_or_path}': choose one of "
                           f"{', '.join(builtin_names())}, or give a cluster file (.json/.toml)")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any
 from autotune.model.calibration import FitReport, Sample, fit_calibration
 from autotune.model.cluster import (
     ClusterSpec,
-    builtin_gpu_cluster,
+    gpu_node,
     load_cluster,
     local_cpu_cluster,
 )
@@ -57,11 +58,12 @@ def resolve_cluster(name_or_path: str, world_size: int) -> ClusterSpec:
     return cluster
 
 
-def describe_cluster(world_size: int, device_type: str) -> ClusterSpec:
+def describe_cluster(world_size: int, device_type: str, *,
+                     warn: Callable[[str], None] | None = None) -> ClusterSpec:
     """The machine the trials run on. CPU ranks: ``local_cpu_cluster``. GPUs: the nodes of the
-    Ray cluster that have GPUs (or this host's, before Ray starts) and the device's name mapped
-    to a built-in node (A100, H100, H200); another GPU gets the CPU description's nominal
-    figures under its own name, which calibration scales."""
+    Ray cluster that have GPUs (or this host's, before Ray starts), each GPU its built-in node
+    by the name torch reports (``model.cluster.gpu_node``), or, when the table does not know
+    it, described from its CUDA properties with a one-line warning (``warn``, else stderr)."""
     if device_type == "cpu":
         return local_cpu_cluster(world_size)
     from autotune.search.local_gpus import local_gpus
@@ -69,16 +71,14 @@ def describe_cluster(world_size: int, device_type: str) -> ClusterSpec:
     gpus = local_gpus()  # asked of torch in a child process: the driver loads no torch
     name = gpus.name if gpus.available else "unknown GPU"
     nodes, per_node = _gpu_nodes(gpus.count if gpus.available else 0)
-    builtin = builtin_gpu_cluster(name)
-    if builtin is None:
-        nominal = local_cpu_cluster(max(per_node, 1))
-        builtin = dataclasses.replace(
-            nominal, name=name, backend="nccl",
-            device=dataclasses.replace(nominal.device, name=name, asynchronous=True),
-            source=f"nominal figures for an unrecognised GPU ({name}); calibrated by trials")
+    node = gpu_node(name, gpus.device_properties(), warn=warn or _warn)
     per_node = max(per_node, 1)
     nodes = max(nodes, math.ceil(world_size / per_node))
-    return dataclasses.replace(builtin, num_nodes=nodes, devices_per_node=per_node)
+    return dataclasses.replace(node, num_nodes=nodes, devices_per_node=per_node)
+
+
+def _warn(text: str) -> None:
+    print(f"autotune: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _gpu_nodes(local_gpus: int) -> tuple[int, int]:
