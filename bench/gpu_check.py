@@ -137,7 +137,8 @@ def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
 def kernel_check(label: str, spans: list) -> Check:
     """CUDA kernel spans, some of them inside a profiled step."""
     steps = [s for s in spans if s.kind == "step"]
-    kernels = [s for s in spans if s.category == "kernel"]
+    # On CUDA every compute span is a kernel, in its launching op's phase; on CPU an aten op.
+    kernels = [s for s in spans if s.kind == "compute" and not s.name.startswith("aten::")]
     inside = [k for k in kernels if any(
         st.start_ns <= k.start_ns <= st.start_ns + st.dur_ns for st in steps)]
     return Check.judged(f"{label} CUDA kernel spans", "> 0, inside a profiled step",

@@ -11,9 +11,11 @@ What becomes a span:
 - **step**: each ``rec.step(i)`` block (a ``record_function`` range), from CPU events only;
 - **compute**: on CPU, ``aten::*`` ops, with the category of the innermost ``rec.phase(...)``
   range around them (forward / backward / optimizer / pipeline). On CUDA (the events hold CUDA
-  kernels), the kernels other than NCCL's, category ``kernel``, and no CPU op at all: an aten
-  op's CPU time there is dispatch and launch, and counting it as compute would hide
-  communication that nothing on the GPU overlaps;
+  kernels), the kernels other than NCCL's, and no CPU op at all: an aten op's CPU time there is
+  dispatch and launch, and counting it as compute would hide communication that nothing on the
+  GPU overlaps. A kernel takes the category of the CPU op that launched it (so the optimizer
+  step's kernels are ``optimizer``, as its ops are on CPU), or ``kernel`` when no launching op
+  is known;
 - **comm / p2p**: on CPU the ``gloo:*`` events of gloo's worker threads (the communication
   itself, not its launch), paired in order with their ``c10d::*`` / ``_c10d_functional::*``
   launch on the calling thread for the collective's name and its full payload; on CUDA the NCCL
@@ -35,15 +37,26 @@ CUDA rules, as torch 2.13 reports the events (``prof.profiler.kineto_results.eve
   linked record takes the first unclaimed record of its collective in launch order (within a
   process group, ``Seq`` order).
 
-Gloo events carry no process-group name, so a caller may pass ``group_of(launch_name)`` that
-names the group from the launching API (see ``autotune.trial.runner`` for the mapping it uses).
+A kernel's launching op is the CPU op its ``linked_correlation_id()`` names (an ``aten::*`` op,
+or ``record_param_comms``); its phase is the innermost phase range open on the op's thread when
+it started, or, failing one there, on any thread: autograd runs a CUDA backward on a device
+thread of its own (``torch/csrc/autograd/engine.cpp``, one worker thread per device), inside the
+``backward`` range that the training thread opened and waits in.
+
+Groups: a span's ``group`` is the mesh dimension its collective talks on. On CUDA the record
+names its process group (``"Process Group Name"``: ``ProcessGroup.group_name``; ``"Process Group
+Description"``: ``DeviceMesh`` describes its dimensions' groups as ``mesh_<dim>``); a caller
+passes ``group_names`` (process-group name → mesh dimension), and a group it does not name is
+taken from its description, else '' (the whole world). Gloo events carry no process-group name,
+so a caller may pass ``group_of(launch_name)`` that names the group from the launching API (see
+``autotune.trial.runner`` for both mappings it uses).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +68,8 @@ from profiler.spans import COMM, COMPUTE, P2P, STEP, Span
 STEP_PREFIX = "profiler::step#"
 PHASE_PREFIX = "profiler::"
 PHASES = ("forward", "backward", "optimizer", "pipeline")
+KERNEL = "kernel"
+"""The category of a CUDA kernel whose launching CPU op is not among the events."""
 
 # Launch op → collective family, as run by gloo. Gloo runs reduce-scatter as an all-reduce.
 _LAUNCH_FAMILY = {
@@ -108,6 +123,9 @@ class Recorder:
     rank: int
     clock_offset_ns: int = 0
     group_of: Callable[[str], str] | None = None
+    """Gloo: the mesh dimension of a collective from its launching op's name."""
+    group_names: Mapping[str, str] = field(default_factory=dict)
+    """CUDA: the mesh dimension of each process group, by its name (``group_name``)."""
     spans: list[Span] = field(default_factory=list)
 
     @contextlib.contextmanager
@@ -123,12 +141,14 @@ class Recorder:
 @contextlib.contextmanager
 def record(*, rank: int = 0, clock_offset_ns: int = 0,
            group_of: Callable[[str], str] | None = None,
+           group_names: Mapping[str, str] | None = None,
            cuda: bool | None = None) -> Iterator[Recorder]:
     """Profile the block and turn its events into :class:`Span` s on ``rank``.
 
     ``clock_offset_ns`` is subtracted from every timestamp (this rank's clock minus the
-    reference rank's, see :func:`profiler.clock.measure_offset`)."""
-    rec = Recorder(rank, clock_offset_ns, group_of)
+    reference rank's, see :func:`profiler.clock.measure_offset`). ``group_of`` (gloo) and
+    ``group_names`` (CUDA) name the mesh dimension of each collective (module docstring)."""
+    rec = Recorder(rank, clock_offset_ns, group_of, dict(group_names or {}))
     if cuda is None:
         cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -143,8 +163,7 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
     kernels = [e for e in events if _is_kernel(e)]
     cpu = [e for e in events if e.device_type() == DeviceType.CPU]
     steps: list[tuple[int, int, int]] = []  # (start, end, index)
-    phases: dict[int, list[tuple[int, int, str]]] = {}  # thread → ranges
-    autograd: dict[int, list[tuple[int, int]]] = {}  # thread → backward-node ranges
+    phases = _Phases()
     launches: list = []
     gloo: list = []
     compute: list = []
@@ -155,10 +174,10 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
         if name.startswith(STEP_PREFIX):
             steps.append((start, end, int(name[len(STEP_PREFIX):])))
         elif name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX):] in PHASES:
-            phases.setdefault(e.start_thread_id(), []).append(
+            phases.ranges.setdefault(e.start_thread_id(), []).append(
                 (start, end, name[len(PHASE_PREFIX):]))
         elif name.startswith("autograd::engine::evaluate_function"):
-            autograd.setdefault(e.start_thread_id(), []).append((start, end))
+            phases.autograd.setdefault(e.start_thread_id(), []).append((start, end))
         elif name.startswith("gloo:"):
             gloo.append(e)
         elif _launch_collective(name):
@@ -174,31 +193,52 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
                 return idx
         return -1
 
-    def category(e) -> str:
-        thread, t = e.start_thread_id(), e.start_ns()
-        best = None
-        for s, en, phase in phases.get(thread, ()):
-            if s <= t < en and (best is None or s >= best[0]):
-                best = (s, phase)
-        if best is None:
-            return "op"
-        if best[1] in ("pipeline", "forward"):
-            # Inside a schedule, autograd's node ranges tell backward work from forward work.
-            in_backward = any(s <= t < en for s, en in autograd.get(thread, ()))
-            return "backward" if in_backward else ("forward" if best[1] == "pipeline"
-                                                   else best[1])
-        return best[1]
-
     spans = [Span(rec.rank, idx, STEP, "step", "", s - offset, en - s) for s, en, idx in steps]
     for e in compute:
-        spans.append(Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category(e),
-                          e.start_ns() - offset, e.duration_ns()))
+        spans.append(Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(),
+                          phases.category(e), e.start_ns() - offset, e.duration_ns()))
     spans += _gloo_spans(gloo, launches, rec, step_of)
     if kernels:
-        records = _CommRecords(param_comms, cpu)
-        spans += [_kernel_span(e, records, rec, step_of) for e in kernels]
+        # Torch ops by correlation id; a CUDA runtime call's id is CUPTI's, another numbering.
+        ops = {e.correlation_id(): e for e in cpu
+               if e.correlation_id() and not e.activity_type().endswith(("_runtime", "_driver"))}
+        records = _CommRecords(param_comms, ops)
+        spans += [_kernel_span(e, records, ops, phases, rec, step_of) for e in kernels]
     spans.sort(key=lambda s: s.start_ns)
     return spans
+
+
+@dataclass
+class _Phases:
+    """The ``rec.phase`` ranges and autograd's backward-node ranges, by CPU thread."""
+
+    ranges: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    autograd: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def category(self, e, *, any_thread: bool = False) -> str:
+        """The innermost phase open on ``e``'s thread when it started ('op': none).
+        ``any_thread``: failing one there, the innermost open on any thread (a CUDA backward's
+        ops run on autograd's device thread, inside the training thread's backward range)."""
+        thread, t = e.start_thread_id(), e.start_ns()
+        phase = _innermost(self.ranges.get(thread, ()), t)
+        if phase is None and any_thread:
+            phase = _innermost((r for rs in self.ranges.values() for r in rs), t)
+        if phase is None:
+            return "op"
+        if phase in ("pipeline", "forward"):
+            # Inside a schedule, autograd's node ranges tell backward work from forward work.
+            in_backward = any(s <= t < en for s, en in self.autograd.get(thread, ()))
+            return "backward" if in_backward else "forward"
+        return phase
+
+
+def _innermost(ranges: Iterable[tuple[int, int, str]], t: int) -> str | None:
+    """The phase of the latest-starting range that holds time ``t``."""
+    best = None
+    for s, en, phase in ranges:
+        if s <= t < en and (best is None or s >= best[0]):
+            best = (s, phase)
+    return best[1] if best is not None else None
 
 
 def _is_kernel(e) -> bool:
@@ -304,9 +344,9 @@ class _CommRecords:
     (``linked_correlation_id``) or one inside the CPU op it is linked to; failing both, the first
     in launch order."""
 
-    def __init__(self, records: list, cpu_events: list):
+    def __init__(self, records: list, ops: Mapping[int, object]):
         self.unclaimed = list(records)
-        self.by_id = {e.correlation_id(): e for e in cpu_events}
+        self.by_id = ops
 
     def claim(self, kernel, family: str):
         families = _KERNEL_FAMILIES.get(family, {family})
@@ -326,8 +366,10 @@ class _CommRecords:
         return record
 
 
-def _kernel_span(e, records: _CommRecords, rec: Recorder, step_of) -> Span:
-    """A CUDA kernel: NCCL's are communication (payload from record_param_comms), others compute.
+def _kernel_span(e, records: _CommRecords, ops: Mapping[int, object], phases: _Phases,
+                 rec: Recorder, step_of) -> Span:
+    """A CUDA kernel: NCCL's are communication (payload and group from record_param_comms),
+    others compute, in the phase of the op that launched them (``KERNEL`` if none is known).
 
     Not exercised on CPU-only machines (tests/profiler/test_capture_cuda.py runs the rules on
     events shaped as torch 2.13 emits them); the NCCL kernel names follow NCCL ≥ 2.19
@@ -335,12 +377,27 @@ def _kernel_span(e, records: _CommRecords, rec: Recorder, step_of) -> Span:
     m = _NCCL_KERNEL.search(e.name())
     start = e.start_ns() - rec.clock_offset_ns
     if not m:
-        return Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), "kernel", start,
+        launcher = ops.get(e.linked_correlation_id() or -1)
+        category = phases.category(launcher, any_thread=True) if launcher is not None else KERNEL
+        return Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category, start,
                     e.duration_ns())
     family = m.group(1).lower()
     name = _NCCL_NAMES.get(family, family)
     record = records.claim(e, family)
     payload = _record_payload(record) if record is not None else 0
+    group = _record_group(record, rec.group_names) if record is not None else ""
     kind = P2P if name in ("send", "recv") else COMM
     return Span(rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(),
-                payload)
+                payload, group)
+
+
+def _record_group(record, group_names: Mapping[str, str]) -> str:
+    """The mesh dimension of a record's process group: its name in ``group_names``, else the
+    dimension of a ``DeviceMesh`` description ``mesh_<dim>`` ('mesh_default' is a whole-world
+    group), else '' (the whole world)."""
+    name = _meta(record, "Process Group Name")
+    if name in group_names:
+        return group_names[name]
+    description = _meta(record, "Process Group Description") or ""
+    dim = description.removeprefix("mesh_")
+    return dim if description.startswith("mesh_") and dim != "default" else ""

@@ -19,7 +19,8 @@ class Span:
     name: str
     """Op or collective name: 'aten::mm', 'all_reduce', 'send', 'step'."""
     category: str
-    """'forward', 'backward', 'optimizer', 'pipeline' or 'op' for compute; '' otherwise."""
+    """For compute, the phase it ran in: 'forward', 'backward' or 'optimizer', 'op' outside
+    every phase, 'kernel' for a CUDA kernel whose launching op is unknown; '' otherwise."""
     start_ns: int
     dur_ns: int
     bytes: int = 0

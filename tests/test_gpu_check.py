@@ -76,6 +76,8 @@ def test_losses_and_kernel_spans():
     kernel = Span(0, 3, "compute", "ampere_sgemm", "kernel", 2_000, 500)
     outside = Span(0, -1, "compute", "ampere_sgemm", "kernel", 20_000, 500)
     assert gpu_check.kernel_check("w1", [step, kernel]).status is Status.PASS
+    in_phase = Span(0, 3, "compute", "ampere_sgemm", "forward", 2_000, 500)  # launched in one
+    assert gpu_check.kernel_check("w1", [step, in_phase]).status is Status.PASS
     assert gpu_check.kernel_check("w1", [step, outside]).failed  # none inside the step
     cpu_only = [step, Span(0, 3, "compute", "aten::mm", "op", 2_000, 500)]
     assert gpu_check.kernel_check("w1", cpu_only).failed

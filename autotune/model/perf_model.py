@@ -45,7 +45,10 @@ The terms, each with its source:
   gradients (2Φ bytes moved per parameter byte in a ring); ZeRO-1 also gathers the updated
   parameters; ZeRO-2 reduce-scatters gradients and all-gathers parameters once per
   micro-batch; ZeRO-3 all-gathers twice per micro-batch (forward and backward): 3Φ, 1.5× the
-  all-reduce, with one micro-batch. Gloo runs reduce-scatter as a full all-reduce. With
+  all-reduce, with one micro-batch. Gloo runs reduce-scatter as a full all-reduce. Each
+  collective is sized in the dtype it moves (``data_parallel_bytes``): under mixed precision
+  DDP all-reduces the half-precision model's gradients, while FSDP2 reduce-scatters in fp32
+  and gathers in half precision, so ZeRO-2's traffic is ¾ of 32-true's, not ½. With
   overlap on, the gradient sync hides behind the last micro-batch's backward except its last
   bucket, and FSDP's all-gathers behind compute; the calibrated ``overlap_efficiency`` says
   how much of the hideable part really hides (on CPUs overlap is contention for the cores).
@@ -75,7 +78,7 @@ from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
-from autotune.model.memory import BYTES_PER_ELEMENT, stage_layer_counts
+from autotune.model.memory import BYTES_PER_ELEMENT, stage_layer_counts, state_bytes
 from autotune.shapes import ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
@@ -603,7 +606,8 @@ def _stage_times(st: _Step, layer: _LayerCost, chunks: list[list[int]],
     t_p2p = p2p_time(cluster, cal, st.act_bytes / st.tp_vocab,
                      crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
-    unit_s = [hooked_units(config, chunks[r], layer_params(st.shape) / tp * st.e, st.engine)
+    at_rest = data_parallel_bytes(config, st.device_type).at_rest
+    unit_s = [hooked_units(config, chunks[r], layer_params(st.shape) / tp * at_rest, st.engine)
               * cal.unit_overhead_s for r in range(pp)]
     busy = layer.device_s + layer.tp_s
     stages = []
@@ -655,12 +659,40 @@ def _params_per_rank(st: _Step, stage_layers: list[int]) -> float:
         for r in range(pp))
 
 
+@dataclass(frozen=True, slots=True)
+class DataParallelBytes:
+    """Bytes per parameter element that data parallelism moves, in the dtype each collective
+    really moves (``autotune/trial/parallel/zero.py`` and ``precision.py``)."""
+
+    reduce: int
+    """The gradient reduction. DDP (ZeRO-0/1) all-reduces the gradients in their own dtype, the
+    model's (half precision under mixed precision, whose model is cast to it); FSDP2 (ZeRO-2/3)
+    reduce-scatters in ``MixedPrecisionPolicy.reduce_dtype``: fp32 under mixed precision (the
+    dtype of its gradient shards too), else the parameters' dtype."""
+    gather: int
+    """The parameter gather. FSDP2 all-gathers in ``param_dtype`` (the compute dtype); ZeRO-1
+    gathers the updated parameters as the model holds them."""
+    at_rest: int
+    """A parameter as the wrapper measures it when grouping blocks into units of ``bucket_mb``
+    (``zero.group_blocks``): FSDP2's fp32 shards under mixed precision, else the model's."""
+
+
+def data_parallel_bytes(config: TrialConfig, device_type: str) -> DataParallelBytes:
+    """The element sizes of ``config``'s data-parallel collectives on ``device_type``
+    (the memory model's ``state_bytes`` of its precision and mechanism)."""
+    fsdp = config.dp_degree > 1 and config.zero_stage >= 2
+    sb = state_bytes(config.resolved_precision(device_type), fsdp=fsdp)
+    return DataParallelBytes(reduce=sb.gradient, gather=sb.compute if fsdp else sb.parameter,
+                             at_rest=sb.parameter)
+
+
 def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float) -> float:
     """Exposed seconds of data-parallel synchronisation per step, by ZeRO stage (Rajbhandari
     et al. 2020, §7), with its host launch costs.
 
     Stages 0–1 all-reduce the gradients, ZeRO-1 also gathers the updated parameters; ZeRO-2
-    reduce-scatters and all-gathers once per micro-batch, ZeRO-3 all-gathers twice. With
+    reduce-scatters and all-gathers once per micro-batch, ZeRO-3 all-gathers twice; each in
+    the dtype it moves (``data_parallel_bytes``). With
     overlap on, the sync hides behind the last micro-batch's backward (``c_b``: the slowest
     stage's compute per micro-batch) but for its last bucket, FSDP's all-gathers behind
     compute, each to ``overlap_efficiency``."""
@@ -669,17 +701,18 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
     if dp <= 1:
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
-    grad_bytes = params_rank * st.e
+    moved = data_parallel_bytes(config, st.device_type)
+    grad_bytes, param_bytes = params_rank * moved.reduce, params_rank * moved.gather
     zero = config.zero_stage
     gather_s = 0.0
     if zero <= 1:
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
         if zero == 1:
-            gather_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="all_gather")
+            gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     else:
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
         gathers = m * (2 if zero == 3 else 1)
-        gather_s = gathers * collective_time(cluster, cal, dp_group, grad_bytes,
+        gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes,
                                              kind="all_gather")
     if config.overlap_enabled:
         hide = cal.overlap_efficiency
@@ -701,14 +734,16 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
 
 def _dp_collectives(st: _Step, grad_bytes: float, stage_layers: list[int]) -> int:
     """Data-parallel collectives the host launches per step: DDP all-reduces one bucket at a
-    time, FSDP gathers and reduces one unit (blocks grouped up to bucket_mb) at a time."""
+    time (``grad_bytes``: the gradients as it reduces them), FSDP gathers and reduces one unit
+    (blocks grouped up to bucket_mb, by their parameters' bytes at rest) at a time."""
     config = st.config
     zero, m = config.zero_stage, config.grad_accum_steps
     bucket = config.bucket_mb * 2**20
     if zero <= 1:
         return math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
-    per_unit = max(1, math.ceil(bucket / max(layer_params(st.shape) / config.tp_degree * st.e,
-                                             1.0)))
+    unit_bytes = layer_params(st.shape) / config.tp_degree * data_parallel_bytes(
+        config, st.device_type).at_rest
+    per_unit = max(1, math.ceil(bucket / max(unit_bytes, 1.0)))
     units = math.ceil(max(stage_layers) / per_unit) + 1  # + the root's unit
     return units * (1 + m * (2 if zero == 3 else 1))
 

@@ -24,7 +24,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.build import build_workload
 from autotune.trial.models.workload import Workload
-from autotune.trial.parallel.mesh import build_mesh
+from autotune.trial.parallel.mesh import MESH_DIM_NAMES, build_mesh
 from autotune.trial.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.trial.parallel.precision import check_device_precision, compute_dtype
 from autotune.trial.parallel.zero import local_tensor
@@ -262,6 +262,14 @@ def mesh_group_of(launch: str) -> str:
     return "dp"
 
 
+def mesh_group_names(mesh) -> dict[str, str]:
+    """Each mesh dimension's process-group name (``ProcessGroup.group_name``, which NCCL's
+    records carry as "Process Group Name") → the dimension. A dimension as large as the world
+    is the default group; of dimensions that share a group, the largest names it."""
+    dims = sorted(MESH_DIM_NAMES, key=lambda dim: mesh[dim].size())
+    return {mesh.get_group(dim).group_name: dim for dim in dims}
+
+
 def run_rank(config: TrialConfig) -> RankResult:
     """Run one trial on this rank of the (already initialised) default process group."""
     t0 = time.perf_counter()
@@ -292,7 +300,8 @@ def run_rank(config: TrialConfig) -> RankResult:
     if config.num_profiled_steps:
         offset = measure_offset()
         with profile_record(rank=dist.get_rank(), clock_offset_ns=offset,
-                            group_of=mesh_group_of, cuda=device.type == "cuda") as rec:
+                            group_of=mesh_group_of, group_names=mesh_group_names(mesh),
+                            cuda=device.type == "cuda") as rec:
             for step in range(num_steps, num_steps + config.num_profiled_steps):
                 start = time.perf_counter()
                 with rec.step(step):

@@ -31,10 +31,14 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.model.cluster import load_cluster
+from autotune.model.span_fit import INTER, INTRA, collective_points, compute_point
 from profiler import COMM, COMPUTE, STEP, rank_breakdown
-from profiler.capture import Recorder, spans_from_events
+from profiler.capture import KERNEL, Recorder, spans_from_events
 
 MAIN, STREAM, NCCL_STREAM = 1, 7, 13  # CPU thread id; compute and NCCL stream ids
+AUTOGRAD = 2  # autograd's CUDA device thread, which runs the backward's ops
 
 
 @dataclass
@@ -66,8 +70,8 @@ class FakeEvent:
     def extra_meta(self): return self._meta
 
 
-def cpu_op(name, start, end, correlation=0):
-    return FakeEvent(name, start, end, _correlation=correlation)
+def cpu_op(name, start, end, correlation=0, thread=MAIN):
+    return FakeEvent(name, start, end, _thread=thread, _correlation=correlation)
 
 
 def cpu_range(name, start, end, correlation=0):
@@ -90,19 +94,25 @@ ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4
 ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
-def _nccl_meta(collective, seq, in_nelems, out_nelems, dtype):
+WORLD_PG = ("0", "default_pg", [0, 1])
+"""(name, description, ranks) of the default process group of two ranks."""
+
+
+def _nccl_meta(collective, seq, in_nelems, out_nelems, dtype, pg=WORLD_PG):
+    name, description, ranks = pg
     return {"Collective name": f'"{collective}"', "dtype": f'"{dtype}"',
             "In msg nelems": str(in_nelems), "Out msg nelems": str(out_nelems),
             "In split size": '"[]"', "Out split size": '"[]"', "Global rank start": "0",
-            "Global rank stride": "1", "Group size": "2", "Process Group Name": '"0"',
-            "Process Group Description": '"default_pg"', "Process Group Ranks": '"[0, 1]"',
-            "Rank": "0", "Seq": str(seq), "Is asynchronized op": "1"}
+            "Global rank stride": "1", "Group size": str(len(ranks)),
+            "Process Group Name": f'"{name}"', "Process Group Description": f'"{description}"',
+            "Process Group Ranks": f'"{list(ranks)}"', "Rank": "0", "Seq": str(seq),
+            "Is asynchronized op": "1"}
 
 
 def record(start, end, correlation, collective, seq, nelems, dtype, out_nelems=None,
-           tensor_shape=None):
+           tensor_shape=None, pg=WORLD_PG):
     """A collective's record: a TensorList first input (no sizes), unless ``tensor_shape`` (a
-    single-tensor input, as ``_allgather_base`` passes)."""
+    single-tensor input, as ``_allgather_base`` passes); on process group ``pg``."""
     first = ([tensor_shape], [dtype.lower()]) if tensor_shape else ([[]], ["TensorList"])
     rest_dtypes = ["", "", "Scalar", "", "ScalarList", "ScalarList", "Scalar", "Scalar",
                    "Scalar", "Scalar"]
@@ -110,7 +120,7 @@ def record(start, end, correlation, collective, seq, nelems, dtype, out_nelems=N
                      _shapes=first[0] + [[]] * len(rest_dtypes),
                      _dtypes=first[1] + rest_dtypes,
                      _meta=_nccl_meta(collective, seq, nelems,
-                                      nelems if out_nelems is None else out_nelems, dtype))
+                                      nelems if out_nelems is None else out_nelems, dtype, pg))
 
 
 def wait(start, end, correlation, seq):
@@ -121,8 +131,8 @@ def wait(start, end, correlation, seq):
                      _meta=_nccl_meta("wait", seq, 0, 0, "Byte"))
 
 
-def _spans(events):
-    return spans_from_events(events, Recorder(rank=0))
+def _spans(events, group_names=None):
+    return spans_from_events(events, Recorder(rank=0, group_names=group_names or {}))
 
 
 def test_fake_event_methods_are_kineto_event_methods():
@@ -239,3 +249,89 @@ def test_unlinked_kernels_take_records_in_launch_order_skipping_waits():
     spans = _spans(events)
     assert [(s.name, s.bytes) for s in spans if s.kind == COMM] == \
         [("all_gather", 800), ("all_gather", 240)]
+
+
+# ---- the mesh dimension of a collective (issue 23, defect 4) --------------------------------
+TP_PG = ("3", "mesh_tp", range(8))
+DP_PG = ("5", "mesh_dp", [0, 8])
+"""Rank 0's TP and DP groups in a tp 8 × dp 2 mesh (16 ranks numbered with tp fastest), with
+the names new_group gives them and the descriptions DeviceMesh writes (``mesh_<dim>``)."""
+
+
+def _tp_and_dp_collectives(tp_pg=TP_PG, dp_pg=DP_PG):
+    """An all-reduce of 1000 BFloat16 on the TP group, then an all-gather of 500 → 1000
+    BFloat16 on the DP group, each kernel linked to its record."""
+    return [cpu_range("profiler::step#0", 0, 1000),
+            record(110, 120, 31, "allreduce", 1, 1000, "BFloat16", pg=tp_pg),
+            record(200, 210, 33, "_allgather_base", 1, 500, "BFloat16", out_nelems=1000,
+                   tensor_shape=[500], pg=dp_pg),
+            kernel(ALL_REDUCE, 300, 400, linked=31, stream=NCCL_STREAM),
+            kernel(ALL_GATHER, 500, 600, linked=33, stream=NCCL_STREAM)]
+
+
+@pytest.mark.parametrize("names", [{"3": "tp", "5": "dp"}, {}],
+                         ids=["by-process-group-name", "by-mesh-description"])
+def test_nccl_spans_carry_their_mesh_dimension(names):
+    spans = _spans(_tp_and_dp_collectives(), names)
+    assert [(s.name, s.group, s.bytes) for s in spans if s.kind == COMM] == \
+        [("all_reduce", "tp", 2000), ("all_gather", "dp", 2000)]
+
+
+def test_a_mapped_name_wins_and_a_world_group_is_the_whole_world():
+    # The caller's map names the group whatever its description; the default group (or
+    # DeviceMesh's "mesh_default" copy of it) unnamed is the whole world ('').
+    spans = _spans(_tp_and_dp_collectives(tp_pg=("0", "default_pg", range(16)),
+                                          dp_pg=("7", "mesh_default", range(16))),
+                   {"0": "tp"})
+    assert [s.group for s in spans if s.kind == COMM] == ["tp", ""]
+
+
+def test_span_fit_places_a_tp_all_reduce_inside_the_node():
+    """tp 8 × dp 2 on two nodes of 8 GPUs: the TP group is one node's 8 GPUs (NVLink), the DP
+    group pairs GPU i of each node (the network). Without its group the all-reduce would be a
+    16-rank collective between nodes."""
+    config = TrialConfig(workload=WorkloadSpec(seq_len=512, global_batch_size=2,
+                                               workload="test:shape", vocab_size=8),
+                         world_size=16, tp_degree=8, micro_batch_size=1)
+    spans = _spans(_tp_and_dp_collectives(), {"3": "tp", "5": "dp"})
+    points = collective_points(spans, config, load_cluster("h100-sxm", nodes=2))
+    assert [(p.name, p.link, p.group_size) for p in points] == \
+        [("all_gather", INTER, 2), ("all_reduce", INTRA, 8)]
+
+
+# ---- kernels take the phase of the op that launched them (issue 23, defect 5) ---------------
+def _phased_step():
+    """One step [0, 3000) on the training thread: forward [100, 1000), backward [1000, 2000)
+    (whose aten op runs on autograd's device thread), optimizer [2000, 2900). Each phase's op
+    launches one kernel: 200 ns forward, 400 ns backward, 100 ns optimizer; one more kernel of
+    50 ns has no link."""
+    foreach = "void at::native::multi_tensor_apply_kernel<at::native::FusedAdamMathFunctor>"
+    return [cpu_range("profiler::step#0", 0, 3000),
+            cpu_range("profiler::forward", 100, 1000),
+            cpu_op("aten::mm", 150, 250, correlation=41),
+            cpu_range("profiler::backward", 1000, 2000),
+            cpu_op("autograd::engine::evaluate_function: MmBackward0", 1100, 1300,
+                   correlation=42, thread=AUTOGRAD),
+            cpu_op("aten::mm", 1150, 1250, correlation=43, thread=AUTOGRAD),
+            cpu_range("profiler::optimizer", 2000, 2900),
+            cpu_op("aten::_fused_adamw_", 2050, 2150, correlation=44),
+            kernel(GEMM, 300, 500, linked=41),
+            kernel(GEMM, 1300, 1700, linked=43),
+            kernel(foreach, 2500, 2600, linked=44),
+            kernel(ELEMENTWISE, 2700, 2750)]
+
+
+def test_kernels_take_the_phase_of_their_launching_op():
+    spans = _spans(_phased_step())
+    assert [(s.start_ns, s.category) for s in spans if s.kind == COMPUTE] == \
+        [(300, "forward"), (1300, "backward"), (2500, "optimizer"), (2700, KERNEL)]
+
+
+def test_optimizer_kernels_are_not_compute_in_the_fit():
+    """The fit's compute: the forward, backward and unattributed kernels, 200 + 400 + 50 ns;
+    the optimizer's 100 ns are the model's optimizer term."""
+    config = TrialConfig(workload=WorkloadSpec(seq_len=512, global_batch_size=1,
+                                               workload="test:shape", vocab_size=8),
+                         world_size=1, micro_batch_size=1)
+    point = compute_point(_spans(_phased_step()), config)
+    assert point.seconds == pytest.approx(650e-9)
