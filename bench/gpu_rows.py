@@ -157,14 +157,19 @@ def profile_checks(config, spans: list) -> list[Check]:
 
     rank0 = [s for s in spans if s.rank == 0]
     steps = {s.step for s in rank0 if s.kind == "step"}
-    kernels = [s for s in rank0 if s.category == "kernel"]
+    # On CUDA every compute span is a kernel, in the phase of the op that launched it
+    # (``profiler/capture.py``); on CPU an aten op.
+    kernels = [s for s in rank0 if s.kind == "compute" and not s.name.startswith("aten::")]
+    phases = {s.category for s in kernels}
     rows = breakdown(rank0)
     share = rows[0].compute_ns / rows[0].window_ns if rows and rows[0].window_ns else 0.0
     return [
         Check.judged("1B profile: steps", f"{config.num_profiled_steps} profiled steps",
                      f"{len(steps)} ({rows[0].num_steps if rows else 0} in the breakdown)",
                      len(steps) == config.num_profiled_steps),
-        Check.judged("1B profile: CUDA kernels", "> 0", f"{len(kernels)}", bool(kernels)),
+        Check.judged("1B profile: CUDA kernels", "> 0, in forward, backward and optimizer",
+                     f"{len(kernels)}; phases {', '.join(sorted(phases)) or 'none'}",
+                     bool(kernels) and {"forward", "backward", "optimizer"} <= phases),
         Check.judged("1B profile: compute share", f"≥ {COMPUTE_SHARE:.0%} of the step window",
                      f"{share:.1%}", share >= COMPUTE_SHARE),
     ]
