@@ -201,3 +201,19 @@ def test_cuda_screen_adds_the_allocator_reserve_and_whats_outside_it():
     assert f"+{cuda.outside_allocator / GIB:g} GiB outside the allocator" in words
     with pytest.raises(ValueError, match="no memory allowances for device type 'tpu'"):
         screen.allowance("tpu")
+
+
+def test_the_dashboards_memory_figure_names_the_reserve_and_whats_outside(tmp_path):
+    from dashboards.data import load_study
+    from dashboards.figures import memory_spec
+
+    _search(tmp_path, 10, [(8 * GIB, 9 * GIB, GIB // 2), (8 * GIB, 19 * GIB // 2, GIB)])
+    database = Database.open(f"sqlite:///{tmp_path / 'search.db'}")
+    try:
+        study = load_study(database)
+    finally:
+        database.close()
+    (trial,) = study.trials
+    note = memory_spec(study, trial)["layout"]["title"]["subtitle"]["text"]
+    # Both ranks peak at 8 GiB allocated; the figure shows rank 0 (ties: the lowest rank).
+    assert f"reserved {9 * 1024:,.1f} MiB + outside the allocator {512:,.1f} MiB" in note
