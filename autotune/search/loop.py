@@ -565,15 +565,18 @@ def finalist_ids(board: list[Entry], top_k: int) -> set[int]:
 
 
 def measured_over_limit(result: TrialResult, limit: int) -> str:
-    """Why a measured trial is infeasible: its device peak, and what that peak is made of."""
+    """Why a measured trial is infeasible: its device peak and, where that is more than the
+    allocated peak (on CUDA), what the highest rank's is made of."""
     rank = max(result.ranks, key=lambda r: r.device_peak_bytes)
+    why = f"measured peak {rank.device_peak_bytes / GIB:.3g} GiB > limit {limit / GIB:.3g} GiB"
+    if rank.device_peak_bytes == rank.memory.peak:
+        return why  # on CPU: the allocated peak alone
     parts = [f"allocated {rank.memory.peak / GIB:.3g}"]
     if rank.memory.reserved_peak is not None:
         parts.append(f"reserved {rank.memory.reserved_peak / GIB:.3g}")
     if rank.outside_allocator_bytes is not None:
         parts.append(f"outside the allocator {rank.outside_allocator_bytes / GIB:.3g}")
-    return (f"measured peak {rank.device_peak_bytes / GIB:.3g} GiB on rank {rank.rank} "
-            f"({', '.join(parts)} GiB) > limit {limit / GIB:.3g} GiB")
+    return f"{why} (rank {rank.rank}: {', '.join(parts)} GiB)"
 
 
 def run_interval(result: TrialResult, config: TrialConfig):
