@@ -197,7 +197,7 @@ def main() -> None:
             for c, r in table.items():
                 measured = max(rank.memory.peak for rank in r.ranks)
                 errors.append((predicted[c] - measured) / measured)
-                if predicted_to_fit(predicted[c], limit) and measured > limit:
+                if predicted_to_fit(predicted[c], limit, "cpu") and measured > limit:
                     over += 1
         db.close()
 

@@ -580,11 +580,23 @@ def memory_spec(study: StudyData, trial: TrialView) -> dict:
         notes.append(f"dashed: the limit, {study.limit_bytes / MIB:,.1f} MiB")
     where = (f"rank {rank} (highest measured peak)" if rank is not None
              else "worst pipeline stage, predicted only: the trial measured nothing")
+    notes.extend(_device_note(measured))
     if predicted is None:
         notes.append("no prediction: the workload's shape is not known")
     return _spec(traces, f"Memory of trial {trial.number}: {esc(trial.name)}",
                  "; ".join([where] + notes), barmode="group", shapes=shapes,
                  yaxis=_axis("MiB"), height=420)
+
+
+def _device_note(measured: dict[str, int]) -> list[str]:
+    """The allocator's reserved peak and the memory outside it, where they say more than the
+    allocated peak does (on CPU reserved = allocated and nothing is reported outside)."""
+    reserved, outside = measured.get("peak_reserved"), measured.get("outside_allocator")
+    if outside is None and (reserved is None or reserved == measured.get("peak")):
+        return []
+    parts = [f"reserved {_mib(reserved):,.1f} MiB" if reserved is not None else None,
+             f"outside the allocator {_mib(outside):,.1f} MiB" if outside is not None else None]
+    return ["peak held from the device: " + " + ".join(p for p in parts if p)]
 
 
 # ---- helpers -------------------------------------------------------------------------------

@@ -48,7 +48,9 @@ class RankMemoryRecord:
 
     rank: int
     category: str
-    """'parameters', 'gradients', 'optimizer_state', 'activations', 'other', 'peak', ..."""
+    """'parameters', 'gradients', 'optimizer_state', 'activations', 'other', 'peak' (the allocated
+    peak), 'peak_reserved' (the allocator's reserved peak), 'outside_allocator' (device memory
+    outside the allocator), ... (free text: a new category needs no schema change)."""
     predicted_bytes: int | None
     measured_bytes: int | None
 

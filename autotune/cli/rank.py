@@ -132,7 +132,7 @@ def add_rank_parser(sub) -> None:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    from autotune.search.screen import MEMORY_MARGIN  # the search's margin
+    from autotune.search.screen import allowance  # the search's allowances
 
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, not {args.top}")
@@ -155,7 +155,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         raise AutotuneError(
             f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB: "
             f"the smallest predicted peak is {peak / GIB:.1f} GiB ({_layout_name(config)}), "
-            f"{peak * (1 + MEMORY_MARGIN) / GIB:.1f} GiB with the {MEMORY_MARGIN:.0%} margin; "
+            f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
+            f"{allowance(device_type).describe()}; "
             "add nodes (--nodes) or raise --memory-limit")
     top = ranking.fitting[:args.top]
     if args.json:
@@ -175,7 +176,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
           f"{base.resolved_precision(device_type)}")
     print(format_table(top))
     print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
-          f"{limit_gib:g} GiB (peak + {MEMORY_MARGIN:.0%} margin); the top {len(top)} by "
+          f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
           "predicted tokens/s")
     return 0
 
@@ -269,7 +270,7 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     fitting, smallest = [], None
     for done, config in enumerate(layouts, 1):
         peak = estimate_memory(config, shape, device_type=device_type).total
-        if predicted_to_fit(peak, limit_bytes):
+        if predicted_to_fit(peak, limit_bytes, device_type):
             time = predict_step_time(config, cluster, calibration, shape=shape,
                                      engine=AUTOTUNE_ENGINE)
             fitting.append(ScoredLayout(config, time, peak))

@@ -3,8 +3,10 @@
     ask Optuna → config (``SearchSpace.suggest``)
         tried before? tell Optuna its known outcome (from the index), run nothing
       → predicted step time (the study's calibration), kept for the trial's metrics
-      → predicted peak > limit? store infeasible_predicted, run nothing (``autotune.search.screen``)
-      → executor.run → measured peak > limit or OOM? infeasible_measured; other failure: failed
+      → predicted peak, with the screen's allowances, > limit? store infeasible_predicted, run
+        nothing (``autotune.search.screen``)
+      → executor.run → measured device peak (the allocator's reserve + memory outside it)
+        > limit or OOM? infeasible_measured; other failure: failed
       → store trial + spans (one transaction; records built by ``autotune.study.store``)
       → tell Optuna (value, and the memory constraint)
       → complete? refit the study's calibration (``study_calibration``)
@@ -41,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from autotune.config import GIB, TrialConfig
 from autotune.errors import ClusterError, PlacementError, TrialFailed
 from autotune.study.leaderboard import Entry, best_entry, build_leaderboard, declare_best
-from autotune.search.screen import MEMORY_MARGIN
 from autotune.status import FailureKind, TrialStatus
 
 if TYPE_CHECKING:
@@ -102,7 +103,9 @@ class Known:
     value: float
     """The objective Optuna was told: tokens/s of the first run when complete, else 0."""
     peak: int
-    """Measured peak bytes, else the predicted peak, else 0 (an infeasible one's constraint)."""
+    """Measured device peak bytes (``TrialResult.device_peak_bytes``; the allocated peak for a
+    trial stored before that was kept), else the predicted peak, else 0 (an infeasible one's
+    constraint)."""
 
 
 def set_excess(trial, excess_gib: float) -> None:
@@ -148,7 +151,7 @@ class SearchLoop:
         for e in board:  # a resumed study's trials
             self._known.setdefault(e.config, Known(
                 e.status, e.throughputs[0] if e.throughputs else 0.0,
-                e.measured_peak or e.predicted_peak or 0))
+                e.device_peak or e.measured_peak or e.predicted_peak or 0))
         self._best = max((e.throughput for e in board if e.status == TrialStatus.COMPLETE),
                          default=0.0)
         self._since_best = 0
@@ -247,14 +250,13 @@ class SearchLoop:
         busy = {c for _, c, _ in in_flight.values()}
         peaks = {c: screen.predict_peak(c, self.device_type) for c in self.space.configs
                  if c not in tried and c not in busy}
-        candidates = [c for c, peak in peaks.items() if screen.predicted_to_fit(peak, self.limit)]
+        candidates = [c for c, peak in peaks.items() if self._fits(peak)]
         proposal = self.strategy.propose(candidates, history)
         if proposal is None:
             if not in_flight:
                 self._record_skipped(candidates, history)
                 self._record_ruled_out({c: peak for c, peak in peaks.items()
-                                        if not screen.predicted_to_fit(peak, self.limit)},
-                                       history)
+                                        if not self._fits(peak)}, history)
             self._strategy_stopped = ("the performance model predicts no untried configuration "
                                       f"faster than the best measured by "
                                       f"{self.strategy.tolerance:.0%}")
@@ -301,8 +303,7 @@ class SearchLoop:
                 config, study_id=self.study_id, number=None,
                 status=TrialStatus.INFEASIBLE_PREDICTED, predicted_peak=peak,
                 predictions=self.calibration.predict(config),
-                error=f"predicted peak {peak / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} margin) > "
-                      f"limit {self.limit / GIB:.3g} GiB"))
+                error=self._over_limit(peak)))
             self._known[config] = Known(TrialStatus.INFEASIBLE_PREDICTED, 0.0, peak)
             self._say(f"ruled out by memory {_short(config)}: predicted "
                       f"{predicted_s * 1e3:.1f} ms, but a peak of {peak / GIB:.3g} GiB")
@@ -334,6 +335,20 @@ class SearchLoop:
         return random.Random(self.spec.seed + len(tried)).choice(untried)
 
     # ---- screen -----------------------------------------------------------------------------
+    def _fits(self, predicted: int | None) -> bool:
+        from autotune.search import screen  # through the module: tests may stand in for it
+
+        return screen.predicted_to_fit(predicted, self.limit, self.device_type)
+
+    def _over_limit(self, predicted: int) -> str:
+        """Why a predicted peak was screened out, with the allowances the screen added."""
+        from autotune.search import screen
+
+        allowance = screen.allowance(self.device_type)
+        return (f"predicted peak {predicted / GIB:.3g} GiB ({allowance.describe()}: "
+                f"{allowance.required_bytes(predicted) / GIB:.3g} GiB) > "
+                f"limit {self.limit / GIB:.3g} GiB")
+
     def _screen(self, trial, config: TrialConfig, done: int,
                 start: float) -> tuple[bool, int | None]:
         """(run it?, predicted peak or None if unknown); one predicted not to fit is recorded
@@ -343,13 +358,13 @@ class SearchLoop:
         self._predictions[trial.number] = self.calibration.predict(config)
         predicted = screen.predict_peak(config, self.device_type)
         trial.set_user_attr("predicted_peak_bytes", predicted)
-        if screen.predicted_to_fit(predicted, self.limit):
+        if self._fits(predicted):
             return True, predicted
-        set_excess(trial, (predicted * (1 + MEMORY_MARGIN) - self.limit) / GIB)
+        required = screen.required_bytes(predicted, self.device_type)
+        set_excess(trial, (required - self.limit) / GIB)
         self._store_unmeasured(
             trial.number, config, TrialStatus.INFEASIBLE_PREDICTED, predicted,
-            error=f"predicted peak {predicted / GIB:.3g} GiB (+{MEMORY_MARGIN:.0%} margin) > "
-                  f"limit {self.limit / GIB:.3g} GiB")
+            error=self._over_limit(predicted))
         self.study.tell(trial, 0.0)
         self._progress(done, config, "infeasible (predicted)", start)
         return False, predicted
@@ -414,12 +429,14 @@ class SearchLoop:
             error = f"not run: {result}" if isinstance(result, PlacementError) else str(result)
             self._store_unmeasured(trial.number, config, status, predicted, error=error)
             return 0.0, status
-        measured = result.peak_memory_bytes
+        # The device's peak (the allocator's reserve plus what lies outside it), not the
+        # allocated bytes alone: a trial whose tensors fit can still run out of memory.
+        measured = result.device_peak_bytes
         status, error = TrialStatus.COMPLETE, None
         if self.limit is not None and measured > self.limit:
             status = TrialStatus.INFEASIBLE_MEASURED
             set_excess(trial, (measured - self.limit) / GIB)
-            error = f"measured peak {measured / GIB:.3g} GiB > limit {self.limit / GIB:.3g} GiB"
+            error = measured_over_limit(result, self.limit)
         else:
             self._set_feasible(trial, measured)
         predictions = self._predictions.pop(trial.number, {})
@@ -545,6 +562,21 @@ def finalist_ids(board: list[Entry], top_k: int) -> set[int]:
     if first is not None and first.status == TrialStatus.COMPLETE:
         finalists.add(first.trial_id)
     return finalists
+
+
+def measured_over_limit(result: TrialResult, limit: int) -> str:
+    """Why a measured trial is infeasible: its device peak and, where that is more than the
+    allocated peak (on CUDA), what the highest rank's is made of."""
+    rank = max(result.ranks, key=lambda r: r.device_peak_bytes)
+    why = f"measured peak {rank.device_peak_bytes / GIB:.3g} GiB > limit {limit / GIB:.3g} GiB"
+    if rank.device_peak_bytes == rank.memory.peak:
+        return why  # on CPU: the allocated peak alone
+    parts = [f"allocated {rank.memory.peak / GIB:.3g}"]
+    if rank.memory.reserved_peak is not None:
+        parts.append(f"reserved {rank.memory.reserved_peak / GIB:.3g}")
+    if rank.outside_allocator_bytes is not None:
+        parts.append(f"outside the allocator {rank.outside_allocator_bytes / GIB:.3g}")
+    return f"{why} (rank {rank.rank}: {', '.join(parts)} GiB)"
 
 
 def run_interval(result: TrialResult, config: TrialConfig):

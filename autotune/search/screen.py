@@ -3,20 +3,103 @@
 The search screens every proposal with it before anything runs (``search.loop``), picks its
 baseline among the configurations it passes (``search``), and ``autotune rank`` ranks only
 those it passes. No torch: the memory model (``autotune.model.memory``) is imported when used.
+
+What is held against the limit is what the device must hold, measured and predicted alike:
+- measured (``TrialResult.device_peak_bytes``): the allocator's reserved peak plus the memory
+  outside the allocator (CUDA context, NCCL's buffers), not the allocated peak alone;
+- predicted (``required_bytes``): the memory model predicts the allocated peak, so the screen
+  turns it into the same figure, ``predicted × (1 + model_margin) × fragmentation +
+  outside_allocator``, with the constants of ``ALLOWANCES`` for the device.
 """
 
 from __future__ import annotations
 
-from autotune.config import TrialConfig
-MEMORY_MARGIN = 0.15
-"""A configuration is run only if its predicted peak × (1 + MEMORY_MARGIN) is within the limit:
-the memory model's worst under-prediction over bench/search_efficiency.py's sweep was 11.5%."""
+from dataclasses import dataclass
+
+from autotune.config import GIB, TrialConfig
 
 
-def predicted_to_fit(predicted: int | None, limit: int | None) -> bool:
-    """Whether a prediction (None: unknown) leaves room to run; unknown ones are run and their
-    measured peak decides."""
-    return limit is None or predicted is None or predicted * (1 + MEMORY_MARGIN) <= limit
+@dataclass(frozen=True)
+class MemoryAllowance:
+    """What the screen adds to a predicted allocated peak to get the bytes the device needs."""
+
+    model_margin: float
+    """The memory model's worst under-prediction of the allocated peak, rounded up."""
+    fragmentation: float
+    """Reserved peak ÷ allocated peak of the device's allocator (1: no caching allocator)."""
+    outside_allocator: int
+    """Bytes the device holds outside the allocator (CUDA context, NCCL's buffers)."""
+
+    def required_bytes(self, predicted: int) -> int:
+        """The device bytes a configuration whose allocated peak is predicted at ``predicted``
+        needs, allowances included."""
+        return int(predicted * (1 + self.model_margin) * self.fragmentation
+                   + self.outside_allocator)
+
+    def describe(self) -> str:
+        """The allowances in words, for the messages that give a screen's verdict."""
+        parts = [f"+{self.model_margin:.0%} margin"]
+        if self.fragmentation != 1:
+            parts.append(f"×{self.fragmentation:g} allocator reserve")
+        if self.outside_allocator:
+            parts.append(f"+{self.outside_allocator / GIB:g} GiB outside the allocator")
+        return ", ".join(parts)
+
+
+ALLOWANCES: dict[str, MemoryAllowance] = {
+    "cpu": MemoryAllowance(model_margin=0.15, fragmentation=1.0, outside_allocator=0),
+    "cuda": MemoryAllowance(model_margin=0.15, fragmentation=1.10, outside_allocator=1 * GIB),
+}
+"""The screen's allowances per device type, and where each number comes from.
+
+``model_margin`` 0.15 (both devices): the memory model's worst under-prediction of the
+measured allocated peak over ``bench/search_efficiency.py``'s sweep was 11.5% (CPU trials,
+``docs/benchmarks.md``), rounded up. Measured on CPU only; on CUDA it stands until a GPU run
+measures the model against ``max_memory_allocated`` (``bench/gpu_check.py``'s memory rows).
+
+``fragmentation``:
+- CPU 1.0: no caching allocator; the runner stores reserved = allocated (``measure_memory``).
+- CUDA 1.10: a GUESS until measured on a GPU. torch's caching allocator keeps freed blocks
+  for reuse and rounds requests up: to 512 bytes, requests over 1 MiB to 2 MiB
+  (``kRoundLarge``), and serves requests of 1–10 MiB from 20 MiB segments
+  (``c10/core/AllocatorConfig.h``: ``kSmallBuffer``, ``kMinLargeAlloc``, ``kRoundLarge``), so
+  ``max_memory_reserved`` exceeds ``max_memory_allocated`` by the rounding plus the cached
+  blocks that are too small or too fragmented to reuse at the peak. The GPU check measures
+  reserved ÷ allocated per configuration; set this to the worst ratio it measures.
+
+``outside_allocator``:
+- CPU 0: on CPU the limit has always been held against the tensors' bytes alone (the process's
+  other memory is not the trial's to fit).
+- CUDA 1 GiB: a GUESS until measured on a GPU, for the CUDA context (the driver's and the
+  loaded kernels' memory, which torch never allocates) plus NCCL's communicator buffers
+  (``NCCL_BUFFSIZE``, 4 MiB by default, per channel and peer, and more with NVLink SHARP). The
+  runner reports the measured figure (total − free − reserved, ``torch.cuda.mem_get_info``) in
+  ``RankResult.extra["non_allocator_bytes"]``; set this to the largest it measures.
+"""
+
+
+def allowance(device_type: str) -> MemoryAllowance:
+    """The screen's allowances on ``device_type`` ('cpu' or 'cuda')."""
+    if device_type not in ALLOWANCES:
+        raise ValueError(f"no memory allowances for device type '{device_type}'; "
+                         f"known: {', '.join(ALLOWANCES)}")
+    return ALLOWANCES[device_type]
+
+
+MEMORY_MARGIN = ALLOWANCES["cpu"].model_margin
+"""The model margin alone: on CPU a configuration is run only if its predicted peak ×
+(1 + MEMORY_MARGIN) is within the limit (``ALLOWANCES`` gives every device's rule)."""
+
+
+def required_bytes(predicted: int, device_type: str) -> int:
+    """The device bytes the screen holds against the limit for a predicted allocated peak."""
+    return allowance(device_type).required_bytes(predicted)
+
+
+def predicted_to_fit(predicted: int | None, limit: int | None, device_type: str) -> bool:
+    """Whether a prediction (None: unknown) leaves room to run on ``device_type``; unknown
+    ones are run and their measured peak decides."""
+    return limit is None or predicted is None or required_bytes(predicted, device_type) <= limit
 
 
 def predict_peak(config: TrialConfig, device_type: str) -> int | None:
@@ -27,3 +110,4 @@ def predict_peak(config: TrialConfig, device_type: str) -> int | None:
     if config.workload.shape is None:
         return None
     return estimate_memory(config, device_type=device_type).total
+

@@ -97,7 +97,7 @@ def plain_baseline(space: SearchSpace, device_type: str,
     micro-batch predicted to fit; None when nothing is predicted to fit."""
 
     def fits(c: TrialConfig) -> bool:
-        return predicted_to_fit(screen.predict_peak(c, device_type), limit)
+        return predicted_to_fit(screen.predict_peak(c, device_type), limit, device_type)
 
     candidates = sorted(
         (c for c in space.configs if fits(c)),
@@ -190,11 +190,12 @@ class Search:
         if None in peaks:
             return  # a user workload: only measurements can tell
         lowest = min(peaks)
-        if not predicted_to_fit(lowest, self.limit):
+        if not predicted_to_fit(lowest, self.limit, self.device_type):
             raise ConfigError(
                 f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
-                f"predicted peak is {lowest / GIB:.3g} GiB; raise --memory-limit, add ranks, or "
-                "allow more ZeRO/activation checkpointing")
+                f"predicted peak is {lowest / GIB:.3g} GiB "
+                f"({screen.allowance(self.device_type).describe()}); raise --memory-limit, add "
+                "ranks, or allow more ZeRO/activation checkpointing")
 
     def _fail_stale_trials(self) -> None:
         """Trials left RUNNING by an interrupted search are marked failed in Optuna."""

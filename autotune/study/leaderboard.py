@@ -53,6 +53,9 @@ class Entry:
     """The interleaved re-measurement round of each re-measurement (``throughputs[1:]``)."""
     step_times: tuple[float, ...] = ()
     """The first run's timed steps (seconds, the slowest rank's), for a one-run interval."""
+    device_peak: int | None = None
+    """The measured device peak held against the memory limit (the allocator's reserved peak
+    plus memory outside it, ``TrialResult.device_peak_bytes``); None when not stored."""
 
     @property
     def interval(self) -> Interval | None:
@@ -106,7 +109,7 @@ def build_leaderboard(records: Iterable[TrialRecord]) -> list[Entry]:
                              t.metrics.get("peak_memory_bytes"), t.error,
                              _seconds(t.metrics.get("step_time_s")),
                              _seconds(t.metrics.get("predicted_step_time_s")),
-                             rounds, timed_steps(t)))
+                             rounds, timed_steps(t), t.metrics.get("device_peak_bytes")))
     entries.sort(key=lambda e: (status_rank(e.status), not e.rounds, -e.throughput, e.number))
     return entries
 

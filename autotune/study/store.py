@@ -12,7 +12,7 @@ import dataclasses
 from datetime import UTC, datetime
 
 from autotune.config import TrialConfig
-from autotune.trial.result import TrialResult
+from autotune.trial.result import RankResult, TrialResult
 from autotune.status import TrialStatus
 from db import (
     Database,
@@ -25,7 +25,21 @@ from db import (
 from profiler import Span, breakdown
 
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
-                     "peak")
+                     "peak", "peak_reserved", "outside_allocator")
+"""The memory rows stored per rank. ``peak`` is the allocated peak (what the memory model
+predicts), ``peak_reserved`` the allocator's reserved peak (``MemoryBreakdown.reserved_peak``;
+= allocated on CPU), ``outside_allocator`` the device memory outside the allocator the rank
+reported (``RankResult.outside_allocator_bytes``; none on CPU). A figure not measured gets no
+row. The last two are rows of the free-text ``category`` column, so the schema is unchanged: a
+database written before they existed opens as it is, and its trials read back without them."""
+
+
+def _measured(rank: RankResult, category: str) -> int | None:
+    if category == "peak_reserved":
+        return rank.memory.reserved_peak
+    if category == "outside_allocator":
+        return rank.outside_allocator_bytes
+    return getattr(rank.memory, category)
 
 
 def step_phases(config: TrialConfig) -> list[str]:
@@ -38,7 +52,9 @@ def trial_metrics(result: TrialResult) -> dict:
     spans = [s for r in result.ranks for s in r.spans]
     metrics = {"step_time_s": result.step_time_s,
                "throughput_tokens_per_s": result.throughput_tokens_per_s,
-               "peak_memory_bytes": result.peak_memory_bytes, "mfu": result.mfu,
+               "peak_memory_bytes": result.peak_memory_bytes,
+               "peak_reserved_bytes": result.peak_reserved_bytes,
+               "device_peak_bytes": result.device_peak_bytes, "mfu": result.mfu,
                "wall_s": result.wall_s, "steps_s": result.steps_s,
                "overhead_s": result.overhead_s, "cold_start": result.cold_start,
                "losses": result.losses}
@@ -55,8 +71,9 @@ def to_record(result: TrialResult, *, study_id: int | None = None, number: int |
               ) -> tuple[TrialRecord, list[SpanRecord]]:
     config = TrialConfig.from_dict(result.config)
     phases = step_phases(config)
-    memory = tuple(RankMemoryRecord(r.rank, category, None, getattr(r.memory, category))
-                   for r in result.ranks for category in MEMORY_CATEGORIES)
+    memory = tuple(RankMemoryRecord(r.rank, category, None, measured)
+                   for r in result.ranks for category in MEMORY_CATEGORIES
+                   if (measured := _measured(r, category)) is not None)
     steps = tuple(StepMetricRecord(r.rank, i, phases[i], t, result.losses[i])
                   for r in result.ranks for i, t in enumerate(r.step_times))
     record = TrialRecord(id=None, study_id=study_id, number=number, status=status,

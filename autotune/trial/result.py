@@ -25,8 +25,16 @@ class MemoryBreakdown:
     other: int
     """Allocator bytes at rest that are not model states (CUDA only; 0 on CPU)."""
     peak: int
+    """The allocated peak: bytes held by live tensors at the step's highest point (CUDA:
+    ``torch.cuda.max_memory_allocated``)."""
     source: str
     """'cuda_allocator' or 'cpu_profiler'."""
+    reserved_peak: int | None = None
+    """The bytes the allocator held from the device at its highest point, free blocks in its
+    cache included (CUDA: ``torch.cuda.max_memory_reserved``). On CPU there is no caching
+    allocator to read (torch's CPU allocator hands a freed block straight back to ``free``), so
+    the runner stores the allocated peak here: reserved = allocated. None: not measured (a
+    result from before reserved peaks were kept)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,23 @@ class RankResult:
     """The Ray node the rank ran on ('' when it ran outside Ray)."""
     hostname: str = ""
     """The host name of that node."""
+
+    @property
+    def outside_allocator_bytes(self) -> int | None:
+        """Device memory in use outside the allocator (CUDA context, NCCL's buffers), as the
+        rank reported it in ``extra["non_allocator_bytes"]`` (CUDA: total − free − reserved,
+        from ``torch.cuda.mem_get_info``); None where nothing was reported (CPU)."""
+        value = self.extra.get("non_allocator_bytes")
+        return None if value is None else int(value)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """What this rank needed of the device at its peak, the figure judged against the memory
+        limit: the allocator's reserved peak (the allocated one where no reserved peak was
+        measured) plus what lies outside the allocator (0 where none was reported)."""
+        reserved = self.memory.reserved_peak
+        held = self.memory.peak if reserved is None else reserved
+        return held + (self.outside_allocator_bytes or 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,12 +113,27 @@ class TrialResult:
 
     @property
     def peak_memory_bytes(self) -> int:
+        """The highest allocated peak of any rank (what the memory model predicts)."""
         return max(r.memory.peak for r in self.ranks)
+
+    @property
+    def peak_reserved_bytes(self) -> int | None:
+        """The highest reserved peak of any rank; None when a rank measured none."""
+        reserved = [r.memory.reserved_peak for r in self.ranks]
+        return None if None in reserved else max(reserved)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The highest ``RankResult.device_peak_bytes``: reserved + outside the allocator, the
+        figure the search holds against the memory limit."""
+        return max(r.device_peak_bytes for r in self.ranks)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["overhead_s"] = self.overhead_s
         d["peak_memory_bytes"] = self.peak_memory_bytes
+        d["peak_reserved_bytes"] = self.peak_reserved_bytes
+        d["device_peak_bytes"] = self.device_peak_bytes
         return d
 
 

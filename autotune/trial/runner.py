@@ -180,7 +180,8 @@ def master_copy_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
-    """Run one training step and measure this rank's memory by category."""
+    """Run one training step and measure this rank's memory by category, with the allocated
+    peak and the allocator's reserved peak (on CPU, reserved = allocated)."""
     pm, device = trainer.pm, trainer.device
     params = lambda: [p for m in pm.parts for p in m.parameters()]  # noqa: E731
     grads_bytes = 0
@@ -197,6 +198,7 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
         trainer.step(step, on_grads)
         torch.cuda.synchronize(device)
         peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator"
+        reserved = torch.cuda.max_memory_reserved(device)
     else:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             trainer.step(step, on_grads)
@@ -212,10 +214,13 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
         # then are the parameters and optimizer state (gradients are freed by zero_grad).
         at_rest = states
         peak = at_rest + peak_delta
+        # No caching allocator on CPU: torch's CPU allocator frees a block when its tensor dies,
+        # so what was held from the system at the peak is what was allocated.
+        reserved = peak
     activations = max(0, peak - states - grads_bytes)
     other = max(0, at_rest - states)
     return MemoryBreakdown(param_bytes, grads_bytes, opt_bytes, activations, other, peak,
-                           source), elapsed
+                           source, reserved_peak=reserved), elapsed
 
 
 def _peak_live_delta(prof) -> int:
