@@ -21,7 +21,8 @@ PEAK_RTOL = 0.20
 ``max_memory_allocated``) against the memory model's total."""
 RESERVED_RTOL = 0.25
 """Largest |measured / predicted − 1| of a row's reserved peak plus the device memory outside
-the allocator against the memory model's device figure (``device_bytes``)."""
+the allocator against the memory model's total × the screen's fragmentation plus its outside
+allowance (``autotune.search.screen.ALLOWANCES``, without the model margin)."""
 TIME_MAPE = 0.25
 """Largest mean |predicted / measured − 1| of the step-time model over the rows it was not
 calibrated on."""
@@ -122,7 +123,8 @@ def memory_row_checks(m: Measured, predicted_peak: int, predicted_device: int) -
     error = relative_error(device, predicted_device)
     checks.append(Check.judged(
         f"{label} reserved + outside", f"{mib(predicted_device)} ±{RESERVED_RTOL:.0%}",
-        f"{mib(m.reserved_peak)} + {mib(m.outside_allocator or 0)} ({error:+.1%})",
+        f"{mib(m.reserved_peak)} + {mib(m.outside_allocator or 0)} ({error:+.1%}); reserved "
+        f"/ allocated {m.reserved_peak / max(1, m.allocated_peak):.3f}",
         abs(error) <= RESERVED_RTOL))
     return checks
 
@@ -191,9 +193,12 @@ def oom_row(scale: Scale, device_bytes: int) -> Row:
 def predicted_memory(config, device_type: str) -> tuple[int, int]:
     """(allocated peak, device bytes) the memory model predicts for a row."""
     from autotune.model.memory import estimate_memory
+    from autotune.search.screen import ALLOWANCES
 
-    estimate = estimate_memory(config, device_type=device_type)
-    return estimate.total, estimate.total
+    total = estimate_memory(config, device_type=device_type).total
+    allowance = ALLOWANCES[device_type]
+    # The screen's device bytes without its safety margin: what the device should hold.
+    return total, int(total * allowance.fragmentation + allowance.outside_allocator)
 
 
 def _measured(row: Row, config, result) -> Measured:

@@ -66,7 +66,7 @@ def search_checks(url: str, out: Path, device: str = "cuda") -> list[Check]:
                      bool(complete) and not wrong),
         Check.judged("default search: memory stored", "allocated and reserved peaks per rank",
                      ", ".join(sorted(c for c in categories if "peak" in c)) or "none",
-                     {"peak", "reserved_peak"} <= categories),
+                     {"peak", "peak_reserved"} <= categories),
     ]
     return checks + [export_check(out / name) for name in EXPORTS]
 
