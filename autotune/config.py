@@ -50,6 +50,10 @@ PRECISION_COMPUTE_DTYPE: dict[str, str] = {
     "bf16-true": "bfloat16", "16-true": "float16"}
 """The dtype matrix multiplications run in, per precision."""
 MIXED_PRECISIONS = ("bf16-mixed", "16-mixed")
+MASTER_STEP_CHUNK_NUMEL = 2**24
+"""Elements the master-weight AdamW (``trial/parallel/precision.py``) steps in one multi-tensor
+pass, unless one tensor is larger: its fp32 gradient buffer, reused for the denominator, is the
+step's only temporary (64 MiB). ``model/memory.py`` counts the same buffer."""
 DTYPE_PRECISION: dict[str, str] = {"float32": "32-true", "bfloat16": "bf16-true",
                                    "float16": "16-true"}
 """The precision an old config's ``workload.dtype`` meant: the whole model in that dtype."""
@@ -277,6 +281,12 @@ class TrialConfig:
                 raise ConfigError(
                     "optimizer_offload_enabled needs zero_stage 2 or 3 (FSDP2 CPU offload); "
                     "raise zero_stage or turn offload off"
+                )
+            if self.dp_degree == 1:
+                raise ConfigError(
+                    "optimizer_offload_enabled needs dp_degree > 1 (it is FSDP2's "
+                    "CPUOffloadPolicy, and dp_degree 1 trains without FSDP2); lower tp_degree or "
+                    "pp_degree, or turn offload off"
                 )
 
     def validate_precision(self) -> None:

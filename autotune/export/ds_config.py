@@ -50,7 +50,14 @@ def ds_config(config: TrialConfig) -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
     }
     if config.optimizer_offload_enabled:
-        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        # autotune offloads with FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
+        # optimizer state in pinned host memory, the step on the CPU. DeepSpeed's
+        # offload_optimizer moves the optimizer state, its step and the gradients;
+        # offload_param the parameters, at stage 3 only (its config reference).
+        zero_optimization = ds["zero_optimization"]
+        zero_optimization["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if config.zero_stage == 3:
+            zero_optimization["offload_param"] = {"device": "cpu", "pin_memory": True}
     if config.activation_checkpointing != "none":
         ds["activation_checkpointing"] = {"partition_activations": False,
                                           "contiguous_memory_optimization": False}
@@ -70,6 +77,10 @@ def ds_config(config: TrialConfig) -> dict:
                          "DeepSpeed use zero_stage ≤ 1 for this layout")
     if config.tp_degree > 1 and config.zero_stage > 2:
         notes.append("DeepSpeed AutoTP needs ZeRO stage ≤ 2")
+    if config.optimizer_offload_enabled and config.zero_stage < 3:
+        notes.append(f"DeepSpeed offloads parameters only at ZeRO stage 3 (offload_param): at "
+                     f"stage {config.zero_stage} its parameters stay on the GPU, where autotune's "
+                     "offload (FSDP2 CPUOffloadPolicy) keeps their shards in host memory")
     if config.activation_checkpointing == "selective":
         notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
                      "deepspeed.checkpointing to the attention core in the model")

@@ -13,7 +13,10 @@
   ``activation_checkpoint`` (``torchtitan/config/configs.py``, ``torchtitan/trainer.py``).
 
 Each file states what its target cannot express (YAML comments; the module's docstring and
-``CANNOT_EXPRESS``). ``tests/test_hf.py`` loads each with the target library's own loader.
+``CANNOT_EXPRESS``). Optimizer offload is not among it: ``fsdp_offload_params`` and
+``enable_cpu_offload`` are FSDP2's ``CPUOffloadPolicy``, autotune's own mechanism (sharded
+parameters, gradients and optimizer state in host memory); ``ds_config.json`` notes where
+DeepSpeed's offload differs. ``tests/test_hf.py`` loads each with the target library's own loader.
 """
 
 from __future__ import annotations
@@ -102,9 +105,6 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
         if config.activation_checkpointing == "selective":
             notes.append("selective recomputation (attention core only) has no key: "
                          "fsdp_activation_checkpointing recomputes whole decoder layers")
-        if config.optimizer_offload_enabled:
-            notes.append("fsdp_offload_params offloads parameters and gradients as well as "
-                         "the optimizer state")
     elif config.activation_checkpointing != "none":
         notes.append("activation checkpointing without FSDP has no Accelerate key: call "
                      "model.gradient_checkpointing_enable() in the script")
@@ -176,9 +176,6 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
                      "in the model config")
     notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
                  f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key")
-    if config.optimizer_offload_enabled:
-        notes.append("enable_cpu_offload offloads parameters and gradients as well as the "
-                     "optimizer state")
     if config.activation_checkpointing == "selective":
         notes.append("selective: torchtitan's SelectiveAC saves chosen matmuls per op, not "
                      "exactly the attention core that autotune recomputes")

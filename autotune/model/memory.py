@@ -75,6 +75,7 @@ from functools import lru_cache
 from autotune.config import (
     BYTES_PER_ELEMENT,
     INTERLEAVED_STAGES_PER_RANK,
+    MASTER_STEP_CHUNK_NUMEL,
     MIB,
     MIXED_PRECISIONS,
     PRECISION_COMPUTE_DTYPE,
@@ -642,12 +643,19 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
     activations, comm, other = post if phase == PHASE_AFTER_BACKWARD else fb
     st = stage.st
     parameters, grads, optimizer_state = st.parameters, st.gradients, st.optimizer_state
-    if config.optimizer_offload_enabled and device_type == "cuda":
+    if _offloaded(config, device_type):
         # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
-        # optimizer state live in host memory; the device holds what is gathered (comm_buffers).
+        # optimizer state live in host memory, where the step runs; the device holds what is
+        # gathered and the unsharded gradients before their reduce-scatter (comm_buffers).
         parameters = grads = optimizer_state = 0
     return MemoryEstimate(parameters, grads, optimizer_state, activations, comm, other, pp_rank,
                           phase)
+
+
+def _offloaded(config: TrialConfig, device_type: str) -> bool:
+    """Whether model states live in host memory (``parallel/zero.py``: FSDP2's
+    ``CPUOffloadPolicy``, which ``TrialConfig.validate`` allows on CUDA at ZeRO-2/3, dp > 1)."""
+    return config.optimizer_offload_enabled and device_type == "cuda"
 
 
 def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str) -> _Stage:
@@ -710,7 +718,8 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     config, st, sb, e = stage.config, stage.st, stage.sb, stage.e
     dp, zero, m, pp = (config.dp_degree, config.zero_stage, config.grad_accum_steps,
                        config.pp_degree)
-    grads = st.gradients
+    # Offloaded (FSDP2's CPUOffloadPolicy) sharded gradients are in host memory.
+    grads = 0 if _offloaded(config, stage.device_type) else st.gradients
     comm_held = 0  # communication buffers alive throughout forward/backward
     extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
     comm_post = 0
@@ -778,23 +787,27 @@ def _other(stage: _Stage) -> int:
 
 
 def _optimizer_temporaries(stage: _Stage) -> int:
-    """Bytes of the optimizer step's temporaries.
+    """Bytes of the optimizer step's temporaries on the device.
 
     Single-tensor AdamW (CPU, and DTensor parameters — FSDP, TP, replicate — which torch's
     foreach path does not take): about two of the largest tensor (measured on CPU). Foreach
     AdamW (CUDA, plain parameters; torch.optim.adam ``_multi_tensor_adam``):
     ``_foreach_sqrt(exp_avg_sqs)``, one moment of every tensor. Mixed precision's
-    master-weight AdamW (single-tensor, parallel/precision.py) adds the largest gradient read
-    as fp32."""
+    master-weight AdamW (parallel/precision.py) steps in chunks of at most
+    ``max(largest tensor, MASTER_STEP_CHUNK_NUMEL)`` elements through one fp32 buffer (the
+    gradients read as fp32, then the denominator). Under optimizer offload the step runs on the
+    host: nothing on the device."""
     config, st, sb = stage.config, stage.st, stage.sb
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
-    optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
+    if _offloaded(config, stage.device_type):
+        return 0
     if sb.master:
-        optimizer_temps += st.largest_tensor_numel * FP32_BYTES
+        return FP32_BYTES * min(st.optimizer_numel,
+                                max(st.largest_tensor_numel, MASTER_STEP_CHUNK_NUMEL))
+    optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
     # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
     # DTensors' local tensors).
     plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
-    if (stage.device_type == "cuda" and plain_params and not config.optimizer_offload_enabled
-            and not sb.master):
+    if stage.device_type == "cuda" and plain_params:
         optimizer_temps = max(optimizer_temps, st.optimizer_numel * sb.moment)
     return optimizer_temps

@@ -9,7 +9,10 @@
 
 ``overlap_enabled=False`` for stages 0/1 replaces DDP's backward hooks with one bucketed
 all-reduce after the last backward (:class:`BucketedAllReduce`); for stages 2/3 it drops the
-explicit prefetch of the next block's all-gather. ``bucket_mb`` sets DDP's buckets, the
+explicit prefetch of the next block's all-gather and runs every FSDP2 collective on the compute
+stream (:func:`serialize_collectives`). ``optimizer_offload_enabled`` (CUDA, stages 2/3, dp > 1:
+``TrialConfig.validate``) is FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and
+AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells them apart). ``bucket_mb`` sets DDP's buckets, the
 all-reduce buckets, and for FSDP how many consecutive blocks share one all-gather.
 With dp_degree 1 there is nothing to shard or synchronise and no wrapper is applied.
 
@@ -182,9 +185,50 @@ def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh
         # The root holds what no block holds (embeddings, final norm, head).
         fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload,
                     mp_policy=policy)
-        if config.overlap_enabled and len(units) > 1:
+        if not config.overlap_enabled:
+            serialize_collectives(part)  # type: ignore[arg-type]
+        elif len(units) > 1:
             for prev, nxt in zip(units, units[1:]):
                 prev.set_modules_to_forward_prefetch([nxt])
                 nxt.set_modules_to_backward_prefetch([prev])
     params = [p for m in parts for p in m.parameters()]
     return DataParallelParts(parts, _adam(params, config))
+
+
+FSDP_COMM_STREAMS = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream",
+                     "all_reduce_stream")
+"""The side streams of FSDP2's communication context (torch
+``distributed/fsdp/_fully_shard/_fsdp_param_group.py``, ``FSDPCommContext.lazy_init``; the
+same four in torch 2.11 and 2.13)."""
+
+
+def serialize_collectives(root: FSDPModule) -> None:
+    """Overlap off for real under FSDP2: every all-gather, reduce-scatter and their copies run
+    on the compute stream, in program order, so none overlaps compute.
+
+    Dropping explicit prefetch is not enough: FSDP2 still issues each unit's all-gather on its
+    own stream as soon as the host reaches it (implicit prefetch, forward and backward) and
+    reduce-scatters on another while the next unit's backward computes, and torch has no
+    public switch for either (2.11-2.13). The root's communication context, shared by all its
+    units, is initialised now (as its first forward would) and its streams replaced by the
+    current one. On CPU the streams are placeholders and gloo's collectives block the caller
+    (``async_op=False``), so nothing overlapped there to begin with."""
+    state = fully_shard.state(root)  # type: ignore[attr-defined]
+    state._lazy_init()
+    ctx = state._comm_ctx
+    missing = [name for name in FSDP_COMM_STREAMS if not hasattr(ctx, name)]
+    if missing:
+        raise RuntimeError(f"this torch's FSDP2 has no {', '.join(missing)}: overlap off cannot "
+                           "serialise its collectives; use overlap_enabled true")
+    current = ctx.device_handle.current_stream()
+    for name in FSDP_COMM_STREAMS:
+        setattr(ctx, name, current)
+
+
+def resident(tensors, device: torch.device):
+    """The tensors (DTensors by their local shard) that live on ``device``'s type: under
+    optimizer offload (``CPUOffloadPolicy``) FSDP2's sharded parameters, their gradients and
+    AdamW's state are in host memory and are not device memory. For the runner's measurement."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and local_tensor(t).device.type == device.type:
+            yield t
