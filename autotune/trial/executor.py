@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
+from autotune.trial.oom import is_out_of_memory
 from autotune.trial.placement import (
     assign_groups,
     best_cost,
@@ -107,20 +108,14 @@ class RankWorker:
                            device_index: int | None = None) -> None:
         from datetime import timedelta
 
-        import torch
         import torch.distributed as dist
 
-        if backend == "nccl":
-            # Every GPU of the node is visible; this rank's is the one device_map gave it.
-            # The runner's device (cuda:N) and its allocator figures are read on it.
-            torch.cuda.set_device(device_index)
         timeout = timedelta(seconds=timeout_s)
         listener = getattr(self, "_listener", None)
         store = dist.TCPStore(host, port, world_size, is_master=listener is not None,
                               timeout=timeout, wait_for_workers=False,
                               master_listen_fd=listener.fileno() if listener else None)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        init_rank_group(backend, store, rank, world_size, timeout, device_index)
         self.rank = rank
 
     def run_trial(self, config: dict) -> dict:
@@ -136,6 +131,32 @@ class RankWorker:
             return {"ok": False, "type": type(e).__name__, "message": str(e),
                     "setup": isinstance(e, _SETUP_ERRORS), "kind": _failure_kind(e),
                     "traceback": traceback.format_exc()}
+
+
+def init_rank_group(backend: str, store, rank: int, world_size: int, timeout,
+                    device_index: int | None = None) -> None:
+    """Initialise this rank's default process group as a trial needs it (run on the rank).
+
+    On NCCL the rank's GPU (the one ``device_map`` gave it; every GPU of the node is visible)
+    becomes its current device, on which the runner reads its allocator figures, and the group
+    is bound to it (``device_id``, which torch 2.11 has): the world communicator is created now
+    and the meshes' sub-groups split from it (ncclCommSplit shares its resources) instead of
+    each making a full communicator of its own. The harness's own CPU exchanges (the profiler's
+    clock) need a group that carries CPU tensors, which NCCL does not: its gloo side group is
+    made here, where every rank is (creating a group is collective); under gloo it is the group
+    itself."""
+    import torch
+    import torch.distributed as dist
+
+    from profiler.clock import cpu_group
+
+    device_id = None
+    if backend == "nccl":
+        torch.cuda.set_device(device_index)
+        device_id = torch.device("cuda", device_index)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout, device_id=device_id)
+    cpu_group()
 
 
 def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings,
@@ -190,9 +211,41 @@ def _family(ip: str) -> socket.AddressFamily:
 def _failure_kind(e: BaseException) -> FailureKind:
     if isinstance(e, (ConfigError, WorkloadError)):
         return FailureKind.INVALID
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+    if is_out_of_memory(e):  # by type name or by message: an OOM inside NCCL or cuBLAS too
         return FailureKind.OOM
     return FailureKind.ERROR
+
+
+_CAUSE_ORDER = (FailureKind.CRASH, FailureKind.OOM)
+"""Which rank's failure a trial reports, first to last (then the other kinds): a dead worker,
+then a rank out of memory, whose peers' errors (a collective aborted, a remote peer gone) are
+its consequences."""
+
+
+def first_failure(outcomes: list[dict]) -> tuple[int, dict] | None:
+    """(rank, outcome) of the failure that caused the others, or None if every rank succeeded:
+    never a rank aborted after another failed, a crash before an OOM before any other error,
+    the lowest rank among equals."""
+    failures = [(rank, o) for rank, o in enumerate(outcomes) if not o["ok"]]
+    if not failures:
+        return None
+
+    def order(failure: tuple[int, dict]) -> tuple:
+        rank, o = failure
+        kind = (_CAUSE_ORDER.index(o["kind"]) if o["kind"] in _CAUSE_ORDER
+                else len(_CAUSE_ORDER))
+        return o["type"] == "Aborted", kind, rank
+    return min(failures, key=order)
+
+
+def keeps_group(outcomes: list[dict]) -> bool:
+    """Whether the worker group may run the next trial after these outcomes: only when every
+    rank failed before its first collective (a setup error, alike on all ranks). After an OOM
+    (a collective may be half done, an NCCL communicator left in error) or any other failure,
+    it is rebuilt."""
+    failures = [o for o in outcomes if not o["ok"]]
+    return (len(failures) == len(outcomes) and all(o["setup"] for o in failures)
+            and not any(o["kind"] == FailureKind.OOM for o in failures))
 
 
 class WorkerGroup:
@@ -375,13 +428,10 @@ class RayExecutor:
         refs = [w.run_trial.remote(payload) for w in group.workers]
         outcomes = self._collect(refs)
         wall = time.perf_counter() - start
-        failures = [(rank, o) for rank, o in enumerate(outcomes) if not o["ok"]]
-        if failures:
-            # Report the cause, not the ranks aborted because of it.
-            # A dead worker is the cause; its peers' connection errors are the consequence.
-            rank, first = min(failures, key=lambda f: (f[1]["type"] == "Aborted",
-                                                       f[1]["kind"] != FailureKind.CRASH, f[0]))
-            if not all(o["setup"] for _, o in failures) or len(failures) < len(outcomes):
+        failure = first_failure(outcomes)  # the cause, not the ranks aborted because of it
+        if failure is not None:
+            rank, first = failure
+            if not keeps_group(outcomes):
                 self.discard_group()  # collectives may be half-done: rebuild next time
             if first["type"] in ("ConfigError",):
                 raise ConfigError(first["message"])

@@ -327,4 +327,18 @@ def run_rank(config: TrialConfig) -> RankResult:
         clock_offset_ns=offset,
         extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-               else "cpu"})
+               else "cpu",
+               "non_allocator_bytes": non_allocator_bytes(device)})
+
+
+def non_allocator_bytes(device: torch.device) -> int | None:
+    """Device memory in use outside this process's caching allocator, read after the trial's
+    steps: the CUDA context, NCCL's communicator buffers (``ncclCudaCalloc`` allocates them with
+    cudaMalloc, not through torch), and anything else holding the device. ``mem_get_info``
+    (cudaMemGetInfo) gives the device's free and total bytes; what is neither free nor reserved
+    by the allocator lies outside it. None on CPU, which has no such split."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0, total - free - torch.cuda.memory_reserved(device))
