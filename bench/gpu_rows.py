@@ -9,6 +9,7 @@ Imported by ``bench/gpu_check.py``; every function that judges figures is pure, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class Scale:
             world_size=1, micro_batch_size=row.micro_batch, device=self.device,
             precision=precision, activation_checkpointing=row.activation_checkpointing,
             zero_stage=row.zero_stage, optimizer_offload_enabled=row.offload,
-            num_warmup_steps=1, num_timed_steps=3, num_profiled_steps=profiled_steps)
+            num_warmup_steps=2, num_timed_steps=3, num_profiled_steps=profiled_steps)
 
 
 CPU_DRY_RUN = Scale(size="tiny", device="cpu", seq_divisor=32)
@@ -219,8 +220,17 @@ def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = T
     checks: list[Check] = []
     measured: list[Measured] = []
     with RayExecutor(ExecutorSettings(trial_timeout_s=timeout_s)) as executor:
+        # The group's first trial is cold (its workers load CUDA, cuBLAS and NCCL): it runs
+        # once unmeasured, as the search discards a group's cold figure.
+        with contextlib.suppress(AutotuneError):
+            executor.run(scale.config(ROWS[0], profiled_steps=0))
         for row in ROWS:
             config = scale.config(row, profiled_steps=2 if row.name == PROFILED_ROW else 1)
+            refused = _refusal(config)
+            if refused:
+                checks.append(Check(f"1B {row.name} trial", "runs where the runtime allows it",
+                                    f"refused: {refused}"[:140], Status.SKIP))
+                continue
             try:
                 result = executor.run(config)
             except AutotuneError as e:
@@ -240,6 +250,18 @@ def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = T
                                      AutotuneError)
     checks += _step_time_checks(scale, measured)
     return checks
+
+
+def _refusal(config) -> str | None:
+    """The one-line reason the runtime refuses a row's configuration on this machine (offload
+    needs dp > 1, or a GPU), or None."""
+    from autotune.errors import ConfigError
+
+    try:
+        config.validate()
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def _oom_then_next(executor, scale, device_bytes, FailureKind, TrialFailed, AutotuneError):

@@ -201,7 +201,7 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
     if kernels:
         # Torch ops by correlation id; a CUDA runtime call's id is CUPTI's, another numbering.
         ops = {e.correlation_id(): e for e in cpu
-               if e.correlation_id() and not e.activity_type().endswith(("_runtime", "_driver"))}
+               if e.correlation_id() and not _activity(e).endswith(("_runtime", "_driver"))}
         records = _CommRecords(param_comms, ops)
         spans += [_kernel_span(e, records, ops, phases, rec, step_of) for e in kernels]
     spans.sort(key=lambda s: s.start_ns)
@@ -243,7 +243,43 @@ def _innermost(ranges: Iterable[tuple[int, int, str]], t: int) -> str | None:
 
 def _is_kernel(e) -> bool:
     """A CUDA kernel; not a GPU-side annotation, memcpy, memset or sync (also device CUDA)."""
-    return e.device_type() == DeviceType.CUDA and e.activity_type() == "kernel"
+    return e.device_type() == DeviceType.CUDA and _activity(e) == "kernel"
+
+
+_CUPTI_API = re.compile(r"^cu(da)?[A-Z]")
+"""CUPTI's runtime and driver records are named after the call: cudaLaunchKernel,
+cuLaunchKernelEx, cudaStreamSynchronize."""
+
+
+def _activity(e) -> str:
+    """Kineto's activity type of an event ('kernel', 'cpu_op', 'cuda_runtime', …).
+
+    torch 2.13's ``_KinetoEvent`` says (``activity_type()``); earlier ones, 2.11 among them
+    (the first GPU this ran on), do not, and the type is derived as Kineto assigns it
+    (``libkineto/src/ActivityType.cpp``, ``CuptiActivity.cpp``): a user annotation by its
+    flag (``is_user_annotation()``, or this profiler's own range prefix where the flag is
+    missing too), a runtime or driver call by its name, and on the device a memcpy, memset or
+    synchronisation by the name CUPTI gives it ('Memcpy HtoD …', 'Memset (Device)',
+    'Stream Sync'); every other device activity is a kernel."""
+    activity = getattr(e, "activity_type", None)
+    if activity is not None:
+        return activity()
+    flag = getattr(e, "is_user_annotation", None)
+    name = e.name()
+    annotation = bool(flag()) if flag is not None else name.startswith(PHASE_PREFIX)
+    if e.device_type() == DeviceType.CPU:
+        if annotation:
+            return "user_annotation"
+        return "cuda_runtime" if _CUPTI_API.match(name) else "cpu_op"
+    if annotation:
+        return "gpu_user_annotation"
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    if name.endswith(" Sync"):
+        return "cuda_sync"
+    return "kernel"
 
 
 def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span]:

@@ -335,3 +335,37 @@ def test_optimizer_kernels_are_not_compute_in_the_fit():
                          world_size=1, micro_batch_size=1)
     point = compute_point(_spans(_phased_step()), config)
     assert point.seconds == pytest.approx(650e-9)
+
+
+class Torch211Event:
+    """The same event as torch 2.11's ``_KinetoEvent`` shows it (the H200's torch, the first
+    GPU this ran on): no ``activity_type()``; a user annotation says so through
+    ``is_user_annotation()`` (``flag``), or not at all (``flag`` False: the method is absent)."""
+
+    def __init__(self, event: FakeEvent, flag: bool = True) -> None:
+        self._event = event
+        if flag:
+            self.is_user_annotation = lambda: event._activity.endswith("user_annotation")
+
+    def __getattr__(self, name):
+        if name == "activity_type":
+            raise AttributeError(name)
+        return getattr(self._event, name)
+
+
+def _runtime_call(start, end, correlation):
+    """CUPTI's record of the launch: a CPU event, its own numbering of correlation ids."""
+    return FakeEvent("cudaLaunchKernel", start, end, _activity="cuda_runtime",
+                     _correlation=correlation)
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_events_without_activity_type_give_the_same_spans(flag):
+    events = _overlap_timeline() + [_runtime_call(120, 130, correlation=11),
+                                    FakeEvent("Memcpy HtoD (Pageable -> Device)", 50, 90,
+                                              DeviceType.CUDA, "gpu_memcpy", STREAM)]
+    legacy = [Torch211Event(e, flag) for e in events]
+    assert not hasattr(legacy[0], "activity_type")
+    assert _spans(legacy) == _spans(events)
+    b = rank_breakdown(_spans(legacy), 0)
+    assert (b.compute_ns, b.comm_ns, b.exposed_comm_ns) == (400, 300, 200)
