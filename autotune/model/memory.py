@@ -135,6 +135,47 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryTraits:
+    """What a training engine stores, as far as memory goes (``engine_memory``). An engine
+    profile (Megatron-LM, torchtitan, DeepSpeed) carries one; ``estimate_memory(traits=None)``
+    is autotune's own runtime. The presets and their sources are in ``engine_memory``."""
+
+    name: str
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism: norms, dropout and the block input sharded over TP."""
+    context_parallel: int = 1
+    """Context-parallel degree: each rank holds s / cp of every sequence."""
+    vocab_parallel_loss: bool = False
+    """Embedding, head, logits and loss sharded over TP (vocabulary-parallel)."""
+    loss_kept_fp32: int = 1
+    """fp32 logits-sized tensors the loss keeps for backward (log-softmax output, softmax)."""
+    loss_fp32_copies: int = 1
+    """fp32 logits-sized tensors alive at the loss's peak (upcast, log-softmax, its gradient)."""
+    fused_norm: bool = True
+    """Norms keep their input and statistics only, no fp32 copies."""
+    flash_attention: bool = True
+    """No s² scores kept (FlashAttention, SDPA's flash/cuDNN kernels)."""
+    dropout: bool = False
+    """1-byte dropout masks kept (and the attention dropout's output without flash)."""
+    repeat_kv: bool = False
+    """Grouped KV heads repeated to all heads before attention (and kept so)."""
+    selective_mode: str = "selective"
+    """What the config's 'selective' checkpointing means: 'selective' (Megatron: attention core
+    recomputed), 'op' (torchtitan: matmul outputs kept), 'layer' (every k-th block whole)."""
+    ac_layer_every: int = 2
+    """'layer' mode: one block in this many is checkpointed."""
+    optimizer: str = "fsdp2"
+    """Model-state layout: fsdp2, megatron (distributed optimizer), deepspeed-fp16, -bf16."""
+    embedding_counts_as_layer: bool = False
+    """Pipeline split counts each embedding as a layer (DeepSpeed's 'type:transformer|embedding',
+    Llama 3's first and last stages one layer short): L + 2 units over the stages."""
+    fragmentation: float = 1.0
+    """Reserved / allocated bytes of the caching allocator, measured."""
+    context_bytes: int = 0
+    """Bytes outside the allocator in the measured figure (CUDA context, NCCL buffers)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StateBytes:
     """Bytes per parameter element of each model state, for one precision and mechanism."""
 
@@ -549,14 +590,38 @@ def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
     return [_estimate_stage(config, shape, r, device_type) for r in range(config.pp_degree)]
 
 
+def worst_rank_candidates(pp: int) -> tuple[int, ...]:
+    """The pipeline ranks among which the worst one is: the first (embeddings, the most
+    micro-batches in flight), the second (receive buffers both ways, the most layers and
+    micro-batches of any middle rank) and the last (head, logits).
+
+    Every middle rank r holds what rank 1 holds or less: no roots, layers non-increasing in r
+    (``stage_layer_counts`` gives earlier stages the remainder, also per virtual stage), micro-
+    batches in flight non-increasing in r (1F1B: pp − r; GPipe: M; interleaved: a warm-up of
+    2·(pp − 1 − r) more), and the same receive buffers, so its estimate is at most rank 1's.
+    ``tests/test_memory.py::test_worst_rank_is_among_the_candidates`` checks this against every
+    rank on a sweep of layouts."""
+    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+
+
 def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
-                    device_type: str = "cpu") -> MemoryEstimate:
-    """The worst rank's predicted peak memory by category.
+                    device_type: str = "cpu", checked: bool = False) -> MemoryEstimate:
+    """The worst rank's predicted peak memory by category (the first such rank on a tie).
 
     ``shape`` None takes the built-in workload's shape; a user workload needs an explicit
-    ``ModelShape`` (its architecture is not known without building it)."""
-    return max(estimate_all_stages(config, shape, device_type=device_type),
-               key=lambda e: e.total)
+    ``ModelShape`` (its architecture is not known without building it). ``checked``: the caller
+    already validated ``config`` against ``shape`` (``rank`` and the search, scoring thousands),
+    so it is not validated again. Another engine's memory (Megatron-LM, torchtitan, DeepSpeed)
+    is ``engine_memory.estimate_engine_memory``'s."""
+    shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
+    if config.precision is None:
+        config = config.with_precision(device_type)
+    worst = None
+    for r in worst_rank_candidates(config.pp_degree):
+        est = _estimate_stage(config, shape, r, device_type)
+        if worst is None or est.total > worst.total:
+            worst = est
+    return worst
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
