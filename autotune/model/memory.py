@@ -605,14 +605,16 @@ def worst_rank_candidates(pp: int) -> tuple[int, ...]:
 
 
 def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
-                    device_type: str = "cpu", checked: bool = False) -> MemoryEstimate:
+                    device_type: str = "cpu", checked: bool = False,
+                    stop_above: int | None = None) -> MemoryEstimate:
     """The worst rank's predicted peak memory by category (the first such rank on a tie).
 
     ``shape`` None takes the built-in workload's shape; a user workload needs an explicit
     ``ModelShape`` (its architecture is not known without building it). ``checked``: the caller
     already validated ``config`` against ``shape`` (``rank`` and the search, scoring thousands),
     so it is not validated again. Another engine's memory (Megatron-LM, torchtitan, DeepSpeed)
-    is ``engine_memory.estimate_engine_memory``'s."""
+    is ``engine_memory.estimate_engine_memory``'s. ``stop_above``: return the first rank whose
+    total exceeds it (a screen needs no more: the worst is at least as large)."""
     shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     if config.precision is None:
         config = config.with_precision(device_type)
@@ -621,7 +623,51 @@ def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
         est = _estimate_stage(config, shape, r, device_type)
         if worst is None or est.total > worst.total:
             worst = est
+        if stop_above is not None and worst.total > stop_above:
+            break
     return worst
+
+
+def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """At most ``estimate_memory(config, shape).total``, in a few dictionary look-ups: rank 0's
+    model states (cached per tp, pp, dp, ZeRO stage, bucket and precision) and the blocks'
+    activations its schedule holds (cached per micro-batch, tp and checkpointing). ``rank``
+    screens hundreds of thousands of layouts with it before estimating the survivors."""
+    precision = config.precision or config.resolved_precision(device_type)
+    tp, pp = config.tp_degree, config.pp_degree
+    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
+    offloaded = config.optimizer_offload_enabled and device_type == "cuda"
+    states, layers = _rank0_states(
+        shape, config.workload.vocab_size or shape.vocab_size, tp, pp, config.dp_degree,
+        config.zero_stage, interleaved, precision, config.bucket_mb,
+        _uses_distributed_optimizer(config), offloaded)
+    if interleaved:
+        return states  # its held micro-batches per virtual stage take a replay
+    held = 1 if pp == 1 else microbatches_in_flight(config.pp_schedule, pp, 0,
+                                                    config.grad_accum_steps)[0]
+    layer = _cached_layer_bytes(shape, config.workload.seq_len, config.micro_batch_size, tp,
+                                config.activation_checkpointing, config.attention,
+                                PRECISION_COMPUTE_DTYPE[precision])
+    return states + held * layers * layer
+
+
+@lru_cache(maxsize=65536)
+def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, zero: int,
+                  interleaved: bool, precision: str, bucket_mb: float, flat_zero1: bool,
+                  offloaded: bool) -> tuple[int, int]:
+    """(model-state bytes, layers) of pipeline rank 0, as ``_stage`` computes them."""
+    parts = _parts(shape.num_layers, pp, interleaved, 0)
+    sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
+    st = _states(shape, vocab, parts, tp, dp, zero, sb, bucket_mb, flat_zero1=flat_zero1)
+    states = 0 if offloaded else st.parameters + st.gradients + st.optimizer_state
+    return states, sum(p.num_layers for p in parts)
+
+
+@lru_cache(maxsize=65536)
+def _cached_layer_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp: int,
+                        checkpointing: str, attention: str, dtype: str) -> int:
+    return layer_activation_bytes(shape, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                  checkpointing=checkpointing, attention=attention, dtype=dtype)
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
