@@ -7,7 +7,16 @@ batch and a sequence length, it lists every layout the trial engine accepts — 
 (``memory.estimate_memory``) and, for those predicted to fit the limit with the search's margin
 (``search.predicted_to_fit``), its step time (``perf_model.predict_step_time`` with the cluster's
 stored calibration, for autotune's own engine), and prints the fastest K. Nothing runs and
-nothing imports torch: Llama 70B on 512 GPUs (about 21,000 layouts) is ranked in seconds.
+nothing imports torch. Memory screens first: ``memory.peak_lower_bound`` (cached model states
+and held activations) drops most layouts that cannot fit, and the exact estimate stops at the
+first pipeline rank over the limit, so the step-time model sees only layouts that fit: SC21's
+145.6B GPT on 1,536 GPUs (213,288 layouts) scores in about 8 s (``bench/rank_speed.py``).
+
+Precision (``--precision``, or the older ``--dtype``) defaults as the search's does
+(``config.DEFAULT_PRECISION``: bf16-mixed on GPU clusters, with fp32 master weights). Layouts
+that differ only in bucket size and whose predicted step and peak agree within 0.1%
+(``collapse_equivalent``) share one row, whose bucket column lists their sizes; the output says
+how many were folded.
 
 What is enumerated (``ENUMERATED``): tp × pp × dp, micro-batch (hence accumulation), ZeRO stage,
 activation checkpointing, pipeline schedule, overlap on/off and the search's bucket sizes. With
@@ -121,9 +130,9 @@ def add_rank_parser(sub) -> None:
         f"{ENUMERATED} — predict each one's peak memory (autotune/model/memory.py) and step time "
         "(autotune/model/perf_model.py, with the cluster's stored calibration), drop those "
         "predicted not to fit the memory limit with the search's 15% margin, and print the "
-        "fastest by predicted tokens/s. Bucket size (25 MB) and attention (sdpa) stay at "
-        "TrialConfig's defaults. With dp 1, only ZeRO-0 with overlap on is listed (nothing to "
-        "shard or overlap).",
+        "fastest by predicted tokens/s; layouts that differ only in bucket size and are "
+        "predicted alike share a row. Attention (sdpa) stays at TrialConfig's default. With "
+        "dp 1, only ZeRO-0 with overlap on is listed (nothing to shard or overlap).",
         epilog="example: autotune rank --model llama-70b --cluster a100-sxm4-80gb --nodes 64 "
         "--global-batch 1024 --seq-len 4096")
     p.add_argument("--model", metavar="NAME",
@@ -380,8 +389,8 @@ class _Progress:
 # ---- output --------------------------------------------------------------------------------
 def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
     lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
-             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} {'tokens/s':>11} "
-             f"{'MFU':>6} {'peak GiB':>8}  largest term"]
+             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} "
+             f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  largest term"]
     for i, s in enumerate(layouts, 1):
         c, t = s.config, s.time
         term = max(t.breakdown, key=t.breakdown.get)

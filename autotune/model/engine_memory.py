@@ -22,9 +22,13 @@ allocator reserves on the worst pipeline rank. The per-category terms:
   batches on rank r (``memory.microbatches_in_flight``), interleaved more; each held
   micro-batch's stage input is kept too.
 - **The loss** (last stage): the logits b·s·V (V/t vocabulary-parallel, /cp) in the compute
-  dtype plus ``loss_fp32_copies`` fp32 tensors at the loss's peak (torchtitan's
-  ``cross_entropy(pred.float())``: the upcast, log-softmax's output and, in backward, its
-  gradient; Megatron's ``vocab_parallel_cross_entropy``: one in-place fp32 softmax).
+  dtype plus the fp32 logits-sized tensors alive at the loss's forward or backward peak
+  (torchtitan's ``cross_entropy(pred.float())``: the upcast and log-softmax's output in
+  forward; the kept output, nll's gradient and log-softmax's input gradient in backward; under
+  ``loss_parallel`` one more, as torch/distributed/tensor/parallel/loss.py builds log-softmax
+  from ``shifted``, ``exp(shifted)`` and the result and its gradient as
+  ``(grad_input + exp(x)) * grad_output``; Megatron's ``vocab_parallel_cross_entropy``: one
+  fp32 copy, softmax and gradient in place).
 - **Model states** by the engine's optimizer (:func:`engine_states`): FSDP2 (torchtitan: fp32
   shards, ``memory._states``); Megatron's distributed optimizer (bf16 parameters, fp32 main
   gradients, fp32 master and moments sharded); DeepSpeed ZeRO-1's fp16 optimizer (fp16
@@ -38,6 +42,7 @@ allocator reserves on the worst pipeline rank. The per-category terms:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autotune.config import BYTES_PER_ELEMENT, PRECISION_COMPUTE_DTYPE, TrialConfig
@@ -139,10 +144,14 @@ def _local_vocab(vocab: int, tp: int, traits: MemoryTraits) -> int:
 
 
 def _loss_bytes(traits: MemoryTraits, d: _Dims, vocab: int) -> tuple[int, int]:
-    """(kept for backward, peak at the loss) of the last stage, per micro-batch."""
+    """(kept for backward, the loss's peak above what it keeps) of the last stage, per micro-
+    batch: the logits in the compute dtype plus fp32 logits-sized tensors, the larger of the
+    forward's and the backward's count."""
     logits = d.tokens * _local_vocab(vocab, d.tp, traits)
+    extra = traits.loss_parallel_extra_fp32 if traits.vocab_parallel_loss and d.tp > 1 else 0
+    fp32 = max(traits.loss_forward_fp32, traits.loss_backward_fp32) + extra
     kept = FP32_BYTES * logits * traits.loss_kept_fp32
-    return kept, d.e * logits + FP32_BYTES * logits * traits.loss_fp32_copies
+    return kept, d.e * logits + FP32_BYTES * logits * fp32 - kept
 
 
 def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, vocab: int,
@@ -269,26 +278,32 @@ def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
 
 
 # ---- presets: what each engine stores ------------------------------------------------------
-TORCHTITAN = MemoryTraits(
-    name="torchtitan", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
-    loss_fp32_copies=3, fused_norm=True, flash_attention=True, dropout=False, repeat_kv=True,
-    selective_mode="op", optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
-"""torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
-(``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``: the fp32 upcast and
-log-softmax's output in forward, its output, incoming gradient and input gradient in backward
-(3 fp32 logits); SDPA flash kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default;
-FSDP2 with fp32 shards and bf16 compute. Its reported memory is the allocator's max reserved,
-and its launch script sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, under which
-freed segments are remapped rather than split: no fragmentation factor, no context."""
 BIGSCIENCE_FRAGMENTATION = 1.15
 BIGSCIENCE_CONTEXT_BYTES = int(7.35 * 2**30)
 """The allocator's factor and the bytes outside it in nvidia-smi's figure (CUDA context, NCCL's
 buffers, the cached blocks of the fp32 model Megatron builds before casting it), measured: the
 least-squares line through the even-numbered rows of BigScience's sweep with a stated peak
 (``bench/published_memory.py --fit``: 1.152 and 7.35 GiB); the odd-numbered rows are predicted."""
+TORCHTITAN = MemoryTraits(
+    name="torchtitan", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
+    loss_forward_fp32=2, loss_backward_fp32=3, loss_parallel_extra_fp32=1, fused_norm=True, flash_attention=True, dropout=False, repeat_kv=True,
+    selective_mode="op", optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
+"""torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
+(``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
+(``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default;
+FSDP2 with fp32 shards and bf16 compute. Its reported memory is the allocator's max reserved
+(no context). Its single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=
+expandable_segments:True``, under which freed segments are remapped rather than split: no
+fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
+TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinode",
+                                           fragmentation=BIGSCIENCE_FRAGMENTATION)
+"""torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
+default (no expandable segments): the caching allocator's fragmentation as measured on
+BigScience's sweep, still without context (max reserved)."""
 BIGSCIENCE = MemoryTraits(
     name="megatron-deepspeed", sequence_parallel=False, vocab_parallel_loss=True,
-    loss_kept_fp32=1, loss_fp32_copies=1, fused_norm=True, flash_attention=False,
+    loss_kept_fp32=1, loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True,
+    flash_attention=False,
     dropout=False, optimizer="deepspeed-fp16", fragmentation=BIGSCIENCE_FRAGMENTATION,
     context_bytes=BIGSCIENCE_CONTEXT_BYTES)
 """Megatron-DeepSpeed as BigScience trained BLOOM in 2022 (bigscience-workshop/bigscience,

@@ -149,8 +149,15 @@ class MemoryTraits:
     """Embedding, head, logits and loss sharded over TP (vocabulary-parallel)."""
     loss_kept_fp32: int = 1
     """fp32 logits-sized tensors the loss keeps for backward (log-softmax output, softmax)."""
-    loss_fp32_copies: int = 1
-    """fp32 logits-sized tensors alive at the loss's peak (upcast, log-softmax, its gradient)."""
+    loss_forward_fp32: int = 1
+    """fp32 logits-sized tensors beside the logits at the loss's forward peak (the upcast,
+    log-softmax's output)."""
+    loss_backward_fp32: int = 1
+    """fp32 logits-sized tensors at the loss's backward peak (the kept one, the incoming and
+    the input gradient), beside the gradient cast back to the compute dtype."""
+    loss_parallel_extra_fp32: int = 0
+    """More of each when the loss is vocabulary-parallel over tp > 1 (torch's loss_parallel
+    composes log-softmax and its gradient from separate tensors)."""
     fused_norm: bool = True
     """Norms keep their input and statistics only, no fp32 copies."""
     flash_attention: bool = True
