@@ -247,3 +247,21 @@ def test_nothing_fits_is_a_runtime_error_naming_the_smallest_peak(capsys):
     errors = [ln for ln in err.splitlines() if ln.startswith("autotune: error:")]
     assert code == 1 and not out and len(errors) == 1
     assert "smallest predicted peak" in errors[0] and "raise --memory-limit" in errors[0]
+
+
+def test_an_engines_memory_judges_the_fit():
+    # rank_layouts(memory_traits=...): each layout's peak is that engine's (torchtitan's here,
+    # whose op-mode AC, bf16 logits and fused norms fit where autotune's runtime does not).
+    from autotune.cli.rank import rank_layouts
+    from autotune.model.engine_memory import TORCHTITAN, estimate_engine_memory
+
+    base = _base("llama-7b", 8, 16, 2048)
+    layouts = [c for c in enumerate_layouts(base) if c.pp_degree == 1 and c.zero_stage == 3]
+    cluster = load_cluster("a100-sxm4-80gb")
+    limit = 30 * GIB
+    own = rank_layouts(layouts, cluster, limit_bytes=limit)
+    titan = rank_layouts(layouts, cluster, limit_bytes=limit, memory_traits=TORCHTITAN)
+    assert len(titan.fitting) > len(own.fitting)
+    for s in titan.fitting:
+        peak = estimate_engine_memory(s.config, None, TORCHTITAN).total
+        assert s.peak_memory_bytes == peak and peak * 1.15 <= limit

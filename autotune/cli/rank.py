@@ -65,7 +65,8 @@ from autotune.cli.estimate import (
     mark_explicit,
 )
 from autotune.layouts import divisors
-from autotune.model.memory import estimate_memory, peak_lower_bound
+from autotune.model.engine_memory import estimate_engine_memory
+from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.shapes import ModelShape, model_names
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
@@ -295,14 +296,17 @@ def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
 def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
                  shape: ModelShape | None = None, limit_bytes: int | None,
                  device_type: str = "cuda", calibration: Calibration | None = None,
-                 progress: _Progress | None = None) -> Ranking:
+                 progress: _Progress | None = None,
+                 memory_traits: MemoryTraits | None = None) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
     search's margin), the step time; fastest first (ties: smaller peak first).
 
     ``layouts`` are valid (``enumerate_layouts``), so they are not validated again. A layout
     whose ``memory.peak_lower_bound`` already exceeds the limit is not estimated further (the
     bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
-    smallest peak of those that do not fit is only needed, and only computed, when none fits."""
+    smallest peak of those that do not fit is only needed, and only computed, when none fits.
+    ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
+    every layout estimated (the screen is autotune's runtime's)."""
     from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit  # the search's rule
 
     calibration = calibration or Calibration.for_cluster(cluster)
@@ -311,14 +315,19 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     stop = None if limit_bytes is None else int(limit_bytes / (1 + MEMORY_MARGIN))
     fitting = []
     for done, config in enumerate(layouts, 1):
-        if predicted_to_fit(peak_lower_bound(config, shape_of, device_type=device_type),
-                            limit_bytes):
+        if memory_traits is not None:
+            peak = estimate_engine_memory(config, shape_of, memory_traits,
+                                          device_type=device_type, checked=True).total
+        elif predicted_to_fit(peak_lower_bound(config, shape_of, device_type=device_type),
+                              limit_bytes):
             peak = estimate_memory(config, shape_of, device_type=device_type, checked=True,
                                    stop_above=stop).total
-            if predicted_to_fit(peak, limit_bytes):
-                time = predict_step_time(config, cluster, calibration, shape=shape,
-                                         engine=AUTOTUNE_ENGINE)
-                fitting.append(ScoredLayout(config, time, peak))
+        else:
+            peak = None
+        if peak is not None and predicted_to_fit(peak, limit_bytes):
+            time = predict_step_time(config, cluster, calibration, shape=shape,
+                                     engine=AUTOTUNE_ENGINE)
+            fitting.append(ScoredLayout(config, time, peak))
         if progress is not None:
             progress.update(done)
     if progress is not None:
@@ -326,8 +335,8 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     fitting.sort(key=lambda s: (-s.time.tokens_per_s, s.peak_memory_bytes))
     smallest = None
     if not fitting and layouts:
-        peaks = ((c, estimate_memory(c, shape_of, device_type=device_type, checked=True).total)
-                 for c in layouts)
+        peaks = ((c, estimate_engine_memory(c, shape_of, memory_traits, device_type=device_type,
+                                            checked=True).total) for c in layouts)
         smallest = min(peaks, key=lambda cp: cp[1])
     return Ranking(scored=len(layouts), fitting=tuple(fitting), smallest_peak=smallest,
                    rows=tuple(collapse_equivalent(fitting)))

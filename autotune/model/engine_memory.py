@@ -176,12 +176,18 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
         # DeepSpeed ZeRO-1 (stage_1_and_2.py): 16-bit parameters and gradients; the fp32 master
         # partition and both moments per rank; at the step the partition's gradients in fp32
         # (``single_grad_partition``). BF16_Optimizer accumulates every gradient in fp32 too.
-        grads = c * numel + (FP32_BYTES * numel if traits.optimizer == "deepspeed-bf16" else 0)
+        # ZeRO-2 shards the 16-bit gradients too, ZeRO-3 the parameters (their gathers are
+        # comm buffers, as FSDP's).
+        grad_numel = -(-numel // n) if zero >= 2 else numel
+        grads = c * grad_numel
+        if traits.optimizer == "deepspeed-bf16":
+            grads += FP32_BYTES * grad_numel
+        params = c * (-(-numel // n) if zero == 3 else numel)
         if zero == 0 and traits.optimizer == "deepspeed-fp16":
             # FP16_Optimizer (no ZeRO): the flat fp32 gradient and its per-tensor fp32 copies
             # at the step (fused_optimizer.py ``step``)
-            return c * numel, grads, 12 * numel, 2 * FP32_BYTES * numel
-        return c * numel, grads, -(-12 * numel // n), FP32_BYTES * -(-numel // n)
+            return params, grads, 12 * numel, 2 * FP32_BYTES * numel
+        return params, grads, -(-12 * numel // n), FP32_BYTES * -(-numel // n)
     raise ConfigError(f"unknown optimizer layout {traits.optimizer!r}; choose fsdp2, megatron, "
                       "deepspeed-fp16 or deepspeed-bf16")
 
@@ -200,13 +206,14 @@ def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
 
 
 def estimate_engine_memory(config: TrialConfig, shape: ModelShape | None,
-                           traits: MemoryTraits | None, *, device_type: str = "cuda"
-                           ) -> MemoryEstimate:
+                           traits: MemoryTraits | None, *, device_type: str = "cuda",
+                           checked: bool = False) -> MemoryEstimate:
     """The worst pipeline rank's reserved bytes when ``traits``' engine runs ``config``
-    (``traits`` None: autotune's own runtime, ``memory.estimate_memory``)."""
+    (``traits`` None: autotune's own runtime, ``memory.estimate_memory``). ``checked``: the
+    caller validated ``config`` against ``shape`` already."""
     if traits is None:
-        return estimate_memory(config, shape, device_type=device_type)
-    shape = _resolve_shape(config, shape)
+        return estimate_memory(config, shape, device_type=device_type, checked=checked)
+    shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     precision = config.resolved_precision(device_type)
     worst = None
     for r in worst_rank_candidates(config.pp_degree):
@@ -265,8 +272,8 @@ def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
     the compute dtype, the gradients of one unit in the compute dtype and cast to fp32 for the
     reduce-scatter (MixedPrecisionPolicy reduce_dtype float32), and the root, which FSDP2 does
     not reshard after forward."""
-    if traits.optimizer != "fsdp2" or config.dp_degree == 1 or config.zero_stage < 2:
-        return 0
+    if config.dp_degree == 1 or config.zero_stage < (2 if traits.optimizer == "fsdp2" else 3):
+        return 0  # DeepSpeed's and Megatron's ZeRO-2 keep the parameters whole
     block = _layer_tensors(shape, config.tp_degree).numel
     local_vocab = _local_vocab(vocab, config.tp_degree, traits)
     root = sum(_root_tensors(shape, local_vocab, p.first, p.last).numel for p in parts)
@@ -300,6 +307,15 @@ TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinod
 """torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
 default (no expandable segments): the caching allocator's fragmentation as measured on
 BigScience's sweep, still without context (max reserved)."""
+MEGATRON = MemoryTraits(
+    name="megatron", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
+    loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True, flash_attention=True,
+    dropout=False, selective_mode="selective", optimizer="megatron")
+"""Megatron-LM (megatron/core, 2024–25) as its large-model recipes run it: sequence parallelism
+with TP (``--sequence-parallel``), ``vocab_parallel_cross_entropy`` (one fp32 copy, in place),
+Transformer Engine's fused norms and flash attention, dropout 0 (the Llama recipes), selective
+recomputation of the attention core, the distributed optimizer with fp32 main gradients. The
+allocator factor is unmeasured for it (1.0)."""
 BIGSCIENCE = MemoryTraits(
     name="megatron-deepspeed", sequence_parallel=False, vocab_parallel_loss=True,
     loss_kept_fp32=1, loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True,
@@ -310,3 +326,11 @@ BIGSCIENCE = MemoryTraits(
 train/tr11-176B-ml): TP without sequence parallelism, ``vocab_parallel_cross_entropy`` on an fp32
 copy of the logits (one in-place fp32 softmax kept), apex's fused LayerNorm, the fused
 scaled-masked softmax (no flash), dropout 0, DeepSpeed ZeRO-1."""
+DEEPSPEED = dataclasses.replace(BIGSCIENCE, name="deepspeed")
+"""Megatron-DeepSpeed's traits for the ``deepspeed`` engine: BigScience's, with its measured
+allocator factor and context."""
+
+MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
+    "autotune": None, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "deepspeed": DEEPSPEED}
+"""Each engine's memory traits by the engine's name (``--engine``); None: autotune's own
+runtime (``memory.estimate_memory``). torchtitan across nodes is ``TORCHTITAN_MULTINODE``."""
