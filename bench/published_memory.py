@@ -1,7 +1,7 @@
 """Predicted against published peak memory: BigScience's BLOOM-176B layout sweep (A100 80GB,
-Megatron-DeepSpeed) and the torchtitan checks the issue states.
+Megatron-DeepSpeed) and torchtitan's 2024 A100 rows (which state only whether a run fit).
 
-    python bench/published_memory.py [--json]
+    python bench/published_memory.py [--json] [--fit]
 
 Each row of ``tests/data/published-a100/bigscience_tr11_176b_layout_sweep_a100.csv`` (the
 team's chronicle, README beside it) becomes a ``TrialConfig`` on an explicit GPT shape (4h
@@ -16,8 +16,16 @@ ok rows to fit). Then the MAPE over rows with a stated figure.
 
 The allocator factor of ``BIGSCIENCE`` (reserved / allocated and nvidia-smi's context) is
 fitted on the even-numbered rows with a stated figure (``fit_allocator``) and the odd-numbered
-ones are predicted with it (``--fit`` prints that fit). ``predict_memory_rows()`` is what
-``bench/published_runs.py`` imports.
+ones are predicted with it (``--fit`` prints that fit).
+
+Each row of ``torchtitan_a100_2024.csv`` (FSDP over 64 A100 80GB, Llama 2 13B/70B and Llama 3
+8B/70B, the local batch and activation checkpointing each states) is predicted with
+``TORCHTITAN_MULTINODE`` (eight nodes, so the multi-node launcher's allocator), its 'selective
+layer' as torchtitan's default ``layer`` mode (every second block) and 'selective op' as
+``op``; the check is the verdict: its two OOM rows must not fit, the others must.
+
+``predict_memory_rows()`` returns both tables' predictions; ``bench/published_runs.py`` imports
+it.
 """
 
 from __future__ import annotations
@@ -35,12 +43,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import GIB, TrialConfig, WorkloadSpec  # noqa: E402
-from autotune.model.engine_memory import BIGSCIENCE, estimate_engine_memory  # noqa: E402
+from autotune.model.engine_memory import (  # noqa: E402
+    BIGSCIENCE,
+    TORCHTITAN_MULTINODE,
+    estimate_engine_memory,
+)
 from autotune.model.memory import MemoryTraits  # noqa: E402
 from autotune.shapes import ModelShape  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published-a100"
 SWEEP = DATA / "bigscience_tr11_176b_layout_sweep_a100.csv"
+TORCHTITAN_A100 = DATA / "torchtitan_a100_2024.csv"
+LLAMA_SHAPES = {  # layers, hidden, heads, KV heads, MLP width, vocabulary (the models' configs)
+    "Llama 3.1 8B": (32, 4096, 32, 8, 14336, 128256),
+    "Llama 3.1 70B": (80, 8192, 64, 8, 28672, 128256),
+    "Llama 2 13B": (40, 5120, 40, 40, 13824, 32000),
+    "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000),
+}
+TORCHTITAN_AC = {"no": ("none", "op"), "full": ("full", "op"),
+                 "selective op": ("selective", "op"), "selective layer": ("selective", "layer")}
+"""torchtitan's AC names → (the config's mode, what 'selective' means for the engine)."""
 BLOOM_VOCAB = 250_880
 """BLOOM's vocabulary as trained (250,680 tokens padded to 250,880; the sweep writes '250k')."""
 A100_BYTES = 80 * GIB
@@ -55,6 +77,7 @@ class MemoryRow:
     """One published row: the layout as a config, the engine's traits, what was stated."""
 
     index: int
+    table: str
     config: TrialConfig
     shape: ModelShape
     traits: MemoryTraits
@@ -114,8 +137,31 @@ def bigscience_rows(path: Path = SWEEP) -> list[MemoryRow]:
             traits = dataclasses.replace(
                 BIGSCIENCE, optimizer=optimizer,
                 embedding_counts_as_layer="transformer|embed" in r["notes"])
-            rows.append(MemoryRow(i, config, shape, traits, stated, r["status"] == "OOM",
-                                  A100_BYTES))
+            rows.append(MemoryRow(i, "bigscience", config, shape, traits, stated,
+                                  r["status"] == "OOM", A100_BYTES))
+    return rows
+
+
+def torchtitan_rows(path: Path = TORCHTITAN_A100) -> list[MemoryRow]:
+    """torchtitan's A100 rows as FSDP configs (no memory stated: OOM or ran)."""
+    rows = []
+    with open(path, newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            layers, h, heads, kv, ffn, vocab = LLAMA_SHAPES[r["model"]]
+            seq = int(r["seq_len"].split()[0])
+            batch, gpus = int(r["local_batch_size"]), int(r["num_gpus"])
+            shape = ModelShape(family="llama", num_layers=layers, hidden_size=h,
+                               num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn,
+                               vocab_size=vocab, max_seq_len=seq)
+            ac, selective = TORCHTITAN_AC[r["activation_checkpointing"]]
+            config = TrialConfig(
+                workload=WorkloadSpec(workload="explicit:torchtitan", seq_len=seq,
+                                      global_batch_size=batch * gpus),
+                world_size=gpus, zero_stage=3, micro_batch_size=batch,
+                activation_checkpointing=ac, device="cuda", precision="bf16-mixed")
+            traits = dataclasses.replace(TORCHTITAN_MULTINODE, selective_mode=selective)
+            rows.append(MemoryRow(i, "torchtitan", config, shape, traits, None,
+                                  r["mfu"] == "OOM", A100_BYTES))
     return rows
 
 
@@ -130,9 +176,10 @@ def predict(rows: list[MemoryRow], traits_override: dict | None = None
 
 
 def predict_memory_rows() -> list[MemoryPrediction]:
-    """Every BigScience row with a stated memory or an OOM, predicted with the shipped
-    ``BIGSCIENCE`` traits (for ``bench/published_runs.py``)."""
-    return predict(bigscience_rows())
+    """Every BigScience row with a stated memory or an OOM (the shipped ``BIGSCIENCE``
+    traits), then torchtitan's A100 rows (for ``bench/published_runs.py``); each prediction's
+    ``row.table`` says which."""
+    return predict(bigscience_rows()) + predict(torchtitan_rows())
 
 
 def fit_allocator(rows: list[MemoryRow]) -> tuple[float, float]:
@@ -164,13 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     predictions = predict_memory_rows()
     if args.json:
-        print(json.dumps([{"row": p.row.index, "stated_bytes": p.row.stated_bytes,
+        print(json.dumps([{"table": p.row.table, "row": p.row.index,
+                           "stated_bytes": p.row.stated_bytes,
                            "oom": p.row.oom, "predicted_bytes": p.predicted_bytes,
                            "fits": p.fits} for p in predictions], indent=1))
         return 0
+    bigscience = [p for p in predictions if p.row.table == "bigscience"]
     print(f"{'row':>4} {'h':>6} {'L':>4} {'a':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'mb':>3} "
           f"{'optimizer':<15} {'stated':>7} {'pred':>7} {'err':>7}  verdict")
-    for p in predictions:
+    for p in bigscience:
         c, s = p.row.config, p.row.shape
         stated = "OOM" if p.row.oom else f"{p.row.stated_bytes / GIB:.0f}"
         err = f"{p.error:+.1%}" if p.error is not None else "-"
@@ -179,11 +228,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{c.dp_degree:>3} {c.tp_degree:>3} {c.pp_degree:>3} {c.micro_batch_size:>3} "
               f"{p.row.traits.optimizer:<15} {stated:>7} {p.predicted_bytes / GIB:>7.1f} "
               f"{err:>7}  {'fits' if p.fits else 'OOM'}{'' if right else '  WRONG'}")
-    stated = [p for p in predictions if p.error is not None]
-    wrong = [p for p in predictions if p.fits == p.row.oom]
-    print(f"BigScience: {len(stated)} rows with a stated peak, MAPE {mape(predictions):.1%}, "
-          f"worst {max(abs(p.error) for p in stated):.1%}; verdicts wrong on {len(wrong)} of "
-          f"{len(predictions)} (OOM rows {sum(p.row.oom for p in predictions)})")
+    stated = [p for p in bigscience if p.error is not None]
+    wrong = [p for p in bigscience if p.fits == p.row.oom]
+    print(f"BigScience: {len(stated)} rows with a stated peak, MAPE {mape(bigscience):.1%} "
+          f"(odd-numbered, not fitted: {mape(stated[1::2]):.1%}), worst "
+          f"{max(abs(p.error) for p in stated):.1%}; verdicts wrong on {len(wrong)} of "
+          f"{len(bigscience)} (OOM rows {sum(p.row.oom for p in bigscience)})")
+    titan = [p for p in predictions if p.row.table == "torchtitan"]
+    for p in titan:
+        c, s = p.row.config, p.row.shape
+        ac = c.activation_checkpointing
+        if ac == "selective":
+            ac += "/" + p.row.traits.selective_mode
+        print(f"torchtitan {p.row.index:>2}: L{s.num_layers} h{s.hidden_size} V{s.vocab_size} "
+              f"FSDP {c.dp_degree}, local batch {c.micro_batch_size} × seq "
+              f"{c.workload.seq_len}, AC {ac}: {'OOM' if p.row.oom else 'ran'}, predicted "
+              f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'}){'' if p.fits != p.row.oom else '  WRONG'}")
     return 0
 
 
