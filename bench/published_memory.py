@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchtitan {p.row.index:>2}: L{s.num_layers} h{s.hidden_size} V{s.vocab_size} "
               f"FSDP {c.dp_degree}, local batch {c.micro_batch_size} × seq "
               f"{c.workload.seq_len}, AC {ac}: {'OOM' if p.row.oom else 'ran'}, predicted "
-              f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'}){'' if p.fits != p.row.oom else '  WRONG'}")
+              f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'})"
+              f"{'' if p.fits != p.row.oom else '  WRONG'}")
     return 0
 
 

@@ -294,12 +294,13 @@ least-squares line through the even-numbered rows of BigScience's sweep with a s
 TORCHTITAN = MemoryTraits(
     name="torchtitan", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
     loss_forward_fp32=2, loss_backward_fp32=3, loss_parallel_extra_fp32=1, fused_norm=True,
-    flash_attention=True, dropout=False, repeat_kv=True, selective_mode="op", optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
+    flash_attention=True, dropout=False, repeat_kv=True, selective_mode="op",
+    optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
 """torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
 (``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
 (``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
-kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards and bf16 compute. Its reported memory is the allocator's max reserved
-(no context). Its single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=
+kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
+and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=
 expandable_segments:True``, under which freed segments are remapped rather than split: no
 fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
 TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinode",
