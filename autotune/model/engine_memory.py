@@ -300,9 +300,9 @@ TORCHTITAN = MemoryTraits(
 (``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
 (``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
 kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
-and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=
-expandable_segments:True``, under which freed segments are remapped rather than split: no
-fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
+and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its
+single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``,
+under which freed segments are remapped rather than split: no fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
 TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinode",
                                            fragmentation=BIGSCIENCE_FRAGMENTATION)
 """torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
