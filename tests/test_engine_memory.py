@@ -191,3 +191,21 @@ def test_layer_mode_and_context_parallel():
     assert est.activations - kept - final - 4 * logits == max(2 * logits,
                                                               none + 2 * 2 * half * 4 * H
                                                               + 2 * half * H)
+
+
+def test_1f1b_first_stage_holds_a_micro_batch_per_stage():
+    # 1F1B (Megatron, DeepSpeed's TrainSchedule): pipeline rank 0 holds min(M, p) micro-batches,
+    # each its blocks' kept activations (full recomputation: their inputs) and its stage input.
+    from autotune.model.engine_memory import _engine_stage
+
+    pp, m = 4, 8
+    config = TrialConfig(workload=WorkloadSpec(workload="explicit:gpt", seq_len=S,
+                                               global_batch_size=m * B), world_size=pp,
+                         pp_degree=pp, micro_batch_size=B, activation_checkpointing="full",
+                         pp_schedule="1f1b", device="cuda", precision="bf16-mixed")
+    first = _engine_stage(config, GPT, PAPER, 0, "bf16-mixed")
+    sbh = S * B * H
+    per_micro_batch = (GPT.num_layers // pp) * 2 * sbh + 2 * sbh
+    none = _block(PAPER, "none", 1)
+    backward = none + 2 * 2 * S * B * 4 * H + 2 * sbh  # the block rebuilt and its gradients
+    assert first.activations == pp * per_micro_batch + backward
