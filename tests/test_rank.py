@@ -15,7 +15,7 @@ import pytest
 
 from autotune.cli.main import main
 from autotune.model.cluster import load_cluster
-from autotune.config import TrialConfig, WorkloadSpec
+from autotune.config import DEFAULT_PRECISION, TrialConfig, WorkloadSpec
 from autotune.layouts import enumerate_configs
 from autotune.model.memory import estimate_memory
 from autotune.shapes import MODEL_SHAPES
@@ -34,7 +34,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def _base(model: str, world: int, batch: int, seq: int, dtype: str = "bfloat16") -> TrialConfig:
+def _base(model: str, world: int, batch: int, seq: int, dtype: str | None = None) -> TrialConfig:
     family, _, size = model.partition("-")
     return TrialConfig(workload=WorkloadSpec(family=family, size=size, seq_len=seq,
                                              global_batch_size=batch, dtype=dtype),
@@ -78,6 +78,18 @@ RANK_ARGS = ("--model", "gpt-small", "--cluster", "a100-sxm4-80gb", "--global-ba
              "--seq-len", "1024", "--memory-limit", "4", "--top", "10000", "--json")
 
 
+def _folded(scored: list[tuple[float, float, int, TrialConfig]]) -> list[tuple]:
+    """Fastest first; a layout equal to a listed one but for its bucket, with step and peak
+    within 0.1% of it, is not listed (independently of rank.collapse_equivalent)."""
+    rows: list[tuple] = []
+    for tps, step, peak, config in sorted(scored, key=lambda r: (-r[0], r[2])):
+        if not any(dataclasses.replace(c, bucket_mb=0) == dataclasses.replace(config, bucket_mb=0)
+                   and abs(s - step) <= 1e-3 * s and abs(p - peak) <= 1e-3 * p
+                   for _, s, p, c in rows):
+            rows.append((tps, step, peak, config))
+    return rows
+
+
 def test_order_is_predicted_throughput_and_all_fit(capsys):
     code, out, err = _run(capsys, *RANK_ARGS)
     assert code == 0
@@ -87,35 +99,77 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     # Independently: every valid layout, its predicted peak and, if it fits with the screen's
     # CUDA allowances (the model's margin, the allocator's reserve, the memory outside the
     # allocator: screen.ALLOWANCES), its predicted tokens/s with the default calibration (the
-    # built-in stores none).
+    # built-in stores none), in the search's default precision on GPUs (bf16-mixed).
     cuda = ALLOWANCES["cuda"]
 
     def fits(peak: int) -> bool:
         return (peak * (1 + cuda.model_margin) * cuda.fragmentation
                 + cuda.outside_allocator) <= limit
 
-    expected = []
+    scored = []
     grid = SearchSpace(_base("gpt-small", 8, 32, 1024)).configs
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if fits(peak):
-            expected.append(predict_step_time(config, cluster, Calibration()).tokens_per_s)
-    assert data["scored"] == len(grid) and data["fit"] == len(expected)
+            t = predict_step_time(config, cluster, Calibration())
+            scored.append((t.tokens_per_s, t.step_time_s, peak, config))
+    rows = _folded(scored)
+    assert data["scored"] == len(grid) and data["fit"] == len(scored)
+    assert data["collapsed"] == len(scored) - len(rows) > 0
     assert 0 < data["fit"] < data["scored"]  # the limit bites
     assert data["world_size"] == 8 and data["cluster"] == "a100-sxm4-80gb"
     listed = [layout["tokens_per_s"] for layout in data["layouts"]]
-    assert listed == sorted(expected, reverse=True)
+    assert listed == [r[0] for r in rows]
     for layout in data["layouts"]:
         config = TrialConfig.from_dict(layout["config"])
+        assert config.precision == "bf16-mixed"
         estimate = predict_step_time(config, cluster, Calibration())
         assert layout["tokens_per_s"] == estimate.tokens_per_s
         assert layout["step_time_s"] == estimate.step_time_s
         assert layout["breakdown"] == estimate.breakdown
         peak = estimate_memory(config, device_type="cuda").total
         assert layout["peak_memory_bytes"] == peak and fits(peak)
+        for bucket in layout["collapsed_bucket_mb"]:  # each folded layout fits, predicted alike
+            twin = dataclasses.replace(config, bucket_mb=bucket, precision=None)
+            assert twin in grid and bucket != config.bucket_mb
+            assert abs(predict_step_time(twin, cluster, Calibration()).step_time_s
+                       - estimate.step_time_s) <= 1e-3 * estimate.step_time_s
     # Not a terminal: one plain line on stderr, none of the progress line's carriage returns.
     assert err.startswith(f"scored {len(grid):,} layouts in ") and err.count("\n") == 1
     assert "\r" not in err
+
+
+def test_precision_defaults_as_the_search_does(capsys):
+    # No --precision: bf16-mixed on a GPU cluster (config.DEFAULT_PRECISION, the search's
+    # default), whose fp32 master weights make every peak larger than bf16-true's.
+    args = (*RANK_ARGS[:-5], "--memory-limit", "80", "--top", "1")
+    _, out, _ = _run(capsys, *args)
+    assert out.splitlines()[0].endswith("bf16-mixed")
+    _, mixed, _ = _run(capsys, *args, "--json")
+    _, true, _ = _run(capsys, *args, "--json", "--precision", "bf16-true")
+    mixed, true = json.loads(mixed)["layouts"][0], json.loads(true)["layouts"][0]
+    assert mixed["config"]["precision"] == DEFAULT_PRECISION["cuda"] == "bf16-mixed"
+    assert true["config"]["precision"] == "bf16-true"
+    as_true = dataclasses.replace(TrialConfig.from_dict(mixed["config"]), precision="bf16-true")
+    assert mixed["peak_memory_bytes"] > estimate_memory(as_true, device_type="cuda").total
+    code, out, err = _run(capsys, *args, "--precision", "fp8")
+    assert code == 2 and "unknown precision 'fp8'" in err
+
+
+def test_table_folds_layouts_predicted_alike_and_says_so(capsys):
+    _, js, _ = _run(capsys, *RANK_ARGS[:-3], "--top", "10", "--json")
+    data = json.loads(js)
+    code, out, _ = _run(capsys, *RANK_ARGS[:-3], "--top", "10")
+    assert code == 0
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    for row, layout in zip(rows, data["layouts"]):
+        sizes = sorted([layout["config"]["bucket_mb"], *layout["collapsed_bucket_mb"]])
+        if layout["config"]["derived"]["dp_degree"] > 1:
+            assert row[9] == "/".join(f"{b:g}" for b in sizes)
+    message = [ln for ln in out.splitlines() if ln.startswith("folded: ")]
+    assert message == [f"folded: {data['collapsed']:,} layouts that differ from a listed one "
+                       "only in bucket size, with the same prediction (step and peak within "
+                       "0.1%), share its row; its bucket column lists their sizes"]
 
 
 def test_table_lists_the_json_order(capsys):
@@ -201,3 +255,21 @@ def test_nothing_fits_is_a_runtime_error_naming_the_smallest_peak(capsys):
     errors = [ln for ln in err.splitlines() if ln.startswith("autotune: error:")]
     assert code == 1 and not out and len(errors) == 1
     assert "smallest predicted peak" in errors[0] and "raise --memory-limit" in errors[0]
+
+
+def test_an_engines_memory_judges_the_fit():
+    # rank_layouts(memory_traits=...): each layout's peak is that engine's (torchtitan's here,
+    # whose op-mode AC, bf16 logits and fused norms fit where autotune's runtime does not).
+    from autotune.cli.rank import rank_layouts
+    from autotune.model.engine_memory import TORCHTITAN, estimate_engine_memory
+
+    base = _base("llama-7b", 8, 16, 2048)
+    layouts = [c for c in enumerate_layouts(base) if c.pp_degree == 1 and c.zero_stage == 3]
+    cluster = load_cluster("a100-sxm4-80gb")
+    limit = 30 * GIB
+    own = rank_layouts(layouts, cluster, limit_bytes=limit)
+    titan = rank_layouts(layouts, cluster, limit_bytes=limit, memory_traits=TORCHTITAN)
+    assert len(titan.fitting) > len(own.fitting)
+    for s in titan.fitting:
+        peak = estimate_engine_memory(s.config, None, TORCHTITAN).total
+        assert s.peak_memory_bytes == peak and peak * 1.15 <= limit

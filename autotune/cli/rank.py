@@ -7,7 +7,16 @@ batch and a sequence length, it lists every layout the trial engine accepts — 
 (``memory.estimate_memory``) and, for those predicted to fit the limit with the search's margin
 (``search.predicted_to_fit``), its step time (``perf_model.predict_step_time`` with the cluster's
 stored calibration, for autotune's own engine), and prints the fastest K. Nothing runs and
-nothing imports torch: Llama 70B on 512 GPUs (about 21,000 layouts) is ranked in seconds.
+nothing imports torch. Memory screens first: ``memory.peak_lower_bound`` (cached model states
+and held activations) drops most layouts that cannot fit, and the exact estimate stops at the
+first pipeline rank over the limit, so the step-time model sees only layouts that fit: SC21's
+145.6B GPT on 1,536 GPUs (213,288 layouts) scores in about 8 s (``bench/rank_speed.py``).
+
+Precision (``--precision``, or the older ``--dtype``) defaults as the search's does
+(``config.DEFAULT_PRECISION``: bf16-mixed on GPU clusters, with fp32 master weights). Layouts
+that differ only in bucket size and whose predicted step and peak agree within 0.1%
+(``collapse_equivalent``) share one row, whose bucket column lists their sizes; the output says
+how many were folded.
 
 What is enumerated (``ENUMERATED``): tp × pp × dp, micro-batch (hence accumulation), ZeRO stage,
 activation checkpointing, pipeline schedule, overlap on/off and the search's bucket sizes. With
@@ -32,7 +41,13 @@ import time as timer
 from dataclasses import dataclass
 from typing import get_args
 
-from autotune.cli.args import add_architecture_args, add_cluster_args, add_debug_arg
+from autotune.cli.args import (
+    add_architecture_args,
+    add_cluster_args,
+    add_debug_arg,
+    add_precision_args,
+    precision_arg,
+)
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.config import (
     GIB,
@@ -50,7 +65,8 @@ from autotune.cli.estimate import (
     mark_explicit,
 )
 from autotune.layouts import divisors
-from autotune.model.memory import BYTES_PER_ELEMENT, estimate_memory
+from autotune.model.engine_memory import estimate_engine_memory
+from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.shapes import ModelShape, model_names
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
@@ -78,12 +94,16 @@ class ScoredLayout:
     config: TrialConfig
     time: StepTimeEstimate
     peak_memory_bytes: int
+    collapsed_buckets_mb: tuple[float, ...] = ()
+    """Bucket sizes of the layouts folded into this row: the same layout but for the bucket,
+    predicted the same (``collapse_equivalent``)."""
 
     def as_dict(self) -> dict:
         return {"config": self.config.resolved(), "step_time_s": self.time.step_time_s,
                 "tokens_per_s": self.time.tokens_per_s, "mfu": self.time.mfu,
                 "peak_memory_bytes": self.peak_memory_bytes,
-                "breakdown": dict(self.time.breakdown)}
+                "breakdown": dict(self.time.breakdown),
+                "collapsed_bucket_mb": list(self.collapsed_buckets_mb)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +114,13 @@ class Ranking:
     fitting: tuple[ScoredLayout, ...]
     smallest_peak: tuple[TrialConfig, int] | None
     """The layout with the smallest predicted peak of those that do not fit (config, bytes)."""
+    rows: tuple[ScoredLayout, ...] = ()
+    """``fitting`` with the layouts the models cannot tell apart folded together, as listed."""
+
+    @property
+    def collapsed(self) -> int:
+        """Layouts folded into another's row."""
+        return len(self.fitting) - len(self.rows)
 
 
 # ---- the command line ----------------------------------------------------------------------
@@ -104,9 +131,9 @@ def add_rank_parser(sub) -> None:
         f"{ENUMERATED} — predict each one's peak memory (autotune/model/memory.py) and step time "
         "(autotune/model/perf_model.py, with the cluster's stored calibration), drop those "
         "predicted not to fit the memory limit with the search's 15% margin, and print the "
-        "fastest by predicted tokens/s. Bucket size (25 MB) and attention (sdpa) stay at "
-        "TrialConfig's defaults. With dp 1, only ZeRO-0 with overlap on is listed (nothing to "
-        "shard or overlap).",
+        "fastest by predicted tokens/s; layouts that differ only in bucket size and are "
+        "predicted alike share a row. Attention (sdpa) stays at TrialConfig's default. With "
+        "dp 1, only ZeRO-0 with overlap on is listed (nothing to shard or overlap).",
         epilog="example: autotune rank --model llama-70b --cluster a100-sxm4-80gb --nodes 64 "
         "--global-batch 1024 --seq-len 4096")
     p.add_argument("--model", metavar="NAME",
@@ -119,8 +146,7 @@ def add_rank_parser(sub) -> None:
                    help="sequences per optimizer step over all data-parallel ranks")
     p.add_argument("--seq-len", type=int, required=True, metavar="N",
                    help="tokens per sequence")
-    p.add_argument("--dtype", choices=tuple(BYTES_PER_ELEMENT), default="bfloat16",
-                   help="parameter and activation dtype (default bfloat16)")
+    add_precision_args(p)
     p.add_argument("--memory-limit", type=float, metavar="GIB",
                    help="per-device memory limit in GiB (default: the cluster device's memory)")
     p.add_argument("--top", type=int, default=10, metavar="K",
@@ -158,13 +184,14 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
             f"{allowance(device_type).describe()}; "
             "add nodes (--nodes) or raise --memory-limit")
-    top = ranking.fitting[:args.top]
+    top = ranking.rows[:args.top]
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "nodes": cluster.num_nodes, "world_size": base.world_size,
             "memory_limit_bytes": int(limit_gib * GIB),
             "shape": dataclasses.asdict(shape) if shape else None,
             "scored": ranking.scored, "fit": len(ranking.fitting),
+            "collapsed": ranking.collapsed,
             "layouts": [s.as_dict() for s in top]}, indent=2))
         return 0
     wl = base.workload
@@ -178,6 +205,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
           f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
           "predicted tokens/s")
+    if ranking.collapsed:
+        print(f"folded: {ranking.collapsed:,} layouts that differ from a listed one only in "
+              f"bucket size, with the same prediction (step and peak within "
+              f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes")
     return 0
 
 
@@ -189,7 +220,10 @@ def _base_config(args: argparse.Namespace,
     if args.model is not None:
         workload = builtin_workload(workload, args.model)
     base = TrialConfig(workload=workload, world_size=cluster.world_size,
-                       device=cluster.device_type)
+                       device=cluster.device_type, precision=precision_arg(args.precision))
+    base.validate_precision()
+    # Spelled out once (the search's default: bf16-mixed on GPUs), so every layout carries it.
+    base = base.with_precision(cluster.device_type)
     shape = explicit_shape(args, base)
     if shape is None and args.model is None:
         raise ConfigError("give --model NAME or an explicit architecture (--num-layers "
@@ -219,9 +253,11 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
         return []
     if shape is None:
         return grid
+    # The heads' rule was applied to tp above; the layers' rule (pipeline stages) is the only
+    # other one the shape decides, so only pipelined layouts are validated again.
     rules = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
              "num_layers": shape.num_layers}
-    return [c for c in grid if _valid(c, rules)]
+    return [c for c in grid if c.pp_degree == 1 or _valid(c, rules)]
 
 
 def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
@@ -261,27 +297,83 @@ def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
 def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
                  shape: ModelShape | None = None, limit_bytes: int | None,
                  device_type: str = "cuda", calibration: Calibration | None = None,
-                 progress: _Progress | None = None) -> Ranking:
+                 progress: _Progress | None = None,
+                 memory_traits: MemoryTraits | None = None) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
-    search's margin), the step time; fastest first (ties: smaller peak first)."""
-    from autotune.search.screen import predicted_to_fit  # the search's rule, imported when used
+    search's margin), the step time; fastest first (ties: smaller peak first).
+
+    ``layouts`` are valid (``enumerate_layouts``), so they are not validated again. A layout
+    whose ``memory.peak_lower_bound`` already exceeds the limit is not estimated further (the
+    bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
+    smallest peak of those that do not fit is only needed, and only computed, when none fits.
+    ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
+    every layout estimated (the screen is autotune's runtime's)."""
+    from autotune.search.screen import allowance, predicted_to_fit  # the search's rule
 
     calibration = calibration or Calibration.for_cluster(cluster)
-    fitting, smallest = [], None
+    shape_of = shape or (layouts[0].workload.shape if layouts else None)
+    # The largest peak predicted_to_fit accepts: a rank above it settles the layout.
+    rule = allowance(device_type)
+    stop = None if limit_bytes is None else int(
+        (limit_bytes - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation))
+    fitting = []
     for done, config in enumerate(layouts, 1):
-        peak = estimate_memory(config, shape, device_type=device_type).total
-        if predicted_to_fit(peak, limit_bytes, device_type):
+        if memory_traits is not None:
+            peak = estimate_engine_memory(config, shape_of, memory_traits,
+                                          device_type=device_type, checked=True).total
+        elif predicted_to_fit(peak_lower_bound(config, shape_of, device_type=device_type),
+                              limit_bytes, device_type):
+            peak = estimate_memory(config, shape_of, device_type=device_type, checked=True,
+                                   stop_above=stop).total
+        else:
+            peak = None
+        if peak is not None and predicted_to_fit(peak, limit_bytes, device_type):
             time = predict_step_time(config, cluster, calibration, shape=shape,
                                      engine=AUTOTUNE_ENGINE)
             fitting.append(ScoredLayout(config, time, peak))
-        elif smallest is None or peak < smallest[1]:
-            smallest = (config, peak)
         if progress is not None:
             progress.update(done)
     if progress is not None:
         progress.close(len(fitting))
     fitting.sort(key=lambda s: (-s.time.tokens_per_s, s.peak_memory_bytes))
-    return Ranking(scored=len(layouts), fitting=tuple(fitting), smallest_peak=smallest)
+    smallest = None
+    if not fitting and layouts:
+        peaks = ((c, estimate_engine_memory(c, shape_of, memory_traits, device_type=device_type,
+                                            checked=True).total) for c in layouts)
+        smallest = min(peaks, key=lambda cp: cp[1])
+    return Ranking(scored=len(layouts), fitting=tuple(fitting), smallest_peak=smallest,
+                   rows=tuple(collapse_equivalent(fitting)))
+
+
+COLLAPSE_TOLERANCE = 1e-3
+"""Relative difference in predicted step time and in peak under which two layouts that differ
+only in bucket size are one row: the models say the bucket changes nothing there (at ZeRO-3 the
+bucket only groups FSDP units, whose gathers the step-time model overlaps)."""
+
+
+def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
+    """``fitting`` (fastest first) with each layout that differs from a faster listed one only
+    in bucket size, and whose predicted step and peak are within ``COLLAPSE_TOLERANCE`` of that
+    row's, folded into the first such row (its ``collapsed_buckets_mb``)."""
+    rows: list[ScoredLayout] = []
+    listed: dict[TrialConfig, list[int]] = {}  # the layout less its bucket → its rows
+    for s in fitting:
+        same = listed.setdefault(dataclasses.replace(s.config, bucket_mb=0.0), [])
+        i = next((i for i in same if _same_prediction(rows[i], s)), None)
+        if i is None:
+            same.append(len(rows))
+            rows.append(s)
+        else:
+            rows[i] = dataclasses.replace(
+                rows[i], collapsed_buckets_mb=(*rows[i].collapsed_buckets_mb, s.config.bucket_mb))
+    return rows
+
+
+def _same_prediction(a: ScoredLayout, b: ScoredLayout) -> bool:
+    return (abs(a.time.step_time_s - b.time.step_time_s)
+            <= COLLAPSE_TOLERANCE * a.time.step_time_s
+            and abs(a.peak_memory_bytes - b.peak_memory_bytes)
+            <= COLLAPSE_TOLERANCE * a.peak_memory_bytes)
 
 
 class _Progress:
@@ -309,8 +401,8 @@ class _Progress:
 # ---- output --------------------------------------------------------------------------------
 def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
     lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
-             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>6} {'step':>9} {'tokens/s':>11} "
-             f"{'MFU':>6} {'peak GiB':>8}  largest term"]
+             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} "
+             f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  largest term"]
     for i, s in enumerate(layouts, 1):
         c, t = s.config, s.time
         term = max(t.breakdown, key=t.breakdown.get)
@@ -320,10 +412,15 @@ def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
             f"{f'{c.micro_batch_size}×{c.grad_accum_steps}':>10}  "
             f"{c.activation_checkpointing:<9} {c.pp_schedule if c.pp_degree > 1 else '-':<16} "
             f"{'on' if c.overlap_enabled else 'off':<7} "
-            f"{f'{c.bucket_mb:g}' if c.dp_degree > 1 else '-':>6} {_seconds(t.step_time_s):>9} "
+            f"{_buckets(s) if c.dp_degree > 1 else '-':>8} {_seconds(t.step_time_s):>9} "
             f"{t.tokens_per_s:>11,.0f} {mfu:>6} {s.peak_memory_bytes / GIB:>8.1f}  "
             f"{term} {t.breakdown[term] / t.step_time_s:.0%}")
     return "\n".join(lines)
+
+
+def _buckets(s: ScoredLayout) -> str:
+    """The row's bucket size, and those of the layouts folded into it: '5/25/100'."""
+    return "/".join(f"{b:g}" for b in sorted((s.config.bucket_mb, *s.collapsed_buckets_mb)))
 
 
 def _seconds(t: float) -> str:

@@ -136,6 +136,54 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryTraits:
+    """What a training engine stores, as far as memory goes (``engine_memory``). An engine
+    profile (Megatron-LM, torchtitan, DeepSpeed) carries one; ``estimate_memory(traits=None)``
+    is autotune's own runtime. The presets and their sources are in ``engine_memory``."""
+
+    name: str
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism: norms, dropout and the block input sharded over TP."""
+    context_parallel: int = 1
+    """Context-parallel degree: each rank holds s / cp of every sequence."""
+    vocab_parallel_loss: bool = False
+    """Embedding, head, logits and loss sharded over TP (vocabulary-parallel)."""
+    loss_kept_fp32: int = 1
+    """fp32 logits-sized tensors the loss keeps for backward (log-softmax output, softmax)."""
+    loss_forward_fp32: int = 1
+    """fp32 logits-sized tensors beside the logits at the loss's forward peak (the upcast,
+    log-softmax's output)."""
+    loss_backward_fp32: int = 1
+    """fp32 logits-sized tensors at the loss's backward peak (the kept one, the incoming and
+    the input gradient), beside the gradient cast back to the compute dtype."""
+    loss_parallel_extra_fp32: int = 0
+    """More of each when the loss is vocabulary-parallel over tp > 1 (torch's loss_parallel
+    composes log-softmax and its gradient from separate tensors)."""
+    fused_norm: bool = True
+    """Norms keep their input and statistics only, no fp32 copies."""
+    flash_attention: bool = True
+    """No s² scores kept (FlashAttention, SDPA's flash/cuDNN kernels)."""
+    dropout: bool = False
+    """1-byte dropout masks kept (and the attention dropout's output without flash)."""
+    repeat_kv: bool = False
+    """Grouped KV heads repeated to all heads before attention (and kept so)."""
+    selective_mode: str = "selective"
+    """What the config's 'selective' checkpointing means: 'selective' (Megatron: attention core
+    recomputed), 'op' (torchtitan: matmul outputs kept), 'layer' (every k-th block whole)."""
+    ac_layer_every: int = 2
+    """'layer' mode: one block in this many is checkpointed."""
+    optimizer: str = "fsdp2"
+    """Model-state layout: fsdp2, megatron (distributed optimizer), deepspeed-fp16, -bf16."""
+    embedding_counts_as_layer: bool = False
+    """Pipeline split counts each embedding as a layer (DeepSpeed's 'type:transformer|embedding',
+    Llama 3's first and last stages one layer short): L + 2 units over the stages."""
+    fragmentation: float = 1.0
+    """Reserved / allocated bytes of the caching allocator, measured."""
+    context_bytes: int = 0
+    """Bytes outside the allocator in the measured figure (CUDA context, NCCL buffers)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StateBytes:
     """Bytes per parameter element of each model state, for one precision and mechanism."""
 
@@ -550,14 +598,84 @@ def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
     return [_estimate_stage(config, shape, r, device_type) for r in range(config.pp_degree)]
 
 
+def worst_rank_candidates(pp: int) -> tuple[int, ...]:
+    """The pipeline ranks among which the worst one is: the first (embeddings, the most
+    micro-batches in flight), the second (receive buffers both ways, the most layers and
+    micro-batches of any middle rank) and the last (head, logits).
+
+    Every middle rank r holds what rank 1 holds or less: no roots, layers non-increasing in r
+    (``stage_layer_counts`` gives earlier stages the remainder, also per virtual stage), micro-
+    batches in flight non-increasing in r (1F1B: pp − r; GPipe: M; interleaved: a warm-up of
+    2·(pp − 1 − r) more), and the same receive buffers, so its estimate is at most rank 1's.
+    ``tests/test_memory.py::test_worst_rank_is_among_the_candidates`` checks this against every
+    rank on a sweep of layouts."""
+    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+
+
 def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
-                    device_type: str = "cpu") -> MemoryEstimate:
-    """The worst rank's predicted peak memory by category.
+                    device_type: str = "cpu", checked: bool = False,
+                    stop_above: int | None = None) -> MemoryEstimate:
+    """The worst rank's predicted peak memory by category (the first such rank on a tie).
 
     ``shape`` None takes the built-in workload's shape; a user workload needs an explicit
-    ``ModelShape`` (its architecture is not known without building it)."""
-    return max(estimate_all_stages(config, shape, device_type=device_type),
-               key=lambda e: e.total)
+    ``ModelShape`` (its architecture is not known without building it). ``checked``: the caller
+    already validated ``config`` against ``shape`` (``rank`` and the search, scoring thousands),
+    so it is not validated again. Another engine's memory (Megatron-LM, torchtitan, DeepSpeed)
+    is ``engine_memory.estimate_engine_memory``'s. ``stop_above``: return the first rank whose
+    total exceeds it (a screen needs no more: the worst is at least as large)."""
+    shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
+    if config.precision is None:
+        config = config.with_precision(device_type)
+    worst = None
+    for r in worst_rank_candidates(config.pp_degree):
+        est = _estimate_stage(config, shape, r, device_type)
+        if worst is None or est.total > worst.total:
+            worst = est
+        if stop_above is not None and worst.total > stop_above:
+            break
+    return worst
+
+
+def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """At most ``estimate_memory(config, shape).total``, in a few dictionary look-ups: rank 0's
+    model states (cached per tp, pp, dp, ZeRO stage, bucket and precision) and the blocks'
+    activations its schedule holds (cached per micro-batch, tp and checkpointing). ``rank``
+    screens hundreds of thousands of layouts with it before estimating the survivors."""
+    precision = config.precision or config.resolved_precision(device_type)
+    tp, pp = config.tp_degree, config.pp_degree
+    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
+    offloaded = config.optimizer_offload_enabled and device_type == "cuda"
+    states, layers = _rank0_states(
+        shape, config.workload.vocab_size or shape.vocab_size, tp, pp, config.dp_degree,
+        config.zero_stage, interleaved, precision, config.bucket_mb,
+        _uses_distributed_optimizer(config), offloaded)
+    if interleaved:
+        return states  # its held micro-batches per virtual stage take a replay
+    held = 1 if pp == 1 else microbatches_in_flight(config.pp_schedule, pp, 0,
+                                                    config.grad_accum_steps)[0]
+    layer = _cached_layer_bytes(shape, config.workload.seq_len, config.micro_batch_size, tp,
+                                config.activation_checkpointing, config.attention,
+                                PRECISION_COMPUTE_DTYPE[precision])
+    return states + held * layers * layer
+
+
+@lru_cache(maxsize=65536)
+def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, zero: int,
+                  interleaved: bool, precision: str, bucket_mb: float, flat_zero1: bool,
+                  offloaded: bool) -> tuple[int, int]:
+    """(model-state bytes, layers) of pipeline rank 0, as ``_stage`` computes them."""
+    parts = _parts(shape.num_layers, pp, interleaved, 0)
+    sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
+    st = _states(shape, vocab, parts, tp, dp, zero, sb, bucket_mb, flat_zero1=flat_zero1)
+    states = 0 if offloaded else st.parameters + st.gradients + st.optimizer_state
+    return states, sum(p.num_layers for p in parts)
+
+
+@lru_cache(maxsize=65536)
+def _cached_layer_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp: int,
+                        checkpointing: str, attention: str, dtype: str) -> int:
+    return layer_activation_bytes(shape, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                  checkpointing=checkpointing, attention=attention, dtype=dtype)
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:

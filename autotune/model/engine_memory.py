@@ -1,0 +1,337 @@
+"""Peak memory per GPU of a layout as another training engine runs it (Megatron-LM,
+Megatron-DeepSpeed, torchtitan), from arithmetic alone.
+
+``memory.estimate_memory`` predicts autotune's own runtime, calibrated on its measured CPU
+trials. The engines the field trains with store different things: sequence parallelism, a
+vocabulary-parallel loss, fused norms, flash attention, their own activation-checkpointing
+modes, their own optimizer layouts. :class:`memory.MemoryTraits` names those choices;
+:func:`estimate_engine_memory` turns a layout and a traits object into the bytes the caching
+allocator reserves on the worst pipeline rank. The per-category terms:
+
+- **Activations** per transformer block and micro-batch (:func:`block_activation_bytes`):
+  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+  §4, Table 2) count sbh(34 + 5as/h) bytes without parallelism, sbh(10 + 24/t + 5as/(ht)) with
+  tensor parallelism t, sbh(34/t + 5as/(ht)) with sequence parallelism too, the 5as/h term gone
+  under selective recomputation and 2sbh (2sbh/t with SP) under full recomputation. The same
+  count is kept tensor by tensor here so that it also covers SwiGLU, grouped KV heads, no
+  dropout, flash attention (no s² term; its fp32 log-sum-exp instead) and torchtitan's
+  selective ``op`` mode (the outputs of wq, wv, w1, w2 and of SDPA only: torchtitan
+  ``_apply_ac_to_transformer_block``'s policy saves every second matmul) and ``layer`` mode
+  (every k-th block checkpointed). Context parallelism divides the sequence.
+- **Pipeline**: 1F1B (Megatron, DeepSpeed's ``TrainSchedule``) keeps min(M, p − r) micro-
+  batches on rank r (``memory.microbatches_in_flight``), interleaved more; each held
+  micro-batch's stage input is kept too.
+- **The loss** (last stage): the logits b·s·V (V/t vocabulary-parallel, /cp) in the compute
+  dtype plus the fp32 logits-sized tensors alive at the loss's forward or backward peak
+  (torchtitan's ``cross_entropy(pred.float())``: the upcast and log-softmax's output in
+  forward; the kept output, nll's gradient and log-softmax's input gradient in backward; under
+  ``loss_parallel`` one more, as torch/distributed/tensor/parallel/loss.py builds log-softmax
+  from ``shifted``, ``exp(shifted)`` and the result and its gradient as
+  ``(grad_input + exp(x)) * grad_output``; Megatron's ``vocab_parallel_cross_entropy``: one
+  fp32 copy, softmax and gradient in place).
+- **Model states** by the engine's optimizer (:func:`engine_states`): FSDP2 (torchtitan: fp32
+  shards, ``memory._states``); Megatron's distributed optimizer (bf16 parameters, fp32 main
+  gradients, fp32 master and moments sharded); DeepSpeed ZeRO-1's fp16 optimizer (fp16
+  parameters and gradients, fp32 master, moments and gradient partition sharded) and its
+  BF16_Optimizer (adds fp32 gradient accumulation for every parameter).
+- **FSDP's gathered units**: the unit in use and the one prefetched, in the compute dtype,
+  with their fp32 reduce-scatter gradients, and the root (embeddings, head) while it is used.
+- **The allocator**: reserved ≈ ``fragmentation`` × allocated + ``context_bytes`` (the CUDA
+  context and NCCL's buffers when the figure is nvidia-smi's), measured factors per engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autotune.config import BYTES_PER_ELEMENT, PRECISION_COMPUTE_DTYPE, TrialConfig
+from autotune.errors import ConfigError
+from autotune.model.memory import (
+    FP32_BYTES,
+    PHASE_AFTER_BACKWARD,
+    PHASE_FORWARD_BACKWARD,
+    MemoryEstimate,
+    MemoryTraits,
+    _interleaved_peak,
+    _layer_tensors,
+    _Part,
+    _parts,
+    _resolve_shape,
+    _root_tensors,
+    _states,
+    estimate_memory,
+    microbatches_in_flight,
+    stage_layer_counts,
+    state_bytes,
+    worst_rank_candidates,
+)
+from autotune.shapes import ModelShape
+
+
+@dataclass(frozen=True, slots=True)
+class _Dims:
+    """One micro-batch's dimensions on one rank: tokens b·s/cp, and the TP degree."""
+
+    tokens: int
+    keys: int
+    tp: int
+    e: int
+    """Bytes per activation element (the compute dtype)."""
+
+
+def block_activation_bytes(shape: ModelShape, traits: MemoryTraits, *, tokens: int, keys: int,
+                           tp: int, e: int, mode: str) -> int:
+    """Bytes one transformer block keeps for backward, per micro-batch on one rank, under
+    checkpointing ``mode``: 'none', 'selective' (Megatron: the attention core recomputed),
+    'op' (torchtitan: matmul and SDPA outputs kept, every second matmul recomputed) or 'full'
+    (the block input only). ``tokens`` = b·s/cp, the queries on the rank; ``keys`` = s, the
+    length each attends over (eager attention's s² scores). See the module docstring."""
+    h, f, a = shape.hidden_size, shape.ffn_hidden_size, shape.num_heads
+    kv = shape.num_kv_heads * shape.head_dim
+    sbh, sbf = tokens * h, tokens * f
+    sp = tp if traits.sequence_parallel else 1  # what SP shards on the sequence
+    if mode == "full":
+        return e * sbh // sp
+    if mode == "op":
+        # block input, wq, wv, w1, w2 outputs and SDPA's output and log-sum-exp
+        kept = e * (sbh // sp + (2 * sbh + tokens * kv + sbf) // tp + sbh // sp)
+        return kept + FP32_BYTES * a * tokens // tp
+    # Korthikanti Table 2, tensor by tensor. Inside the TP region (÷ t): q, k, v and the
+    # attention output; the MLP's wide tensors (GELU: input and output; SwiGLU: w1, w3, silu
+    # and their product).
+    k_v = 2 * sbh if traits.repeat_kv or shape.family == "gpt" else 2 * tokens * kv
+    sharded = e * (2 * sbh + k_v) + (2 if shape.family == "gpt" else 4) * e * sbf
+    # Outside it (÷ t only with SP): each norm's input and output (the next linear's input),
+    # the norms' fp32 copies unless fused, and the 1-byte dropout masks.
+    replicated = 4 * e * sbh
+    if not traits.fused_norm and shape.family == "llama":
+        replicated += 2 * 2 * FP32_BYTES * sbh  # RMSNorm's fp32 upcast and normalised input
+    if traits.dropout:
+        replicated += 2 * sbh
+    core = 0
+    if mode == "none":
+        if traits.flash_attention:
+            core = FP32_BYTES * a * tokens  # log-sum-exp
+        else:  # softmax output, plus dropout's mask and output
+            core = (e + (1 + e if traits.dropout else 0)) * a * tokens * keys
+    return sharded // tp + replicated // sp + core // tp
+
+
+def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> tuple[int, int]:
+    """(kept per block on average, the largest temporary of one block's backward) for the
+    engine's checkpointing of the config's mode ``ac``."""
+    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.e)
+    mode = traits.selective_mode if ac == "selective" else ac
+    none = block_activation_bytes(shape, traits, mode="none", **kw)
+    if mode == "layer":  # every k-th block checkpointed whole, the others keep everything
+        k = traits.ac_layer_every
+        full = block_activation_bytes(shape, traits, mode="full", **kw)
+        kept = (full + (k - 1) * none) // k
+        rebuilt = none
+    else:
+        kept = block_activation_bytes(shape, traits, mode=mode, **kw)
+        rebuilt = none - kept if mode != "full" else none
+    # Backward's gradient buffers of the block's widest tensors (memory.block_backward_bytes).
+    grads = 2 * d.e * d.tokens * shape.ffn_hidden_size // d.tp + d.e * d.tokens * shape.hidden_size
+    return kept, rebuilt + grads
+
+
+def _local_vocab(vocab: int, tp: int, traits: MemoryTraits) -> int:
+    """The vocabulary rows one TP rank holds (Megatron's VocabParallelEmbedding, torchtitan's
+    loss_parallel), padded to a multiple of tp."""
+    return -(-vocab // tp) if traits.vocab_parallel_loss else vocab
+
+
+def _loss_bytes(traits: MemoryTraits, d: _Dims, vocab: int) -> tuple[int, int]:
+    """(kept for backward, the loss's peak above what it keeps) of the last stage, per micro-
+    batch: the logits in the compute dtype plus fp32 logits-sized tensors, the larger of the
+    forward's and the backward's count."""
+    logits = d.tokens * _local_vocab(vocab, d.tp, traits)
+    extra = traits.loss_parallel_extra_fp32 if traits.vocab_parallel_loss and d.tp > 1 else 0
+    fp32 = max(traits.loss_forward_fp32, traits.loss_backward_fp32) + extra
+    kept = FP32_BYTES * logits * traits.loss_kept_fp32
+    return kept, d.e * logits + FP32_BYTES * logits * fp32 - kept
+
+
+def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, vocab: int,
+                  parts: tuple, precision: str) -> tuple[int, int, int, int]:
+    """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank."""
+    tp, dp, zero = config.tp_degree, config.dp_degree, config.zero_stage
+    c = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
+    layer = _layer_tensors(shape, tp)
+    vocab = _local_vocab(vocab, tp, traits)
+    roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
+    numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
+    n = dp if dp > 1 and zero >= 1 else 1
+    if traits.optimizer == "fsdp2":
+        sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
+        st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb)  # TP-local vocab
+        return st.parameters, st.gradients, st.optimizer_state, 0
+    if traits.optimizer == "megatron":
+        # Megatron-LM: 16-bit parameters, fp32 main_grad buffers, fp32 master copy and Adam
+        # moments sharded over DP by the distributed optimizer (docs: 18 → 6 + 12/d bytes).
+        return c * numel, FP32_BYTES * numel, -(-12 * numel // n), 0
+    if traits.optimizer in ("deepspeed-fp16", "deepspeed-bf16"):
+        # DeepSpeed ZeRO-1 (stage_1_and_2.py): 16-bit parameters and gradients; the fp32 master
+        # partition and both moments per rank; at the step the partition's gradients in fp32
+        # (``single_grad_partition``). BF16_Optimizer accumulates every gradient in fp32 too.
+        # ZeRO-2 shards the 16-bit gradients too, ZeRO-3 the parameters (their gathers are
+        # comm buffers, as FSDP's).
+        grad_numel = -(-numel // n) if zero >= 2 else numel
+        grads = c * grad_numel
+        if traits.optimizer == "deepspeed-bf16":
+            grads += FP32_BYTES * grad_numel
+        params = c * (-(-numel // n) if zero == 3 else numel)
+        if zero == 0 and traits.optimizer == "deepspeed-fp16":
+            # FP16_Optimizer (no ZeRO): the flat fp32 gradient and its per-tensor fp32 copies
+            # at the step (fused_optimizer.py ``step``)
+            return params, grads, 12 * numel, 2 * FP32_BYTES * numel
+        return params, grads, -(-12 * numel // n), FP32_BYTES * -(-numel // n)
+    raise ConfigError(f"unknown optimizer layout {traits.optimizer!r}; choose fsdp2, megatron, "
+                      "deepspeed-fp16 or deepspeed-bf16")
+
+
+def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
+                 traits: MemoryTraits) -> tuple[_Part, ...]:
+    """The rank's (virtual) stages: ``memory._parts``, or with ``embedding_counts_as_layer``
+    the L + 2 units split evenly (earlier stages the remainder), the first and last stage one
+    transformer layer short for their embeddings."""
+    if not traits.embedding_counts_as_layer or pp == 1 or interleaved:
+        return _parts(num_layers, pp, interleaved, pp_rank)
+    counts = stage_layer_counts(num_layers + 2, pp)
+    counts[0] -= 1
+    counts[-1] -= 1
+    return (_Part(pp_rank, counts[pp_rank], pp_rank == 0, pp_rank == pp - 1),)
+
+
+def estimate_engine_memory(config: TrialConfig, shape: ModelShape | None,
+                           traits: MemoryTraits | None, *, device_type: str = "cuda",
+                           checked: bool = False) -> MemoryEstimate:
+    """The worst pipeline rank's reserved bytes when ``traits``' engine runs ``config``
+    (``traits`` None: autotune's own runtime, ``memory.estimate_memory``). ``checked``: the
+    caller validated ``config`` against ``shape`` already."""
+    if traits is None:
+        return estimate_memory(config, shape, device_type=device_type, checked=checked)
+    shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
+    precision = config.resolved_precision(device_type)
+    worst = None
+    for r in worst_rank_candidates(config.pp_degree):
+        est = _engine_stage(config, shape, traits, r, precision)
+        if worst is None or est.total > worst.total:
+            worst = est
+    return worst
+
+
+def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int,
+                  precision: str) -> MemoryEstimate:
+    tp, pp, m = config.tp_degree, config.pp_degree, config.grad_accum_steps
+    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
+    parts = engine_parts(shape.num_layers, pp, interleaved, pp_rank, traits)
+    vocab = config.workload.vocab_size or shape.vocab_size
+    e = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
+    s = config.workload.seq_len
+    d = _Dims(tokens=config.micro_batch_size * s // traits.context_parallel, keys=s, tp=tp, e=e)
+    kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
+    loss_kept, loss_peak = _loss_bytes(traits, d, vocab)
+    sp = tp if traits.sequence_parallel else 1
+    stage_io = e * d.tokens * shape.hidden_size // sp  # a micro-batch's stage input or output
+    per_mb = []
+    for part in parts:
+        held = part.num_layers * kept + (stage_io if pp > 1 else 0)
+        if part.last:
+            held += loss_kept + stage_io  # and the final norm's input
+        per_mb.append(held)
+    if pp == 1:
+        held_counts: tuple[int, ...] = (1,)
+    elif interleaved:
+        held_counts = _interleaved_peak(pp, pp_rank, m, tuple(per_mb))
+    else:
+        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m)
+    saved = sum(n * a for n, a in zip(held_counts, per_mb))
+    last = any(p.last for p in parts)
+    transient = max(block_peak, loss_peak if last else 0)
+    params, grads, optimizer, step_temps = engine_states(config, shape, traits, vocab, parts,
+                                                         precision)
+    comm = _fsdp_gathered(config, shape, traits, parts, vocab, e)
+    pipe = 2 * stage_io if pp > 1 else 0  # send and receive buffers in use
+    fb, post = saved + transient + comm + pipe, step_temps
+    allocated = params + grads + optimizer + max(fb, post)
+    overhead = int((traits.fragmentation - 1) * allocated) + traits.context_bytes
+    if fb >= post:
+        return MemoryEstimate(params, grads, optimizer, saved + transient, comm,
+                              pipe + overhead, pp_rank, PHASE_FORWARD_BACKWARD)
+    return MemoryEstimate(params, grads, optimizer, 0, 0, post + overhead, pp_rank,
+                          PHASE_AFTER_BACKWARD)
+
+
+def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
+                   parts: tuple[_Part, ...], vocab: int, e: int) -> int:
+    """FSDP2's unsharded bytes during forward/backward (torchtitan: one unit per block, the
+    root holding embeddings, final norm and head): the unit in use and the one prefetched in
+    the compute dtype, the gradients of one unit in the compute dtype and cast to fp32 for the
+    reduce-scatter (MixedPrecisionPolicy reduce_dtype float32), and the root, which FSDP2 does
+    not reshard after forward."""
+    if config.dp_degree == 1 or config.zero_stage < (2 if traits.optimizer == "fsdp2" else 3):
+        return 0  # DeepSpeed's and Megatron's ZeRO-2 keep the parameters whole
+    block = _layer_tensors(shape, config.tp_degree).numel
+    local_vocab = _local_vocab(vocab, config.tp_degree, traits)
+    root = sum(_root_tensors(shape, local_vocab, p.first, p.last).numel for p in parts)
+    if config.zero_stage == 2 or config.pp_degree > 1:  # every unit kept from forward to backward
+        blocks = sum(p.num_layers for p in parts) * block * e
+    else:
+        blocks = 2 * block * e
+    return blocks + block * (e + FP32_BYTES) + root * e
+
+
+# ---- presets: what each engine stores ------------------------------------------------------
+BIGSCIENCE_FRAGMENTATION = 1.15
+BIGSCIENCE_CONTEXT_BYTES = int(7.35 * 2**30)
+"""The allocator's factor and the bytes outside it in nvidia-smi's figure (CUDA context, NCCL's
+buffers, the cached blocks of the fp32 model Megatron builds before casting it), measured: the
+least-squares line through the even-numbered rows of BigScience's sweep with a stated peak
+(``bench/published_memory.py --fit``: 1.152 and 7.35 GiB); the odd-numbered rows are predicted."""
+TORCHTITAN = MemoryTraits(
+    name="torchtitan", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
+    loss_forward_fp32=2, loss_backward_fp32=3, loss_parallel_extra_fp32=1, fused_norm=True,
+    flash_attention=True, dropout=False, repeat_kv=True, selective_mode="op",
+    optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
+"""torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
+(``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
+(``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
+kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
+and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its
+single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``,
+under which freed segments are remapped rather than split: no fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
+TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinode",
+                                           fragmentation=BIGSCIENCE_FRAGMENTATION)
+"""torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
+default (no expandable segments): the caching allocator's fragmentation as measured on
+BigScience's sweep, still without context (max reserved)."""
+MEGATRON = MemoryTraits(
+    name="megatron", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
+    loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True, flash_attention=True,
+    dropout=False, selective_mode="selective", optimizer="megatron")
+"""Megatron-LM (megatron/core, 2024–25) as its large-model recipes run it: sequence parallelism
+with TP (``--sequence-parallel``), ``vocab_parallel_cross_entropy`` (one fp32 copy, in place),
+Transformer Engine's fused norms and flash attention, dropout 0 (the Llama recipes), selective
+recomputation of the attention core, the distributed optimizer with fp32 main gradients. The
+allocator factor is unmeasured for it (1.0)."""
+BIGSCIENCE = MemoryTraits(
+    name="megatron-deepspeed", sequence_parallel=False, vocab_parallel_loss=True,
+    loss_kept_fp32=1, loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True,
+    flash_attention=False,
+    dropout=False, optimizer="deepspeed-fp16", fragmentation=BIGSCIENCE_FRAGMENTATION,
+    context_bytes=BIGSCIENCE_CONTEXT_BYTES)
+"""Megatron-DeepSpeed as BigScience trained BLOOM in 2022 (bigscience-workshop/bigscience,
+train/tr11-176B-ml): TP without sequence parallelism, ``vocab_parallel_cross_entropy`` on an fp32
+copy of the logits (one in-place fp32 softmax kept), apex's fused LayerNorm, the fused
+scaled-masked softmax (no flash), dropout 0, DeepSpeed ZeRO-1."""
+DEEPSPEED = dataclasses.replace(BIGSCIENCE, name="deepspeed")
+"""Megatron-DeepSpeed's traits for the ``deepspeed`` engine: BigScience's, with its measured
+allocator factor and context."""
+
+MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
+    "autotune": None, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "deepspeed": DEEPSPEED}
+"""Each engine's memory traits by the engine's name (``--engine``); None: autotune's own
+runtime (``memory.estimate_memory``). torchtitan across nodes is ``TORCHTITAN_MULTINODE``."""
