@@ -445,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-oom", action="store_true", help="skip the out-of-memory checks")
     parser.add_argument("--skip-search", action="store_true",
                         help="skip the default search and its exports")
+    parser.add_argument("--only", metavar="STAGE[,STAGE]",
+                        help="run only these stages, in this order: search, rows, zero, "
+                             "master, oom (default: all)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="run the rows' code paths on CPU with a tiny model (the figures "
                              "judge nothing there; for checking the script before a GPU run)")
@@ -464,18 +467,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     start = time.monotonic()
     checks: list[Check] = []
-    stages = [("default search", lambda: [] if args.skip_search else
+    stages = {"search": ("default search", lambda: [] if args.skip_search else
                gpu_search.run_default_search(REPO_ROOT, timeout_s=args.timeout)),
-              ("1B rows", lambda: gpu_rows.run_rows(gpu_rows.Scale(), props.total_memory,
-                                                    args.timeout)),
-              ("ZeRO trials", lambda: [c for ws, st in trial_plan(num_gpus)
-                                       for c in trial_checks(ws, st, args.timeout)]
-               + (skipped_multi_gpu_checks(num_gpus) if num_gpus < 2 else [])),
-              ("master weights", lambda: precision_checks("cuda")),
-              ("search OOM", lambda: [] if args.skip_oom else
-               [oom_check(props.total_memory, args.timeout)])]
-    for name, stage in stages:
-        checks += _run_stage(name, stage, start)
+              "rows": ("1B rows", lambda: gpu_rows.run_rows(
+                  gpu_rows.Scale(), props.total_memory, args.timeout, oom=not args.skip_oom)),
+              "zero": ("ZeRO trials", lambda: [c for ws, st in trial_plan(num_gpus)
+                                               for c in trial_checks(ws, st, args.timeout)]
+                       + (skipped_multi_gpu_checks(num_gpus) if num_gpus < 2 else [])),
+              "master": ("master weights", lambda: precision_checks("cuda")),
+              "oom": ("search OOM", lambda: [] if args.skip_oom else
+                      [oom_check(props.total_memory, args.timeout)])}
+    order = args.only.split(",") if args.only else list(stages)
+    unknown = [s for s in order if s not in stages]
+    if unknown:
+        parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(stages)}")
+    for key in order:
+        checks += _run_stage(*stages[key], start)
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)

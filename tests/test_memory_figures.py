@@ -217,3 +217,29 @@ def test_the_dashboards_memory_figure_names_the_reserve_and_whats_outside(tmp_pa
     note = memory_spec(study, trial)["layout"]["title"]["subtitle"]["text"]
     # Both ranks peak at 8 GiB allocated; the figure shows rank 0 (ties: the lowest rank).
     assert f"reserved {9 * 1024:,.1f} MiB + outside the allocator {512:,.1f} MiB" in note
+
+
+def test_a_trial_starts_from_an_emptied_cuda_cache(monkeypatch):
+    # A warm worker's allocator keeps the blocks of the trials before: the reserved peak of a
+    # small trial after a large one read the large one's (H200, docs/gpu-runs run 2). Each
+    # trial hands them back before it builds anything.
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    runner.release_cached_blocks(torch.device("cuda", 0))
+    assert calls == ["empty_cache"]
+    runner.release_cached_blocks(torch.device("cpu"))
+    assert calls == ["empty_cache"]
+
+
+def test_run_rank_releases_the_cache_before_it_builds(monkeypatch):
+    order = []
+    monkeypatch.setattr(runner, "release_cached_blocks", lambda device: order.append("release"))
+
+    def build(*args, **kwargs):
+        order.append("build")
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(runner, "build_workload", build)
+    with pytest.raises(RuntimeError, match="stop here"):
+        runner.run_rank(TrialConfig(world_size=1, device="cpu"))
+    assert order == ["release", "build"]
