@@ -31,9 +31,9 @@ from collections.abc import Iterator
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, the status a shell gives a process Ctrl-C ended."""
 FORCE_EXIT_AFTER_S = 10.0
-"""How long after the first SIGINT the command may take to unwind before it is ended: an
-unloaded 2-core machine unwinds a search in 2-3 s, one kept busy in about 5
-(docs/reliability.md)."""
+"""How long after the first SIGINT the command may take to unwind before it is ended: a search
+on a 2-core machine shared with other work unwound in 2.7 s, with three CPU burners besides in
+4.5 s (``tests/faults/test_fault_driver.py``'s figure, docs/reliability.md)."""
 
 _said = threading.Lock()
 
