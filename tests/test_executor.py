@@ -30,7 +30,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait_dead(pids: list[int], timeout: float = 20.0) -> list[int]:
+def _wait_dead(pids: list[int], timeout: float = 60.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive = [p for p in pids if _alive(p)]
@@ -76,14 +76,16 @@ def test_failed_trial_rebuilds_group_and_leaves_no_process(executor):
 
 
 def test_hung_collective_times_out_and_group_is_rebuilt():
-    os.environ["AUTOTUNE_TEST_HANG_S"] = "60"
-    with RayExecutor(ExecutorSettings(trial_timeout_s=5.0)) as ex:
+    hang_s = 120.0
+    os.environ["AUTOTUNE_TEST_HANG_S"] = f"{hang_s:g}"
+    # 15 s: a cold group on a loaded 2-core machine rendezvouses and trains well within it.
+    with RayExecutor(ExecutorSettings(trial_timeout_s=15.0)) as ex:
         ex.run(CONFIG)
         old = ex.worker_pids
         start = time.monotonic()
-        with pytest.raises(TrialTimeout, match="did not finish within 5s"):
+        with pytest.raises(TrialTimeout, match="did not finish within 15s"):
             ex.run(_user("user_workload:build_hanging_on_rank1"))
-        assert time.monotonic() - start < 30
+        assert time.monotonic() - start < hang_s  # the timeout ended it, not the hang
         assert _wait_dead(old) == []
         assert ex.run(CONFIG).cold_start
 

@@ -34,7 +34,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     report's lines unwrapped, so a contract's name stands on one line."""
     env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "1000"}
     return subprocess.run(_lint_imports_command(), cwd=root, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300)
 
 
 def contract_names(pyproject: Path) -> dict[str, str]:

@@ -200,7 +200,7 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
         assert cluster.ask(f"kill {victim}") == "killed"
         failed = _wait_for_trials(db_url, 5, proc)[4]
         # The failed trial is stored after its worker group was torn down.
-        assert _wait_dead([w["pid"] for w in workers], timeout=20) == []
+        assert _wait_dead([w["pid"] for w in workers], timeout=60) == []
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

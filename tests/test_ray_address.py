@@ -31,7 +31,7 @@ def _probe(address: str, home: Path, **env: str) -> dict:
                             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     environ.update(HOME=str(home), PYTHONPATH=str(ROOT), **env)
     proc = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True,
-                          text=True, env=environ, timeout=120)
+                          text=True, env=environ, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -108,7 +108,7 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     env.update(HOME=str(home), PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     ray_cli = str(Path(sys.executable).parent / "ray")
     made = subprocess.run([ray_cli, "get-auth-token", "--generate"], capture_output=True,
-                          text=True, env=env, timeout=120)
+                          text=True, env=env, timeout=300)
     assert made.returncode == 0, made.stderr
     assert (home / ".ray" / "auth_token").is_file()
     port = free_port()

@@ -174,8 +174,10 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         print(f"autotune: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_RUNTIME)
     except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
+        from autotune.cli.interrupt import EXIT_INTERRUPTED, say_interrupted
+
+        say_interrupted()  # once: the interrupt guard may be ending the process too
+        return EXIT_INTERRUPTED
     except Exception as e:  # an internal bug: still one line unless --debug
         if debug:
             traceback.print_exc()

@@ -5,7 +5,8 @@ One module per verb, each parsing its arguments and calling the layer below: ``t
 ``profile``, the trial profiled), ``trace``, ``search``, ``export``, ``dashboard``,
 ``estimate``, ``rank``, ``calibrate``; what they share is in ``args``. Every error a user can
 cause is one line on stderr and a non-zero exit (2: usage, 1: runtime); ``--debug`` adds the
-traceback (``args.run_command``).
+traceback (``args.run_command``). Ctrl-C exits 130 within a few seconds whatever the load, a
+second Ctrl-C at once (``interrupt.interrupt_guard``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from autotune.cli import dashboard, export, search, trace, trial
 from autotune.cli.args import run_command
 from autotune.cli.calibrate import add_calibrate_parser
 from autotune.cli.estimate import add_estimate_parser
+from autotune.cli.interrupt import interrupt_guard
 from autotune.cli.rank import add_rank_parser
 
 VERBS = (trial.add_parser, trace.add_parser, search.add_parser, export.add_parser,
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command(args.run, args)
+    with interrupt_guard():
+        return run_command(args.run, args)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ NODE_DEATH_WAIT_S = 2.0
 """After a rank on another node than the driver's dies, how long to wait for Ray to declare
 that node dead, so the failure names the lost node (Ray's health checks take a few seconds;
 the ranks on the driver's own node are not waited for: if that node died, so did the driver)."""
+COLLECT_POLL_S = 1.0
+"""The longest single wait for a rank's result: between waits the driver sees a ``close()``
+made from another thread (a ``--parallel`` search's pool closed after Ctrl-C), so a trial thread
+never sits out the whole trial timeout on ranks that are being killed."""
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 """Set in a GPU rank's environment, Ray 2.60 leaves ``CUDA_VISIBLE_DEVICES`` as the node has it
 instead of masking the actor to its one GPU (``ray/_private/accelerators/nvidia_gpu.py``,
@@ -355,6 +359,9 @@ class RayExecutor:
         self.settings = settings or ExecutorSettings()
         self._group: WorkerGroup | None = None
         self._started_ray = False
+        self._closes = 0
+        """How many times ``close`` ran: a trial collecting when it changes gives up at its
+        next poll (the executor may be used again after a close, which starts afresh)."""
 
     # ---- cluster --------------------------------------------------------------------------
     def start(self) -> None:
@@ -425,8 +432,9 @@ class RayExecutor:
         config = config.with_precision("cuda" if use_gpu else "cpu")
         group, cold = self._group_for(config, use_gpu)
         payload = config.to_dict()
+        closes = self._closes
         refs = [w.run_trial.remote(payload) for w in group.workers]
-        outcomes = self._collect(refs)
+        outcomes = self._collect(refs, closes)
         wall = time.perf_counter() - start
         failure = first_failure(outcomes)  # the cause, not the ranks aborted because of it
         if failure is not None:
@@ -449,8 +457,9 @@ class RayExecutor:
             cold_start=cold, env=_environment(group, ranks[0]),
             mfu=_mfu(config, step_time, ranks[0]))
 
-    def _collect(self, refs: list) -> list[dict]:
-        """Wait for every rank, up to the trial timeout; a dead actor becomes a failure."""
+    def _collect(self, refs: list, closes: int) -> list[dict]:
+        """Wait for every rank, up to the trial timeout; a dead actor becomes a failure, and a
+        ``close`` since the trial began (``closes``, then ``_closes``) a ClusterError."""
         deadline = time.monotonic() + self.settings.trial_timeout_s
         index = {ref: i for i, ref in enumerate(refs)}
         outcomes: list[dict | None] = [None] * len(refs)
@@ -458,8 +467,14 @@ class RayExecutor:
         grace_deadline = None
         while pending:
             limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-            ready, pending = ray.wait(pending, num_returns=1,
-                                      timeout=max(0.0, limit - time.monotonic()))
+            # In slices: Ctrl-C (in the main thread) and close() (from another) are seen
+            # within COLLECT_POLL_S whatever Ray's wait does with signals.
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(
+                0.0, min(limit - time.monotonic(), COLLECT_POLL_S)))
+            if self._closes != closes:
+                raise ClusterError("the executor was closed while a trial ran")
+            if not ready and time.monotonic() < limit:
+                continue
             if not ready:
                 self.discard_group()
                 if grace_deadline is not None and time.monotonic() < deadline:
@@ -494,6 +509,10 @@ class RayExecutor:
         return [o for o in outcomes if o is not None]
 
     def close(self) -> None:
+        """Kill the worker group's actors (``ray.kill``: no graceful end, which a rank stuck
+        in a collective would never reach) and shut Ray down if this executor started it. A
+        trial another thread is collecting stops at its next poll (``COLLECT_POLL_S``)."""
+        self._closes += 1
         self.discard_group()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()

@@ -56,8 +56,9 @@ def running(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
-def wait_gone(pids, timeout: float = 20.0) -> list[int]:
-    """The pids still running after ``timeout`` seconds (Ray kills actors asynchronously)."""
+def wait_gone(pids, timeout: float = 60.0) -> list[int]:
+    """The pids still running after ``timeout`` seconds (Ray kills actors asynchronously; on a
+    loaded machine that takes a while); returns as soon as none is."""
     deadline = time.monotonic() + timeout
     alive = [p for p in pids if running(p)]
     while alive and time.monotonic() < deadline:

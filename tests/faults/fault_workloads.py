@@ -73,11 +73,15 @@ def build_oom(spec: WorkloadSpec) -> Workload:
     return _misbehaving(spec, misbehave, ranks=(0, 1))
 
 
+HANG_SLEEP_S = 600.0
+"""How long the hanging workload's rank 1 sleeps: far past any trial timeout a test sets."""
+
+
 def build_hanging(spec: WorkloadSpec) -> Workload:
     """Rank 1 sleeps in forward for micro-batch 2, so rank 0 waits in a collective."""
     def misbehave(micro_batch: int, call: int) -> None:
         if micro_batch == FAULTY_MICRO_BATCH:
-            time.sleep(600)
+            time.sleep(HANG_SLEEP_S)
     return _misbehaving(spec, misbehave)
 
 

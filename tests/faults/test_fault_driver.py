@@ -25,21 +25,21 @@ same.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import driver_process
 import optuna
 import pytest
-from fault_checks import descendants, wait_gone
+from driver_process import counts, killed_on_failure, wait_for
+from fault_checks import wait_gone
 from read_while_writing import trial_digest
 
 from autotune.config import TrialConfig
@@ -61,29 +61,7 @@ SECOND_FIXED = {**FIXED, "overlap_enabled": True, "bucket_mb": 25.0}
 
 
 def search_args(db_url: str, out: Path, budget: int, *extra: str) -> list[str]:
-    fixes = [a for k, v in FIXED.items() for a in ("--fix", f"{k}={json.dumps(v)}")]
-    return [sys.executable, "-m", "autotune", "search", "--db", db_url, "--study", "interrupted",
-            "--trials", str(budget), "--patience", str(budget), "--top-k", "1",
-            "--remeasure", "0", "--timed-steps", "1", "--out", str(out), *fixes, *extra]
-
-
-def counts(path: Path, study: str) -> tuple[int, int, int] | None:
-    """(trials stored in the study, Optuna trials of it RUNNING, FAILed); None before the tables
-    exist."""
-    if not path.exists():
-        return None
-    try:
-        with contextlib.closing(sqlite3.connect(path, timeout=5)) as c:
-            stored = c.execute(
-                "SELECT count(*) FROM autotune_trials t JOIN autotune_studies s "
-                "ON s.id = t.study_id WHERE s.name = ?", (study,)).fetchone()[0]
-            states = dict(c.execute(
-                "SELECT t.state, count(*) FROM trials t JOIN studies s "
-                "ON s.study_id = t.study_id WHERE s.study_name = ? GROUP BY t.state",
-                (f"autotune:{study}",)).fetchall())
-    except sqlite3.Error:
-        return None
-    return stored, states.get("RUNNING", 0), states.get("FAIL", 0)
+    return driver_process.search_args(db_url, out, budget, FIXED, *extra)
 
 
 def digests(url: str) -> dict[int, str]:
@@ -119,35 +97,6 @@ class Scenario:
     figures: dict
 
 
-def _wait(proc: subprocess.Popen, until, pids: set[int], *, exits: bool = False,
-          timeout: float = 120.0) -> None:
-    """Poll until ``until()`` is true, noting the driver's processes; the driver must still run
-    then (or, with ``exits``, poll until it has exited)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids |= descendants(proc.pid)
-        if proc.poll() is not None:
-            assert exits, f"the driver exited early:\n{proc.communicate()[1][-3000:]}"
-            return
-        if until():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for the driver: {' '.join(proc.args[2:])}")
-
-
-@contextlib.contextmanager
-def _killed_on_failure(procs: list[subprocess.Popen]):
-    """Whatever goes wrong, no process this scenario started outlives it."""
-    try:
-        yield
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the driver's group, Ray included
-                proc.communicate()
-
-
 @pytest.fixture(scope="module")
 def scenario(executor, tmp_path_factory) -> Scenario:
     work = tmp_path_factory.mktemp("driver")
@@ -159,29 +108,23 @@ def scenario(executor, tmp_path_factory) -> Scenario:
                              num_timed_steps=1, num_profiled_steps=0, device="cpu"))
 
     procs: list[subprocess.Popen] = []
-    with _killed_on_failure(procs):
+    with killed_on_failure(procs):
         return _run_scenario(executor, work, path, out, url, env, procs)
-
-
-def _start(procs: list, args: list[str], **kwargs) -> subprocess.Popen:
-    procs.append(subprocess.Popen(args, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, start_new_session=True, **kwargs))
-    return procs[-1]
 
 
 def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: dict,
                   procs: list) -> Scenario:
     figures = {}
     stop = work / "stop-reading"
-    reader = _start(procs, [sys.executable, str(Path(__file__).with_name(
+    reader = driver_process.start(procs, [sys.executable, str(Path(__file__).with_name(
         "read_while_writing.py")), url, str(stop), str(work)], env=env)
     # 1. Ctrl-C in the middle of the search, whose budget it cannot have spent by then.
     assert len(SearchSpace(base_config(SearchSpec(world_size=2, device="cpu")),
                            fixed=FIXED)) == SPACE_SIZE
     start = time.monotonic()
-    proc = _start(procs, search_args(url, out, SPACE_SIZE), cwd=work, env=env)
+    proc = driver_process.start(procs, search_args(url, out, SPACE_SIZE), cwd=work, env=env)
     pids: set[int] = set()
-    _wait(proc, lambda: min((counts(path, "interrupted") or (0, 0, 0))[:2]) >= 1, pids)
+    wait_for(proc, lambda: min((counts(path, "interrupted") or (0, 0, 0))[:2]) >= 1, pids)
     before = digests(url)
     time.sleep(0.2)  # into the running trial
     os.killpg(proc.pid, signal.SIGINT)
@@ -199,11 +142,12 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     # 2. Resume, with a second writer and a reader.
     start = time.monotonic()
     resumed_budget = stored_at_interrupt + NUM_RESUMED
-    proc = _start(procs, search_args(url, out, resumed_budget, "--resume"), cwd=work, env=env)
+    proc = driver_process.start(procs, search_args(url, out, resumed_budget, "--resume"),
+                                cwd=work, env=env)
     pids = set()
     # Until the resumed search has stored a new trial (its worker group is up); the others are
     # still to come.
-    _wait(proc, lambda: (counts(path, "interrupted") or (0,))[0] > stored_at_interrupt, pids)
+    wait_for(proc, lambda: (counts(path, "interrupted") or (0,))[0] > stored_at_interrupt, pids)
     first_new_s = time.monotonic() - start
     second = SearchSpec(world_size=2, n_trials=3, patience=None, device="cpu", fixed=SECOND_FIXED,
                         narrowed={"activation_checkpointing": ["none"]}, num_warmup_steps=0,
@@ -213,7 +157,7 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
         second_start = time.monotonic()
         outcome = Search(second, database, executor, out=None).run()
         second_s = time.monotonic() - second_start
-    _wait(proc, lambda: False, pids, exits=True)
+    wait_for(proc, lambda: False, pids, exits=True)
     stdout, stderr = proc.communicate(timeout=30)
     resumed = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     stop.touch()
