@@ -1,7 +1,19 @@
-"""Validates the CUDA path on one machine with GPUs, in under 5 minutes.
+"""Validates the CUDA path on one machine with GPUs, in about 6 minutes on an H200.
 
 Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make: never
-counted as passed). What each row proves:
+counted as passed). Its stages (``--only`` picks them, in order):
+
+- ``search`` (``bench/gpu_search.py``): ``autotune search`` with no argument completes on the
+  GPU, stores CUDA figures (both allocator peaks) and writes exports that parse.
+- ``rows`` (``bench/gpu_rows.py``): nine configurations of a 1.5B Llama at seq 2048-8192 (AC
+  none / selective / full, micro-batch, precision, offload), each judged on its allocated and
+  reserved peaks against the memory model and on its step time against the step-time model
+  calibrated on two rows; the profile of a compute-bound row; a real CUDA OOM followed by a
+  trial in the same executor.
+- ``zero``, ``master``, ``oom``: the rows below.
+
+``docs/benchmarks.md`` ("GPU check") says what each row proves and what the first GPU run
+measured.
 
 At world size 1 (one GPU is enough):
 
