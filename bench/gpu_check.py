@@ -88,7 +88,7 @@ import time  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_search  # noqa: E402
 from gpu_table import (  # noqa: E402
-    EXIT_FAILED,
+    EXIT_FAILED,  # noqa: F401 - part of the script's interface (its exit status)
     EXIT_NO_CUDA,
     Check,
     Status,
@@ -122,7 +122,7 @@ MASTER_ATOL = 1e-3
 (GPT-tiny, seq 64, batch 4; ``tests/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its per-step
 differences, bf16-rounded matmul inputs, stay within ±4e-4 and average out), bf16-true 4e-3
 to 6e-3 (it falls further behind with every step)."""
-OOM_FACTOR = 1.5
+OOM_FACTOR = gpu_rows.OOM_FACTOR
 """The out-of-memory configuration's predicted peak, in device memories."""
 
 
@@ -149,8 +149,7 @@ def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
 def kernel_check(label: str, spans: list) -> Check:
     """CUDA kernel spans, some of them inside a profiled step."""
     steps = [s for s in spans if s.kind == "step"]
-    # On CUDA every compute span is a kernel, in its launching op's phase; on CPU an aten op.
-    kernels = [s for s in spans if s.kind == "compute" and not s.name.startswith("aten::")]
+    kernels = gpu_rows.cuda_kernels(spans)
     inside = [k for k in kernels if any(
         st.start_ns <= k.start_ns <= st.start_ns + st.dur_ns for st in steps)]
     return Check.judged(f"{label} CUDA kernel spans", "> 0, inside a profiled step",
@@ -405,17 +404,14 @@ def oom_config_args(device_bytes: int) -> tuple[int, list[str]]:
     """(micro-batch, search arguments) of a GPT-small configuration the memory model puts at
     OOM_FACTOR × the device's memory: one micro-batch, doubled until it is that large."""
     from autotune.config import TrialConfig, WorkloadSpec
-    from autotune.model.memory import estimate_memory
 
-    batch = 8
-    while True:
-        config = TrialConfig(workload=WorkloadSpec(family="gpt", size="small", seq_len=1024,
-                                                   global_batch_size=batch),
-                             world_size=1, micro_batch_size=batch, device="cuda",
-                             activation_checkpointing="none")
-        if estimate_memory(config, device_type="cuda").total > OOM_FACTOR * device_bytes:
-            break
-        batch *= 2
+    def config_at(batch: int) -> TrialConfig:
+        return TrialConfig(workload=WorkloadSpec(family="gpt", size="small", seq_len=1024,
+                                                 global_batch_size=batch),
+                           world_size=1, micro_batch_size=batch, device="cuda",
+                           activation_checkpointing="none")
+
+    batch = gpu_rows.batch_beyond_device(config_at, device_bytes, start=8)
     return batch, ["--model", "gpt-small", "--seq-len", "1024", "--global-batch", str(batch),
                    "--world-size", "1", "--fix", f"micro_batch_size={batch}",
                    "--fix", "zero_stage=0", "--fix", "activation_checkpointing=none",
@@ -520,21 +516,10 @@ def _cpu_dry_run(args) -> int:
     """The stages on CPU: a default search (gloo) and the rows on a tiny Llama."""
     start = time.monotonic()
     checks: list[Check] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        def search():
-            from pathlib import Path
-
-            proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db",
-                                   f"sqlite:///{tmp}/s.db", "--out", tmp, "--trials", "3",
-                                   "--remeasure", "0"], capture_output=True, text=True,
-                                  cwd=REPO_ROOT, timeout=args.timeout)
-            return ([Check.judged("default search", "exits 0", f"exit {proc.returncode}",
-                                  proc.returncode == 0)]
-                    + gpu_search.search_checks(f"sqlite:///{tmp}/s.db", Path(tmp), "cpu"))
-
-        checks += _run_stage("default search (cpu)", search, start)
-        checks += _run_stage("rows (cpu, tiny)", lambda: gpu_rows.run_rows(
-            gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False), start)
+    checks += _run_stage("default search (cpu)", lambda: gpu_search.run_default_search(
+        REPO_ROOT, args.timeout, ("--trials", "3", "--remeasure", "0"), device="cpu"), start)
+    checks += _run_stage("rows (cpu, tiny)", lambda: gpu_rows.run_rows(
+        gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False), start)
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)

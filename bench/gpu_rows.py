@@ -160,9 +160,7 @@ def profile_checks(config, spans: list) -> list[Check]:
 
     rank0 = [s for s in spans if s.rank == 0]
     steps = {s.step for s in rank0 if s.kind == "step"}
-    # On CUDA every compute span is a kernel, in the phase of the op that launched it
-    # (``profiler/capture.py``); on CPU an aten op.
-    kernels = [s for s in rank0 if s.kind == "compute" and not s.name.startswith("aten::")]
+    kernels = cuda_kernels(rank0)
     phases = {s.category for s in kernels}
     rows = breakdown(rank0)
     share = rows[0].compute_ns / rows[0].window_ns if rows and rows[0].window_ns else 0.0
@@ -179,16 +177,33 @@ def profile_checks(config, spans: list) -> list[Check]:
 
 
 # ---- the runs --------------------------------------------------------------------------------
-def oom_row(scale: Scale, device_bytes: int) -> Row:
-    """The ``ac none`` row at the smallest doubled micro-batch the memory model puts beyond
-    OOM_FACTOR × the device's memory."""
+def batch_beyond_device(config_at, device_bytes: int, start: int = 1,
+                        device_type: str = "cuda") -> int:
+    """The smallest micro-batch, ``start`` doubled, whose configuration (``config_at(batch)``)
+    the memory model puts beyond OOM_FACTOR × the device's memory."""
     from autotune.model.memory import estimate_memory
 
-    row = Row("out of memory", ROWS[0].seq_len, 1, "none", "bf16-mixed")
-    while estimate_memory(scale.config(row), device_type=scale.device).total \
+    batch = start
+    while estimate_memory(config_at(batch), device_type=device_type).total \
             <= OOM_FACTOR * device_bytes:
-        row = dataclasses.replace(row, micro_batch=row.micro_batch * 2)
-    return row
+        batch *= 2
+    return batch
+
+
+def oom_row(scale: Scale, device_bytes: int) -> Row:
+    """The ``ac none`` row at the smallest doubled micro-batch beyond OOM_FACTOR × the
+    device's memory."""
+    row = Row("out of memory", ROWS[0].seq_len, 1, "none", "bf16-mixed")
+    batch = batch_beyond_device(
+        lambda b: scale.config(dataclasses.replace(row, micro_batch=b)), device_bytes,
+        device_type=scale.device)
+    return dataclasses.replace(row, micro_batch=batch)
+
+
+def cuda_kernels(spans: list) -> list:
+    """The spans of CUDA kernels: on CUDA every compute span is a kernel, in the phase of the
+    op that launched it (``profiler/capture.py``); on CPU an aten op."""
+    return [s for s in spans if s.kind == "compute" and not s.name.startswith("aten::")]
 
 
 def predicted_memory(config, device_type: str) -> tuple[int, int]:
@@ -213,8 +228,7 @@ def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = T
              ) -> list[Check]:
     """Every row in one worker group, then the out-of-memory row and one more trial in the
     same group; then the memory, profile and step-time judgements."""
-    from autotune.errors import AutotuneError, TrialFailed
-    from autotune.status import FailureKind
+    from autotune.errors import AutotuneError
     from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     checks: list[Check] = []
@@ -246,8 +260,7 @@ def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = T
             if row.name == PROFILED_ROW:
                 checks += profile_checks(config, result.ranks[0].spans)
         if oom:
-            checks += _oom_then_next(executor, scale, device_bytes, FailureKind, TrialFailed,
-                                     AutotuneError)
+            checks += _oom_then_next(executor, scale, device_bytes)
     checks += _step_time_checks(scale, measured)
     return checks
 
@@ -264,8 +277,11 @@ def _refusal(config) -> str | None:
     return None
 
 
-def _oom_then_next(executor, scale, device_bytes, FailureKind, TrialFailed, AutotuneError):
+def _oom_then_next(executor, scale: Scale, device_bytes: int) -> list[Check]:
     """The out-of-memory row must fail as out of memory, and the next trial complete."""
+    from autotune.errors import AutotuneError, TrialFailed
+    from autotune.status import FailureKind
+
     row = oom_row(scale, device_bytes)
     try:
         executor.run(scale.config(row))

@@ -21,10 +21,11 @@ EXPORTS = ("best_config.json", "ds_config.json", "accelerate_config.yaml",
 """What ``autotune search`` writes beside its study (``autotune/export``)."""
 
 
-def run_default_search(repo_root: str, timeout_s: float, extra: tuple[str, ...] = ()
-                       ) -> list[Check]:
-    """``autotune search`` with no knob given (the README's first command), into a fresh
-    database and folder, then :func:`search_checks`."""
+def run_default_search(repo_root: str, timeout_s: float, extra: tuple[str, ...] = (), *,
+                       device: str = "cuda") -> list[Check]:
+    """``autotune search`` with no knob given (the README's first command; ``extra``
+    arguments after it), into a fresh database and folder, then :func:`search_checks` of
+    ``device``."""
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/search.db"
         try:
@@ -38,7 +39,7 @@ def run_default_search(repo_root: str, timeout_s: float, extra: tuple[str, ...] 
         checks = [Check.judged("default search", "exits 0",
                                f"exit {proc.returncode}: {last[-1][:100]}",
                                proc.returncode == 0)]
-        return checks + search_checks(url, Path(tmp))
+        return checks + search_checks(url, Path(tmp), device)
 
 
 def search_checks(url: str, out: Path, device: str = "cuda") -> list[Check]:
