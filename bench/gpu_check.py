@@ -1,4 +1,4 @@
-"""Validates the CUDA path on one machine with GPUs, in about 6 minutes on an H200.
+"""Validates the CUDA path on one machine with GPUs, in a few minutes (docs/benchmarks.md gives the H200 runs' times).
 
 Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make: never
 counted as passed). Its stages (``--only`` picks them, in order):
