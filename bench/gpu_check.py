@@ -1,4 +1,5 @@
-"""Validates the CUDA path on one machine with GPUs, in a few minutes (docs/benchmarks.md gives the H200 runs' times).
+"""Validates the CUDA path on one machine with GPUs, in a few minutes (the H200 runs' times:
+docs/benchmarks.md).
 
 Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make: never
 counted as passed). Its stages (``--only`` picks them, in order):
