@@ -63,8 +63,12 @@ float32 on CPUs, whose half-precision speed depends on the instruction set rathe
 layout (on the AVX512 development machine a 1024² bf16 matmul took 0.38× the fp32 time, fp16
 68×: emulated), and where fp32 lets every layout match the reference to summation noise."""
 
-# Virtual pipeline stages per rank for the interleaved schedule (Narayanan et al. 2021, §2.2).
+# Virtual pipeline stages per rank for the interleaved schedule (Narayanan et al. 2021, §2.2):
+# the default of ``virtual_stages``.
 INTERLEAVED_STAGES_PER_RANK = 2
+FLOAT8_PRECISIONS = ("bf16-mixed", "bf16-true")
+"""Precisions whose non-linear layers float8 training keeps (torchao's float8 linears run beside
+bf16 autocast; Micikevicius et al. 2022, "FP8 Formats for Deep Learning", §4)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,10 +166,27 @@ class TrialConfig:
     """Overlap communication with computation (DDP hooks / FSDP prefetch)."""
     activation_checkpointing: ActivationCheckpointing = "none"
     """Recompute activations in backward: none, selective (attention core) or full (per block)."""
+    ac_layers: int | None = None
+    """With full checkpointing: blocks per pipeline stage recomputed (Megatron's
+    --recompute-num-layers); None recomputes every block."""
     pp_schedule: PipelineSchedule = "1f1b"
     """Pipeline schedule when pp_degree > 1: gpipe, 1f1b or interleaved_1f1b."""
+    virtual_stages: int = INTERLEAVED_STAGES_PER_RANK
+    """Model chunks per pipeline rank under interleaved_1f1b (≥ 2); other schedules run one."""
+    sequence_parallel: bool = False
+    """With tp_degree > 1: norms and dropout on sequence shards, all-gather / reduce-scatter
+    instead of all-reduce (Korthikanti et al. 2022)."""
+    cp_degree: int = 1
+    """Context-parallel degree: ranks splitting each sequence (world = dp × cp × tp × pp)."""
+    dp_replicate: int = 1
+    """HSDP: data-parallel replica groups; ZeRO shards within dp_degree / dp_replicate ranks."""
     attention: Attention = "sdpa"
     """Attention implementation: eager (explicit softmax) or sdpa (fused)."""
+    compile: bool = False
+    """torch.compile each transformer block (regional compilation); its time is setup cost."""
+    float8: bool = False
+    """Linear layers in float8 with dynamic scaling (torchao), the rest in bf16; CUDA with
+    compute capability ≥ 8.9 only."""
     optimizer_offload_enabled: bool = False
     """ZeRO-Offload: keep optimizer state and step on the CPU (CUDA, ZeRO-2/3 only)."""
     device: Device = "auto"
@@ -185,8 +206,14 @@ class TrialConfig:
     # ---- derived -------------------------------------------------------------------------
     @property
     def dp_degree(self) -> int:
-        """Data-parallel degree: world_size / (tp_degree * pp_degree)."""
-        return self.world_size // (self.tp_degree * self.pp_degree)
+        """Data-parallel degree: world_size / (tp_degree × pp_degree × cp_degree)."""
+        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree)
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks one ZeRO shard group spans: dp_degree / dp_replicate (dp_degree without
+        HSDP)."""
+        return self.dp_degree // self.dp_replicate
 
     @property
     def grad_accum_steps(self) -> int:
@@ -216,7 +243,7 @@ class TrialConfig:
     @property
     def num_pp_stages(self) -> int:
         if self.pp_degree > 1 and self.pp_schedule == "interleaved_1f1b":
-            return self.pp_degree * INTERLEAVED_STAGES_PER_RANK
+            return self.pp_degree * self.virtual_stages
         return self.pp_degree
 
     # ---- validation ----------------------------------------------------------------------
@@ -231,7 +258,8 @@ class TrialConfig:
         if shape is not None:
             num_heads, num_kv_heads, num_layers = (
                 shape.num_heads, shape.num_kv_heads, shape.num_layers)
-        for name in ("world_size", "tp_degree", "pp_degree", "micro_batch_size"):
+        for name in ("world_size", "tp_degree", "pp_degree", "micro_batch_size", "cp_degree",
+                     "dp_replicate", "virtual_stages"):
             _positive(name, getattr(self, name))
         _non_negative("num_warmup_steps", self.num_warmup_steps)
         _non_negative("num_profiled_steps", self.num_profiled_steps)
@@ -241,11 +269,18 @@ class TrialConfig:
         self.validate_precision()
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be > 0, not {self.bucket_mb}")
-        if self.world_size % (self.tp_degree * self.pp_degree):
+        model_ranks = self.tp_degree * self.pp_degree * self.cp_degree
+        if self.world_size % model_ranks:
+            if self.cp_degree == 1:
+                raise ConfigError(
+                    f"tp_degree × pp_degree = {self.tp_degree * self.pp_degree} must divide "
+                    f"world_size {self.world_size} (tp × pp × dp = world size)"
+                )
             raise ConfigError(
-                f"tp_degree × pp_degree = {self.tp_degree * self.pp_degree} must divide "
-                f"world_size {self.world_size} (tp × pp × dp = world size)"
+                f"tp_degree × pp_degree × cp_degree = {model_ranks} must divide world_size "
+                f"{self.world_size} (dp × cp × tp × pp = world size)"
             )
+        self._validate_new_knobs(num_layers)
         if num_heads is not None and num_heads % self.tp_degree:
             raise ConfigError(
                 f"tp_degree {self.tp_degree} must divide the {num_heads} attention heads of "
@@ -288,6 +323,58 @@ class TrialConfig:
                     "CPUOffloadPolicy, and dp_degree 1 trains without FSDP2); lower tp_degree or "
                     "pp_degree, or turn offload off"
                 )
+
+    def _validate_new_knobs(self, num_layers: int | None) -> None:
+        """The rules of sequence_parallel, cp_degree, dp_replicate, virtual_stages, ac_layers
+        and float8 (each alone; combinations the trial engine cannot run are refused where it
+        builds them)."""
+        if self.sequence_parallel and self.tp_degree == 1:
+            raise ConfigError("sequence_parallel shards over the tensor-parallel group: it needs "
+                              "tp_degree > 1; raise tp_degree or turn sequence_parallel off")
+        seq = self.workload.seq_len
+        if self.cp_degree > 1 and seq % (2 * self.cp_degree):
+            raise ConfigError(
+                f"cp_degree {self.cp_degree} needs seq_len divisible by 2 × cp_degree = "
+                f"{2 * self.cp_degree} (causal load balancing gives each rank two chunks), not "
+                f"{seq}; choose a cp_degree among "
+                f"{[d for d in _divisors(seq) if seq % (2 * d) == 0]}")
+        if self.dp_degree % self.dp_replicate:
+            raise ConfigError(
+                f"dp_replicate {self.dp_replicate} must divide dp_degree {self.dp_degree} "
+                f"(HSDP: replica groups × shard size = dp); choose among "
+                f"{_divisors(self.dp_degree)}")
+        if self.dp_replicate > 1 and self.zero_stage < 2:
+            raise ConfigError(
+                f"dp_replicate {self.dp_replicate} (HSDP) shards with FSDP2: it needs zero_stage "
+                "2 or 3; raise zero_stage or set dp_replicate to 1")
+        interleaved = self.pp_degree > 1 and self.pp_schedule == "interleaved_1f1b"
+        if interleaved and self.virtual_stages < 2:
+            raise ConfigError(
+                f"schedule interleaved_1f1b needs virtual_stages ≥ 2, not {self.virtual_stages}; "
+                "raise it or use 1f1b")
+        if not interleaved and self.virtual_stages != INTERLEAVED_STAGES_PER_RANK:
+            raise ConfigError(
+                f"virtual_stages {self.virtual_stages} applies to pp_schedule interleaved_1f1b "
+                f"with pp_degree > 1 only; use that schedule or leave virtual_stages at "
+                f"{INTERLEAVED_STAGES_PER_RANK}")
+        if self.ac_layers is not None:
+            _positive("ac_layers", self.ac_layers)
+            if self.activation_checkpointing != "full":
+                raise ConfigError(
+                    f"ac_layers {self.ac_layers} counts blocks under full checkpointing; set "
+                    "activation_checkpointing to full or ac_layers to null")
+            if num_layers is not None and self.ac_layers > num_layers:
+                raise ConfigError(
+                    f"ac_layers {self.ac_layers} exceeds the {num_layers} layers of "
+                    f"{self.workload.name}; lower it, or null recomputes every block")
+        if self.float8:
+            if self.device == "cpu":
+                raise ConfigError("float8 needs a CUDA GPU of compute capability ≥ 8.9 (H100, "
+                                  "L40S, B200…): CPUs have no float8 matmul; turn float8 off")
+            if self.precision is not None and self.precision not in FLOAT8_PRECISIONS:
+                raise ConfigError(
+                    f"float8 runs its linears beside bf16 compute: it needs precision "
+                    f"{' or '.join(FLOAT8_PRECISIONS)}, not {self.precision}")
 
     def validate_precision(self) -> None:
         if self.precision is not None and self.precision not in PRECISION_COMPUTE_DTYPE:

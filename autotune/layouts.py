@@ -19,8 +19,22 @@ from autotune.errors import ConfigError
 DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
 """``TrialConfig``'s default gradient bucket (a name omits it; the baselines prefer it)."""
 KNOB_ORDER = ("tp_degree", "pp_degree", "pp_schedule", "zero_stage", "overlap_enabled",
-              "micro_batch_size", "activation_checkpointing", "bucket_mb")
-"""The knobs a search chooses, in the order it asks them and a report lists them."""
+              "micro_batch_size", "activation_checkpointing", "bucket_mb", "sequence_parallel",
+              "cp_degree", "dp_replicate", "virtual_stages", "compile", "float8")
+"""The knobs a search chooses, in the order it asks them and a report lists them (a knob whose
+reachable configurations all share one value is not asked, so the later knobs add no question
+to a space that does not vary them)."""
+SEARCHED_BY_DEFAULT: dict[str, tuple] = {
+    "sequence_parallel": (False,),
+    "cp_degree": (1,),
+    "dp_replicate": (1,),
+    "virtual_stages": (TrialConfig().virtual_stages,),
+    "compile": (False,),
+    "float8": (False,),
+}
+"""The values of the newer knobs a search space takes unless --fix or a space file names others:
+the value that keeps the layout as before, plus each value the trial engine runs and the search
+has been shown to use."""
 
 
 def divisors(n: int) -> list[int]:
@@ -37,14 +51,19 @@ def enumerate_configs(
     tp_degrees: Sequence[int] | None = None,
     pp_degrees: Sequence[int] | None = None,
     dedupe_zero_at_dp1: bool = True,
+    extra: dict[str, Sequence] | None = None,
 ) -> Iterator[TrialConfig]:
-    """Yield every valid config that differs from ``base`` in the given knobs."""
+    """Yield every valid config that differs from ``base`` in the given knobs. ``extra`` maps
+    the newer knobs (``SEARCHED_BY_DEFAULT``'s) to their values; those it omits take their
+    default values."""
     world = base.world_size
     global_batch = base.workload.global_batch_size
-    for tp, pp in itertools.product(tp_degrees or divisors(world), pp_degrees or divisors(world)):
-        if world % (tp * pp):
+    newer = {**SEARCHED_BY_DEFAULT, **(extra or {})}
+    for tp, pp, cp in itertools.product(tp_degrees or divisors(world),
+                                        pp_degrees or divisors(world), newer["cp_degree"]):
+        if world % (tp * pp * cp):
             continue
-        dp = world // (tp * pp)
+        dp = world // (tp * pp * cp)
         if global_batch % dp:
             continue
         schedules = pp_schedules if pp > 1 else (base.pp_schedule,)
@@ -53,24 +72,50 @@ def enumerate_configs(
                 divisors(global_batch // dp), stages, activation_checkpointing, schedules,
                 overlap):
             config = dataclasses.replace(
-                base, tp_degree=tp, pp_degree=pp, micro_batch_size=micro, zero_stage=zero,
-                activation_checkpointing=ac, pp_schedule=schedule, overlap_enabled=ov)
-            try:
-                config.validate()
-            except ConfigError:
-                continue
-            yield config
+                base, tp_degree=tp, pp_degree=pp, cp_degree=cp, micro_batch_size=micro,
+                zero_stage=zero, activation_checkpointing=ac, pp_schedule=schedule,
+                overlap_enabled=ov)
+            yield from _newer_knobs(config, newer)
+
+
+def _newer_knobs(config: TrialConfig, newer: dict[str, Sequence]) -> Iterator[TrialConfig]:
+    """``config`` under each combination of the newer knobs that changes what it runs: SP only
+    with TP, HSDP only with data parallelism, virtual stages only under interleaving."""
+    sp = newer["sequence_parallel"] if config.tp_degree > 1 else (False,)
+    replicate = newer["dp_replicate"] if config.dp_degree > 1 else (1,)
+    interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
+    virtual = newer["virtual_stages"] if interleaved else (config.virtual_stages,)
+    for seq_par, rep, v, comp, f8 in itertools.product(sp, replicate, virtual, newer["compile"],
+                                                       newer["float8"]):
+        candidate = dataclasses.replace(config, sequence_parallel=seq_par, dp_replicate=rep,
+                                        virtual_stages=v, compile=comp, float8=f8)
+        try:
+            candidate.validate()
+        except ConfigError:
+            continue
+        yield candidate
 
 
 def short_name(c: TrialConfig) -> str:
     """A compact id: w4-tp2-pp1-dp2-z3-mb2x2-ac_full[-1f1b][-noov][-b5] (the bucket where
-    there is a gradient sync and it is not the default)."""
+    there is a gradient sync and it is not the default), then the newer knobs where they are
+    not their defaults: [-v4] virtual stages, [-sp], [-cp2], [-hsdp2] replica groups, [-l2]
+    checkpointed blocks, [-compile], [-fp8]."""
     name = (f"w{c.world_size}-tp{c.tp_degree}-pp{c.pp_degree}-dp{c.dp_degree}-z{c.zero_stage}"
             f"-mb{c.micro_batch_size}x{c.grad_accum_steps}-ac_{c.activation_checkpointing}")
+    if c.ac_layers is not None:
+        name += f"-l{c.ac_layers}"
     if c.pp_degree > 1:
         name += f"-{c.pp_schedule}"
+        if c.virtual_stages != TrialConfig().virtual_stages:
+            name += f"-v{c.virtual_stages}"
     if not c.overlap_enabled:
         name += "-noov"
     if c.dp_degree > 1 and c.bucket_mb != DEFAULT_BUCKET_MB:
         name += f"-b{c.bucket_mb:g}"
+    for flag, text in ((c.sequence_parallel, "-sp"), (c.cp_degree > 1, f"-cp{c.cp_degree}"),
+                       (c.dp_replicate > 1, f"-hsdp{c.dp_replicate}"),
+                       (c.compile, "-compile"), (c.float8, "-fp8")):
+        if flag:
+            name += text
     return name

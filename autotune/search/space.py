@@ -19,7 +19,7 @@ from typing import Any
 from autotune.config import (CHECKPOINTING_MODES, OVERLAP_CHOICES, PP_SCHEDULES, ZERO_STAGES,
                              TrialConfig)
 from autotune.errors import ConfigError
-from autotune.layouts import KNOB_ORDER, enumerate_configs
+from autotune.layouts import KNOB_ORDER, SEARCHED_BY_DEFAULT, enumerate_configs
 
 DEFAULT_BUCKETS_MB = (5.0, 25.0, 100.0)
 FIXABLE = {f.name for f in dataclasses.fields(TrialConfig)} - {"workload", "world_size"}
@@ -88,7 +88,8 @@ class SearchSpace:
             pp_schedules=choice.get("pp_schedule", PP_SCHEDULES),
             overlap=choice.get("overlap_enabled", OVERLAP_CHOICES),
             tp_degrees=choice.get("tp_degree"), pp_degrees=choice.get("pp_degree"),
-            dedupe_zero_at_dp1=True)
+            dedupe_zero_at_dp1=True,
+            extra={k: choice[k] for k in SEARCHED_BY_DEFAULT if k in choice})
         buckets = tuple(float(b) for b in choice.get("bucket_mb", buckets_mb))
         configs = []
         for c in grid:

@@ -61,9 +61,25 @@ class ParallelModel:
         return self.coords.pp_rank == self.config.pp_degree - 1
 
 
+NOT_YET_RUN = {
+    "sequence_parallel": lambda c: c.sequence_parallel,
+    "cp_degree": lambda c: c.cp_degree > 1,
+    "dp_replicate": lambda c: c.dp_replicate > 1,
+    "ac_layers": lambda c: c.ac_layers is not None,
+    "compile": lambda c: c.compile,
+    "float8": lambda c: c.float8,
+}
+"""Knobs the models predict but the trial engine does not run yet, and when a config uses
+them."""
+
+
 def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     """Refuse layouts the workload cannot run, before any collective is issued."""
     config.validate(num_heads=workload.num_heads, num_layers=workload.num_layers)
+    for knob, used in NOT_YET_RUN.items():
+        if used(config):
+            raise ConfigError(f"trials do not run {knob} yet (autotune estimate and rank "
+                              f"predict it); leave {knob} at its default to run a trial")
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
                           "use tp_degree 1 or add a tp_plan to its Workload")
