@@ -75,3 +75,39 @@ MODEL_SHAPES: dict[tuple[str, str], ModelShape] = {
 
 def model_names() -> list[str]:
     return [f"{family}-{size}" for family, size in MODEL_SHAPES]
+
+
+def even_split(n: int, k: int) -> list[int]:
+    """``n`` items over ``k`` parts as evenly as possible, earlier parts taking the remainder."""
+    base, extra = divmod(n, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+def stage_layer_counts(num_layers: int, num_stages: int) -> list[int]:
+    """Transformer layers per pipeline stage, as the trial engine splits them.
+
+    Layers that divide evenly are split evenly. Otherwise the stages split L + 2 units, the
+    embedding and the output head (with the loss) each weighing one layer, so the first and last
+    stages hold a layer fewer than the rest, as Llama 3 trained 126 layers on 16 stages
+    (Dubey et al. 2024, §3.3.2) and torchtitan's ``generate_llm_fqn_per_model_part`` weighs its
+    input and output modules; the remainder goes to the earliest middle stages. Where that would
+    leave a stage without a layer, earlier stages take the remainder of L alone.
+    """
+    if num_layers % num_stages == 0 or num_stages < 3:
+        return even_split(num_layers, num_stages)
+    units, rest = divmod(num_layers + 2, num_stages)
+    counts = [units] * num_stages
+    for i in range(1, 1 + rest):
+        counts[i] += 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    if min(counts) < 1 or rest > num_stages - 2:
+        return even_split(num_layers, num_stages)
+    return counts
+
+
+def stage_layer_range(num_layers: int, stage_index: int, num_stages: int) -> range:
+    """Global indices of one pipeline stage's layers (:func:`stage_layer_counts`)."""
+    counts = stage_layer_counts(num_layers, num_stages)
+    start = sum(counts[:stage_index])
+    return range(start, start + counts[stage_index])

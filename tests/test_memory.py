@@ -184,9 +184,13 @@ def test_pp_splits_layers_like_split_for_pipeline():
 
     from autotune.trial.models.transformer import Transformer, split_for_pipeline
 
-    # 12 layers over 5 stages: earlier stages take the remainder → 3, 3, 2, 2, 2.
+    # 12 layers over 5 stages: 14 units (the embedding and head weigh a layer each) leave a
+    # remainder of 4 that the 3 middle stages cannot take: earlier stages take the remainder.
     assert stage_layer_counts(12, 5) == [3, 3, 2, 2, 2]
-    shape = MODEL_SHAPES[("llama", "tiny")]  # 4 layers over 3 stages → 2, 1, 1
+    # Llama 3's 126 layers on 16 stages: a layer fewer on the first and last (§3.3.2).
+    assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
+    assert stage_layer_counts(32, 4) == [8] * 4  # even splits stay even
+    shape = MODEL_SHAPES[("llama", "tiny")]  # 4 layers over 3 stages → 1, 2, 1
     for stage in range(3):
         model = split_for_pipeline(Transformer(shape, vocab_size=64), stage, 3)
         assert len(model.layers) == stage_layer_counts(4, 3)[stage]

@@ -62,11 +62,10 @@ from autotune.model.memory import (
     _states,
     estimate_memory,
     microbatches_in_flight,
-    stage_layer_counts,
     state_bytes,
     worst_rank_candidates,
 )
-from autotune.shapes import ModelShape
+from autotune.shapes import ModelShape, even_split
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +193,17 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
 
 def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
                  traits: MemoryTraits) -> tuple[_Part, ...]:
-    """The rank's (virtual) stages: ``memory._parts``, or with ``embedding_counts_as_layer``
-    the L + 2 units split evenly (earlier stages the remainder), the first and last stage one
-    transformer layer short for their embeddings."""
-    if not traits.embedding_counts_as_layer or pp == 1 or interleaved:
+    """The rank's (virtual) stages: the L layers split evenly, earlier stages taking the
+    remainder, or with ``embedding_counts_as_layer`` the L + 2 units so, the first and last
+    stage one transformer layer short for their embeddings (interleaved: ``memory._parts``)."""
+    if pp == 1 or interleaved:
         return _parts(num_layers, pp, interleaved, pp_rank)
-    counts = stage_layer_counts(num_layers + 2, pp)
-    counts[0] -= 1
-    counts[-1] -= 1
+    if traits.embedding_counts_as_layer:
+        counts = even_split(num_layers + 2, pp)
+        counts[0] -= 1
+        counts[-1] -= 1
+    else:  # Megatron's and DeepSpeed's uniform split: earlier stages take the remainder
+        counts = even_split(num_layers, pp)
     return (_Part(pp_rank, counts[pp_rank], pp_rank == 0, pp_rank == pp - 1),)
 
 

@@ -82,7 +82,7 @@ from autotune.config import (
     TrialConfig,
 )
 from autotune.errors import ConfigError
-from autotune.shapes import ModelShape
+from autotune.shapes import ModelShape, stage_layer_counts
 
 FP32_BYTES = BYTES_PER_ELEMENT["float32"]
 ADAM_STEP_BYTES = 4
@@ -254,13 +254,6 @@ def _root_tensors(shape: ModelShape, vocab: int, first: bool, last: bool) -> _Te
         if not (shape.tied_embeddings and first):
             out.append((vocab, h))  # output head (a tied one is the embedding itself)
     return _Tensors(tuple(out))
-
-
-def stage_layer_counts(num_layers: int, num_stages: int) -> list[int]:
-    """Layers per pipeline stage as ``split_for_pipeline`` splits them (earlier stages take the
-    remainder)."""
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if i < extra else 0) for i in range(num_stages)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,7 @@ class HFStage(nn.Module):
 def split_stage(stage: nn.Module, stage_index: int, num_stages: int) -> nn.Module:
     """Keep one pipeline stage's layers (and the embeddings / norm and head at the ends), in
     place; layers are split as ``transformer.split_for_pipeline`` splits them."""
-    from autotune.trial.models.transformer import stage_layer_range
+    from autotune.shapes import stage_layer_range
 
     keep = stage_layer_range(len(stage.layers), stage_index, num_stages)
     for key in list(stage.layers.keys()):

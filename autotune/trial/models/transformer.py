@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from autotune.shapes import ModelShape
+from autotune.shapes import ModelShape, stage_layer_range
 
 
 class Attention(nn.Module):
@@ -142,14 +142,6 @@ class Transformer(nn.Module):
         if self.output is not None:
             h = self.output(h)
         return h
-
-
-def stage_layer_range(num_layers: int, stage_index: int, num_stages: int) -> range:
-    """Global indices of one pipeline stage's layers: as even as possible, earlier stages take
-    the remainder, so with L layers and S stages stage i holds ⌈L/S⌉ or ⌊L/S⌋ layers."""
-    base, extra = divmod(num_layers, num_stages)
-    start = stage_index * base + min(stage_index, extra)
-    return range(start, start + base + (1 if stage_index < extra else 0))
 
 
 def split_for_pipeline(model: Transformer, stage_index: int, num_stages: int) -> Transformer:
