@@ -2,6 +2,7 @@
 
 from .errors import StorageError, hide_password
 from .records import (
+    MEMORY_CATEGORIES,
     SPAN_KINDS,
     STEP_PHASES,
     TRIAL_STATUSES,
@@ -18,6 +19,7 @@ from .storage import Database
 __all__ = [
     "CalibrationRecord",
     "Database",
+    "MEMORY_CATEGORIES",
     "RankMemoryRecord",
     "RankNodeRecord",
     "SPAN_KINDS",

@@ -2,7 +2,12 @@
 
 Every table is prefixed ``autotune_`` because Optuna's RDB storage lives in the same database
 (``studies``, ``trials``, ``alembic_version``, ...). These classes never leave ``db``: reads are
-copied into the frozen records of ``db.records``.
+copied into the frozen records of ``db.records`` by each row's ``to_record``.
+
+Lookups that raise live on the model (as Optuna's ``StudyModel.find_or_raise_by_id``):
+``StudyRow.find_or_raise_by_id`` and ``TrialRow.find_or_raise_by_id``, so each "no … with id"
+message is written once. A trial's child rows (memory, steps, nodes) come with it through
+read-only relationships, each with its order; readers load them with ``selectinload``.
 
 Spans are the bulk of the data, so their table is built for size and timeline reads:
 - the strings of a span (kind, name, category, group) are interned together in
@@ -34,10 +39,19 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from .errors import StorageError
 from .json_values import JSONDocument
+from .records import (
+    CalibrationRecord,
+    RankMemoryRecord,
+    RankNodeRecord,
+    StepMetricRecord,
+    StudyRecord,
+    TrialRecord,
+)
 
 # 64-bit integers everywhere; SQLite's INTEGER is already 64-bit, and STRICT tables accept only
 # the type name INTEGER (not BIGINT).
@@ -66,7 +80,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class Base(DeclarativeBase):
-    pass
+    """The declarative base of every ``autotune_*`` table."""
 
 
 class SchemaVersionRow(Base):
@@ -78,6 +92,8 @@ class SchemaVersionRow(Base):
 
 
 class StudyRow(Base):
+    """A named search and its spec."""
+
     __tablename__ = "autotune_studies"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -85,8 +101,23 @@ class StudyRow(Base):
     spec: Mapped[dict] = mapped_column(JSONDocument)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
+    @classmethod
+    def find_or_raise_by_id(cls, study_id: int, session: Session, display: str) -> StudyRow:
+        """The study with ``study_id``, or a StorageError naming the database ``display``."""
+        row = session.get(cls, study_id)
+        if row is None:
+            raise StorageError(f"no study with id {study_id} in {display}; "
+                               "create the study first")
+        return row
+
+    def to_record(self) -> StudyRecord:
+        return StudyRecord(id=self.id, name=self.name, spec=self.spec,
+                           created_at=self.created_at)
+
 
 class TrialRow(Base):
+    """One trial's outcome; its memory, step and node rows hang off it."""
+
     __tablename__ = "autotune_trials"
     # The unique constraint's index also serves list_trials(study_id).
     __table_args__ = (UniqueConstraint("study_id", "number", name="uq_autotune_trials_number"),)
@@ -104,8 +135,39 @@ class TrialRow(Base):
     span_origin_ns: Mapped[Optional[int]] = mapped_column(BigInt)
     """The stored ``start_ns`` of a span is relative to this (None when the trial has no spans)."""
 
+    # Read-only: add_trial bulk-inserts the children with Core, and deletes cascade in the
+    # database (ON DELETE CASCADE). The order is the one TrialRecord documents.
+    memory: Mapped[list[RankMemoryRow]] = relationship(
+        order_by="RankMemoryRow.id", viewonly=True)
+    steps: Mapped[list[StepMetricRow]] = relationship(
+        order_by="StepMetricRow.id", viewonly=True)
+    nodes: Mapped[list[RankNodeRow]] = relationship(
+        order_by="RankNodeRow.rank", viewonly=True)
+
+    @classmethod
+    def find_or_raise_by_id(cls, trial_id: int, session: Session, display: str,
+                            *options) -> TrialRow:
+        """The trial with ``trial_id`` (loaded with ``options``, e.g. ``selectinload``s), or a
+        StorageError naming the database ``display``."""
+        row = session.get(cls, trial_id, options=options)
+        if row is None:
+            raise StorageError(f"no trial with id {trial_id} in {display}; check the id (each "
+                               "stored trial's id is printed)")
+        return row
+
+    def to_record(self) -> TrialRecord:
+        """The trial with the child rows its relationships hold (load them first)."""
+        return TrialRecord(
+            id=self.id, study_id=self.study_id, number=self.number, status=self.status,
+            config=self.config, metrics=self.metrics, env=self.env, error=self.error,
+            created_at=self.created_at, memory=tuple(m.to_record() for m in self.memory),
+            steps=tuple(s.to_record() for s in self.steps),
+            nodes=tuple(n.to_record() for n in self.nodes))
+
 
 class RankMemoryRow(Base):
+    """Predicted and measured bytes of one memory category on one rank of a trial."""
+
     __tablename__ = "autotune_rank_memory"
     __table_args__ = (
         UniqueConstraint("trial_id", "rank", "category", name="uq_autotune_rank_memory"),)
@@ -117,6 +179,11 @@ class RankMemoryRow(Base):
     category: Mapped[str] = mapped_column(String(64))
     predicted_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
     measured_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
+
+    def to_record(self) -> RankMemoryRecord:
+        return RankMemoryRecord(rank=self.rank, category=self.category,
+                                predicted_bytes=self.predicted_bytes,
+                                measured_bytes=self.measured_bytes)
 
 
 class RankNodeRow(Base):
@@ -131,8 +198,13 @@ class RankNodeRow(Base):
     node_id: Mapped[str] = mapped_column(String(128))
     hostname: Mapped[str] = mapped_column(String(255))
 
+    def to_record(self) -> RankNodeRecord:
+        return RankNodeRecord(rank=self.rank, node_id=self.node_id, hostname=self.hostname)
+
 
 class StepMetricRow(Base):
+    """The wall time (and loss) of one step on one rank of a trial."""
+
     __tablename__ = "autotune_step_metrics"
     __table_args__ = (
         UniqueConstraint("trial_id", "rank", "phase", "step", name="uq_autotune_step_metrics"),)
@@ -144,6 +216,10 @@ class StepMetricRow(Base):
     phase: Mapped[str] = mapped_column(String(16))
     time_s: Mapped[float] = mapped_column(Double)
     loss: Mapped[Optional[float]] = mapped_column(Double)
+
+    def to_record(self) -> StepMetricRecord:
+        return StepMetricRecord(rank=self.rank, step=self.step, phase=self.phase,
+                                time_s=self.time_s, loss=self.loss)
 
 
 class SpanNameRow(Base):
@@ -161,6 +237,8 @@ class SpanNameRow(Base):
 
 
 class SpanRow(Base):
+    """One span of one rank of a trial (strings interned in ``SpanNameRow``)."""
+
     __tablename__ = "autotune_spans"
     __table_args__ = (
         PrimaryKeyConstraint("trial_id", "rank", "start_ns", "seq", name="pk_autotune_spans"),
@@ -202,3 +280,8 @@ class CalibrationRow(Base):
     cluster: Mapped[dict] = mapped_column(JSONDocument)
     calibration: Mapped[dict] = mapped_column(JSONDocument)
     residuals: Mapped[dict] = mapped_column(JSONDocument)
+
+    def to_record(self) -> CalibrationRecord:
+        return CalibrationRecord(id=self.id, study_id=self.study_id, created_at=self.created_at,
+                                 num_trials=self.num_trials, cluster=self.cluster,
+                                 calibration=self.calibration, residuals=self.residuals)

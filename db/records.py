@@ -19,6 +19,15 @@ TRIAL_STATUSES = ("complete", "infeasible_predicted", "infeasible_measured", "sk
 STEP_PHASES = ("warmup", "timed", "memory", "profiled")
 """Allowed ``StepMetricRecord.phase`` values."""
 
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
+                     "peak", "peak_reserved", "outside_allocator")
+"""The ``RankMemoryRecord.category`` values autotune writes, one row per rank and category
+measured. ``peak`` is the allocated peak (what the memory model predicts), ``peak_reserved`` the
+allocator's reserved peak (= allocated on CPU), ``outside_allocator`` the device memory outside
+the allocator the rank reported (none on CPU); a figure not measured gets no row. The column is
+free text, not checked against this list: a new category needs no schema change, and a database
+written before the last two existed opens as it is, its trials read back without them."""
+
 
 @dataclass(frozen=True, slots=True)
 class SpanRecord:
@@ -48,9 +57,8 @@ class RankMemoryRecord:
 
     rank: int
     category: str
-    """'parameters', 'gradients', 'optimizer_state', 'activations', 'other', 'peak' (the allocated
-    peak), 'peak_reserved' (the allocator's reserved peak), 'outside_allocator' (device memory
-    outside the allocator), ... (free text: a new category needs no schema change)."""
+    """One of ``MEMORY_CATEGORIES`` as autotune writes them (free text: a new category needs no
+    schema change)."""
     predicted_bytes: int | None
     measured_bytes: int | None
 

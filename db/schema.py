@@ -5,7 +5,7 @@ The version lives in ``autotune_schema_version`` (one row), apart from Optuna's
 functions that receive Alembic's :class:`~alembic.operations.Operations` (so SQLite's limited
 ``ALTER TABLE`` is handled by ``op.batch_alter_table``, which rebuilds a table and copies its rows).
 
-How versions move:
+:func:`prepare_schema` is what ``Database.open`` calls. How versions move:
 - a new (or Optuna-only) database gets the tables of ``db.models`` with ``create_all`` and is
   stamped with the latest version; the models therefore always describe the latest version;
 - an older database runs every migration above its version, in order, in ONE transaction, with
@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sqlalchemy import Connection, inspect, select, update
+from sqlalchemy import Connection, Engine, inspect, select, update
+from sqlalchemy.exc import SQLAlchemyError
 
+from .engine import LOCK_SCHEMA, WRITE_OPTION, pragma, xact_lock
+from .errors import StorageError, translate
 from .models import Base, SchemaVersionRow
 
 BASELINE_VERSION = 1
@@ -129,3 +132,74 @@ def upgrade(connection: Connection, migrations: tuple[Migration, ...], from_vers
         version = migration.version
     connection.execute(update(SchemaVersionRow).values(version=version))
     return version
+
+
+def prepare_schema(engine: Engine, migrations: tuple[Migration, ...], *, create: bool,
+                   display: str, password: str | None) -> int:
+    """Creates, migrates or checks the schema; returns the version now in the database."""
+    latest = latest_version(migrations)
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    try:
+        with engine.connect() as connection:
+            version, has_tables = read_version(connection)
+    except (SQLAlchemyError, dbapi_error) as exc:
+        raise translate(exc, "opening the database", display, password) from exc
+    if version == latest:
+        return latest
+    if version is not None and version > latest:
+        raise StorageError(f"database schema version {version} is newer than this autotune "
+                           f"understands ({latest}); upgrade autotune ({display})")
+    if version is None and has_tables:
+        raise StorageError(f"{display} has autotune_* tables but no schema version in "
+                           f"{VERSION_TABLE}; it was not written by autotune: use a new "
+                           "database")
+    if version is None and not create:
+        raise StorageError(f"{display} holds no autotune data (no {VERSION_TABLE} "
+                           "table); check the URL, or open it with create=True")
+    action = ("creating the autotune tables" if version is None else
+              f"migrating the autotune schema from version {version} to {latest}")
+    try:
+        with engine.connect() as connection:
+            if version is None:
+                with connection.execution_options(**{WRITE_OPTION: True}).begin():
+                    xact_lock(connection, LOCK_SCHEMA)
+                    version_now, _ = read_version(connection)  # another process may
+                    if version_now is None:                     # have just created it
+                        create_schema(connection, latest)
+            else:
+                _migrate(connection, migrations, latest, display)
+    except StorageError:
+        raise
+    except (SQLAlchemyError, dbapi_error) as exc:
+        raise translate(exc, action, display, password) from exc
+    return latest
+
+
+def _migrate(connection: Connection, migrations: tuple[Migration, ...], latest: int,
+             display: str) -> None:
+    """Runs the pending migrations in one transaction (SQLite: with foreign keys off)."""
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # Rebuilding a parent table (batch_alter_table) drops it; with enforcement on, that
+        # would cascade-delete its children. The pragma is a no-op inside a transaction, so it
+        # is set before BEGIN, and foreign_key_check runs before COMMIT instead
+        # (https://www.sqlite.org/lang_altertable.html, "Making Other Kinds Of Table Schema
+        # Changes").
+        pragma(connection, "PRAGMA foreign_keys = OFF")
+    try:
+        with connection.execution_options(**{WRITE_OPTION: True}).begin():
+            xact_lock(connection, LOCK_SCHEMA)
+            version, _ = read_version(connection)
+            if version is None or version > latest:
+                raise StorageError(f"the schema of {display} changed while opening it; retry")
+            if version < latest:
+                upgrade(connection, migrations, version)
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise StorageError(f"migrating {display} to version {latest} would break "
+                                       f"{len(broken)} foreign keys (first: {tuple(broken[0])}); "
+                                       "the database was left unchanged")
+    finally:
+        if sqlite:
+            pragma(connection, "PRAGMA foreign_keys = ON")

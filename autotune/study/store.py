@@ -15,6 +15,7 @@ from autotune.config import TrialConfig
 from autotune.trial.result import RankResult, TrialResult
 from autotune.status import TrialStatus
 from db import (
+    MEMORY_CATEGORIES,
     Database,
     RankMemoryRecord,
     RankNodeRecord,
@@ -24,14 +25,8 @@ from db import (
 )
 from profiler import Span, breakdown
 
-MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
-                     "peak", "peak_reserved", "outside_allocator")
-"""The memory rows stored per rank. ``peak`` is the allocated peak (what the memory model
-predicts), ``peak_reserved`` the allocator's reserved peak (``MemoryBreakdown.reserved_peak``;
-= allocated on CPU), ``outside_allocator`` the device memory outside the allocator the rank
-reported (``RankResult.outside_allocator_bytes``; none on CPU). A figure not measured gets no
-row. The last two are rows of the free-text ``category`` column, so the schema is unchanged: a
-database written before they existed opens as it is, and its trials read back without them."""
+# MEMORY_CATEGORIES (db.records): the memory rows stored per rank. peak_reserved is
+# MemoryBreakdown.reserved_peak, outside_allocator RankResult.outside_allocator_bytes.
 
 
 def _measured(rank: RankResult, category: str) -> int | None:

@@ -153,7 +153,7 @@ def test_core_insert_path_stores_the_same_spans(sqlite_database):
     database = sqlite_database
     spans = make_spans(SPAN_CHUNK + 50, ranks=4, seed=2)
     fast_id = database.add_trial(make_trial(ranks=4), spans)
-    database._span_sql = None  # what Database.__init__ sets for a non-positional paramstyle
+    database._spans._executemany_sql = None  # what SpanWriter sets for a named paramstyle
     core_id = database.add_trial(make_trial(ranks=4), spans)
     assert database.trial_spans(core_id) == database.trial_spans(fast_id) == timeline_order(spans)
 

@@ -134,7 +134,7 @@ def test_a_missing_database_is_not_created_by_readers(tmp_path, monkeypatch, cap
 def test_a_database_locked_by_another_writer(study_db, monkeypatch, capsys):
     """Another process holds the write lock for longer than the busy timeout (30 s; 0.3 s
     here): the search stops with one line naming the cause, having written nothing."""
-    monkeypatch.setattr("db.storage.SQLITE_BUSY_TIMEOUT_MS", 300)
+    monkeypatch.setattr("db.engine.SQLITE_BUSY_TIMEOUT_MS", 300)
     other = sqlite3.connect(study_db, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
