@@ -14,7 +14,7 @@ One run, tiny GPT on 2 CPU ranks, on a fixed space small enough to sweep exhaust
    - autotune-<sampler>: ``autotune.search.search.Search`` (define-by-run space, enqueued baseline,
      dedup) with each Optuna sampler it offers (TPE, GP, random), on an executor that replays
      the table; and each "(no baseline)": the same without the enqueued baseline trial
-     (``Search(..., baseline=None)``), which measures the sampler alone. The search's default
+     (``Search.open(..., baseline=None)``), which measures the sampler alone. The search's default
      sampler is the one that needs the fewest trials without the baseline.
    "Trials to 3%" = trials run until one within 3% of the grid's best has been measured;
    medians over ``--seeds`` seeds × ``--sweeps`` independently measured sweeps (the tiny
@@ -152,7 +152,7 @@ def strategies(space: SearchSpace, table: dict, seeds: int, db) -> dict[str, lis
                 replay = Replay(table, target)
                 spec = dataclasses.replace(make_spec(seed, len(configs)), sampler=sampler,
                                            study_name=f"{name}-{seed}-{id(table)}")
-                search = Search(spec, db, replay, out=None,
+                search = Search.open(spec, db, replay, out=None,
                                 baseline="plain" if baseline else None)
                 try:
                     search.run()
