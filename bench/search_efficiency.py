@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402,F401  (the repository on the path)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -46,7 +46,7 @@ import time  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.trial.executor import RayExecutor  # noqa: E402
 from autotune.model.memory import estimate_memory  # noqa: E402
-from autotune.search.replay import MeasuredRow, TableExecutor  # noqa: E402
+from replay_table import MeasuredRow, TableExecutor  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
 from autotune.search.search import (  # noqa: E402
     DEFAULT_SAMPLER,
@@ -74,7 +74,7 @@ class TargetReached(Exception):
 
 
 class Replay:
-    """The search's executor on a measured sweep: ``autotune.search.replay.TableExecutor`` finds the
+    """The search's executor on a measured sweep: ``replay_table.TableExecutor`` finds the
     row that measured a proposed configuration (whatever its seed), the sweep's TrialResult of
     that row is the answer, and the search ends at the target (only the trials up to the first
     hit are counted)."""

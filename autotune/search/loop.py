@@ -46,6 +46,7 @@ from autotune.study.leaderboard import Entry, best_entry, build_leaderboard
 
 if TYPE_CHECKING:
     from autotune.search.space import SearchSpace
+    from autotune.shapes import ModelShape
     from autotune.search.spec import SearchSpec
     from autotune.search.study_calibration import StudyCalibration
     from autotune.trial.result import TrialResult
@@ -80,10 +81,14 @@ class SearchLoop:
     def __init__(self, *, spec: SearchSpec, space: SearchSpace, study, database, study_id: int,
                  executor: TrialExecutor, limit: int | None, device_type: str,
                  calibration: StudyCalibration, say: Callable[[str], None],
-                 strategy: Strategy) -> None:
+                 strategy: Strategy, until: Callable[[], str | None] | None = None,
+                 shape: ModelShape | None = None) -> None:
         self.spec, self.space, self.study, self.db = spec, space, study, database
         self.study_id, self.limit, self.device_type = study_id, limit, device_type
         self.strategy, self._say = strategy, say
+        self._until, self._shape = until, shape
+        """A caller's own stop (why, or None: a replay's target reached); the model's shape
+        where the workload is not built in (a replayed table's)."""
         self.measurer = Measurer(executor)
         self.executor = executor
         self.concluder = Concluder(study, database, study_id, calibration,
@@ -171,7 +176,7 @@ class SearchLoop:
             return "time budget"
         if spec.patience is not None and self._since_best >= spec.patience:
             return f"no improvement in {spec.patience} trials"
-        return self._strategy_stopped
+        return self._strategy_stopped or (self._until() if self._until else None)
 
     # ---- propose ----------------------------------------------------------------------------
     def _propose(self, running: set[TrialConfig]) -> tuple[object, TrialConfig] | None:
@@ -220,11 +225,9 @@ class SearchLoop:
 
     def _state(self) -> SearchState:
         history = [Measured(c, c.tokens_per_step / k.value if k.value > 0 else None,
-                            RowStatus.COMPLETE if k.status == TrialStatus.COMPLETE
-                            else RowStatus.FAILED)
-                   for c, k in self.known.items()]
+                            _row_status(k.status)) for c, k in self.known.items()]
         return SearchState(configs=self.space.configs, tried=frozenset(self._tried),
-                           history=history, fits=self._fits_with_peak)
+                           history=history, fits=self._fits_with_peak, shape=self._shape)
 
     def _strategy_done(self, state: SearchState, running: set[TrialConfig]) -> None:
         """The strategy proposes nothing more: store what it passed over (when nothing runs)."""
@@ -330,6 +333,13 @@ def run_interval(result: TrialResult, config: TrialConfig):
     steps = [max(r.step_times[i] for r in result.ranks) for i in timed]
     return throughput_interval([result.throughput_tokens_per_s], steps,
                                config.tokens_per_step)
+
+
+def _row_status(status: TrialStatus) -> RowStatus:
+    """A stored trial's status as a strategy's history reads it."""
+    if status == TrialStatus.COMPLETE:
+        return RowStatus.COMPLETE
+    return RowStatus.INFEASIBLE if status.infeasible else RowStatus.FAILED
 
 
 def _short(config: TrialConfig) -> str:

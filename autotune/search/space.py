@@ -110,6 +110,14 @@ class SearchSpace:
     def __len__(self) -> int:
         return len(self.configs)
 
+    @classmethod
+    def of(cls, configs: Iterable[TrialConfig]) -> SearchSpace:
+        """A space of exactly ``configs`` (a replayed table's layouts), proposed as any is."""
+        space = cls.__new__(cls)
+        space.configs = list(configs)
+        space.base = space.configs[0]
+        return space
+
     def only(self, include: Callable[[TrialConfig], bool]) -> SearchSpace:
         """This space with only the configurations ``include`` accepts (a replay's table)."""
         kept = copy.copy(self)

@@ -100,6 +100,11 @@ class SearchState:
         return tuple(fitting), over
 
     @property
+    def configs(self) -> Sequence[TrialConfig]:
+        """Every configuration of the space, tried or not."""
+        return self._configs
+
+    @property
     def candidates(self) -> tuple[TrialConfig, ...]:
         """The space's configurations not tried, not running, and predicted to fit (in the
         space's order)."""
