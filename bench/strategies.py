@@ -94,6 +94,14 @@ class RandomStrategy(OrderStrategy):
         return _first_untried(order, history, f"random order, seed {self.seed}")
 
 
+# ---- DeepSpeed's autotuner --------------------------------------------------------------
+METRIC_PERCENT_DIFF = 0.05
+"""A smaller micro-batch is kept only if its throughput beats the stage's best by more than 5%
+(``METRIC_PERCENT_DIFF_CONST`` of deepspeed/autotuning/constants.py)."""
+UNTUNED_KNOBS = ("activation_checkpointing", "overlap_enabled", "bucket_mb", "attention",
+                 "optimizer_offload_enabled", "pp_schedule")
+
+
 def _plain_key(c: TrialConfig) -> tuple:
     return (*_other_knobs(c), c.zero_stage, c.micro_batch_size)
 

@@ -57,8 +57,10 @@ def test_the_training_stack_does_import_torch():
 
 SEARCH_ON_A_STUB = """
 import io
+import sys
+sys.path.insert(0, "bench")  # the measured tables' reader is a benchmark tool
 from autotune.config import WorkloadSpec
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, default_world_size
 from autotune.search.study_calibration import describe_cluster
 from db import Database

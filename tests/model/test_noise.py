@@ -19,7 +19,7 @@ from autotune.export.best_config import export_study
 from autotune.layouts import short_name
 from autotune.study.leaderboard import Entry, declare_best, equivalent
 from autotune.model.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, base_config
 from autotune.search.space import SearchSpace
 from autotune.status import TrialStatus

@@ -15,7 +15,7 @@ from autotune.cli.main import main
 from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.perf_model import Calibration
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, resolve_strategy
 from autotune.status import TrialStatus
 from autotune.search.strategies.base import Measured
