@@ -119,8 +119,7 @@ def run_plain(config, niceness: int | None = None) -> dict:
 
     # summarize_steps only reads .step_times: the harness's own definition of the step time.
     step_time, steps_s = summarize_steps([SimpleNamespace(step_times=r["step_times"])
-                                          for r in ranks],
-                                         config.num_warmup_steps, config.num_timed_steps)
+                                          for r in ranks], config.timed_steps)
     return {"step_time_s": step_time, "steps_s": steps_s, "wall_s": wall,
             "losses": ranks[0]["losses"], "setup_s": max(r["setup_s"] for r in ranks),
             "num_threads": [r["num_threads"] for r in ranks],
