@@ -76,7 +76,7 @@ WITHIN = 0.03
 
 # ---- what a replayed trial would have cost -------------------------------------------------
 _DEFAULTS = TrialConfig()
-TRIAL_STEPS = _DEFAULTS.num_warmup_steps + _DEFAULTS.num_timed_steps
+TRIAL_STEPS = _DEFAULTS.timed_steps.stop
 """Steps a trial runs by default (TrialConfig: 2 warm-up + 5 timed). Profiled steps are not
 counted: a search can turn them off."""
 TRIAL_OVERHEAD_S = 0.020
@@ -555,7 +555,7 @@ class ReplayTrialExecutor:
             raise TrialFailed(f"the table measured {short_name(config)} as {outcome.status}",
                               kind=kind)
         t, peak = outcome.step_time_s, outcome.peak_memory_bytes or 0
-        steps = config.num_warmup_steps + config.num_timed_steps + config.num_profiled_steps + 1
+        steps = len(config.step_schedule())
         ranks = [RankResult(rank=r, pp_rank=0, dp_rank=0, tp_rank=0, device="table",
                             backend="table", num_threads=1, step_times=[t] * steps, losses=[],
                             memory=MemoryBreakdown(0, 0, 0, 0, 0, peak, "table"), setup_s=0.0)

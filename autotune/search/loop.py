@@ -329,8 +329,7 @@ def run_interval(result: TrialResult, config: TrialConfig):
     None with fewer than two (``noise.throughput_interval``)."""
     from autotune.model.noise import throughput_interval
 
-    timed = range(config.num_warmup_steps, config.num_warmup_steps + config.num_timed_steps)
-    steps = [max(r.step_times[i] for r in result.ranks) for i in timed]
+    steps = [max(r.step_times[i] for r in result.ranks) for i in config.timed_steps]
     return throughput_interval([result.throughput_tokens_per_s], steps,
                                config.tokens_per_step)
 

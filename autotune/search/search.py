@@ -8,9 +8,9 @@
 ``Search`` is the front (as optuna's ``Study`` is to ``_optimize``): ``Search.open`` checks the
 spec and the study's name, builds the space and the study, refuses a space where nothing is
 predicted to fit; ``run`` begins the study's calibration, makes the strategy and hands the rest
-to the loop (``autotune.search.loop``: propose, screen, run, conclude, re-measure). Trial records are built by
-``autotune.study.store``, the leaderboard by ``autotune.study.leaderboard``, the memory screen is
-``autotune.search.screen``.
+to the loop (``autotune.search.loop``: propose, screen, run, conclude, re-measure). Trial
+records are built by ``autotune.study.store``, the leaderboard by
+``autotune.study.leaderboard``, the memory screen is ``autotune.search.screen``.
 
 Optuna learns where the memory wall is through ``Trial.set_constraint`` (a trial is feasible
 when its predicted or measured peak minus the limit is ≤ 0). Trials are numbered within the
