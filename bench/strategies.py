@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from autotune.config import AC_ORDER, PP_SCHEDULES, TrialConfig
 from autotune.layouts import DEFAULT_BUCKET_MB
