@@ -30,7 +30,6 @@ Usage: python bench/search_efficiency.py [--sweeps 3] [--seeds 5] [--json]
 
 from __future__ import annotations
 
-import os
 import sys
 
 import common  # noqa: E402,F401  (the repository on the path)
