@@ -76,7 +76,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402,F401  (the repository on the path)
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import AutotuneError, ConfigError  # noqa: E402
@@ -96,8 +96,7 @@ NUM_TIMED_STEPS = 5
 TRIAL_TIMEOUT_S = 120.0
 
 
-def log(msg: str) -> None:
-    print(f"[cpu_sweep] {msg}", file=sys.stderr, flush=True)
+log = common.logger("cpu_sweep")
 
 
 # ---- which layouts ------------------------------------------------------------------------
@@ -398,12 +397,8 @@ def calibration_rows(rows: list[tuple[TrialConfig, dict]], count: int, seed: int
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
-    from scipy.stats import spearmanr
-
-    if len(xs) < 3:
-        return None
-    rho = spearmanr(xs, ys).statistic
-    return float(rho) if rho == rho else None
+    """Over three layouts or more; None for fewer, or a constant input."""
+    return common.spearman(xs, ys, min_points=3)
 
 
 def noise_floor(rows: list[tuple[TrialConfig, dict]]) -> dict:

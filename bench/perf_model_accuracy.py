@@ -41,13 +41,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402,F401  (the repository on the path)
 
 from autotune.model.calibration import Sample, fit_calibration  # noqa: E402
 from autotune.model.cluster import load_cluster  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.model.perf_model import ENGINES, layer_shape_key, predict_step_time  # noqa: E402
-from autotune.search.replay import (  # noqa: E402
+from replay_table import (  # noqa: E402
     CSV_COLUMNS,
     TableTraining,
     csv_group_key,
@@ -61,7 +61,7 @@ WITHIN = 0.03
 
 
 def read_table(path: str) -> list[dict[str, float]]:
-    """Rows of a table in the shared format, as numbers (``autotune.search.replay.read_csv_rows``)."""
+    """Rows of a table in the shared format, as numbers (``replay_table.read_csv_rows``)."""
     return read_csv_rows(path)
 
 
@@ -74,7 +74,7 @@ def training_of(args: argparse.Namespace) -> TableTraining:
 
 
 def row_sample(row: dict[str, float], args: argparse.Namespace) -> Sample:
-    """The TrialConfig and shape a table row describes (``autotune.search.replay.csv_row``)."""
+    """The TrialConfig and shape a table row describes (``replay_table.csv_row``)."""
     measured = csv_row(row, training_of(args))
     return Sample(measured.config, measured.step_time_s, measured.shape)
 
@@ -83,10 +83,8 @@ group_key = csv_group_key
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    from scipy.stats import spearmanr
-
-    rho = spearmanr(xs, ys).statistic
-    return float(rho) if rho == rho else 1.0  # constant input: no order to get wrong
+    """1.0 for a constant input: no order to get wrong."""
+    return common.spearman(xs, ys, constant=1.0)
 
 
 def evaluate(rows, predicted_s: list[float], min_layouts: int = 3) -> dict:

@@ -14,7 +14,7 @@ One run, tiny GPT on 2 CPU ranks, on a fixed space small enough to sweep exhaust
    - autotune-<sampler>: ``autotune.search.search.Search`` (define-by-run space, enqueued baseline,
      dedup) with each Optuna sampler it offers (TPE, GP, random), on an executor that replays
      the table; and each "(no baseline)": the same without the enqueued baseline trial
-     (``Search(..., baseline=None)``), which measures the sampler alone. The search's default
+     (``Search.open(..., baseline=None)``), which measures the sampler alone. The search's default
      sampler is the one that needs the fewest trials without the baseline.
    "Trials to 3%" = trials run until one within 3% of the grid's best has been measured;
    medians over ``--seeds`` seeds × ``--sweeps`` independently measured sweeps (the tiny
@@ -30,10 +30,9 @@ Usage: python bench/search_efficiency.py [--sweeps 3] [--seeds 5] [--json]
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402,F401  (the repository on the path)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -46,7 +45,7 @@ import time  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.trial.executor import RayExecutor  # noqa: E402
 from autotune.model.memory import estimate_memory  # noqa: E402
-from autotune.search.replay import MeasuredRow, TableExecutor  # noqa: E402
+from replay_table import MeasuredRow, TableExecutor  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
 from autotune.search.search import (  # noqa: E402
     DEFAULT_SAMPLER,
@@ -74,7 +73,7 @@ class TargetReached(Exception):
 
 
 class Replay:
-    """The search's executor on a measured sweep: ``autotune.search.replay.TableExecutor`` finds the
+    """The search's executor on a measured sweep: ``replay_table.TableExecutor`` finds the
     row that measured a proposed configuration (whatever its seed), the sweep's TrialResult of
     that row is the answer, and the search ends at the target (only the trials up to the first
     hit are counted)."""
@@ -152,7 +151,7 @@ def strategies(space: SearchSpace, table: dict, seeds: int, db) -> dict[str, lis
                 replay = Replay(table, target)
                 spec = dataclasses.replace(make_spec(seed, len(configs)), sampler=sampler,
                                            study_name=f"{name}-{seed}-{id(table)}")
-                search = Search(spec, db, replay, out=None,
+                search = Search.open(spec, db, replay, out=None,
                                 baseline="plain" if baseline else None)
                 try:
                     search.run()

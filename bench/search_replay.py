@@ -6,7 +6,7 @@
 
 TABLE is a CSV in the shared format (``shared/data/a100-megatron/single_node.csv``) or a JSON
 table of ``bench/cpu_sweep.py``. It is split into groups of rows with the same world size,
-global batch, sequence length and model (``autotune.search.replay.MeasuredTable.groups``); every group
+global batch, sequence length and model (``replay_table.MeasuredTable.groups``); every group
 with at least ``--min-layouts`` layouts (8) is one search. Each strategy runs on a
 ``TableExecutor`` of the group: its candidates are the group's configurations, every trial it
 proposes is answered from the measured row, and its history grows by that answer. Counted: the
@@ -16,18 +16,18 @@ search), and how often it got there before stopping is printed beside it.
 
 Answers (``--answer``): ``median`` (default) answers each trial with the row's median over its
 rounds, quieter than any live trial; ``one-round`` answers each with one of the row's rounds,
-drawn at random, as one live trial would have measured it (``autotune.search.replay.Answer``), and
+drawn at random, as one live trial would have measured it (``replay_table.Answer``), and
 then every strategy is replayed over ``--seeds`` seeds (seed s draws the rounds, and orders
 random and TPE). A table without rounds (a CSV in the shared format) is refused under
 ``one-round``. A table that measured one configuration more than once is replayed with the
-median of the repeats (``autotune.search.replay.merge_repeats``); how many rows were merged is
+median of the repeats (``replay_table.merge_repeats``); how many rows were merged is
 printed (JSON: ``merged``).
 
 Cost: the wall time its measured trials (up to the target) would have taken,
 Σ (warm-up + timed steps) × step time + a fixed overhead per trial, with the steps of
 ``TrialConfig``'s defaults (2 + 5) and the warm per-trial overhead that
 ``bench/trial_overhead.py`` measured (0.02 s); a failed trial costs the overhead alone
-(``autotune.search.replay.trial_wall_s``).
+(``replay_table.trial_wall_s``).
 
 Strategies (``--strategies``, default all): grid (DeepSpeed's order), random, tpe (Optuna TPE
 over the real knobs, no baseline), deepspeed (the DeepSpeed autotuner's heuristic), tp-in-node
@@ -48,7 +48,7 @@ its own cluster; model-warm starts afresh at each table), and print a line per t
 (JSON: ``per_table``).
 
 For a JSON table whose rows carry their rounds, the NOISE FLOOR is printed too
-(``autotune.search.replay.one_round_trials``): what a strategy needs that knew one round's step times
+(``replay_table.one_round_trials``): what a strategy needs that knew one round's step times
 exactly, counted against the rounds' medians, as the MAPE floor of ``bench/cpu_sweep.py``,
 with the strategies whose pooled mean is under it (JSON: ``below_noise_floor``). It bounds a
 strategy that ranks layouts by what it measured; one whose first pick reads no answer (a
@@ -68,12 +68,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402,F401  (the repository on the path)
 
 from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.model.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
-from autotune.search.replay import (  # noqa: E402
+from replay_table import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
     TRIAL_STEPS,
@@ -88,19 +88,15 @@ from autotune.search.replay import (  # noqa: E402
     trial_wall_s,
 )
 from autotune.search.strategies.base import Strategy  # noqa: E402
-from autotune.search.strategies.baselines import (  # noqa: E402
-    DeepSpeedHeuristic,
-    GridStrategy,
-    RandomStrategy,
-    TPEStrategy,
-    TPInsideNodeRule,
-)
+from autotune.search.spec import SAMPLERS  # noqa: E402
+from strategies import DeepSpeedHeuristic, GridStrategy, TPInsideNodeRule  # noqa: E402
 
+log = common.logger("search_replay")
 A100_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
-STRATEGIES = ("grid", "random", "tpe", "deepspeed", "tp-in-node", "model", "model-warm")
+STRATEGIES = ("grid", "random", "tpe", "gp", "deepspeed", "tp-in-node", "model", "model-warm")
 CARRIED_SAMPLES = 60
 """model-warm refits its starting calibration on at most this many of its latest trials."""
-SEEDED = ("random", "tpe")
+SEEDED = SAMPLERS
 """Strategies whose order depends on a seed: replayed once per seed."""
 
 
@@ -153,14 +149,14 @@ def model_factory() -> tuple[Callable | None, str]:
 
 
 def make_strategy(name: str, seed: int, group: TableGroup, setting: Setting,
-                  model_cls: Callable | None) -> Strategy:
-    """A fresh strategy for one replay (strategies keep per-search state)."""
+                  model_cls: Callable | None) -> Strategy | str:
+    """A fresh strategy for one replay (strategies keep per-search state); the name of one of
+    the search's Optuna samplers (tpe, gp, random) for those, which ``replay`` runs as the
+    search does (``OptunaStrategy``, seeded)."""
+    if name in SAMPLERS:
+        return name
     if name == "grid":
         return GridStrategy()
-    if name == "random":
-        return RandomStrategy(seed)
-    if name == "tpe":
-        return TPEStrategy(seed)
     if name == "deepspeed":
         return DeepSpeedHeuristic()
     cluster = setting.cluster(group)
@@ -241,8 +237,7 @@ def run(args: argparse.Namespace) -> int:
         results[name] = summarise(runs, seeds)
         for path, table_runs in by_table.items():
             per_table[path][name] = summarise(table_runs, seeds)
-        print(f"[search_replay] {name}: {len(runs)} replays in "
-              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        log(f"{name}: {len(runs)} replays in {time.perf_counter() - start:.1f} s")
     sizes = [len(g.rows) for g in groups]
     exhaustive = sum(sum(trial_wall_s(r.step_time_s) for r in g.rows) for g in groups)
     report = {"table": ", ".join(args.table), "tables": list(args.table), "groups": len(groups),

@@ -5,6 +5,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py and in-test workloads
+# bench/'s modules (replay_table, strategies), which tests/bench and the replayed searches use
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 

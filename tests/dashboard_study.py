@@ -74,7 +74,7 @@ def build(executor, directory: Path) -> str:
         peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in space.configs)
         limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two not
         spec = dataclasses.replace(spec, memory_limit_gib=limit / GIB)
-        search = Search(spec, database, executor, out=None)
+        search = Search.open(spec, database, executor, out=None)
         search.run()
         study_id = search.study_record.id
         complete = [t for t in database.list_trials(study_id) if t.status == "complete"]

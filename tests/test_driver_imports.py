@@ -57,8 +57,10 @@ def test_the_training_stack_does_import_torch():
 
 SEARCH_ON_A_STUB = """
 import io
+import sys
+sys.path.insert(0, "bench")  # the measured tables' reader is a benchmark tool
 from autotune.config import WorkloadSpec
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, default_world_size
 from autotune.search.study_calibration import describe_cluster
 from db import Database
@@ -73,7 +75,7 @@ spec = SearchSpec(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
                   world_size=2, study_name="driver", n_trials=4, patience=None, top_k=1,
                   remeasure_repeats=1, remeasure_max_repeats=1)
 db = Database.open("sqlite:///" + DB)
-outcome = Search(spec, db, executor, out=io.StringIO(), include=executor.contains).run()
+outcome = Search.open(spec, db, executor, out=io.StringIO(), include=executor.contains).run()
 assert outcome.num_run >= 4 and outcome.best is not None, outcome
 assert default_world_size() == 2  # no GPU visible
 assert describe_cluster(2, "cuda").name == "unknown GPU"  # the GPU name, asked on a GPU host

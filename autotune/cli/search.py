@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         # bad spec or study name is refused before anything starts.
         with TrialPool(executor_settings(args), args.parallel, world_size=spec.world_size,
                        device=spec.device) as pool:
-            search = Search(spec, database, pool, resume=args.resume)
+            search = Search.open(spec, database, pool, resume=args.resume)
             print(f"searching {len(search.space)} valid configurations of {spec.workload.name} "
                   f"on {spec.world_size} ranks; study '{spec.study_name}' in "
                   f"{database.url_for_display}", file=sys.stderr, flush=True)

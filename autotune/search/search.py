@@ -5,12 +5,12 @@
         trials an interrupted search left RUNNING are failed)
       → baseline enqueued (a new study) → ``search.loop.SearchLoop.run``
 
-``Search`` is the front (as optuna's ``Study`` is to ``_optimize``): it checks the spec and the
-study's name, builds the space and the study, refuses a space where nothing is predicted to fit,
-begins the study's calibration when it runs, and hands the rest to the loop
-(``autotune.search.loop``: ask, screen, run, tell, re-measure). Trial records are built by
-``autotune.study.store``, the leaderboard by ``autotune.study.leaderboard``, the memory screen is
-``autotune.search.screen``.
+``Search`` is the front (as optuna's ``Study`` is to ``_optimize``): ``Search.open`` checks the
+spec and the study's name, builds the space and the study, refuses a space where nothing is
+predicted to fit; ``run`` begins the study's calibration, makes the strategy and hands the rest
+to the loop (``autotune.search.loop``: propose, screen, run, conclude, re-measure). Trial
+records are built by ``autotune.study.store``, the leaderboard by
+``autotune.study.leaderboard``, the memory screen is ``autotune.search.screen``.
 
 Optuna learns where the memory wall is through ``Trial.set_constraint`` (a trial is feasible
 when its predicted or measured peak minus the limit is ≤ 0). Trials are numbered within the
@@ -23,7 +23,8 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal, TextIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from autotune.search import screen
 from autotune.config import GIB, TrialConfig, WorkloadSpec
@@ -32,10 +33,17 @@ from autotune.layouts import DEFAULT_BUCKET_MB
 from autotune.study.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
 from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit
 from autotune.search.local_gpus import local_gpus
-from autotune.search.loop import CONSTRAINT_ATTR, SearchLoop, SearchOutcome, TrialExecutor
+from autotune.search.conclude import CONSTRAINT_ATTR
+from autotune.search.loop import SearchLoop, SearchOutcome
+from autotune.search.schedule import TrialExecutor
+from autotune.search.strategies.base import Strategy
+from autotune.search.strategies.optuna_strategy import OptunaStrategy, make_sampler
 from autotune.search.space import SearchSpace
 from autotune.search.spec import (DEFAULT_SAMPLER, DEFAULT_STRATEGY, SAMPLERS, STRATEGIES,
                                   SearchSpec)
+
+if TYPE_CHECKING:
+    from autotune.search.study_calibration import StudyCalibration
 
 __all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "DEFAULT_STRATEGY", "GIB", "MEMORY_MARGIN",
            "SAMPLERS", "STRATEGIES", "Entry", "resolve_strategy",
@@ -44,23 +52,6 @@ __all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "DEFAULT_STRATEGY", "GIB", "MEM
            "plain_baseline", "predicted_to_fit"]
 """This module's own names, and those of the loop, the leaderboard and the screen that a
 caller of ``Search`` uses (each also importable from its own module)."""
-
-def make_sampler(name: str, seed: int):
-    """A seeded Optuna sampler. Each reads the memory constraint that ``Trial.set_constraint``
-    stores (Optuna 5): TPE and GP steer away from configurations over the limit."""
-    import optuna
-
-    if name == "tpe":  # multivariate: the knobs interact (tp × pp × micro-batch)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True)
-    if name == "gp":
-        # The space is define-by-run (pp_schedule only when pp > 1): GP models the knobs
-        # every trial has and samples the conditional ones at random, which is intended here.
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5,
-                                         warn_independent_sampling=False)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
-
 
 def default_world_size() -> int:
     gpus = local_gpus()
@@ -106,107 +97,74 @@ def plain_baseline(space: SearchSpace, device_type: str,
     return candidates[0] if candidates else None
 
 
+@dataclass(eq=False)
 class Search:
-    """A search over one study; ``run`` may be called on a new or an interrupted study.
+    """A search over one study, opened by ``Search.open``; ``run`` may be called on a new or an
+    interrupted study. Building one does nothing else: ``open`` checks the spec, builds the
+    space and opens the studies (ours and Optuna's)."""
 
-    ``executor`` runs the trials (a ``search.loop.TrialExecutor``: a ``RayExecutor``, or a
-    ``TrialPool`` whose ``slots`` > 1 runs that many at once); None sets a search up without
-    running it. ``baseline`` is the first trial of a new study, enqueued before the sampler
-    proposes anything: ``"plain"`` (the default) is ``plain_baseline``'s layout, a
-    ``TrialConfig`` of the space is that configuration, None enqueues nothing (the sampler
-    starts alone). ``include`` keeps only the space's configurations it accepts (a replay
-    over a measured table: ``replay.ReplayTrialExecutor.contains``)."""
+    spec: SearchSpec
+    db: Any
+    executor: TrialExecutor | None
+    """Runs the trials (``schedule.TrialExecutor``); None: set up, not to be run."""
+    out: TextIO | None
+    space: SearchSpace
+    limit: int | None
+    """Bytes per device (None: no limit)."""
+    device_type: str
+    cluster: Any
+    """The ``--cluster`` given (a ``ClusterSpec``), else None: described when it runs."""
+    study_record: Any
+    strategy: str
+    """The strategy ``--strategy`` resolved to (``resolve_strategy``): model, tpe, gp, random."""
+    study: Any
+    """The Optuna study "autotune:NAME" in the same database: the trials' books."""
+    proposer: Strategy | None = None
+    """A strategy that proposes instead of ``strategy`` (a benchmark's grid, say); None: the
+    one ``strategy`` names."""
+    study_calibration: StudyCalibration | None = None
+    """The study's calibration, once ``run`` begins it."""
 
-    def __init__(self, spec: SearchSpec, database, executor: TrialExecutor | None, *,
-                 resume: bool = False, out: TextIO | None = sys.stderr,
-                 baseline: TrialConfig | Literal["plain"] | None = "plain",
-                 include: Callable[[TrialConfig], bool] | None = None) -> None:
-        import optuna
+    @classmethod
+    def open(cls, spec: SearchSpec, database, executor: TrialExecutor | None, *,
+             resume: bool = False, out: TextIO | None = sys.stderr,
+             baseline: TrialConfig | Literal["plain"] | None = "plain",
+             include: Callable[[TrialConfig], bool] | None = None,
+             strategy: Strategy | None = None) -> Search:
+        """Check ``spec``, build the space, and create (or, with ``resume``, reopen) the study.
 
-        spec.validate()
-        self.spec, self.db, self.executor, self.out = spec, database, executor, out
-        self.space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
-        if include is not None:  # e.g. the configurations a measured table holds
-            self.space.configs = [c for c in self.space.configs if include(c)]
-            if not self.space.configs:
-                raise ConfigError("no configuration of the search space is among those "
-                                  "included (a replay table must hold this workload's layouts)")
-        self.limit = memory_limit_bytes(spec)
-        self.device_type = device_type(spec)
-        self._check_something_fits()
-        if resume:
-            baseline = None  # a resumed study has its first trial
-        elif baseline == "plain":
-            baseline = plain_baseline(self.space, self.device_type, self.limit)
-        elif baseline is not None and not (isinstance(baseline, TrialConfig)
-                                           and baseline in self.space.configs):
-            from autotune.layouts import short_name
-
-            name = short_name(baseline) if isinstance(baseline, TrialConfig) else repr(baseline)
-            raise ConfigError(f"the baseline {name} is not a configuration of this search's "
-                              "space; give one of its configurations, 'plain' or None")
+        ``executor`` runs the trials (a ``RayExecutor``, or a ``TrialPool`` whose ``slots`` > 1
+        runs that many at once); None sets a search up without running it. ``baseline`` is the
+        first trial of a new study, enqueued before the strategy proposes anything:
+        ``"plain"`` (the default) is ``plain_baseline``'s layout, a ``TrialConfig`` of the
+        space is that configuration, None enqueues nothing (the strategy starts alone).
+        ``include`` keeps only the space's configurations it accepts (a replay over a measured
+        table: ``ReplayTrialExecutor.contains``). ``strategy`` proposes instead of the one
+        ``spec.sampler`` names (its Optuna study is then TPE's, as for the model-guided)."""
         from autotune.search.study_calibration import resolve_cluster
 
+        spec.validate()
+        space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
+        if include is not None:  # e.g. the configurations a measured table holds
+            space = space.only(include)
+        limit, device = memory_limit_bytes(spec), device_type(spec)
+        _check_something_fits(space, limit, device)
+        baseline = None if resume else _resolve_baseline(baseline, space, device, limit)
         # A --cluster is checked now, before anything runs; a described one when the search
         # starts (on GPUs it is read from the running Ray cluster).
-        self.cluster = (resolve_cluster(spec.cluster, spec.world_size) if spec.cluster
-                        else None)
-        self.study_calibration = None  # a StudyCalibration once run() starts
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = _optuna_storage(database)
-        names = {s.name for s in database.list_studies()}
-        if resume and spec.study_name not in names:
-            raise ConfigError(f"no study named '{spec.study_name}' to resume in "
-                              f"{database.url_for_display}; existing: "
-                              f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
-                              "a new one)")
-        if spec.study_name in names and not resume:
-            raise ConfigError(f"a study named '{spec.study_name}' already exists in "
-                              f"{database.url_for_display}; pass --resume to continue it or "
-                              "choose another --study")
-        # The study keeps the limit the search used (on a GPU, the device's memory by default).
-        resolved = dataclasses.replace(spec, memory_limit_gib=self.limit / GIB
-                                       if self.limit is not None else None)
-        self.study_record = (database.get_study(spec.study_name) if resume
-                             else database.create_study(spec.study_name, resolved.to_dict()))
-        self.strategy, note = resolve_strategy(spec.sampler, self.device_type, spec.workload)
+        cluster = resolve_cluster(spec.cluster, spec.world_size) if spec.cluster else None
+        record = _open_study_record(spec, database, limit, resume)
+        name, note = resolve_strategy(spec.sampler, device, spec.workload)
         if note:
-            self._say(f"autotune: note: {note}")
-        # Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible. The
-        # model-guided strategy enqueues its choices; TPE stands behind it for anything asked.
-        sampler = make_sampler(self.strategy if self.strategy in SAMPLERS else "tpe", spec.seed)
-        self.study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
-                                         storage=storage, direction="maximize",
-                                         sampler=sampler, load_if_exists=True)
-        self._fail_stale_trials()
+            _say(out, f"autotune: note: {note}")
+        study = _open_optuna_study(spec, database, name if name in SAMPLERS else "tpe")
         if baseline is not None:
-            self.study.enqueue_trial(self.space.params_for(baseline), skip_if_exists=True)
-
-    # ---- setup ------------------------------------------------------------------------------
-    def _check_something_fits(self) -> None:
-        if self.limit is None:
-            return
-        peaks = [screen.predict_peak(c, self.device_type) for c in self.space.configs]
-        if None in peaks:
-            return  # a user workload: only measurements can tell
-        lowest = min(peaks)
-        if not predicted_to_fit(lowest, self.limit, self.device_type):
-            raise ConfigError(
-                f"no configuration fits in {self.limit / GIB:.3g} GiB per device: the smallest "
-                f"predicted peak is {lowest / GIB:.3g} GiB "
-                f"({screen.allowance(self.device_type).describe()}); raise --memory-limit, add "
-                "ranks, or allow more ZeRO/activation checkpointing")
-
-    def _fail_stale_trials(self) -> None:
-        """Trials left RUNNING by an interrupted search are marked failed in Optuna."""
-        from optuna.trial import TrialState
-
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            study.enqueue_trial(space.params_for(baseline), skip_if_exists=True)
+        return cls(spec, database, executor, out, space, limit, device, cluster, record,
+                   name, study, proposer=strategy)
 
     def _say(self, text: str) -> None:
-        if self.out is not None:
-            print(text, file=self.out, flush=True)
+        _say(self.out, text)
 
     def _begin_calibration(self) -> None:
         """The cluster the study runs on and its calibration, stored with the study."""
@@ -222,34 +180,111 @@ class Search:
                   f"{c.device.name} ({c.backend}); step times predicted, the calibration "
                   "refitted after each complete trial")
 
-    # ---- the loop ---------------------------------------------------------------------------
-    def run(self) -> SearchOutcome:
-        """Run the loop (``search.loop.SearchLoop``) until a budget is spent, then re-measure
-        the best; the outcome's leaderboard ranks every trial of the study."""
-        if self.executor is None:
-            raise ConfigError("this search was set up without an executor; pass one to "
-                              "Search(...) to run it")
-        start = time.monotonic()
-        self._begin_calibration()
-        strategy = None
+    def _make_strategy(self) -> Strategy:
+        """The strategy that proposes: the one given, model-guided, or the study's sampler."""
+        if self.proposer is not None:
+            return self.proposer
         if self.strategy == "model":
             from autotune.search.strategies.model_guided import ModelGuided
 
             # The study refits after every trial already; the strategy reads that fit
             # rather than fitting the same trials again.
             study = self.study_calibration
-            strategy = ModelGuided(study.cluster, calibration=study.calibration,
-                                   fitted=lambda: study.last_report)
+            return ModelGuided(study.cluster, calibration=study.calibration,
+                               fitted=lambda: study.last_report)
+        return OptunaStrategy(self.strategy, self.study, self.space)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        """Run the loop (``search.loop.SearchLoop``) until a budget is spent, then re-measure
+        the best; the outcome's leaderboard ranks every trial of the study."""
+        if self.executor is None:
+            raise ConfigError("this search was set up without an executor; pass one to "
+                              "Search.open(...) to run it")
+        start = time.monotonic()
+        self._begin_calibration()
         loop = SearchLoop(spec=self.spec, space=self.space, study=self.study, database=self.db,
                           study_id=self.study_record.id, executor=self.executor,
                           limit=self.limit, device_type=self.device_type,
                           calibration=self.study_calibration, say=self._say,
-                          strategy=strategy)
+                          strategy=self._make_strategy())
         return loop.run(start)
 
     def leaderboard(self) -> list[Entry]:
         """The study's trials as they stand, ranked."""
         return build_leaderboard(self.db.list_trials(self.study_record.id))
+
+
+def _say(out: TextIO | None, text: str) -> None:
+    if out is not None:
+        print(text, file=out, flush=True)
+
+
+def _resolve_baseline(baseline, space: SearchSpace, device: str,
+                      limit: int | None) -> TrialConfig | None:
+    """The first trial of a new study: ``plain_baseline``'s, the configuration given (one of
+    the space's), or None."""
+    if baseline == "plain":
+        return plain_baseline(space, device, limit)
+    if baseline is not None and not (isinstance(baseline, TrialConfig)
+                                     and baseline in space.configs):
+        from autotune.layouts import short_name
+
+        name = short_name(baseline) if isinstance(baseline, TrialConfig) else repr(baseline)
+        raise ConfigError(f"the baseline {name} is not a configuration of this search's "
+                          "space; give one of its configurations, 'plain' or None")
+    return baseline
+
+
+def _check_something_fits(space: SearchSpace, limit: int | None, device: str) -> None:
+    if limit is None:
+        return
+    peaks = [screen.predict_peak(c, device) for c in space.configs]
+    if None in peaks:
+        return  # a user workload: only measurements can tell
+    lowest = min(peaks)
+    if not predicted_to_fit(lowest, limit, device):
+        raise ConfigError(
+            f"no configuration fits in {limit / GIB:.3g} GiB per device: the smallest "
+            f"predicted peak is {lowest / GIB:.3g} GiB "
+            f"({screen.allowance(device).describe()}); raise --memory-limit, add "
+            "ranks, or allow more ZeRO/activation checkpointing")
+
+
+def _open_study_record(spec: SearchSpec, database, limit: int | None, resume: bool):
+    """Our study: created (its name free), or reopened with ``resume`` (its name taken). It
+    keeps the limit the search used (on a GPU, the device's memory by default)."""
+    names = {s.name for s in database.list_studies()}
+    if resume and spec.study_name not in names:
+        raise ConfigError(f"no study named '{spec.study_name}' to resume in "
+                          f"{database.url_for_display}; existing: "
+                          f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
+                          "a new one)")
+    if spec.study_name in names and not resume:
+        raise ConfigError(f"a study named '{spec.study_name}' already exists in "
+                          f"{database.url_for_display}; pass --resume to continue it or "
+                          "choose another --study")
+    if resume:
+        return database.get_study(spec.study_name)
+    resolved = dataclasses.replace(spec, memory_limit_gib=limit / GIB
+                                   if limit is not None else None)
+    return database.create_study(spec.study_name, resolved.to_dict())
+
+
+def _open_optuna_study(spec: SearchSpec, database, sampler: str):
+    """Optuna's study "autotune:NAME", its trials an interrupted search left RUNNING failed.
+    Constraints reach TPE through Trial.set_constraint (Optuna 5): ≤ 0 is feasible. Under the
+    model-guided strategy (which enqueues its choices) TPE stands behind it."""
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
+                                storage=_optuna_storage(database), direction="maximize",
+                                sampler=make_sampler(sampler, spec.seed), load_if_exists=True)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+    return study
 
 
 def resolve_strategy(name: str, device_type: str,

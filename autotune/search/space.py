@@ -10,9 +10,10 @@ value set (``micro_batch_size|1,2``), because Optuna requires one distribution p
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,23 @@ class SearchSpace:
 
     def __len__(self) -> int:
         return len(self.configs)
+
+    @classmethod
+    def of(cls, configs: Iterable[TrialConfig]) -> SearchSpace:
+        """A space of exactly ``configs`` (a replayed table's layouts), proposed as any is."""
+        space = cls.__new__(cls)
+        space.configs = list(configs)
+        space.base = space.configs[0]
+        return space
+
+    def only(self, include: Callable[[TrialConfig], bool]) -> SearchSpace:
+        """This space with only the configurations ``include`` accepts (a replay's table)."""
+        kept = copy.copy(self)
+        kept.configs = [c for c in self.configs if include(c)]
+        if not kept.configs:
+            raise ConfigError("no configuration of the search space is among those "
+                              "included (a replay table must hold this workload's layouts)")
+        return kept
 
     def _walk(self, choose) -> TrialConfig:
         """Fix each knob in KNOB_ORDER to ``choose(name, knob, values)`` among the values some

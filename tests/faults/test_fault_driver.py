@@ -155,7 +155,7 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
                         study_name="second")
     with Database.open(url) as database:
         second_start = time.monotonic()
-        outcome = Search(second, database, executor, out=None).run()
+        outcome = Search.open(second, database, executor, out=None).run()
         second_s = time.monotonic() - second_start
     wait_for(proc, lambda: False, pids, exits=True)
     stdout, stderr = proc.communicate(timeout=30)

@@ -87,7 +87,7 @@ def test_ctrl_c_ends_a_search_whose_shutdown_hangs_on_a_busy_machine(executor, t
     spec = SearchSpec(world_size=2, n_trials=stored + 1, patience=None, fixed=FIXED,
                       num_timed_steps=1, top_k=1, remeasure_repeats=0, study_name="busy")
     with Database.open(url) as database:
-        Search(spec, database, executor, resume=True, out=None).run()
+        Search.open(spec, database, executor, resume=True, out=None).run()
         trials = database.list_trials(database.get_study("busy").id)
     assert len(trials) == stored + 1 and all(t.status == "complete" for t in trials)
     assert len({json.dumps(t.config, sort_keys=True) for t in trials}) == len(trials)

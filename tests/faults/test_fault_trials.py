@@ -72,7 +72,7 @@ def run_search(executor, path, search_spec: SearchSpec) -> FaultRun:
         recorder = RecordingExecutor(executor, database)
         start = time.monotonic()
         with estimated_as_builtin():
-            outcome = Search(search_spec, database, recorder, out=None).run()
+            outcome = Search.open(search_spec, database, recorder, out=None).run()
         seconds = time.monotonic() - start
         study = optuna.load_study(study_name=f"autotune:{search_spec.study_name}",
                                   storage=database.connect_url)
@@ -209,7 +209,7 @@ def test_search_over_a_user_workload(executor, tmp_path):
     """The memory model does not know a user workload's shape: its configurations run
     unpredicted (none is skipped, even under a limit) and the measurement decides."""
     with Database.open(f"sqlite:///{tmp_path / 'user.db'}") as database:
-        outcome = Search(spec("healthy", n_trials=1, remeasure_repeats=0,
+        outcome = Search.open(spec("healthy", n_trials=1, remeasure_repeats=0,
                               memory_limit_gib=1.0), database, executor, out=None).run()
     assert [e.status for e in outcome.leaderboard] == ["complete"]
     assert outcome.leaderboard[0].predicted_peak is None

@@ -19,7 +19,7 @@ from autotune.export.best_config import export_study
 from autotune.layouts import short_name
 from autotune.study.leaderboard import Entry, declare_best, equivalent
 from autotune.model.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, base_config
 from autotune.search.space import SearchSpace
 from autotune.status import TrialStatus
@@ -146,7 +146,7 @@ def replayed(db, rows, name, **kw):
         workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
         world_size=2, device="cpu", study_name=name, n_trials=3, patience=None, top_k=3,
         remeasure_repeats=2, remeasure_max_repeats=4, sampler="random"), **kw})
-    search = Search(spec, db, executor, out=io.StringIO(), include=executor.contains)
+    search = Search.open(spec, db, executor, out=io.StringIO(), include=executor.contains)
     return search, executor
 
 
@@ -210,7 +210,7 @@ def test_the_baseline_is_a_finalist_even_when_its_figure_misses_the_top(tmp_path
     key = executor.table.key  # the table's identity of a layout (ignores unused knobs)
     space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
     baseline = next(c for c in space.configs if key(c) == key(slowest.config))
-    outcome = Search(spec, db, executor, out=io.StringIO(), include=executor.contains,
+    outcome = Search.open(spec, db, executor, out=io.StringIO(), include=executor.contains,
                      baseline=baseline).run()
     calls = [key(c) for c in executor.table.calls]
     assert calls[0] == key(slowest.config)  # the baseline runs first

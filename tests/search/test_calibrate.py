@@ -32,7 +32,7 @@ def searched(executor, tmp_path_factory):
     """A real search on 2 CPU ranks: 3 configurations, each with one profiled step."""
     url = f"sqlite:///{tmp_path_factory.mktemp('calibrate') / 'study.db'}"
     database = Database.open(url)
-    search = Search(spec(study_name=STUDY, n_trials=3, num_profiled_steps=1, top_k=1,
+    search = Search.open(spec(study_name=STUDY, n_trials=3, num_profiled_steps=1, top_k=1,
                          remeasure_repeats=0), database, executor, out=None)
     outcome = search.run()
     yield url, database, outcome.study_id, search
@@ -114,7 +114,7 @@ def test_calibrate_writes_the_latest_calibration_as_a_cluster_file(searched, tmp
     # The search reads it as its cluster (checked before anything runs) and starts from it.
     other = Database.open(f"sqlite:///{tmp_path / 'next.db'}")
     try:
-        search = Search(spec(study_name="next", cluster=str(out)), other, None, out=None)
+        search = Search.open(spec(study_name="next", cluster=str(out)), other, None, out=None)
         assert search.cluster == loaded
         assert Calibration.for_cluster(search.cluster).to_dict() == latest.calibration
     finally:
@@ -125,10 +125,10 @@ def test_a_cluster_too_small_for_the_world_is_refused(tmp_path):
     with Database.open(f"sqlite:///{tmp_path / 'x.db'}") as database:
         with pytest.raises(ConfigError, match=r"cluster 'cpu-local' has 1 node\(s\) × 2 devices "
                                               r"= 2, fewer than the world size 4"):
-            Search(spec(study_name="big", world_size=4, cluster="cpu-local"), database, None,
+            Search.open(spec(study_name="big", world_size=4, cluster="cpu-local"), database, None,
                    out=None)
         with pytest.raises(ConfigError, match="unknown cluster 'nowhere'"):
-            Search(spec(study_name="big", cluster="nowhere"), database, None, out=None)
+            Search.open(spec(study_name="big", cluster="nowhere"), database, None, out=None)
 
 
 def test_a_failing_refit_keeps_the_calibration_and_says_so_once(searched):

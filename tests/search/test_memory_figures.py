@@ -150,7 +150,7 @@ def _search(tmp_path, limit_gib: float, peaks) -> list:
                              "activation_checkpointing": "none", "micro_batch_size": 1})
     database = Database.open(f"sqlite:///{tmp_path / 'search.db'}")
     try:
-        outcome = Search(spec, database, FixedExecutor(peaks), out=None).run()
+        outcome = Search.open(spec, database, FixedExecutor(peaks), out=None).run()
         return database.list_trials(outcome.study_id)
     finally:
         database.close()

@@ -15,7 +15,7 @@ from autotune.cli.main import main
 from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.perf_model import Calibration
-from autotune.search.replay import MeasuredTable, ReplayTrialExecutor
+from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, resolve_strategy
 from autotune.status import TrialStatus
 from autotune.search.strategies.base import Measured
@@ -42,7 +42,7 @@ def spec(name: str, n_trials: int) -> SearchSpec:
 
 def search(db, rows, name, n_trials, *, resume=False):
     executor = ReplayTrialExecutor(rows)
-    s = Search(spec(name, n_trials), db, executor, resume=resume, out=io.StringIO(),
+    s = Search.open(spec(name, n_trials), db, executor, resume=resume, out=io.StringIO(),
                baseline=None, include=executor.contains)
     return s, executor
 
@@ -132,7 +132,7 @@ def test_gp_sampler_under_a_memory_limit(tmp_path, world2_rows):
     limit = peaks[len(peaks) // 2]
     db = Database.open(f"sqlite:///{tmp_path / 'gp.db'}")
     executor = ReplayTrialExecutor(world2_rows)
-    s = Search(dataclasses.replace(spec("gp", 12), sampler="gp", memory_limit_gib=limit / GIB),
+    s = Search.open(dataclasses.replace(spec("gp", 12), sampler="gp", memory_limit_gib=limit / GIB),
                db, executor, out=io.StringIO(), baseline=None, include=executor.contains)
     outcome = s.run()
     assert outcome.stopped_because == "trial budget"
@@ -158,7 +158,7 @@ def test_model_guided_search_records_the_fastest_layouts_memory_ruled_out(tmp_pa
     limit = (peaks[len(peaks) // 2 - 1] + peaks[len(peaks) // 2]) / 2  # half fit
     db = Database.open(f"sqlite:///{tmp_path / 'mem.db'}")
     executor = ReplayTrialExecutor(world2_rows)
-    s = Search(dataclasses.replace(spec("mem", 24), memory_limit_gib=limit / GIB), db,
+    s = Search.open(dataclasses.replace(spec("mem", 24), memory_limit_gib=limit / GIB), db,
                executor, out=io.StringIO(), baseline=None, include=executor.contains)
     outcome = s.run()
     over = {c for c in s.space.configs

@@ -54,7 +54,7 @@ class CountingExecutor:
 def test_search_finds_the_best_by_construction(executor, database):
     executor.discard_group()  # the search's first trial builds the worker group: a cold one
     s = spec()
-    search = Search(s, database, CountingExecutor(executor), out=None)
+    search = Search.open(s, database, CountingExecutor(executor), out=None)
     assert len(search.space) == 4
     outcome = search.run()
     assert outcome.stopped_because in ("trial budget", "every valid configuration tried")
@@ -85,7 +85,7 @@ def test_search_finds_the_best_by_construction(executor, database):
 def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     from autotune.model.memory import estimate_memory
 
-    probe = Search(spec(study_name="probe"), database, None, out=None)
+    probe = Search.open(spec(study_name="probe"), database, None, out=None)
     from autotune.search.search import MEMORY_MARGIN
 
     peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in probe.space.configs)
@@ -94,7 +94,7 @@ def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     # model-guided strategy never sees those: tests/search/test_model_strategy.py).
     s = spec(study_name="limited", memory_limit_gib=limit / GIB, sampler="tpe")
     counting = CountingExecutor(executor)
-    outcome = Search(s, database, counting, out=None).run()
+    outcome = Search.open(s, database, counting, out=None).run()
     infeasible = [e for e in outcome.leaderboard if e.status == "infeasible_predicted"]
     assert len(infeasible) == 2 and outcome.num_infeasible_predicted == 2
     assert not {e.config for e in infeasible} & set(counting.runs)  # never run
@@ -118,11 +118,11 @@ def test_resume_after_interrupt_reruns_nothing(executor, database):
     s = spec(study_name="resumable")
     first = CountingExecutor(executor, interrupt_at=2)
     with pytest.raises(KeyboardInterrupt):
-        Search(s, database, first, out=None).run()
+        Search.open(s, database, first, out=None).run()
     stored = {t.id: t for t in database.list_trials(database.get_study("resumable").id)}
     assert len(stored) == 2
     second = CountingExecutor(executor)
-    outcome = Search(s, database, second, resume=True, out=None).run()
+    outcome = Search.open(s, database, second, resume=True, out=None).run()
     after = {t.id: t for t in database.list_trials(database.get_study("resumable").id)}
     assert len(after) == 4
     for trial_id, before in stored.items():  # finished trials intact
@@ -136,11 +136,11 @@ def test_resume_after_interrupt_reruns_nothing(executor, database):
 
 
 def test_new_study_refuses_an_existing_name_and_resume_needs_one(database):
-    Search(spec(study_name="taken"), database, None, out=None)
+    Search.open(spec(study_name="taken"), database, None, out=None)
     with pytest.raises(Exception, match="already exists"):
-        Search(spec(study_name="taken"), database, None, out=None)
+        Search.open(spec(study_name="taken"), database, None, out=None)
     with pytest.raises(Exception, match="no study named 'missing' to resume"):
-        Search(spec(study_name="missing"), database, None, resume=True, out=None)
+        Search.open(spec(study_name="missing"), database, None, resume=True, out=None)
 
 
 @pytest.mark.parametrize("layout", [
@@ -179,7 +179,7 @@ def test_ds_config_keys_and_batch_identity(layout):
 
 
 def test_export_writes_loadable_files(executor, database, tmp_path):
-    Search(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
+    Search.open(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
            executor, out=None).run()
     best_path, ds_path, *_ = export_study(database, "exp", tmp_path / "out")
     doc = json.loads(best_path.read_text())
@@ -231,7 +231,7 @@ def test_the_space_offers_zero1_with_tensor_and_pipeline_parallelism():
 def test_search_starts_from_the_baseline(database):
     """The first proposal is the plain layout: no TP/PP, no recomputation, ZeRO-0, largest
     micro-batch (predicted to fit)."""
-    search = Search(spec(study_name="baseline"), database, None, out=None)
+    search = Search.open(spec(study_name="baseline"), database, None, out=None)
     first = search.space.suggest(search.study.ask())
     assert (first.tp_degree, first.pp_degree, first.zero_stage,
             first.activation_checkpointing, first.micro_batch_size) == (1, 1, 0, "none", 4)
@@ -242,22 +242,22 @@ def test_the_baseline_is_a_constructor_option(database):
     first proposal; one outside the space is refused before the study is created."""
     from optuna.trial import TrialState
 
-    search = Search(spec(study_name="alone"), database, None, out=None, baseline=None)
+    search = Search.open(spec(study_name="alone"), database, None, out=None, baseline=None)
     assert search.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) == []
     chosen = next(c for c in search.space.configs
                   if (c.micro_batch_size, c.activation_checkpointing) == (1, "full"))
-    search = Search(spec(study_name="chosen"), database, None, out=None, baseline=chosen)
+    search = Search.open(spec(study_name="chosen"), database, None, out=None, baseline=chosen)
     assert search.space.suggest(search.study.ask()) == chosen
     outside = TrialConfig(world_size=2, device="cpu", tp_degree=2)
     with pytest.raises(ConfigError, match="baseline w2-tp2.* is not a configuration of this "
                                           "search's space"):
-        Search(spec(study_name="refused"), database, None, out=None, baseline=outside)
+        Search.open(spec(study_name="refused"), database, None, out=None, baseline=outside)
     assert "refused" not in {s.name for s in database.list_studies()}
 
 
 def test_a_search_set_up_without_an_executor_refuses_to_run(database):
     with pytest.raises(ConfigError, match="set up without an executor"):
-        Search(spec(study_name="idle"), database, None, out=None).run()
+        Search.open(spec(study_name="idle"), database, None, out=None).run()
 
 
 def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor, database):
@@ -275,7 +275,7 @@ def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor,
                     "overlap_enabled": True}, narrowed={})
     with TrialPool(ExecutorSettings(trial_timeout_s=120.0), slots=2, world_size=1,
                    device="cpu") as pool:
-        search = Search(s, database, pool, out=None)
+        search = Search.open(s, database, pool, out=None)
         assert len(search.space) == 4  # micro-batch 1, 2, 4, 8 of a global batch of 8
         outcome = search.run()
         assert pool.slots == 2 and pool.max_running == 2

@@ -18,8 +18,10 @@ Each proposal:
    more than ``tolerance`` (default 3%), once ``min_trials`` (10) have run, or the budget is
    spent.
 
-Configurations whose optimistic time is far slower than the best measured are never run; the
-search records them as skipped with that reason (``skip_reason``).
+Configurations whose optimistic time is far slower than the best measured are never run; when
+it stops, the best few of them are passed over (``passed_over``): the search stores them as
+skipped with that reason (``skip_reason``), and the best few the memory screen kept out as
+infeasible (predicted).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 
 from autotune.model.calibration import FitReport, Sample, fit_calibration
 from autotune.model.cluster import ClusterSpec
-from autotune.config import TrialConfig
+from autotune.config import GIB, TrialConfig
 from autotune.errors import ConfigError
 from autotune.shapes import ModelShape
 from autotune.model.perf_model import (
@@ -41,11 +43,17 @@ from autotune.model.perf_model import (
     layer_shape_key,
     predict_step_time,
 )
-from autotune.search.strategies.base import Measured, Proposal
+from autotune.search.strategies.base import (Measured, PassedOver, Proposal, SearchState,
+                                              Strategy)
+
+PASSED_OVER = 3
+"""When the strategy stops, this many of the untried configurations it ranks best are passed
+over with its reason (the rest rank lower still), and as many of those the memory screen kept
+out."""
 
 
 @dataclass
-class ModelGuided:
+class ModelGuided(Strategy):
     """The model-guided strategy (see the module docstring)."""
 
     cluster: ClusterSpec
@@ -135,8 +143,37 @@ class ModelGuided:
         out.sort(key=lambda t: (t[0], t[1]))
         return out
 
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
+    @property
+    def label(self) -> str:
+        return "model-guided"
+
+    def propose(self, state: SearchState) -> Proposal | None:
+        """``choose`` among the state's candidates (untried, predicted to fit)."""
+        return self.choose(state.candidates, state.history, state.shape)
+
+    def stop_reason(self) -> str:
+        return ("the performance model predicts no untried configuration faster than the best "
+                f"measured by {self.tolerance:.0%}")
+
+    def passed_over(self, state: SearchState) -> list[PassedOver]:
+        """The best few candidates it will not run (those with a ``skip_reason``), then the
+        best few the memory screen kept out, with their predicted peaks."""
+        history, shape = state.history, state.shape
+        out = []
+        for _, _, config in self.ranked(state.candidates, history, shape)[:PASSED_OVER]:
+            reason = self.skip_reason(config, history, shape)
+            if reason is not None:
+                out.append(PassedOver(config, reason))
+        over = state.ruled_out
+        for _, predicted_s, config in self.ranked(list(over), history, shape)[:PASSED_OVER]:
+            out.append(PassedOver(config, f"predicted {predicted_s * 1e3:.1f} ms, but a peak "
+                                  f"of {over[config] / GIB:.3g} GiB", over[config]))
+        return out
+
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
+        """The untried candidate with the lowest optimistic time, or None when it cannot beat
+        the best measured by ``tolerance`` (after ``min_trials``) or the budget is spent."""
         if self.max_trials is not None and len(history) >= self.max_trials:
             return None
         ranked = self.ranked(candidates, history, shape)

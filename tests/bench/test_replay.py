@@ -13,7 +13,7 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.layouts import enumerate_configs, short_name
 from autotune.shapes import ModelShape
-from autotune.search.replay import (
+from replay_table import (
     CSV_COLUMNS,
     Answer,
     MeasuredRow,
@@ -26,11 +26,10 @@ from autotune.search.replay import (
     trial_wall_s,
 )
 from autotune.search.strategies.base import Measured
-from autotune.search.strategies.baselines import (
+from strategies import (
     DeepSpeedHeuristic,
     GridStrategy,
     RandomStrategy,
-    TPEStrategy,
     TPInsideNodeRule,
 )
 
@@ -79,7 +78,7 @@ def synthetic_group(times=synthetic_time, configs=None) -> TableGroup:
 def exhaust(strategy, candidates, times) -> list[TrialConfig]:
     """Propose until the strategy stops, feeding each proposal its measured time."""
     history = []
-    while (p := strategy.propose(candidates, history)) is not None:
+    while (p := strategy.choose(candidates, history)) is not None:
         history.append(Measured(p.config, times(p.config)))
         assert len(history) <= len(candidates), "proposed more than there are candidates"
     return [m.config for m in history]
@@ -278,8 +277,8 @@ def test_a_one_round_replay_is_judged_by_the_medians():
 
 
 # ---- baselines ---------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", [GridStrategy(), RandomStrategy(3), TPEStrategy(1),
-                                      TPInsideNodeRule(2)], ids=lambda s: s.name)
+@pytest.mark.parametrize("strategy", [GridStrategy(), RandomStrategy(3), TPInsideNodeRule(2)],
+                         ids=lambda s: s.name)
 def test_baseline_proposes_every_candidate_once_then_stops(strategy):
     candidates = synthetic_candidates()
     order = exhaust(strategy, candidates, synthetic_time)
@@ -306,14 +305,12 @@ def test_tp_inside_node_order():
     assert (first.tp_degree, first.pp_degree, first.micro_batch_size) == (2, 1, 4)
 
 
-def test_random_and_tpe_are_deterministic_given_a_seed():
+def test_random_is_deterministic_given_a_seed():
     c = synthetic_candidates()
     assert exhaust(RandomStrategy(5), c, synthetic_time) == exhaust(RandomStrategy(5), c,
                                                                     synthetic_time)
     assert exhaust(RandomStrategy(5), c, synthetic_time) != exhaust(RandomStrategy(6), c,
                                                                     synthetic_time)
-    first = [exhaust(TPEStrategy(2), c, synthetic_time)[:12] for _ in range(2)]
-    assert first[0] == first[1]
 
 
 def test_deepspeed_heuristic_follows_its_rules():
@@ -332,7 +329,7 @@ def test_deepspeed_heuristic_follows_its_rules():
         (0, 2), (0, 1), (1, 2), (1, 1), (2, 2), (2, 1)]
     # The largest micro-batch that runs: an infeasible one is passed over.
     history, strategy = [], DeepSpeedHeuristic()
-    while (p := strategy.propose(candidates, history)) is not None:
+    while (p := strategy.choose(candidates, history)) is not None:
         c = p.config
         if (c.zero_stage, c.micro_batch_size) == (0, 2):
             history.append(Measured(c, None, "infeasible"))
@@ -342,7 +339,7 @@ def test_deepspeed_heuristic_follows_its_rules():
         (0, 2), (0, 1)]
     # Nothing it can express: it stops at once.
     tp2 = [c for c in candidates if c.tp_degree == 2]
-    assert DeepSpeedHeuristic().propose(tp2, []) is None
+    assert DeepSpeedHeuristic().choose(tp2, []) is None
 
 
 # ---- the replay ------------------------------------------------------------------------
@@ -505,3 +502,31 @@ def test_bench_model_warm_starts_each_one_round_seed_afresh(tmp_path, capsys, mo
                        "--answer", "one-round", "--seeds", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["strategies"]["model-warm"]["runs"] == 2
     assert carried == [(0, 0), (1, 0)]  # one group: each seed's pass starts with nothing
+
+
+# ---- the replay is the shipped search --------------------------------------------------
+SWEEP_B = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_b.json"
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_replayed_sampler_measures_what_autotune_search_runs(tmp_path, sampler):
+    """The replay of an Optuna sampler runs the same trials, in the same order, as a search
+    (``Search.open(...).run()``, what ``autotune search`` runs) over the same table with that
+    sampler, the same seed and no baseline: the bench measures the shipped TPE."""
+    from autotune.search.search import Search, SearchSpec
+    from db import Database
+    from replay_table import ReplayTrialExecutor
+
+    (group,) = [g for g in MeasuredTable.load(SWEEP_B).groups(8) if g.world_size == 2]
+    run = replay(sampler, group, seed=3)  # until a layout within 3% of the best
+    executor = ReplayTrialExecutor(group.rows)
+    spec = SearchSpec(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
+                                            global_batch_size=16),
+                      world_size=2, device="cpu", study_name="s", n_trials=len(run.history),
+                      patience=None, top_k=1, remeasure_repeats=0, sampler=sampler, seed=3)
+    Search.open(spec, Database.open(f"sqlite:///{tmp_path / 's.db'}"), executor, out=None,
+                baseline=None, include=executor.contains).run()
+    replayed = [short_name(m.config) for m in run.history]
+    searched = [short_name(c) for c in executor.table.calls]
+    assert len(set(replayed)) == len(replayed) >= 3  # repeats are answered, not run
+    assert replayed == searched

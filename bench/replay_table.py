@@ -21,12 +21,15 @@ table counts how many rows were folded so.
 same world size, global batch, sequence length and model. :class:`TableExecutor` answers a
 trial from the table — with the row's median (``Answer.MEDIAN``), or, as a live trial would
 measure it, with one of the row's rounds drawn at random (``Answer.ONE_ROUND``) — and
-:func:`replay` runs a strategy (``autotune.search.strategies.base``) against one group, counting the
-trials it needs to come within 3% of the group's best: a tabular benchmark in which every
-strategy sees the same measured numbers.
+:func:`replay` runs the search's own loop (``autotune.search.loop.SearchLoop``) with a strategy
+(an Optuna sampler the search ships, the model-guided one, or a baseline of
+``bench/strategies.py``) over a ``ReplayTrialExecutor`` of one group, counting the trials it
+needs to come within 3% of the group's best: a tabular benchmark in which every strategy sees
+the same measured numbers, and is run as ``autotune search`` runs it.
 
-A benchmark tool: the product's search never imports this module; benches and tests hand a
-``ReplayTrialExecutor`` to ``Search`` to run a search over a table.
+A benchmark tool (it moved here from ``autotune/search``: no product module imports it);
+benches and tests also hand a ``ReplayTrialExecutor`` to ``Search.open`` to run a whole search
+over a table.
 
 No torch here: replays run in the driver's process.
 """
@@ -40,6 +43,7 @@ import json
 import math
 import random
 import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -72,7 +76,7 @@ WITHIN = 0.03
 
 # ---- what a replayed trial would have cost -------------------------------------------------
 _DEFAULTS = TrialConfig()
-TRIAL_STEPS = _DEFAULTS.num_warmup_steps + _DEFAULTS.num_timed_steps
+TRIAL_STEPS = _DEFAULTS.timed_steps.stop
 """Steps a trial runs by default (TrialConfig: 2 warm-up + 5 timed). Profiled steps are not
 counted: a search can turn them off."""
 TRIAL_OVERHEAD_S = 0.020
@@ -523,6 +527,19 @@ class ReplayTrialExecutor:
     def __init__(self, table: MeasuredTable | Iterable[MeasuredRow], *,
                  answer: Answer | str = Answer.MEDIAN, seed: int = 0) -> None:
         self.table = TableExecutor(table, answer=answer, seed=seed)
+        self.history: list[Measured] = []
+        """Every trial answered, in order, as a strategy sees it."""
+
+    def reached(self, target_s: float):
+        """A function: the 1-based trial that first ran a layout whose row's median is within
+        ``target_s``, or None before one has."""
+        def first() -> int | None:
+            for i, m in enumerate(self.history, 1):
+                if (m.status == RowStatus.COMPLETE
+                        and self.table.row_for(m.config).step_time_s <= target_s):
+                    return i
+            return None
+        return first
 
     def contains(self, config: TrialConfig) -> bool:
         return config in self.table
@@ -532,12 +549,13 @@ class ReplayTrialExecutor:
         from autotune.trial.result import MemoryBreakdown, RankResult, TrialResult
 
         outcome = self.table.run(config)
+        self.history.append(Measured(config, outcome.step_time_s, RowStatus(outcome.status)))
         if outcome.status != "complete" or not outcome.step_time_s:
             kind = "oom" if outcome.status == "infeasible" else "error"
             raise TrialFailed(f"the table measured {short_name(config)} as {outcome.status}",
                               kind=kind)
         t, peak = outcome.step_time_s, outcome.peak_memory_bytes or 0
-        steps = config.num_warmup_steps + config.num_timed_steps + config.num_profiled_steps + 1
+        steps = len(config.step_schedule())
         ranks = [RankResult(rank=r, pp_rank=0, dp_rank=0, tp_rank=0, device="table",
                             backend="table", num_threads=1, step_times=[t] * steps, losses=[],
                             memory=MemoryBreakdown(0, 0, 0, 0, 0, peak, "table"), setup_s=0.0)
@@ -577,35 +595,69 @@ class ReplayRun:
         return sum(trial_wall_s(m.step_time_s) for m in counted)
 
 
-def replay(strategy: Strategy, group: TableGroup, *, within: float = WITHIN,
+class _Unfitted:
+    """The study calibration of a replay: none (a model-guided strategy fits its own trials,
+    as in a search its ``fitted`` would read the study's)."""
+
+    def predict(self, config: TrialConfig) -> dict:
+        return {}
+
+    def remember_spans(self, trial_id: int, config: TrialConfig, spans) -> None:
+        pass
+
+    def refit(self) -> None:
+        pass
+
+
+def replay(strategy: Strategy | str, group: TableGroup, *, within: float = WITHIN,
            until_target: bool = True, answer: Answer | str = Answer.MEDIAN,
-           seed: int = 0) -> ReplayRun:
-    """Run ``strategy`` on a ``TableExecutor`` of ``group``'s rows, answering as ``answer``
-    says (with ``seed``): the candidates are the group's configurations, the history grows by
-    each answer. Ends at the first trial of a layout whose median is within ``within`` of the
-    group's best median (with ``until_target``), or when the strategy stops. The target is
+           seed: int = 0, workdir: str | Path | None = None) -> ReplayRun:
+    """Run the search's own loop (``autotune.search.loop.SearchLoop``) over a
+    ``ReplayTrialExecutor`` of ``group``'s rows, answering as ``answer`` says (with ``seed``).
+    ``strategy`` is a ``Strategy``, or the name of an Optuna sampler the search ships (tpe,
+    gp, random: ``OptunaStrategy``, seeded with ``seed``). The space is the group's
+    configurations; no baseline, no memory limit, no re-measurement. Ends at the first trial
+    of a layout whose median is within ``within`` of the group's best median (with
+    ``until_target``), when the strategy stops, or when every layout is tried. The target is
     judged by the medians whatever the answers, as the noise floor (``one_round_trials``) is:
-    a lucky round does not make a slow layout a find."""
-    executor = TableExecutor(group.rows, answer=answer, seed=seed)
-    candidates = [r.config for r in group.rows]
+    a lucky round does not make a slow layout a find. A configuration the strategy proposes
+    again is answered by the loop from what it stored, and costs no trial."""
+    import tempfile
+
+    import optuna
+
+    from autotune.search.loop import SearchLoop
+    from autotune.search.space import SearchSpace
+    from autotune.search.spec import SearchSpec
+    from autotune.search.strategies.optuna_strategy import OptunaStrategy, make_sampler
+    from db import Database
+
+    executor = ReplayTrialExecutor(group.rows, answer=answer, seed=seed)
+    configs = [r.config for r in group.rows]
+    space = SearchSpace.of(configs)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = strategy if isinstance(strategy, str) else "tpe"
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed))
+    if isinstance(strategy, str):
+        strategy = OptunaStrategy(strategy, study, space)
     target = group.best_step_time_s * (1 + within)
-    history: list[Measured] = []
-    tried: set[tuple] = set()
-    reached_at = None
-    while True:
-        proposal = strategy.propose(candidates, history, group.shape)
-        if proposal is None:
-            return ReplayRun(group.key, len(candidates), tuple(history), reached_at, True)
-        key = executor.key(proposal.config)
-        if key in tried:
-            raise RuntimeError(f"strategy {strategy.name} proposed "
-                               f"{short_name(proposal.config)} twice")
-        tried.add(key)
-        outcome = executor.run(proposal.config)
-        history.append(Measured(proposal.config, outcome.step_time_s, outcome.status))
-        median = executor.row_for(proposal.config).step_time_s
-        if (reached_at is None and outcome.status == RowStatus.COMPLETE
-                and median <= target):
-            reached_at = len(history)
-            if until_target:
-                return ReplayRun(group.key, len(candidates), tuple(history), reached_at, False)
+    reached = executor.reached(target)
+    first = configs[0]
+    spec = SearchSpec(workload=first.workload, world_size=first.world_size,
+                      n_trials=len(configs), patience=None, top_k=1, remeasure_repeats=0,
+                      seed=seed, device=first.device, study_name=group.key)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        db = Database.open(f"sqlite:///{tmp}/replay.db")
+        try:
+            record = db.create_study(group.key, {})
+            loop = SearchLoop(spec=spec, space=space, study=study, database=db,
+                              study_id=record.id, executor=executor, limit=None,
+                              device_type="cuda" if first.device == "cuda" else "cpu",
+                              calibration=_Unfitted(), say=lambda _: None, strategy=strategy,
+                              until=(lambda: "target" if reached() else None)
+                              if until_target else None, shape=group.shape)
+            outcome = loop.run(time.monotonic())
+        finally:
+            db.close()
+    return ReplayRun(group.key, len(configs), tuple(executor.history), reached(),
+                     outcome.stopped_because != "target")

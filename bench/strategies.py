@@ -1,12 +1,12 @@
-"""Baseline strategies: what a search is measured against.
+"""Baseline strategies: what the shipped ones are measured against (benchmarks only).
 
-Each implements ``autotune.search.strategies.base.Strategy`` and is deterministic given its seed and
+Each implements ``autotune.search.strategies.base.Strategy``, so the search's own loop runs it
+(``bench/replay_table.py``'s ``replay``), and is deterministic given its seed and
 the history: the same candidates and measured outcomes give the same proposal, so a replay is
 reproducible and a resumed search proposes what the interrupted one would have.
 
 - :class:`GridStrategy`: every candidate in a fixed order (DeepSpeed's grid tuner's).
 - :class:`RandomStrategy`: every candidate in a seeded random order.
-- :class:`TPEStrategy`: Optuna's multivariate TPE over the real knobs.
 - :class:`DeepSpeedHeuristic`: the DeepSpeed autotuner's ZeRO-stage / micro-batch heuristic.
 - :class:`TPInsideNodeRule`: the engineers' rule "TP inside the node, ZeRO-1/DP across nodes".
 """
@@ -14,17 +14,27 @@ reproducible and a resumed search proposes what the interrupted one would have.
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Sequence
-from typing import Any
 
 from autotune.config import AC_ORDER, PP_SCHEDULES, TrialConfig
 from autotune.layouts import DEFAULT_BUCKET_MB
 from autotune.shapes import ModelShape
 from autotune.status import RowStatus
-from autotune.search.strategies.base import Measured, Proposal
+from autotune.search.strategies.base import Measured, Proposal, SearchState, Strategy
 
 SCHEDULE_ORDER = {schedule: i for i, schedule in enumerate(PP_SCHEDULES)}
+
+
+class OrderStrategy(Strategy):
+    """A strategy that chooses among all of the space's configurations and its history
+    (``choose``), as the loop asks it (``propose``)."""
+
+    def propose(self, state: SearchState) -> Proposal | None:
+        return self.choose(state.configs, state.history, state.shape)
+
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
+        raise NotImplementedError
 
 
 def _first_untried(order: Sequence[TrialConfig], history: Sequence[Measured],
@@ -50,7 +60,7 @@ def grid_key(c: TrialConfig) -> tuple:
     return (c.zero_stage, c.tp_degree, c.pp_degree, c.micro_batch_size, *_other_knobs(c))
 
 
-class GridStrategy:
+class GridStrategy(OrderStrategy):
     """Every candidate in DeepSpeed's order: the DeepSpeed autotuner explores ZeRO stages from
     low to high (``[0, 1, 2, 3]``, deepspeed/autotuning/README.md, "Autotuning Workflow") and,
     within a stage, micro-batch sizes; its grid tuner runs a stage's experiments in the order
@@ -61,13 +71,13 @@ class GridStrategy:
 
     name = "grid"
 
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
         return _first_untried(sorted(candidates, key=grid_key), history, "grid order")
 
 
 # ---- random ----------------------------------------------------------------------------
-class RandomStrategy:
+class RandomStrategy(OrderStrategy):
     """Every candidate in a random order drawn from ``seed`` (``random.Random(seed)``'s shuffle
     of the candidates as given). Stops when every candidate has been tried."""
 
@@ -76,116 +86,11 @@ class RandomStrategy:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
         order = list(candidates)
         random.Random(self.seed).shuffle(order)
         return _first_untried(order, history, f"random order, seed {self.seed}")
-
-
-# ---- Optuna TPE ------------------------------------------------------------------------
-TPE_KNOBS = ("tp_degree", "pp_degree", "micro_batch_size", "zero_stage",
-             "activation_checkpointing", "pp_schedule", "overlap_enabled", "bucket_mb",
-             "attention", "optimizer_offload_enabled")
-ORDINAL_KNOBS = {"tp_degree", "pp_degree", "micro_batch_size", "zero_stage",
-                 "activation_checkpointing", "bucket_mb"}
-"""Knobs whose values are ordered: suggested as an index into their sorted values, so TPE's
-Parzen estimator sees that tp 4 lies between 2 and 8. The others are categorical."""
-TPE_STARTUP_TRIALS = 3
-"""Random trials before TPE models the outcomes (Optuna's default is 10, which on groups of
-8-26 layouts would leave TPE random for most of a search)."""
-FAILED_VALUE = float("inf")
-"""What TPE is told for a failed or infeasible trial: worse than any step time (TPE splits
-trials by the rank of their values, so only the order matters)."""
-
-
-def _sort_value(knob: str, value: Any) -> Any:
-    return AC_ORDER[value] if knob == "activation_checkpointing" else value
-
-
-class TPEStrategy:
-    """Optuna's TPE (``TPESampler(seed, multivariate=True, n_startup_trials)``) over the knobs
-    that vary among the candidates, in an in-memory study; no baseline trial is enqueued.
-
-    Each proposal asks the study, define-by-run, for one value of every such knob
-    (``TPE_KNOBS``: ordered knobs as an index into their sorted values, the others
-    categorical). The combination need not be a valid candidate (tp 8 with a micro-batch only
-    tp 1 allows), so it is mapped to the nearest untried candidate: the fewest steps along
-    ordered knobs plus one per other knob that differs, ties to the earlier candidate. The
-    asked trial is then discarded (told FAIL, which TPE ignores), and each measured candidate
-    is added to the study as a finished trial with its own knob values and step time to
-    minimise (``FAILED_VALUE`` for a failed or infeasible one), so TPE learns only from what
-    was measured. Stops when every candidate has been tried."""
-
-    name = "tpe"
-
-    def __init__(self, seed: int = 0, *, n_startup_trials: int = TPE_STARTUP_TRIALS) -> None:
-        self.seed, self.n_startup_trials = seed, n_startup_trials
-        self._space: dict[str, list] | None = None
-        self._study = None
-        self._told: set[TrialConfig] = set()
-
-    def _start(self, space: dict[str, list]) -> None:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(seed=self.seed, multivariate=True,
-                                                 n_startup_trials=self.n_startup_trials)
-        self._study = optuna.create_study(direction="minimize", sampler=sampler)
-        self._space, self._told = space, set()
-
-    def _distributions(self) -> dict[str, Any]:
-        from optuna.distributions import CategoricalDistribution, IntDistribution
-
-        return {k: IntDistribution(0, len(v) - 1) if k in ORDINAL_KNOBS
-                else CategoricalDistribution(v) for k, v in self._space.items()}
-
-    def _params(self, config: TrialConfig) -> dict[str, Any]:
-        params = {}
-        for knob, values in self._space.items():
-            value = getattr(config, knob)
-            params[knob] = values.index(value) if knob in ORDINAL_KNOBS else value
-        return params
-
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
-        import optuna
-        from optuna.trial import TrialState, create_trial
-
-        done = {m.config for m in history}
-        left = [c for c in candidates if c not in done]
-        if not left:
-            return None
-        space = {k: sorted({getattr(c, k) for c in candidates}, key=lambda v: _sort_value(k, v))
-                 for k in TPE_KNOBS}
-        space = {k: v for k, v in space.items() if len(v) > 1}
-        if space != self._space or self._study is None:
-            self._start(space)
-        distributions = self._distributions()
-        for m in history:
-            if m.config in self._told or m.config not in candidates:
-                continue
-            complete = m.status == RowStatus.COMPLETE and m.step_time_s
-            value = m.step_time_s if complete else FAILED_VALUE
-            self._study.add_trial(create_trial(params=self._params(m.config),
-                                               distributions=distributions, value=value))
-            self._told.add(m.config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            trial = self._study.ask()  # define-by-run, one knob at a time
-            suggested = {k: trial.suggest_int(k, 0, len(v) - 1) if k in ORDINAL_KNOBS
-                         else trial.suggest_categorical(k, v) for k, v in self._space.items()}
-        self._study.tell(trial, state=TrialState.FAIL)
-
-        def distance(c: TrialConfig) -> int:
-            params = self._params(c)
-            return sum(abs(params[k] - v) if k in ORDINAL_KNOBS else int(params[k] != v)
-                       for k, v in suggested.items())
-
-        choice = min(left, key=distance)
-        return Proposal(choice, reason=f"TPE suggestion (distance {distance(choice)})")
 
 
 # ---- DeepSpeed's autotuner --------------------------------------------------------------
@@ -200,7 +105,7 @@ def _plain_key(c: TrialConfig) -> tuple:
     return (*_other_knobs(c), c.zero_stage, c.micro_batch_size)
 
 
-class DeepSpeedHeuristic:
+class DeepSpeedHeuristic(OrderStrategy):
     """The DeepSpeed autotuner's heuristic in its default ``fast`` mode, which tunes only the
     ZeRO stage and the micro-batch size per GPU (deepspeed/autotuning/README.md and
     ``Autotuner.tune``/``tune_space``/``run_tuning_micro_batch_sizes`` of autotuner.py):
@@ -224,8 +129,8 @@ class DeepSpeedHeuristic:
 
     name = "deepspeed"
 
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
         plain = [c for c in candidates if c.tp_degree == 1 and c.pp_degree == 1]
         if not plain:
             return None
@@ -269,7 +174,7 @@ ZERO_PREFERENCE = {1: 0, 0: 1, 2: 2, 3: 3}
 the stages that add traffic."""
 
 
-class TPInsideNodeRule:
+class TPInsideNodeRule(OrderStrategy):
     """The engineers' rule "tensor parallelism inside the node, ZeRO-1/data parallelism
     across nodes" (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
     GPU Clusters", takeaway #1: tensor parallelism up to the GPUs per server, since its
@@ -294,7 +199,7 @@ class TPInsideNodeRule:
         return ((0, -c.tp_degree) if inside else (1, c.tp_degree), c.pp_degree,
                 ZERO_PREFERENCE[c.zero_stage], -c.micro_batch_size, *_other_knobs(c))
 
-    def propose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-                shape: ModelShape | None = None) -> Proposal | None:
+    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
+               shape: ModelShape | None = None) -> Proposal | None:
         return _first_untried(sorted(candidates, key=self.key), history,
                               f"TP inside the node ({self.devices_per_node} devices)")
