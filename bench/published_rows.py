@@ -13,7 +13,8 @@ Sources and conversions (``tests/data/published-a100/README.md``):
   not interleaved; ``--recompute-method uniform``: full recomputation).
 - **SC21 Table 2**: the same F. PTD rows: model parallel 96 = TP 8 × PP 12 (175B), 280 = TP 8 ×
   PP 35 (530B), micro-batch 1, not interleaved (not stated). ZeRO-3 rows: DeepSpeed ZeRO-3, DP =
-  GPUs, the printed micro-batch.
+  GPUs, the printed micro-batch, no communication overlap (DeepSpeed's ``overlap_comm`` default,
+  false; the paper does not say).
 - **Korthikanti et al. 2022 Tables 3/5**: the printed iteration time.
 - **torchtitan 2024** (A100 rows): iter_s = local_batch · seq / wps.
 """
@@ -121,8 +122,9 @@ def sc21_table2(path: Path = DATA / "megatron_sc21_table2_zero3_vs_ptdp.csv") ->
             shape = _gpt(layers, h, heads, SC21_VOCAB, seq)
             mb = int(r["micro_batch_size"])
             if r["scheme"].startswith("ZeRO"):
-                config = _config(shape, gpus=gpus, batch=batch, tp=1, pp=1, mb=mb, v=1,
-                                 ac="full", zero=3)
+                config = dataclasses.replace(
+                    _config(shape, gpus=gpus, batch=batch, tp=1, pp=1, mb=mb, v=1, ac="full",
+                            zero=3), overlap_enabled=False)
                 engine = engine_traits("deepspeed")
             else:
                 tp, pp = SC21_PTD_LAYOUT[int(r["model_parallel_size"])]
@@ -165,7 +167,10 @@ LLAMA_SHAPES = {  # layers, hidden, heads, KV heads, MLP width, vocabulary (the 
     "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000),
 }
 TORCHTITAN_AC = {"no": "none", "full": "full", "selective op": "selective",
-                 "selective layer": "selective"}
+                 "selective layer": "full"}
+"""torchtitan's AC names → the config's mode: ``selective`` ``op`` is the torchtitan engine's
+selective; ``layer`` checkpoints every ``selective_ac_option``-th block (2 in its configs),
+full AC on half the layers (``ac_layers`` = L/2)."""
 
 
 def torchtitan(path: Path = DATA / "torchtitan_a100_2024.csv") -> list[TimeRow]:
@@ -185,7 +190,8 @@ def torchtitan(path: Path = DATA / "torchtitan_a100_2024.csv") -> list[TimeRow]:
                                       global_batch_size=mb * gpus),
                 world_size=gpus, zero_stage=3, micro_batch_size=mb,
                 activation_checkpointing=TORCHTITAN_AC[r["activation_checkpointing"]],
-                device="cuda", precision="bf16-mixed")
+                ac_layers=layers // 2 if r["activation_checkpointing"] == "selective layer"
+                else None, attention="sdpa", device="cuda", precision="bf16-mixed")
             label = f"{r['model']} {r['activation_checkpointing']} b{mb}"
             rows.append(TimeRow("torchtitan", label, config, shape, engine_traits("torchtitan"),
                                 mb * seq / float(r["wps_tokens_per_sec_per_gpu"])))

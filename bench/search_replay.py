@@ -72,7 +72,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
-from autotune.model.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
+from autotune.model.perf_model import (  # noqa: E402
+    AUTOTUNE_ENGINE,
+    MEGATRON_LEGACY_ENGINE,
+    EngineTraits,
+)
 from autotune.search.replay import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
@@ -109,7 +113,8 @@ class Setting:
 
     def __init__(self, table: MeasuredTable, cluster_file: str | None) -> None:
         self.table = table
-        self.engine: EngineTraits = MEGATRON_ENGINE if table.kind == "csv" else AUTOTUNE_ENGINE
+        self.engine: EngineTraits = (MEGATRON_LEGACY_ENGINE if table.kind == "csv"
+                                     else AUTOTUNE_ENGINE)
         self.fixed: ClusterSpec | None = None
         if cluster_file:
             self.fixed = load_cluster(cluster_file)

@@ -49,14 +49,28 @@ class EngineTraits:
     roofline: bool = False
     """Device time by ``roofline``: per-GEMM efficiency, causal flash attention under sdpa.
     False keeps the calibrated size curve autotune's CPU trials fit."""
+    selective_recompute: str = "attention"
+    """What ``selective`` recomputes: the attention core (Korthikanti et al. 2022 §5, Megatron's
+    ``--recompute-granularity selective``) or torchtitan's ``op`` policy (half the matmuls and
+    the element-wise kernels, ``perf_model.selective_op_recompute``)."""
     ac_modes: tuple[str, ...] = ("none", "selective", "full")
     """The activation-checkpointing modes the engine offers."""
+    elementwise_factor: float = 1.0
+    """The engine's element-wise bytes over fused kernels' (the calibration's
+    ``elementwise_bytes`` counts Megatron's fused norms, bias-GELU and bias-dropout-add)."""
     source: str = ""
 
 
 AUTOTUNE_ENGINE = EngineTraits(
     name="autotune", vocab_parallel=False, fused_column_inputs=False, fsdp2_data_parallel=True,
     source="autotune/trial/parallel: DTensor ColwiseParallel q/k/v, FSDP2/DDP data parallelism")
+TORCHTITAN_EAGER_ELEMENTWISE = 4.0
+"""torchtitan without ``torch.compile`` (its 2024 defaults) runs the element-wise ops eagerly,
+one kernel each (torchtitan/models/llama3/model.py): RMSNorm as ``x.float()``, ``pow``,
+``mean``, ``rsqrt``, two ``mul`` and ``type_as`` (about 40 bytes per element against a fused
+norm's 4), rotary embeddings on q and k in fp32 complex arithmetic, SwiGLU's ``silu`` and
+``mul`` apart: about 4× the fused kernels' bytes (~100 against 22 per b·s·h element; 35
+against 16 per sharded element)."""
 MEGATRON_LEGACY_ENGINE = EngineTraits(
     name="megatron-legacy", vocab_parallel=True, fused_column_inputs=True,
     source="Megatron-LM's TP plan alone, as autotune modelled it before engines had overlap: "
@@ -80,7 +94,8 @@ MEGATRON_ENGINE = EngineTraits(
 TORCHTITAN_ENGINE = EngineTraits(
     name="torchtitan", vocab_parallel=True, fused_column_inputs=False, sequence_parallel=True,
     tp_comm_overlap=0.0, grad_reduce_overlap=True, param_gather_overlap=True,
-    fp32_grad_reduce=True, roofline=True, ac_modes=("none", "selective", "full"),
+    fp32_grad_reduce=True, roofline=True, selective_recompute="op",
+    ac_modes=("none", "selective", "full"), elementwise_factor=TORCHTITAN_EAGER_ELEMENTWISE,
     source="pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py: ColwiseParallel "
            "wq/wk/wv and w1/w3 (separate), SequenceParallel norms, loss_parallel; FSDP2 "
            "fully_shard with implicit prefetch and MixedPrecisionPolicy(reduce_dtype=float32); "

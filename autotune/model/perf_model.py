@@ -557,7 +557,14 @@ def _layer_cost(st: _Step) -> _LayerCost:
         head_work = b * s * h * st.vocab / st.tp_vocab
         head_s = 3 * 2 * head_work / (st.peak * matmul_efficiency(
             cal, b * s, st.vocab / st.tp_vocab))
-    recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
+    if full:
+        recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
+    elif ac == "selective":
+        recompute_s = attn_core_s
+        if engine.selective_recompute == "op" and engine.roofline:
+            recompute_s = selective_op_recompute(layer_fwd_s, attn_core_s)
+    else:
+        recompute_s = 0.0
     device_s = (layer_fwd_s + layer_bwd_s + recompute_s) * cal.layer_shape_factors.get(
         shape_key, 1.0)
 
@@ -581,6 +588,23 @@ def _layer_cost(st: _Step) -> _LayerCost:
     else:
         excess_s = host_s
     return _LayerCost(device_s, head_s, tp_s, tp_embed_s, host_s, excess_s)
+
+
+def full_recompute_share(config: TrialConfig, num_layers: int) -> float:
+    """Share of a pipeline rank's layers that full checkpointing recomputes: all of them, or
+    ``ac_layers`` of them (Megatron's ``--recompute-num-layers`` per stage; torchtitan's
+    ``selective`` ``layer`` mode checkpoints every ac_freq-th block: ac_layers = L / ac_freq)."""
+    if config.ac_layers is None:
+        return 1.0
+    return min(1.0, config.ac_layers * config.pp_degree / num_layers)
+
+
+def selective_op_recompute(layer_fwd_s: float, attn_core_s: float) -> float:
+    """Recompute seconds of torchtitan's selective ``op`` mode per layer: its policy saves
+    SDPA's output and every second matmul's (``_apply_ac_to_transformer_block``,
+    ``_save_list`` with ``mm_count % 2``), so the backward reruns half of the GEMMs and the
+    element-wise kernels: half of the forward less attention."""
+    return 0.5 * (layer_fwd_s - attn_core_s)
 
 
 def sequence_parallel(st: _Step) -> bool:
@@ -616,7 +640,8 @@ def _roofline_layer(st: _Step) -> tuple[float, float, float]:
         attn_fwd = 2 * heads * score + softmax_s
         attn_bwd = 2 * attn_fwd
     whole = cal.elementwise_bytes / (tp if sequence_parallel(st) else 1)
-    elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * tokens * h * e / st.mem_bw
+    elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * (
+        st.engine.elementwise_factor * tokens * h * e / st.mem_bw)
     forward = gemm_s + attn_fwd + elementwise_s
     backward = 2 * (gemm_s + elementwise_s) + attn_bwd
     return forward, backward, attn_fwd
