@@ -5,15 +5,14 @@
 For each row of SC21 Table 1 (Narayanan et al. 2021; the layout of NVIDIA/Megatron-LM
 ``examples/sc21/run_table_1.sh``: TP, PP, micro-batch, interleaving, full recomputation) it runs
 the ranking ``autotune rank --engine ENGINE --cluster a100-sxm4-80gb --nodes GPUs/8`` does
-(``rank.rank_layouts`` over ``rank.enumerate_layouts``, the engine's memory traits, the
-search's memory margin), predicts the published layout the same way (``rank.compare_to_top``)
-and prints its place: the percentile among the layouts predicted to fit (issue 24 asks for
-the top 5%), the percentile among those with its own activation checkpointing (``pct/AC``:
-2021's Megatron had full recomputation only), and, when the model's own pick is faster, the term (compute, tp_comm, pp_bubble,
-dp_comm, …) in which it gains most. The published layout is predicted as the engine named
-runs it (with ``--engine megatron``: sequence parallelism, overlap, the distributed optimizer
-it did not have in 2021), so both sides are judged by the same engine.
-"""
+(``rank.rank_layouts`` over ``rank.enumerate_layouts``, the engine's memory traits, the search's
+memory margin), predicts the published layout the same way (``rank.compare_to_top``) and prints
+its place: the percentile among the layouts predicted to fit (issue 24 asks for the top 5%), the
+percentile among those with its own activation checkpointing (``pct/AC``: 2021's Megatron had
+full recomputation only), and, when the model's own pick is faster, the term (compute, tp_comm,
+pp_bubble, dp_comm, …) in which it gains most. The published layout is predicted as the engine
+named runs it (with ``--engine megatron``: sequence parallelism, overlap, the distributed
+optimizer it did not have in 2021), so both sides are judged by the same engine."""
 
 from __future__ import annotations
 

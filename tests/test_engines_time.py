@@ -104,3 +104,65 @@ def test_recompute_num_layers_recomputes_that_share_of_the_stage():
                                                  ac_layers=4), cluster(), CAL, shape=SHAPE,
                              engine=MEGATRON_ENGINE).breakdown["compute"]
     assert half - t["none"] == pytest.approx((t["full"] - t["none"]) / 2, rel=1e-9)
+
+
+# ---- the newer knobs' time terms -------------------------------------------------------------
+TITAN = engine_traits("torchtitan")
+
+
+def test_context_parallelism_all_gathers_k_and_v_and_reduce_scatters_their_gradients():
+    # cp 2 inside a node (100 GB/s): per layer per micro-batch an all-gather of b·s·2·kv bf16
+    # (1/2 · S / bw) forward and a reduce-scatter of their gradients backward (no recompute).
+    c = config(cp_degree=2, micro_batch_size=1, global_batch=4)
+    est = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=MEGATRON_ENGINE)
+    one = 1 / 2 * 512 * 2 * 1024 * 2 / (100 * GB)
+    assert est.breakdown["tp_comm"] == pytest.approx(c.grad_accum_steps * 8 * 2 * one,
+                                                     rel=1e-9)
+
+
+def test_hsdp_reduce_scatters_in_its_shard_group_and_all_reduces_across_replicas():
+    # dp 8 as 2 replicas × 4 shards, ZeRO-2, torchtitan (fp32 reduction, bf16 gathers), one
+    # micro-batch, overlap off: reduce-scatter of 4Φ over 4 (3/4 · 4Φ / bw), all-reduce of the
+    # shard 4Φ/4 over 2 (2 · 1/2 · Φ / bw), all-gather of 2Φ over 4 (3/4 · 2Φ / bw); Φ: 8
+    # layers (12h² + 4h), embeddings and head V·h each (vocabulary-parallel, tp 1), positions
+    # 1024·h, final norm 2h.
+    h, vocab = 1024, 8
+    params = 8 * (12 * h * h + 4 * h) + 2 * vocab * h + 1024 * h + 2 * h
+    c = config(zero_stage=2, dp_replicate=2, micro_batch_size=1, global_batch=8)
+    est = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=TITAN)
+    expected = (3 / 4 * 4 * params + params + 3 / 4 * 2 * params) / (100 * GB)
+    assert est.breakdown["dp_comm"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_float8_runs_the_linears_at_the_float8_peak_and_pays_its_casts():
+    from autotune.model.perf_model import FLOAT8_CAST_BYTES
+    fp8 = dataclasses.replace(cluster(), device=dataclasses.replace(
+        cluster().device, peak_flops={**cluster().device.peak_flops, "float8": 200e12}))
+    c = config(micro_batch_size=1, global_batch=8)
+    bf16 = predict_step_time(c, fp8, CAL, shape=SHAPE, engine=MEGATRON_ENGINE)
+    f8 = predict_step_time(dataclasses.replace(c, float8=True), fp8, CAL, shape=SHAPE,
+                           engine=MEGATRON_ENGINE)
+    # One layer's GEMMs: 2 · 512 · 12h² FLOPs forward, ×3 with backward, at 0.5 of the peak;
+    # casts: per GEMM m·k + 2·k·n + m·n elements at 5 B over 1000 GB/s.
+    h, m_ = 1024, 512
+    flops = 3 * 2 * m_ * 12 * h * h
+    gemms = [(m_, 3 * h, h), (m_, h, h), (m_, 4 * h, h), (m_, h, 4 * h)]
+    casts = FLOAT8_CAST_BYTES * sum(m * k + 2 * k * n + m * n for m, n, k in gemms) / 1e12
+    per_layer = flops / (0.5 * 100e12) - flops / (0.5 * 200e12) - casts
+    assert bf16.breakdown["compute"] - f8.breakdown["compute"] == pytest.approx(
+        8 * per_layer, rel=1e-9)
+    # Without a float8 peak (an A100-like device) the flag changes nothing.
+    same = predict_step_time(dataclasses.replace(c, float8=True), cluster(), CAL, shape=SHAPE,
+                             engine=MEGATRON_ENGINE)
+    assert same.breakdown["compute"] == bf16.breakdown["compute"]
+
+
+def test_compile_fuses_torchtitans_eager_elementwise_bytes_down_to_the_fused_count():
+    c = config(micro_batch_size=1, global_batch=8)
+    eager = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=TITAN)
+    compiled = predict_step_time(dataclasses.replace(c, compile=True), cluster(), CAL,
+                                 shape=SHAPE, engine=TITAN)
+    # 8 layers × 3 passes × (factor 4 − 1) × 20 B × b·s·h × 2 B ÷ 1000 GB/s.
+    saved = 8 * 3 * (TITAN.elementwise_factor - 1) * 20 * 512 * 1024 * 2 / (1000 * GB)
+    assert eager.breakdown["compute"] - compiled.breakdown["compute"] == pytest.approx(
+        saved, rel=1e-9)

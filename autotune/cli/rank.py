@@ -209,7 +209,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     name = wl.name if shape is None else (
         f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
         f"{shape.num_heads} heads, vocab {shape.vocab_size})")
-    print(f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, global batch "
+    print(f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, "
+          f"global batch "
           f"{wl.global_batch_size} × seq {wl.seq_len}, "
           f"{base.resolved_precision(device_type)}")
     print(format_table(top))

@@ -303,7 +303,8 @@ def gpu_cluster(gpu: Gpu) -> ClusterSpec:
     and the calibration fitted on published A100 runs (``shipped_calibration``)."""
     device = DeviceSpec(name=gpu.name, memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
                         memory_gib=gpu.memory_gib,
-                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in get_args(DType)})
+                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in (
+                            *get_args(DType), "float8") if dtype in gpu.dense_flops})
     return ClusterSpec(
         name=gpu.key, num_nodes=1, devices_per_node=gpu.devices_per_node, device=device,
         intra_node=LinkSpec(bandwidth_gbs=gpu.allreduce_busbw_gbs,

@@ -278,7 +278,7 @@ def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group,
     n = devices_per_node
     tp_nodes = max(1, math.ceil(tp / n))
     tp_group = _Group(tp, tp_nodes, max(1, n // tp) if tp_nodes > 1 else 1)
-    span = tp * dp
+    span = tp * config.cp_degree * dp
     dp_nodes = max(1, math.ceil(span / n))
     dp_members_per_node = max(1, dp // dp_nodes)
     dp_group = _Group(dp, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
@@ -436,9 +436,10 @@ class _Step:
 
     @property
     def act_bytes(self) -> float:
-        """One micro-batch's b·s·h activation, in bytes."""
+        """One micro-batch's b·s·h activation on a rank (s/cp tokens under context
+        parallelism), in bytes."""
         return (self.config.micro_batch_size * self.config.workload.seq_len
-                * self.shape.hidden_size * self.e)
+                * self.shape.hidden_size * self.e / self.config.cp_degree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,6 +582,7 @@ def _layer_cost(st: _Step) -> _LayerCost:
     else:
         tp_collectives = 0
         tp_s = tp_embed_s = 0.0
+    tp_s += context_parallel_time(st)
     host_s = _host_layer_time(st, tp_collectives, 3 if full else 2, shape_key)
     if st.cluster.device.asynchronous:
         busy = device_s + tp_s
@@ -588,6 +590,33 @@ def _layer_cost(st: _Step) -> _LayerCost:
     else:
         excess_s = host_s
     return _LayerCost(device_s, head_s, tp_s, tp_embed_s, host_s, excess_s)
+
+
+def _inner_group(size: int, inner: int, devices_per_node: int) -> _Group:
+    """A group of ``size`` ranks strided by ``inner`` ranks (the mesh dimensions inside it):
+    the nodes it spans and how many such groups share each node's network."""
+    nodes = size if inner >= devices_per_node else max(
+        1, math.ceil(size * inner / devices_per_node))
+    per_node = max(1, size // nodes)
+    return _Group(size, nodes, max(1, devices_per_node // per_node) if nodes > 1 else 1)
+
+
+def context_parallel_time(st: _Step) -> float:
+    """Seconds of context parallelism's collectives per layer per micro-batch: the all-gather of
+    K and V over the cp group before attention (each rank holds s/cp of b·s·2·kv), the
+    reduce-scatter of their gradients in backward, and the all-gather again under full
+    recomputation (torch's ``context_parallel`` all-gather rotation; Llama 3 §3.3.2: "all-gather
+    K and V, then compute attention for the local query chunk"). The cp group sits inside the
+    tp ranks of the mesh (pp, dp, cp, tp)."""
+    config, shape = st.config, st.shape
+    cp = config.cp_degree
+    if cp <= 1:
+        return 0.0
+    group = _inner_group(cp, config.tp_degree, st.cluster.devices_per_node)
+    kv = shape.num_kv_heads * shape.head_dim / config.tp_degree
+    gathered = config.micro_batch_size * config.workload.seq_len * 2 * kv * st.e
+    passes = 2 + (config.activation_checkpointing == "full")
+    return passes * collective_time(st.cluster, st.cal, group, gathered, kind="all_gather")
 
 
 def full_recompute_share(config: TrialConfig, num_layers: int) -> float:
@@ -628,7 +657,10 @@ def _roofline_layer(st: _Step) -> tuple[float, float, float]:
     tokens = b * s_rank
     fig = dict(peak=st.peak, mem_bw=st.mem_bw, elem_bytes=e, e_max=cal.compute_efficiency,
                half_dim=cal.gemm_half_dim)
-    gemm_s = roofline.layer_gemm_time(shape, tokens=tokens, tp=tp, **fig)
+    fp8 = float8_peak(st)
+    gemm_fig = fig if fp8 is None else {**fig, "peak": fp8, "elem_bytes": 1}
+    gemm_s = roofline.layer_gemm_time(shape, tokens=tokens, tp=tp, **gemm_fig)
+    cast_s = 0.0 if fp8 is None else float8_cast_time(st, tokens)
     heads = b * shape.num_heads / tp
     if config.attention == "sdpa":
         flops = roofline.causal_flash_flops(shape, batch=b, seq=s_rank, keys=s, tp=tp)
@@ -641,10 +673,42 @@ def _roofline_layer(st: _Step) -> tuple[float, float, float]:
         attn_bwd = 2 * attn_fwd
     whole = cal.elementwise_bytes / (tp if sequence_parallel(st) else 1)
     elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * (
-        st.engine.elementwise_factor * tokens * h * e / st.mem_bw)
-    forward = gemm_s + attn_fwd + elementwise_s
-    backward = 2 * (gemm_s + elementwise_s) + attn_bwd
+        elementwise_factor(st) * tokens * h * e / st.mem_bw)
+    forward = gemm_s + attn_fwd + elementwise_s + cast_s / 3
+    backward = 2 * (gemm_s + elementwise_s + cast_s / 3) + attn_bwd
     return forward, backward, attn_fwd
+
+
+def elementwise_factor(st: _Step) -> float:
+    """The engine's element-wise bytes over fused kernels' (``EngineTraits.elementwise_factor``);
+    with ``compile`` at most 1: regional ``torch.compile`` fuses each block's norm, rotary and
+    activation chains into Triton kernels that read and write each tensor once, as Megatron's
+    hand-fused kernels do (torchtitan ``apply_compile``)."""
+    factor = st.engine.elementwise_factor
+    return min(factor, 1.0) if st.config.compile else factor
+
+
+FLOAT8_CAST_BYTES = 5.0
+"""Bytes per element of a dynamic float8 cast: the amax reduction reads the bf16 tensor (2), the
+scaled cast reads it again (2) and writes float8 (1) (torchao ``float8`` training, tensorwise
+dynamic scaling)."""
+
+
+def float8_peak(st: _Step) -> float | None:
+    """The float8 peak the linear layers run at under ``float8``, where the device has one
+    (``hardware.GPUS``' ``float8``: Hopper and later); None otherwise."""
+    if not st.config.float8:
+        return None
+    return st.cluster.device.peak_flops.get("float8")
+
+
+def float8_cast_time(st: _Step, tokens: float) -> float:
+    """Seconds of one layer's float8 casts per micro-batch (forward and backward): each GEMM's
+    input and weight in forward, its output gradient and the weight again in backward, at
+    ``FLOAT8_CAST_BYTES`` per element (the input's cast is reused by the weight gradient)."""
+    gemms = roofline.layer_gemms(st.shape, tokens=tokens, tp=st.config.tp_degree)
+    elements = sum(g.m * g.k + 2 * g.k * g.n + g.m * g.n for g in gemms)
+    return FLOAT8_CAST_BYTES * elements / st.mem_bw
 
 
 def _host_layer_time(st: _Step, tp_collectives: int, passes: int, shape_key: str) -> float:
@@ -782,7 +846,11 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
         if zero == 1:
             gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     else:
+        if config.dp_replicate > 1:
+            dp_group = _inner_group(config.dp_shard, config.tp_degree * config.cp_degree,
+                                    cluster.devices_per_node)
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+        sync_s += hsdp_replica_time(st, grad_bytes)
         gathers = m * (2 if zero == 3 else 1)
         if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
             gathers += m  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
@@ -806,6 +874,20 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
     return sync_exposed + gather_exposed + (
         _dp_collectives(st, grad_bytes, stage_layers) * cal.collective_overhead_s
         * st.host_share * uncoscheduled(cluster, dp))
+
+
+def hsdp_replica_time(st: _Step, grad_bytes: float) -> float:
+    """HSDP's all-reduce across replicas (FSDP2 on a 2-D (replicate, shard) mesh,
+    ``dp_replicate`` groups of dp / dp_replicate shards): after the reduce-scatter within its
+    shard group, each rank all-reduces its gradient shard (``grad_bytes`` / dp_shard) with the
+    ranks holding the same shard in the other replicas (torch ``_fsdp_collectives.py``:
+    ``foreach_reduce`` all-reduces over the replicate dimension). 0 without HSDP."""
+    config = st.config
+    if config.dp_replicate <= 1:
+        return 0.0
+    inner = config.tp_degree * config.cp_degree * config.dp_shard
+    group = _inner_group(config.dp_replicate, inner, st.cluster.devices_per_node)
+    return collective_time(st.cluster, st.cal, group, grad_bytes / config.dp_shard)
 
 
 def _distributed_optimizer_time(st: _Step, dp_group: _Group, grad_bytes: float,
@@ -835,8 +917,9 @@ def _zero3_ring_latency(st: _Step, dp_group: _Group, gathers: int) -> float:
     """The ring steps of ZeRO-3's per-module collectives across nodes: each of a layer's
     ``ZERO3_MODULES_PER_LAYER`` parameter groups is gathered on its own (DeepSpeed
     ``stage3.py`` fetches per submodule; FSDP per unit) in each of ``gathers`` passes, and its
-    gradient reduce-scattered per micro-batch; a ring all-gather or reduce-scatter over n ranks takes n − 1
-    steps of ``ring_step_latency_s`` (nccl-tests ``PERFORMANCE.md``: rings have no tree)."""
+    gradient reduce-scattered per micro-batch; a ring all-gather or reduce-scatter over n ranks
+    takes n − 1 steps of ``ring_step_latency_s`` (nccl-tests ``PERFORMANCE.md``: rings have no
+    tree)."""
     if dp_group.nodes <= 1 or not st.cal.ring_step_latency_s:
         return 0.0
     passes = gathers + st.config.grad_accum_steps  # + the gradients' reduce-scatters
