@@ -66,6 +66,8 @@ layout (on the AVX512 development machine a 1024² bf16 matmul took 0.38× the f
 # Virtual pipeline stages per rank for the interleaved schedule (Narayanan et al. 2021, §2.2):
 # the default of ``virtual_stages``.
 INTERLEAVED_STAGES_PER_RANK = 2
+STEP_PHASES = ("warmup", "timed", "profiled", "memory")
+"""The phases of a trial's steps, in the order it runs them (``TrialConfig.step_schedule``)."""
 FLOAT8_PRECISIONS = ("bf16-mixed", "bf16-true")
 """Precisions whose non-linear layers float8 training keeps (torchao's float8 linears run beside
 bf16 autocast; Micikevicius et al. 2022, "FP8 Formats for Deep Learning", §4)."""
@@ -223,6 +225,19 @@ class TrialConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.workload.global_batch_size * self.workload.seq_len
+
+    def step_schedule(self) -> tuple[str, ...]:
+        """The phase of each step a trial runs, in order: ``num_warmup_steps`` warm-up, then
+        ``num_timed_steps`` timed, ``num_profiled_steps`` under the profiler, and one memory
+        step (``STEP_PHASES``). The runner, the store and the replays read it from here."""
+        counts = (self.num_warmup_steps, self.num_timed_steps, self.num_profiled_steps, 1)
+        return tuple(phase for phase, n in zip(STEP_PHASES, counts, strict=True)
+                     for _ in range(n))
+
+    @property
+    def timed_steps(self) -> range:
+        """Indices of the timed steps (whose times give the step time)."""
+        return range(self.num_warmup_steps, self.num_warmup_steps + self.num_timed_steps)
 
     def resolved_precision(self, device_type: str) -> str:
         """The precision this config trains in on ``device_type`` ('cuda' or 'cpu')."""

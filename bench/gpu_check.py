@@ -120,7 +120,7 @@ MASTER_STEPS = 32
 """Steps of the master-weight check: lost updates add up, kept ones do not drift."""
 MASTER_ATOL = 1e-3
 """Largest |mean of (loss − 32-true loss)| over the last half of the steps. Measured on CPU
-(GPT-tiny, seq 64, batch 4; ``tests/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its per-step
+(GPT-tiny, seq 64, batch 4; ``tests/bench/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its per-step
 differences, bf16-rounded matmul inputs, stay within ±4e-4 and average out), bf16-true 4e-3
 to 6e-3 (it falls further behind with every step)."""
 OOM_FACTOR = gpu_rows.OOM_FACTOR

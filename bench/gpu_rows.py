@@ -4,7 +4,7 @@ calibrated on two of the rows, its profile, and a real out-of-memory inside the 
 group followed by a trial that completes.
 
 Imported by ``bench/gpu_check.py``; every function that judges figures is pure, so the tests
-(``tests/test_gpu_check.py``) check them on made-up figures.
+(``tests/bench/test_gpu_check.py``) check them on made-up figures.
 """
 
 from __future__ import annotations

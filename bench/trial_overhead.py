@@ -31,6 +31,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -118,8 +119,7 @@ def run_plain(config, niceness: int | None = None) -> dict:
 
     # summarize_steps only reads .step_times: the harness's own definition of the step time.
     step_time, steps_s = summarize_steps([SimpleNamespace(step_times=r["step_times"])
-                                          for r in ranks],
-                                         config.num_warmup_steps, config.num_timed_steps)
+                                          for r in ranks], config.timed_steps)
     return {"step_time_s": step_time, "steps_s": steps_s, "wall_s": wall,
             "losses": ranks[0]["losses"], "setup_s": max(r["setup_s"] for r in ranks),
             "num_threads": [r["num_threads"] for r in ranks],
@@ -183,14 +183,19 @@ def run_benchmark(args) -> dict:
             if not r.cold_start:
                 raise RuntimeError("expected a cold start after discard_group()")
             cold.append(trial_record(r))
-        warm = []
-        for i in range(args.repeats):
-            log(f"warm trial {i + 1}/{args.repeats}")
-            r = executor.run(config)
+        # Warm trials alternate the default (num_profiled_steps steps under the profiler, which
+        # count as overhead: they are neither warm-up, timed nor memory steps) with none.
+        unprofiled = dataclasses.replace(config, num_profiled_steps=0)
+        warm, warm_bare = [], []
+        for i in range(2 * args.repeats):
+            which, runs = ((config, warm), (unprofiled, warm_bare))[i % 2]
+            log(f"warm trial {i // 2 + 1}/{args.repeats}, profiled steps "
+                f"{which.num_profiled_steps}")
+            r = executor.run(which)
             if r.cold_start:
                 raise RuntimeError("expected a warm trial on the existing group")
-            warm.append(trial_record(r))
-        out["cold"], out["warm"] = cold, warm
+            runs.append(trial_record(r))
+        out["cold"], out["warm"], out["warm_unprofiled"] = cold, warm, warm_bare
 
         rounds = []
         for k in range(args.rounds):
@@ -217,6 +222,7 @@ def run_benchmark(args) -> dict:
         "ray_start_s": out["ray_start_s"],
         "cold_overhead_s": stats([c["overhead_s"] for c in cold]),
         "warm_overhead_s": stats([w["overhead_s"] for w in warm]),
+        "warm_unprofiled_overhead_s": stats([w["overhead_s"] for w in warm_bare]),
         "cold_setup_s": stats([c["setup_s"] for c in cold]),
         "warm_setup_s": stats([w["setup_s"] for w in warm]),
         "harness_step_s": stats([e["harness"]["step_time_s"] for e in rounds]),
@@ -258,8 +264,12 @@ def format_table(out: dict) -> str:
     lines.append(row("  rank setup", s["cold_setup_s"]))
     lines.append(row("warm trial", s["warm_overhead_s"]))
     lines.append(row("  rank setup", s["warm_setup_s"]))
-    lines.append("(trial rows: overhead_s = executor wall - slowest rank's time in steps; "
-                 "'rank setup' = build + parallelise, part of the overhead)")
+    lines.append(row("warm, 0 profiled", s["warm_unprofiled_overhead_s"]))
+    lines.append(f"(trial rows: overhead_s = executor wall - slowest rank's time in warm-up, "
+                 f"timed and memory steps, so it includes the {cfg['num_profiled_steps']} "
+                 "profiled steps every trial runs by default; '0 profiled' runs none, "
+                 "alternating with the default; 'rank setup' = build + parallelise, part of "
+                 "the overhead)")
     lines.append("")
     h0, p0 = out["rounds"][0]["harness"], out["rounds"][0]["plain"]
     lines.append(f"(threads per rank: harness {h0['num_threads']}, plain {p0['num_threads']}; "

@@ -57,3 +57,28 @@ def db_url(request, tmp_path):
         return f"sqlite:///{tmp_path / 'autotune.db'}"
     server = request.getfixturevalue("postgres")
     return server.create_schema("autotune_tests", f"test_{next(_NAMESPACE_NUMBERS)}")
+
+
+MULTI_PROCESS_FIXTURES = {"executor", "postgres", "db_url"}
+"""Fixtures that start processes: the Ray executor (trials), the PostgreSQL server."""
+MULTI_PROCESS_CALLS = ("run_ranks(", "subprocess.", "RayExecutor(", "ray.init(", "Popen(",
+                       "cpu_burners", "run_driver(")
+"""Calls in a test module that start processes (spawned ranks, drivers, Ray)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every multi-process test ``slow`` (``pytest -m "not slow"`` is the fast lane; CI runs
+    everything): tests that use a process-starting fixture (a PostgreSQL parameter of
+    ``db_url`` too), the fault suite, and tests whose module starts processes."""
+    sources: dict[str, str] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in sources:
+            sources[path] = item.path.read_text()
+        params = getattr(item, "callspec", None)
+        uses = set(item.fixturenames) & MULTI_PROCESS_FIXTURES
+        if uses == {"db_url"} and params is not None and params.params.get("db_url") == "sqlite":
+            uses = set()
+        starts = any(call in sources[path] for call in MULTI_PROCESS_CALLS)
+        if uses or "faults" in item.path.parts or starts:
+            item.add_marker(pytest.mark.slow)

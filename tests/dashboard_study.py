@@ -33,7 +33,7 @@ USER_STUDY = "user-workload"
 USER_WORKLOAD = "evil<b>pkg</b>.mod:build"
 PASSWORD = "s3cret-pw"
 
-# dp 2, ZeRO-0, no TP/PP: micro-batch {1, 4} × checkpointing {none, full} (tests/test_search.py).
+# dp 2, ZeRO-0, no TP/PP: micro-batch {1, 4} × checkpointing {none, full} (tests/search/test_search.py).
 SPACE = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
                     "bucket_mb": 25.0},
              narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]})

@@ -43,8 +43,7 @@ def _measured(rank: RankResult, category: str) -> int | None:
 
 
 def step_phases(config: TrialConfig) -> list[str]:
-    return (["warmup"] * config.num_warmup_steps + ["timed"] * config.num_timed_steps
-            + ["profiled"] * config.num_profiled_steps + ["memory"])
+    return list(config.step_schedule())
 
 
 def trial_metrics(result: TrialResult) -> dict:

@@ -448,8 +448,7 @@ class RayExecutor:
             raise TrialFailed(f"rank {rank}: {first['type']}: {first['message']}", rank=rank,
                               kind=first["kind"], traceback=first["traceback"])
         ranks = [rank_from_dict(o["result"]) for o in outcomes]
-        step_time, steps_s = summarize_steps(ranks, config.num_warmup_steps,
-                                             config.num_timed_steps)
+        step_time, steps_s = summarize_steps(ranks, config.timed_steps)
         return TrialResult(
             config=config.resolved(), step_time_s=step_time,
             throughput_tokens_per_s=config.tokens_per_step / step_time,

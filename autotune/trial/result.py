@@ -142,10 +142,8 @@ def rank_from_dict(d: dict) -> RankResult:
                          "spans": [Span(**s) for s in d.get("spans", [])]})
 
 
-def summarize_steps(ranks: list[RankResult], num_warmup: int, num_timed: int
-                    ) -> tuple[float, float]:
-    """(step time, seconds in steps): the median of the slowest rank per timed step, and the
-    slowest rank's total time in all steps."""
-    timed = range(num_warmup, num_warmup + num_timed)
+def summarize_steps(ranks: list[RankResult], timed: range) -> tuple[float, float]:
+    """(step time, seconds in steps): the median of the slowest rank per timed step
+    (``TrialConfig.timed_steps``), and the slowest rank's total time in all steps."""
     slowest = [max(r.step_times[i] for r in ranks) for i in timed]
     return statistics.median(slowest), max(sum(r.step_times) for r in ranks)

@@ -304,7 +304,7 @@ def run_rank(config: TrialConfig) -> RankResult:
     trainer = Trainer(pm, workload, device)
     setup_s = time.perf_counter() - t0
     step_times = []
-    num_steps = config.num_warmup_steps + config.num_timed_steps
+    num_steps = config.timed_steps.stop  # the warm-up and timed steps (config.step_schedule)
     for step in range(num_steps):
         start = time.perf_counter()
         trainer.step(step)

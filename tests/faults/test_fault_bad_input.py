@@ -109,7 +109,7 @@ def test_a_damaged_or_newer_database(study_db, tmp_path, monkeypatch, capsys, co
                                      message):
     """Damaged: an autotune database whose pages after the first (the schema) are overwritten,
     as a disk or a copy cut short leaves it. (A file that is no database at all is in
-    tests/test_cli.py and tests/db/test_db_bad_input.py.)"""
+    tests/cli/test_cli.py and tests/db/test_db_bad_input.py.)"""
     monkeypatch.chdir(tmp_path)
     if kind == "damaged":
         data = study_db.read_bytes()

@@ -1,7 +1,7 @@
 """The data-parallel mechanisms on one CUDA GPU (skipped without one): the master-weight AdamW's
 multi-tensor step against the per-parameter reference (numerics and kernels per step), FSDP2
 with overlap off running no NCCL kernel beside compute, and CPU offload leaving no parameter or
-optimizer state on the device. ``tests/test_optimizer_kernels.py``, ``test_overlap_off.py`` and
+optimizer state on the device. ``tests/trial/parallel/test_optimizer_kernels.py``, ``test_overlap_off.py`` and
 ``test_offload.py`` check what a CPU can tell of the same."""
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def test_stage1_shards_optimizer_state_of_dtensor_parameters(zero1_dtensor, layo
 
 @pytest.mark.parametrize("layout", ZERO1_LAYOUTS)
 def test_stage1_with_dtensor_parameters_trains_the_reference_model(zero1_dtensor, layout):
-    """The layout sweep's criterion (tests/test_layouts.py): every step's loss equals the
+    """The layout sweep's criterion (tests/trial/parallel/test_layouts.py): every step's loss equals the
     single-process reference within fp32 summation-order noise (2e-5 at loss ≈ 6.2)."""
     config, result = zero1_dtensor[layout]
     assert result.losses == pytest.approx(_reference(len(result.losses)), abs=2e-5)

@@ -129,7 +129,7 @@ def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
         out["losses"][key] = trainer.losses()
     for i, config in enumerate(measured):
         # Twice, the lower reading kept: on CPU a reading can only overstate the peak
-        # (tests/test_memory.py measures up to three times).
+        # (tests/model/test_memory.py measures up to three times).
         peaks = [run_rank(config).memory.peak for _ in range(2)]
         out["memory"][i] = (rank // (config.world_size // config.pp_degree), min(peaks))
     return out
@@ -222,14 +222,14 @@ def test_memory_model_reads_the_hf_shape_and_predicts_the_measured_peak(sweep):
             stage, peak = r["memory"][i]
             peaks[stage] = max(peaks.get(stage, 0), peak)
         for est in estimate_all_stages(config, device_type="cpu"):
-            # The built-in model's tolerance (tests/test_memory.py): -10% … +30%.
+            # The built-in model's tolerance (tests/model/test_memory.py): -10% … +30%.
             assert -0.10 <= est.total / peaks[est.stage] - 1 <= 0.30, (
                 short_name(config), config.workload.hf_model, est.stage, est.as_dict(),
                 peaks[est.stage])
 
 
 # ---- the command line ------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:

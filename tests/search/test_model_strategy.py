@@ -22,7 +22,7 @@ from autotune.search.strategies.base import Measured
 from autotune.search.strategies.model_guided import ModelGuided
 from db import Database
 
-TABLE = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_b.json"
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_b.json"
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from autotune.model.memory import (
 from autotune.layouts import enumerate_configs
 from autotune.shapes import ModelShape
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A GPT block as Korthikanti et al. count it: 4h GELU MLP, dropout, explicit softmax, 16-bit.
 S, B, H, A, T = 2048, 2, 1024, 16, 4

@@ -17,7 +17,7 @@ from autotune.study.store import MEMORY_CATEGORIES, load_spans, store_result, to
 from db import Database
 from profiler.trace import TRACKS, chrome_trace, write_chrome_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = TrialConfig(world_size=2, pp_degree=2, micro_batch_size=2, num_warmup_steps=1,
                      num_timed_steps=2, num_profiled_steps=2, device="cpu")
 

@@ -1,7 +1,7 @@
 """The trial runtime on a real GPU: NCCL, its memory, and real out-of-memory errors.
 
 Skipped without CUDA (the CPU suite proves the same logic under gloo and "cuda:gloo":
-tests/test_clock_channel.py, test_mesh_cache.py, test_oom_classify.py). One GPU is enough: a
+tests/trial/test_clock_channel.py, test_mesh_cache.py, test_oom_classify.py). One GPU is enough: a
 world of one NCCL rank, and two ranks sharing the GPU where no NCCL communicator is made.
 """
 

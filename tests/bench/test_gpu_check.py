@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_check  # noqa: E402
 from gpu_check import Check, Status  # noqa: E402
 
@@ -28,7 +28,7 @@ from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.model.memory import estimate_all_stages, estimate_memory  # noqa: E402
 from profiler import Span  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
 
 # GPT-small (Radford et al. 2019; vocab 50257, context 1024, hidden 768, 12 blocks, MLP 3072,

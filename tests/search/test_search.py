@@ -91,7 +91,7 @@ def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in probe.space.configs)
     limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two do not
     # An Optuna sampler proposes what cannot fit, and the screen records it as a trial (the
-    # model-guided strategy never sees those: tests/test_model_strategy.py).
+    # model-guided strategy never sees those: tests/search/test_model_strategy.py).
     s = spec(study_name="limited", memory_limit_gib=limit / GIB, sampler="tpe")
     counting = CountingExecutor(executor)
     outcome = Search(s, database, counting, out=None).run()

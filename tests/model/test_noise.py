@@ -25,7 +25,7 @@ from autotune.search.space import SearchSpace
 from autotune.status import TrialStatus
 from db import Database
 
-TABLE = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_b.json"
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_b.json"
 
 # Upper critical values of Student's t, NIST/SEMATECH e-Handbook of Statistical Methods,
 # section 1.3.6.7.2 (3 decimals): {df: (t_0.95, t_0.975)}.

@@ -24,7 +24,7 @@ from autotune.search.study_calibration import StudyCalibration, fit_study
 from db import Database
 
 STUDY = "calibrated"
-SWEEP_E = Path(__file__).resolve().parents[1] / "bench" / "data" / "cpu_sweep_e.json"
+SWEEP_E = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_e.json"
 
 
 @pytest.fixture(scope="module")

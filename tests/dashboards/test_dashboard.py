@@ -42,7 +42,7 @@ from db import Database, TrialRecord
 from profiler import breakdown
 
 pytestmark = pytest.mark.filterwarnings("ignore:Query string argument")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
 LABELS = {"complete": "complete", "infeasible_predicted": "infeasible (predicted",
           "infeasible_measured": "infeasible (measured)", "failed": "failed"}

@@ -34,7 +34,7 @@ from autotune.search.strategies.baselines import (
     TPInsideNodeRule,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # (GPUs, global batch, micro batch, hidden, heads, layers, seq, tp, dp, pp, ms)
 BIG = [(4, 16, mb, 1024, 16, 24, 1024, tp, 4 // (tp * pp), pp, ms) for mb, tp, pp, ms in [

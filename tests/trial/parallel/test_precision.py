@@ -2,7 +2,7 @@
 master-weight optimizer and loss scale on their own (no process group).
 
 Losses of every mechanism in mixed precision against the single-process references are in
-tests/test_layouts.py; measured bytes per category in tests/test_zero_sharding.py.
+tests/trial/parallel/test_layouts.py; measured bytes per category in tests/trial/parallel/test_zero_sharding.py.
 """
 
 from __future__ import annotations

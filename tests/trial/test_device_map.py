@@ -28,7 +28,7 @@ from autotune.trial.placement import (
     visible_index,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _triples(devices: list[RankDevice]) -> list[tuple[str, int, int]]:

@@ -31,7 +31,7 @@ from autotune.model.perf_model import (
     stage_boundaries,
 )
 
-A100_DATA = Path(__file__).resolve().parent / "data" / "a100-megatron"
+A100_DATA = Path(__file__).resolve().parents[1] / "data" / "a100-megatron"
 """The nccl-tests curve of the shared A100 data set, copied with its licence (data/README.md)."""
 GB = 1e9
 
@@ -445,7 +445,7 @@ def test_unknown_cluster_name_lists_the_choices():
 def _accuracy_bench():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "perf_model_accuracy.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "perf_model_accuracy.py"
     spec = importlib.util.spec_from_file_location("perf_model_accuracy", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,7 +24,7 @@ from autotune.cli.rank import _Progress, enumerate_layouts
 from autotune.search.screen import ALLOWANCES
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 
 

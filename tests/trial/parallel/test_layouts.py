@@ -145,7 +145,7 @@ def test_wrong_layout_is_detected():
 # precision rather than the whole grid: DDP with accumulation and the bucketed all-reduce, ZeRO-1
 # (master copy inside ZeroRedundancyOptimizer), ZeRO-2/3 (FSDP2), TP's DTensors, a pipeline
 # schedule (the scaled loss inside the schedule), and FSDP2 under TP and PP. ZeRO 0-3 at dp 4
-# are also checked by tests/test_zero_sharding.py.
+# are also checked by tests/trial/parallel/test_zero_sharding.py.
 PRECISION_LAYOUTS = [  # world 4 first: the LLAMA layouts before leave that group warm
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3),
     dict(precision="bf16-mixed", world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=2),

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from autotune.config import TrialConfig
 from db import Database
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def autotune(*args: str, cwd: Path) -> subprocess.CompletedProcess:

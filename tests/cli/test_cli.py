@@ -15,7 +15,7 @@ import pytest
 from autotune.config import TrialConfig
 from reference import reference_losses
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def autotune(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from test_executor import _wait_dead
 from autotune.config import TrialConfig, WorkloadSpec
 from db import Database, StorageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NUM_STEPS_EXTRA = 1
 """The memory step after the timed and profiled ones: its loss is reported too."""
 LOSS_ATOL = 2e-5

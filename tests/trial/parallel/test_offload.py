@@ -22,7 +22,7 @@ from autotune.shapes import MODEL_SHAPES
 from autotune.trial.parallel.zero import resident
 
 GPT_TINY_PARAMS = 279_680
-"""gpt-tiny's Φ, counted by hand in tests/test_memory.py (test_zero_stage_scaling...)."""
+"""gpt-tiny's Φ, counted by hand in tests/model/test_memory.py (test_zero_stage_scaling...)."""
 
 
 def _config(**kw) -> TrialConfig:
