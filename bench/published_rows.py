@@ -1,7 +1,7 @@
 """Published A100 training runs as step-time rows: the layout each paper states, as a
 ``TrialConfig`` on an explicit shape, the engine that ran it, and the measured seconds per
 iteration. Read by ``bench/published_runs.py``, ``bench/published_rank.py`` and
-``autotune/model/fit_published`` users (tests read the same CSVs under tests/data).
+``tests/bench/test_published_runs.py`` (the CSVs under tests/data/published-a100).
 
 Sources and conversions (``tests/data/published-a100/README.md``):
 
