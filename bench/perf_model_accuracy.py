@@ -190,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "whole (predict all its rows)")
     p.add_argument("--out", default="split", help="--split: output folder")
     train = p.add_argument_group("how the table's code trained (defaults: the shared table's)")
-    train.add_argument("--engine", choices=sorted(ENGINES), default="megatron")
+    train.add_argument("--engine", choices=sorted(ENGINES), default="megatron-legacy",
+                       help="megatron-legacy: Megatron's TP plan on the calibrated size curve, "
+                       "as these figures were first made")
     train.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     train.add_argument("--ac", default="full", choices=("none", "selective", "full"))
     train.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b"))

@@ -72,7 +72,11 @@ import common  # noqa: E402,F401  (the repository on the path)
 
 from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
-from autotune.model.perf_model import AUTOTUNE_ENGINE, MEGATRON_ENGINE, EngineTraits  # noqa: E402
+from autotune.model.perf_model import (  # noqa: E402
+    AUTOTUNE_ENGINE,
+    MEGATRON_LEGACY_ENGINE,
+    EngineTraits,
+)
 from replay_table import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
@@ -105,7 +109,8 @@ class Setting:
 
     def __init__(self, table: MeasuredTable, cluster_file: str | None) -> None:
         self.table = table
-        self.engine: EngineTraits = MEGATRON_ENGINE if table.kind == "csv" else AUTOTUNE_ENGINE
+        self.engine: EngineTraits = (MEGATRON_LEGACY_ENGINE if table.kind == "csv"
+                                     else AUTOTUNE_ENGINE)
         self.fixed: ClusterSpec | None = None
         if cluster_file:
             self.fixed = load_cluster(cluster_file)

@@ -121,6 +121,17 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
     p.add_argument("--nodes", type=int, metavar="N", help=nodes_help)
 
 
+def add_engine_arg(p: argparse.ArgumentParser) -> None:
+    """``--engine NAME`` (``estimate`` and ``rank``): the framework whose time and memory
+    traits judge the layout (``model/engines.py``, ``engine_memory.MEMORY_TRAITS``)."""
+    from autotune.model.engines import ENGINE_NAMES
+
+    p.add_argument("--engine", choices=ENGINE_NAMES, default="autotune",
+                   help="the training framework that will run the layout: its TP plan, "
+                   "sequence parallelism, overlap, optimizer and memory (default autotune, "
+                   "the trial engine)")
+
+
 # ---- what the handlers share ---------------------------------------------------------------
 def open_db(url: str, *, create: bool = True, required_by: str | None = None):
     """The database at URL, or None for 'none' (trial and profile then store nothing). A

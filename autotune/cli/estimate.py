@@ -28,6 +28,7 @@ from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
+    add_engine_arg,
     add_precision_args,
     precision_arg,
 )
@@ -46,9 +47,10 @@ from autotune.model.memory import (
     model_state_bytes,
 )
 from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
+from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.perf_model import (
-    AUTOTUNE_ENGINE,
     TERMS,
+    engine_traits,
     Calibration,
     StepTimeEstimate,
     predict_step_time,
@@ -106,6 +108,7 @@ def add_estimate_parser(sub) -> None:
                    "which adds the CPU measurement's allowance")
     add_cluster_args(p, nodes_help="nodes of the cluster (default: the fewest that hold the "
                      "world size; nodes × devices per node must equal it when given)")
+    add_engine_arg(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     add_debug_arg(p)
     p.set_defaults(run=cmd_estimate)
@@ -128,11 +131,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     stages = estimate_all_stages(config, shape, device_type=device)
     worst = max(stages, key=lambda e: e.total)
     refusal = _engine_refusal(config, shape)
+    engine = engine_traits(args.engine)
     time = None if cluster is None else predict_step_time(
-        config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=AUTOTUNE_ENGINE)
+        config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=engine)
+    traits = MEMORY_TRAITS[engine.name]
+    engine_peak = None if traits is None else estimate_engine_memory(
+        config, shape, traits, device_type=device).total
     if args.json:
         extra = {} if cluster is None else {"cluster": cluster.name,
                                             "nodes": cluster.num_nodes, "time": time.as_dict()}
+        extra |= {"engine": engine.name, "engine_peak_bytes": engine_peak}
         print(json.dumps({
             "config": config.resolved(), "shape": dataclasses.asdict(shape) if shape else None,
             "device": device, "per_rank": worst.as_dict(), "stage": worst.stage,
@@ -150,7 +158,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         print(f"{title}; predicted step time on {cluster.name}:")
         print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
-        print(_time_summary(time, cluster))
+        print(_time_summary(time, cluster, engine.name))
+    if engine_peak is not None:
+        print(f"as {engine.name} runs it: {_human(engine_peak)} reserved on the worst pipeline "
+              "rank (engine_memory)")
     if config.pp_degree > 1:
         print("total per stage: " + ", ".join(f"{e.stage}: {_human(e.total)}" for e in stages))
     if refusal:
@@ -317,18 +328,18 @@ def _time_lines(time: StepTimeEstimate) -> list[str]:
     return lines
 
 
-def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec) -> str:
+def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec, engine: str) -> str:
     mfu = f", MFU {time.mfu:.1%}" if time.mfu is not None else ""
     return (f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
-            f"({describe_cluster(cluster)})")
+            f"({describe_cluster(cluster, engine)})")
 
 
-def describe_cluster(cluster: ClusterSpec) -> str:
+def describe_cluster(cluster: ClusterSpec, engine: str = "autotune") -> str:
     """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
     nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
     calibration = "stored calibration" if cluster.calibration else "default calibration"
     return (f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
-            f"{AUTOTUNE_ENGINE.name} engine")
+            f"{engine} engine")
 
 
 def _side_by_side(left: list[str], right: list[str], gap: int = 4) -> str:

@@ -45,6 +45,7 @@ from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
+    add_engine_arg,
     add_precision_args,
     precision_arg,
 )
@@ -65,13 +66,15 @@ from autotune.cli.estimate import (
     mark_explicit,
 )
 from autotune.layouts import divisors
-from autotune.model.engine_memory import estimate_engine_memory
+from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.shapes import ModelShape, model_names
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
+    EngineTraits,
     StepTimeEstimate,
+    engine_traits,
     predict_step_time,
 )
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
@@ -152,6 +155,12 @@ def add_rank_parser(sub) -> None:
     p.add_argument("--top", type=int, default=10, metavar="K",
                    help="layouts to print (default 10)")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    p.add_argument("--compare", metavar="LAYOUT",
+                   help="a reference layout, e.g. 'tp=8,pp=2,mb=4,zero=1,ac=full,"
+                   "schedule=interleaved_1f1b,v=3': print its place in the ranking and, when "
+                   "the top pick is faster, the term (compute, tp_comm, pp_bubble, dp_comm...) "
+                   "that makes it so")
+    add_engine_arg(p)
     add_architecture_args(p)
     add_debug_arg(p)
     p.set_defaults(run=cmd_rank)
@@ -174,8 +183,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     layouts = enumerate_layouts(base, shape)
     if not layouts:
         raise ConfigError(_no_layout_message(base, shape))
+    engine = engine_traits(args.engine)
     ranking = rank_layouts(layouts, cluster, shape=shape, limit_bytes=int(limit_gib * GIB),
-                           device_type=device_type, progress=_Progress(len(layouts)))
+                           device_type=device_type, progress=_Progress(len(layouts)),
+                           engine=engine, memory_traits=MEMORY_TRAITS[engine.name])
     if not ranking.fitting:
         config, peak = ranking.smallest_peak
         raise AutotuneError(
@@ -198,7 +209,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     name = wl.name if shape is None else (
         f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
         f"{shape.num_heads} heads, vocab {shape.vocab_size})")
-    print(f"{name} on {describe_cluster(cluster)}: world {base.world_size}, global batch "
+    print(f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, "
+          f"global batch "
           f"{wl.global_batch_size} × seq {wl.seq_len}, "
           f"{base.resolved_precision(device_type)}")
     print(format_table(top))
@@ -209,7 +221,78 @@ def cmd_rank(args: argparse.Namespace) -> int:
         print(f"folded: {ranking.collapsed:,} layouts that differ from a listed one only in "
               f"bucket size, with the same prediction (step and peak within "
               f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes")
+    if args.compare:
+        reference = parse_layout(args.compare, base)
+        print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
     return 0
+
+
+LAYOUT_KEYS = {"tp": "tp_degree", "pp": "pp_degree", "mb": "micro_batch_size",
+               "zero": "zero_stage", "ac": "activation_checkpointing", "schedule": "pp_schedule",
+               "v": "virtual_stages", "bucket": "bucket_mb", "overlap": "overlap_enabled",
+               "sp": "sequence_parallel"}
+"""``--compare``'s keys and the TrialConfig fields they set."""
+
+
+def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
+    """``base`` with the ``key=value`` pairs of ``--compare`` (``LAYOUT_KEYS``) applied."""
+    fields: dict = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in LAYOUT_KEYS or not value:
+            raise ConfigError(f"--compare: '{item}' is not KEY=VALUE with KEY one of "
+                              f"{', '.join(LAYOUT_KEYS)}")
+        field_name = LAYOUT_KEYS[key]
+        if field_name in ("activation_checkpointing", "pp_schedule"):
+            fields[field_name] = value
+        elif field_name in ("overlap_enabled", "sequence_parallel"):
+            fields[field_name] = value.lower() in ("1", "on", "true", "yes")
+        elif field_name == "bucket_mb":
+            fields[field_name] = float(value)
+        else:
+            fields[field_name] = int(value)
+    config = dataclasses.replace(base, **fields)
+    config.validate()
+    return config
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Where a reference layout stands against the ranking."""
+
+    reference: TrialConfig
+    time: StepTimeEstimate
+    position: int
+    """Layouts predicted faster than it, plus one."""
+    percentile: float
+    """Its position as a share of the layouts predicted to fit (0: the top)."""
+    top: ScoredLayout
+    term: str
+    """The term in which the top pick gains most over the reference."""
+    gain_s: float
+
+
+def compare_to_top(ranking: Ranking, reference: TrialConfig, cluster: ClusterSpec,
+                   shape: ModelShape | None, engine: EngineTraits) -> Comparison:
+    """The reference layout's predicted step, its place among ``ranking.fitting`` and the term
+    (``perf_model.TERMS``) that most separates it from the top pick."""
+    time = predict_step_time(reference, cluster, shape=shape, engine=engine)
+    faster = sum(1 for s in ranking.fitting if s.time.step_time_s < time.step_time_s)
+    top = ranking.fitting[0]
+    gains = {k: time.breakdown[k] - top.time.breakdown[k] for k in time.breakdown}
+    term = max(gains, key=gains.get)
+    return Comparison(reference, time, faster + 1, faster / max(len(ranking.fitting), 1), top,
+                      term, gains[term])
+
+
+def describe_comparison(c: Comparison) -> str:
+    line = (f"reference {_layout_name(c.reference)}: predicted {_seconds(c.time.step_time_s)}, "
+            f"place {c.position:,} ({c.percentile:.1%} of those that fit)")
+    if c.position > 1:
+        faster = c.time.step_time_s - c.top.time.step_time_s
+        line += (f"; the top pick ({_layout_name(c.top.config)}) is faster by "
+                 f"{_seconds(faster)}, most in {c.term} ({_seconds(c.gain_s)} less)")
+    return line
 
 
 def _base_config(args: argparse.Namespace,
@@ -298,7 +381,8 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
                  shape: ModelShape | None = None, limit_bytes: int | None,
                  device_type: str = "cuda", calibration: Calibration | None = None,
                  progress: _Progress | None = None,
-                 memory_traits: MemoryTraits | None = None) -> Ranking:
+                 memory_traits: MemoryTraits | None = None,
+                 engine: EngineTraits = AUTOTUNE_ENGINE) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
     search's margin), the step time; fastest first (ties: smaller peak first).
 
@@ -307,7 +391,7 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
     smallest peak of those that do not fit is only needed, and only computed, when none fits.
     ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
-    every layout estimated (the screen is autotune's runtime's)."""
+    every layout estimated (the screen is autotune's runtime's); ``engine``: judge time so."""
     from autotune.search.screen import allowance, predicted_to_fit  # the search's rule
 
     calibration = calibration or Calibration.for_cluster(cluster)
@@ -328,8 +412,7 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
         else:
             peak = None
         if peak is not None and predicted_to_fit(peak, limit_bytes, device_type):
-            time = predict_step_time(config, cluster, calibration, shape=shape,
-                                     engine=AUTOTUNE_ENGINE)
+            time = predict_step_time(config, cluster, calibration, shape=shape, engine=engine)
             fitting.append(ScoredLayout(config, time, peak))
         if progress is not None:
             progress.update(done)

@@ -282,18 +282,35 @@ INTER_NODE_LATENCY_US = 15.0
 """Nominal per-collective latency between nodes."""
 
 
+SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "data" / "a100_published.json"
+"""The calibration fitted on published A100 runs (``bench/published_runs.py --fit``): GEMM
+efficiency curve, attention and element-wise bytes, overlap, ZeRO-3's ring latency. Its
+parameters are dimensionless or per ring step, so every built-in GPU takes them: another
+generation differs by its datasheet's peak, HBM, NVLink and network (``hardware.GPUS``),
+never by a fit to it."""
+
+
+def shipped_calibration() -> dict[str, Any] | None:
+    """The shipped published-runs calibration's parameters (None when the file is absent)."""
+    if not SHIPPED_CALIBRATION.is_file():
+        return None
+    return dict(json.loads(SHIPPED_CALIBRATION.read_text())["calibration"])
+
+
 def gpu_cluster(gpu: Gpu) -> ClusterSpec:
     """One node of ``gpu`` (``hardware.GPUS``): its peaks per compute dtype, memory, the
-    intra-node link as its all-reduce bus bandwidth, the node's NICs as the inter-node link."""
+    intra-node link as its all-reduce bus bandwidth, the node's NICs as the inter-node link,
+    and the calibration fitted on published A100 runs (``shipped_calibration``)."""
     device = DeviceSpec(name=gpu.name, memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
                         memory_gib=gpu.memory_gib,
-                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in get_args(DType)})
+                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in (
+                            *get_args(DType), "float8") if dtype in gpu.dense_flops})
     return ClusterSpec(
         name=gpu.key, num_nodes=1, devices_per_node=gpu.devices_per_node, device=device,
         intra_node=LinkSpec(bandwidth_gbs=gpu.allreduce_busbw_gbs,
                             latency_us=INTRA_NODE_LATENCY_US),
         inter_node=LinkSpec(bandwidth_gbs=gpu.nic_gbits / 8, latency_us=INTER_NODE_LATENCY_US),
-        source=gpu.source)
+        source=gpu.source, calibration=shipped_calibration())
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"

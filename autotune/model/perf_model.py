@@ -78,38 +78,24 @@ from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
+from autotune.model.engines import (  # noqa: F401  (re-exported)
+    AUTOTUNE_ENGINE,
+    DEEPSPEED_ENGINE,
+    ENGINES,
+    MEGATRON_ENGINE,
+    MEGATRON_LEGACY_ENGINE,
+    TORCHTITAN_ENGINE,
+    EngineTraits,
+    engine_traits,
+)
 from autotune.model.memory import BYTES_PER_ELEMENT, stage_layer_counts, state_bytes
+from autotune.model import roofline
 from autotune.shapes import ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EngineTraits:
-    """How a training code base turns a layout into kernels and collectives.
-
-    autotune's own engine (``AUTOTUNE_ENGINE``) keeps the output head and embeddings whole on
-    every TP rank and shards q, k, v (and SwiGLU's two inputs) as separate column-parallel
-    linears, each of whose input gradients is all-reduced; Megatron-LM (``MEGATRON_ENGINE``)
-    shards the vocabulary over TP and fuses QKV and the MLP input.
-    """
-
-    name: str
-    vocab_parallel: bool
-    """Output head, loss and embedding sharded over TP (Megatron's VocabParallelEmbedding)."""
-    fused_column_inputs: bool
-    """One column-parallel input per attention and per MLP (fused QKV, fused gate/up)."""
-    fsdp2_data_parallel: bool = False
-    """ZeRO-2/3 by FSDP2's ``fully_shard``, and overlapped ZeRO-0/1 beside TP or a pipeline by
-    its ``replicate`` (``parallel/zero.py``): units whose hooks run in Python each micro-batch
-    (``hooked_units``)."""
-
-
-AUTOTUNE_ENGINE = EngineTraits(name="autotune", vocab_parallel=False, fused_column_inputs=False,
-                               fsdp2_data_parallel=True)
-MEGATRON_ENGINE = EngineTraits(name="megatron", vocab_parallel=True, fused_column_inputs=True)
-ENGINES = {e.name: e for e in (AUTOTUNE_ENGINE, MEGATRON_ENGINE)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +135,14 @@ class Calibration:
     """Multiplies the links' bandwidth: achieved over described."""
     overlap_efficiency: float = 1.0
     """Fraction of the hideable communication that overlap actually hides (0-1)."""
+    gemm_half_dim: float = 128.0
+    """GEMM dimension at which that dimension's efficiency factor is half (``roofline``;
+    engines with ``roofline`` only)."""
+    ring_step_latency_s: float = 0.0
+    """Seconds per step of a ring all-gather / reduce-scatter across nodes (n − 1 steps), for
+    ZeRO-3's per-module collectives (``_zero3_ring_latency``)."""
+    flash_efficiency: float = 0.5
+    """Fraction of peak causal flash attention reaches in its forward (``roofline``)."""
     optimizer_bytes_per_param: float = 28.0
     """Memory traffic of the optimizer step per parameter the rank updates."""
     layer_shape_factors: dict[str, float] = field(default_factory=dict)
@@ -284,7 +278,7 @@ def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group,
     n = devices_per_node
     tp_nodes = max(1, math.ceil(tp / n))
     tp_group = _Group(tp, tp_nodes, max(1, n // tp) if tp_nodes > 1 else 1)
-    span = tp * dp
+    span = tp * config.cp_degree * dp
     dp_nodes = max(1, math.ceil(span / n))
     dp_members_per_node = max(1, dp // dp_nodes)
     dp_group = _Group(dp, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
@@ -442,9 +436,10 @@ class _Step:
 
     @property
     def act_bytes(self) -> float:
-        """One micro-batch's b·s·h activation, in bytes."""
+        """One micro-batch's b·s·h activation on a rank (s/cp tokens under context
+        parallelism), in bytes."""
         return (self.config.micro_batch_size * self.config.workload.seq_len
-                * self.shape.hidden_size * self.e)
+                * self.shape.hidden_size * self.e / self.config.cp_degree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,22 +536,38 @@ def _layer_cost(st: _Step) -> _LayerCost:
     b, s = config.micro_batch_size, config.workload.seq_len
     h, a, e, mem_bw = shape.hidden_size, shape.num_heads, st.e, st.mem_bw
     full = ac == "full"
-    mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
-    flop_rate = st.peak * matmul_efficiency(cal, b * s, h / tp)
-    eager = config.attention == "eager"
-    act_elems = b * s * h
-    # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
-    # parallelism); the MLP activation and biases on the rank's shard.
-    elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
-        act_elems * e / mem_bw)
-    score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
-    layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
-    attn_core_s = score_flops / tp / flop_rate + score_s
-    recompute_s = layer_fwd_s if full else (attn_core_s if ac == "selective" else 0.0)
     shape_key = layer_shape_key(config, shape, st.device_type)
-    device_s = (3 * layer_fwd_s + recompute_s) * cal.layer_shape_factors.get(shape_key, 1.0)
-    head_work = b * s * h * st.vocab / st.tp_vocab
-    head_s = 3 * 2 * head_work / (st.peak * matmul_efficiency(cal, b * s, st.vocab / st.tp_vocab))
+    if engine.roofline:
+        layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(st)
+        head_s = 3 * roofline.gemm_time(
+            roofline.Gemm(b * s, st.vocab / st.tp_vocab, h), peak=st.peak, mem_bw=mem_bw,
+            elem_bytes=e, e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
+    else:
+        mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
+        flop_rate = st.peak * matmul_efficiency(cal, b * s, h / tp)
+        eager = config.attention == "eager"
+        act_elems = b * s * h
+        # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
+        # parallelism); the MLP activation and biases on the rank's shard.
+        elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
+            act_elems * e / mem_bw)
+        score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
+        layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
+        layer_bwd_s = 2 * layer_fwd_s
+        attn_core_s = score_flops / tp / flop_rate + score_s
+        head_work = b * s * h * st.vocab / st.tp_vocab
+        head_s = 3 * 2 * head_work / (st.peak * matmul_efficiency(
+            cal, b * s, st.vocab / st.tp_vocab))
+    if full:
+        recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
+    elif ac == "selective":
+        recompute_s = attn_core_s
+        if engine.selective_recompute == "op" and engine.roofline:
+            recompute_s = selective_op_recompute(layer_fwd_s, attn_core_s)
+    else:
+        recompute_s = 0.0
+    device_s = (layer_fwd_s + layer_bwd_s + recompute_s) * cal.layer_shape_factors.get(
+        shape_key, 1.0)
 
     # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
     tp_group = _groups(config, st.cluster.devices_per_node)[0]
@@ -565,11 +576,13 @@ def _layer_cost(st: _Step) -> _LayerCost:
             3 + (2 if shape.family == "llama" else 1))
         tp_collectives = 2 * (2 if full else 1) + backward_inputs
         t_ar = collective_time(st.cluster, cal, tp_group, st.act_bytes)
-        tp_s = tp_collectives * t_ar
+        # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
+        tp_s = tp_collectives * t_ar * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
         tp_embed_s = t_ar if engine.vocab_parallel else 0.0
     else:
         tp_collectives = 0
         tp_s = tp_embed_s = 0.0
+    tp_s += context_parallel_time(st)
     host_s = _host_layer_time(st, tp_collectives, 3 if full else 2, shape_key)
     if st.cluster.device.asynchronous:
         busy = device_s + tp_s
@@ -577,6 +590,125 @@ def _layer_cost(st: _Step) -> _LayerCost:
     else:
         excess_s = host_s
     return _LayerCost(device_s, head_s, tp_s, tp_embed_s, host_s, excess_s)
+
+
+def _inner_group(size: int, inner: int, devices_per_node: int) -> _Group:
+    """A group of ``size`` ranks strided by ``inner`` ranks (the mesh dimensions inside it):
+    the nodes it spans and how many such groups share each node's network."""
+    nodes = size if inner >= devices_per_node else max(
+        1, math.ceil(size * inner / devices_per_node))
+    per_node = max(1, size // nodes)
+    return _Group(size, nodes, max(1, devices_per_node // per_node) if nodes > 1 else 1)
+
+
+def context_parallel_time(st: _Step) -> float:
+    """Seconds of context parallelism's collectives per layer per micro-batch: the all-gather of
+    K and V over the cp group before attention (each rank holds s/cp of b·s·2·kv), the
+    reduce-scatter of their gradients in backward, and the all-gather again under full
+    recomputation (torch's ``context_parallel`` all-gather rotation; Llama 3 §3.3.2: "all-gather
+    K and V, then compute attention for the local query chunk"). The cp group sits inside the
+    tp ranks of the mesh (pp, dp, cp, tp)."""
+    config, shape = st.config, st.shape
+    cp = config.cp_degree
+    if cp <= 1:
+        return 0.0
+    group = _inner_group(cp, config.tp_degree, st.cluster.devices_per_node)
+    kv = shape.num_kv_heads * shape.head_dim / config.tp_degree
+    gathered = config.micro_batch_size * config.workload.seq_len * 2 * kv * st.e
+    passes = 2 + (config.activation_checkpointing == "full")
+    return passes * collective_time(st.cluster, st.cal, group, gathered, kind="all_gather")
+
+
+def full_recompute_share(config: TrialConfig, num_layers: int) -> float:
+    """Share of a pipeline rank's layers that full checkpointing recomputes: all of them, or
+    ``ac_layers`` of them (Megatron's ``--recompute-num-layers`` per stage; torchtitan's
+    ``selective`` ``layer`` mode checkpoints every ac_freq-th block: ac_layers = L / ac_freq)."""
+    if config.ac_layers is None:
+        return 1.0
+    return min(1.0, config.ac_layers * config.pp_degree / num_layers)
+
+
+def selective_op_recompute(layer_fwd_s: float, attn_core_s: float) -> float:
+    """Recompute seconds of torchtitan's selective ``op`` mode per layer: its policy saves
+    SDPA's output and every second matmul's (``_apply_ac_to_transformer_block``,
+    ``_save_list`` with ``mm_count % 2``), so the backward reruns half of the GEMMs and the
+    element-wise kernels: half of the forward less attention."""
+    return 0.5 * (layer_fwd_s - attn_core_s)
+
+
+def sequence_parallel(st: _Step) -> bool:
+    """Whether the layout runs sequence parallelism: the config asks for it, or the engine
+    runs it whenever tp > 1 (``EngineTraits.sequence_parallel``)."""
+    return st.config.tp_degree > 1 and (st.config.sequence_parallel
+                                        or st.engine.sequence_parallel)
+
+
+def _roofline_layer(st: _Step) -> tuple[float, float, float]:
+    """(forward, backward, attention core's forward) seconds of one layer per micro-batch on
+    one rank, by ``roofline``: the four GEMMs at their efficiency; attention as causal flash
+    (sdpa: half the score FLOPs at ``flash_efficiency``, backward 2.5×) or as materialised
+    scores (eager: two batched GEMMs of head_dim depth and the softmax's bytes); the
+    element-wise kernels by their bytes, on s/t tokens under sequence parallelism (Korthikanti
+    et al. 2022 §4.2.2) and their sharded part on the rank's shard."""
+    config, cal, shape = st.config, st.cal, st.shape
+    tp, b, s, h, e = config.tp_degree, config.micro_batch_size, config.workload.seq_len, \
+        shape.hidden_size, st.e
+    s_rank = s / config.cp_degree
+    tokens = b * s_rank
+    fig = dict(peak=st.peak, mem_bw=st.mem_bw, elem_bytes=e, e_max=cal.compute_efficiency,
+               half_dim=cal.gemm_half_dim)
+    fp8 = float8_peak(st)
+    gemm_fig = fig if fp8 is None else {**fig, "peak": fp8, "elem_bytes": 1}
+    gemm_s = roofline.layer_gemm_time(shape, tokens=tokens, tp=tp, **gemm_fig)
+    cast_s = 0.0 if fp8 is None else float8_cast_time(st, tokens)
+    heads = b * shape.num_heads / tp
+    if config.attention == "sdpa":
+        flops = roofline.causal_flash_flops(shape, batch=b, seq=s_rank, keys=s, tp=tp)
+        attn_fwd = flops / (st.peak * cal.flash_efficiency)
+        attn_bwd = roofline.FLASH_BACKWARD_RATIO * attn_fwd
+    else:
+        score = roofline.gemm_time(roofline.Gemm(s_rank, s, shape.head_dim), **fig)
+        softmax_s = cal.score_bytes * heads * s_rank * s * e / st.mem_bw
+        attn_fwd = 2 * heads * score + softmax_s
+        attn_bwd = 2 * attn_fwd
+    whole = cal.elementwise_bytes / (tp if sequence_parallel(st) else 1)
+    elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * (
+        elementwise_factor(st) * tokens * h * e / st.mem_bw)
+    forward = gemm_s + attn_fwd + elementwise_s + cast_s / 3
+    backward = 2 * (gemm_s + elementwise_s + cast_s / 3) + attn_bwd
+    return forward, backward, attn_fwd
+
+
+def elementwise_factor(st: _Step) -> float:
+    """The engine's element-wise bytes over fused kernels' (``EngineTraits.elementwise_factor``);
+    with ``compile`` at most 1: regional ``torch.compile`` fuses each block's norm, rotary and
+    activation chains into Triton kernels that read and write each tensor once, as Megatron's
+    hand-fused kernels do (torchtitan ``apply_compile``)."""
+    factor = st.engine.elementwise_factor
+    return min(factor, 1.0) if st.config.compile else factor
+
+
+FLOAT8_CAST_BYTES = 5.0
+"""Bytes per element of a dynamic float8 cast: the amax reduction reads the bf16 tensor (2), the
+scaled cast reads it again (2) and writes float8 (1) (torchao ``float8`` training, tensorwise
+dynamic scaling)."""
+
+
+def float8_peak(st: _Step) -> float | None:
+    """The float8 peak the linear layers run at under ``float8``, where the device has one
+    (``hardware.GPUS``' ``float8``: Hopper and later); None otherwise."""
+    if not st.config.float8:
+        return None
+    return st.cluster.device.peak_flops.get("float8")
+
+
+def float8_cast_time(st: _Step, tokens: float) -> float:
+    """Seconds of one layer's float8 casts per micro-batch (forward and backward): each GEMM's
+    input and weight in forward, its output gradient and the weight again in backward, at
+    ``FLOAT8_CAST_BYTES`` per element (the input's cast is reused by the weight gradient)."""
+    gemms = roofline.layer_gemms(st.shape, tokens=tokens, tp=st.config.tp_degree)
+    elements = sum(g.m * g.k + 2 * g.k * g.n + g.m * g.n for g in gemms)
+    return FLOAT8_CAST_BYTES * elements / st.mem_bw
 
 
 def _host_layer_time(st: _Step, tp_collectives: int, passes: int, shape_key: str) -> float:
@@ -702,19 +834,31 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
     moved = data_parallel_bytes(config, st.device_type)
-    grad_bytes, param_bytes = params_rank * moved.reduce, params_rank * moved.gather
+    engine = st.engine
+    reduce_bytes = 4 if engine.fp32_grad_reduce else moved.reduce
+    grad_bytes, param_bytes = params_rank * reduce_bytes, params_rank * moved.gather
     zero = config.zero_stage
     gather_s = 0.0
+    if zero == 1 and engine.distributed_optimizer:
+        return _distributed_optimizer_time(st, dp_group, grad_bytes, param_bytes, c_b)
     if zero <= 1:
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
         if zero == 1:
             gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     else:
+        if config.dp_replicate > 1:
+            dp_group = _inner_group(config.dp_shard, config.tp_degree * config.cp_degree,
+                                    cluster.devices_per_node)
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+        sync_s += hsdp_replica_time(st, grad_bytes)
         gathers = m * (2 if zero == 3 else 1)
+        if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
+            gathers += m  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
         gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes,
                                              kind="all_gather")
-    if config.overlap_enabled:
+        if engine.roofline and zero == 3:
+            gather_s += _zero3_ring_latency(st, dp_group, gathers)
+    if config.overlap_enabled and engine.grad_reduce_overlap:
         hide = cal.overlap_efficiency
         last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
         backward_last = (2 / 3) * c_b
@@ -730,6 +874,62 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
     return sync_exposed + gather_exposed + (
         _dp_collectives(st, grad_bytes, stage_layers) * cal.collective_overhead_s
         * st.host_share * uncoscheduled(cluster, dp))
+
+
+def hsdp_replica_time(st: _Step, grad_bytes: float) -> float:
+    """HSDP's all-reduce across replicas (FSDP2 on a 2-D (replicate, shard) mesh,
+    ``dp_replicate`` groups of dp / dp_replicate shards): after the reduce-scatter within its
+    shard group, each rank all-reduces its gradient shard (``grad_bytes`` / dp_shard) with the
+    ranks holding the same shard in the other replicas (torch ``_fsdp_collectives.py``:
+    ``foreach_reduce`` all-reduces over the replicate dimension). 0 without HSDP."""
+    config = st.config
+    if config.dp_replicate <= 1:
+        return 0.0
+    inner = config.tp_degree * config.cp_degree * config.dp_shard
+    group = _inner_group(config.dp_replicate, inner, st.cluster.devices_per_node)
+    return collective_time(st.cluster, st.cal, group, grad_bytes / config.dp_shard)
+
+
+def _distributed_optimizer_time(st: _Step, dp_group: _Group, grad_bytes: float,
+                                param_bytes: float, c_b: float) -> float:
+    """Exposed seconds of a distributed optimizer's step (Megatron's
+    ``--use-distributed-optimizer``, DeepSpeed ZeRO-1/2): a reduce-scatter of the gradients and
+    an all-gather of the updated parameters, together the all-reduce's bytes. With
+    ``grad_reduce_overlap`` the reduce-scatter hides behind the last micro-batch's backward but
+    for its last bucket; with ``param_gather_overlap`` the gather behind the next step's first
+    forward (``c_b / 3``) but for its first bucket; each to ``overlap_efficiency``."""
+    config, cal, cluster, engine = st.config, st.cal, st.cluster, st.engine
+    sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+    gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
+    overlap = config.overlap_enabled
+    bucket = min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
+    hide = cal.overlap_efficiency
+    if overlap and engine.grad_reduce_overlap:
+        sync_s = max(bucket * sync_s, sync_s - hide * (2 / 3) * c_b)
+    if overlap and engine.param_gather_overlap:
+        gather_s = max(bucket * gather_s, gather_s - hide * c_b / 3)
+    launches = 2 * math.ceil(1 / bucket) if bucket > 0 else 2
+    return sync_s + gather_s + launches * cal.collective_overhead_s * uncoscheduled(
+        cluster, config.dp_degree)
+
+
+def _zero3_ring_latency(st: _Step, dp_group: _Group, gathers: int) -> float:
+    """The ring steps of ZeRO-3's per-module collectives across nodes: each of a layer's
+    ``ZERO3_MODULES_PER_LAYER`` parameter groups is gathered on its own (DeepSpeed
+    ``stage3.py`` fetches per submodule; FSDP per unit) in each of ``gathers`` passes, and its
+    gradient reduce-scattered per micro-batch; a ring all-gather or reduce-scatter over n ranks
+    takes n − 1 steps of ``ring_step_latency_s`` (nccl-tests ``PERFORMANCE.md``: rings have no
+    tree)."""
+    if dp_group.nodes <= 1 or not st.cal.ring_step_latency_s:
+        return 0.0
+    passes = gathers + st.config.grad_accum_steps  # + the gradients' reduce-scatters
+    per_pass = max(st.shape.num_layers // st.config.pp_degree, 1) * ZERO3_MODULES_PER_LAYER
+    return passes * per_pass * (dp_group.size - 1) * st.cal.ring_step_latency_s
+
+
+ZERO3_MODULES_PER_LAYER = 4
+"""Parameter groups a decoder layer gathers one by one under ZeRO-3: QKV, the attention output
+and the MLP's two linears (norm weights ride with them)."""
 
 
 def _dp_collectives(st: _Step, grad_bytes: float, stage_layers: list[int]) -> int:

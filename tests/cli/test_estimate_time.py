@@ -38,7 +38,7 @@ def test_json_time_is_the_models_prediction(capsys):
     data = json.loads(out)
     # 512 ranks on nodes of 8: 64 nodes unless --nodes says otherwise.
     cluster = load_cluster("a100-sxm4-80gb", nodes=64)
-    expected = predict_step_time(_llama_70b_config(), cluster, Calibration())
+    expected = predict_step_time(_llama_70b_config(), cluster, Calibration.for_cluster(cluster))
     assert data["cluster"] == "a100-sxm4-80gb" and data["nodes"] == 64
     assert data["time"] == json.loads(json.dumps(expected.as_dict()))
     assert set(data["time"]["breakdown"]) == set(TERMS)

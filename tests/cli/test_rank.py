@@ -98,8 +98,9 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     limit = 4 * GIB
     # Independently: every valid layout, its predicted peak and, if it fits with the screen's
     # CUDA allowances (the model's margin, the allocator's reserve, the memory outside the
-    # allocator: screen.ALLOWANCES), its predicted tokens/s with the default calibration (the
-    # built-in stores none), in the search's default precision on GPUs (bf16-mixed).
+    # allocator: screen.ALLOWANCES), its predicted tokens/s with the built-in's shipped
+    # calibration (fitted on published A100 runs), in the search's default precision on GPUs
+    # (bf16-mixed).
     cuda = ALLOWANCES["cuda"]
 
     def fits(peak: int) -> bool:
@@ -111,7 +112,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if fits(peak):
-            t = predict_step_time(config, cluster, Calibration())
+            t = predict_step_time(config, cluster, Calibration.for_cluster(cluster))
             scored.append((t.tokens_per_s, t.step_time_s, peak, config))
     rows = _folded(scored)
     assert data["scored"] == len(grid) and data["fit"] == len(scored)
@@ -123,7 +124,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     for layout in data["layouts"]:
         config = TrialConfig.from_dict(layout["config"])
         assert config.precision == "bf16-mixed"
-        estimate = predict_step_time(config, cluster, Calibration())
+        estimate = predict_step_time(config, cluster, Calibration.for_cluster(cluster))
         assert layout["tokens_per_s"] == estimate.tokens_per_s
         assert layout["step_time_s"] == estimate.step_time_s
         assert layout["breakdown"] == estimate.breakdown
@@ -132,7 +133,8 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
         for bucket in layout["collapsed_bucket_mb"]:  # each folded layout fits, predicted alike
             twin = dataclasses.replace(config, bucket_mb=bucket, precision=None)
             assert twin in grid and bucket != config.bucket_mb
-            assert abs(predict_step_time(twin, cluster, Calibration()).step_time_s
+            twin_time = predict_step_time(twin, cluster, Calibration.for_cluster(cluster))
+            assert abs(twin_time.step_time_s
                        - estimate.step_time_s) <= 1e-3 * estimate.step_time_s
     # Not a terminal: one plain line on stderr, none of the progress line's carriage returns.
     assert err.startswith(f"scored {len(grid):,} layouts in ") and err.count("\n") == 1

@@ -19,6 +19,7 @@ from autotune.shapes import ModelShape
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     MEGATRON_ENGINE,
+    MEGATRON_LEGACY_ENGINE,
     TERMS,
     Calibration,
     _Group,
@@ -77,7 +78,7 @@ def test_each_term_of_a_tp_dp_layout_is_its_formula():
     est = predict_step_time(config(world_size=4, tp_degree=tp, micro_batch_size=b,
                                    global_batch=4, activation_checkpointing="none"),
                             flat_cluster(per_node=4, bw=100.0), cal, shape=SHAPE,
-                            engine=MEGATRON_ENGINE)
+                            engine=MEGATRON_LEGACY_ENGINE)
     rate = 100e12 * 0.5
     compute = m * 3 * (layers * (24 * b * s * h * h + 4 * b * s * s * h) / tp
                        + 2 * b * s * h * vocab / tp) / rate
@@ -300,7 +301,7 @@ def test_tensor_parallel_all_reduces_per_layer():
     cluster = flat_cluster(bw=100.0)
     cfg = config(world_size=2, tp_degree=2, micro_batch_size=1, global_batch=1,
                  activation_checkpointing="full")
-    est = predict_step_time(cfg, cluster, PURE, shape=SHAPE, engine=MEGATRON_ENGINE)
+    est = predict_step_time(cfg, cluster, PURE, shape=SHAPE, engine=MEGATRON_LEGACY_ENGINE)
     one = 2 * 1 / 2 * (512 * 1024 * 2) / (100 * GB)
     assert est.breakdown["tp_comm"] == pytest.approx(8 * 6 * one + one)  # + the embedding's
 
