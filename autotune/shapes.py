@@ -69,6 +69,7 @@ MODEL_SHAPES: dict[tuple[str, str], ModelShape] = {
     ("llama", "7b"):     ModelShape("llama", 32, 4096, 32, 32, 11008, 32000, 4096),
     ("llama", "13b"):    ModelShape("llama", 40, 5120, 40, 40, 13824, 32000, 4096),
     ("llama", "70b"):    ModelShape("llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+    ("llama", "405b"):   ModelShape("llama", 126, 16384, 128, 8, 53248, 128256, 131072),
 }
 # fmt: on
 
