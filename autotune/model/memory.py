@@ -731,35 +731,48 @@ def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
 
 def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
     """At most ``estimate_memory(config, shape).total``, in a few dictionary look-ups: rank 0's
-    model states (cached per tp, pp, dp, ZeRO stage, bucket and precision) and the blocks'
-    activations its schedule holds (cached per micro-batch, tp and checkpointing). ``rank``
-    screens hundreds of thousands of layouts with it before estimating the survivors."""
+    model states (``states_lower_bound``) plus the blocks' activations its schedule holds
+    (``activation_lower_bound``). ``rank`` screens layouts with it before estimating them."""
+    return (states_lower_bound(config, shape, device_type=device_type)
+            + activation_lower_bound(config, shape, device_type=device_type))
+
+
+def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, dp_shard, ZeRO stage,
+    schedule, bucket and precision): what no micro-batch, checkpointing or sequence knob
+    changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
-    tp, pp = config.tp_degree, config.pp_degree
+    interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
+    return _rank0_states(
+        shape, config.workload.vocab_size or shape.vocab_size, config.tp_degree,
+        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage, interleaved,
+        config.virtual_stages, precision, config.bucket_mb, _uses_distributed_optimizer(config),
+        config.optimizer_offload_enabled and device_type == "cuda")[0]
+
+
+def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """The blocks' saved bytes pipeline rank 0 holds at least (cached per micro-batch, tp,
+    checkpointing and the knobs that shard activations)."""
+    precision = config.precision or config.resolved_precision(device_type)
+    pp, v, m = config.pp_degree, config.virtual_stages, config.grad_accum_steps
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    offloaded = config.optimizer_offload_enabled and device_type == "cuda"
-    v = config.virtual_stages
-    states, part_layers = _rank0_states(
-        shape, config.workload.vocab_size or shape.vocab_size, tp, pp, config.dp_degree,
-        config.dp_shard, config.zero_stage, interleaved, v, precision, config.bucket_mb,
-        _uses_distributed_optimizer(config), offloaded)
-    kw = (shape, config.workload.seq_len, config.micro_batch_size, tp, config.attention,
-          PRECISION_COMPUTE_DTYPE[precision], LayoutKnobs.of(config))
+    part_layers = tuple(p.num_layers for p in _parts(shape.num_layers, pp, interleaved, 0, v))
+    kw = (shape, config.workload.seq_len, config.micro_batch_size, config.tp_degree,
+          config.attention, PRECISION_COMPUTE_DTYPE[precision], LayoutKnobs.of(config))
     ac = config.activation_checkpointing
     none = full = _cached_layer_bytes(*kw, ac)
     if ac == "full" and config.ac_layers is not None:
         none = _cached_layer_bytes(*kw, "none")
     weights = [_part_bytes(n, config.ac_layers, none, full) for n in part_layers]
-    m = config.grad_accum_steps
     if pp == 1:
-        return states + weights[0]
+        return weights[0]
     if interleaved:
         # Before rank 0's first backward it has run every warm-up forward and one more, each
         # holding one part's activations (``_interleaved_peak``): at least the lightest part's.
         per_round = m // max(1, m // pp)
         warmup = min((v - 1) * per_round + 2 * (pp - 1), v * m - 1)
-        return states + (warmup + 1) * min(weights)
-    return states + microbatches_in_flight(config.pp_schedule, pp, 0, m)[0] * weights[0]
+        return (warmup + 1) * min(weights)
+    return microbatches_in_flight(config.pp_schedule, pp, 0, m)[0] * weights[0]
 
 
 def _part_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int:
