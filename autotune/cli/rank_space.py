@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from autotune.cli.args import KNOB_FLAGS
 from autotune.config import (
     CHECKPOINTING_MODES,
     OVERLAP_CHOICES,
@@ -51,13 +52,18 @@ def knob_choices(args: argparse.Namespace, base: TrialConfig,
     whose recipes turn it on —, every context-parallel degree the sequence allows, every HSDP
     replica count, ``VIRTUAL_STAGES``); compile and float8 only when asked for."""
     world, seq = base.world_size, base.workload.seq_len
+    for flag in ("cp", "dp_replicate", "virtual_stages", "ac_layers"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer (its "
+                              f"field {KNOB_FLAGS[flag]}), not {value}")
     sp_on = args.sp or (traits is not None and traits.sequence_parallel)
     return {
         "sequence_parallel": (True,) if sp_on else (False, True),
-        "cp_degree": (args.cp,) if args.cp else tuple(
+        "cp_degree": (args.cp,) if args.cp is not None else tuple(
             d for d in divisors(world) if d == 1 or seq % (2 * d) == 0),
-        "dp_replicate": (args.dp_replicate,) if args.dp_replicate else tuple(divisors(world)),
-        "virtual_stages": (args.virtual_stages,) if args.virtual_stages else VIRTUAL_STAGES,
+        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else tuple(divisors(world)),
+        "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
         "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
         "float8": (True,) if args.fp8 else SEARCHED_BY_DEFAULT["float8"],
     }
