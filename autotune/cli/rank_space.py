@@ -99,12 +99,17 @@ def screened_layouts(base: TrialConfig, shape: ModelShape, choices: dict[str, tu
         if world % (tp * pp * cp) or batch % (world // (tp * pp * cp)):
             continue
         dp = world // (tp * pp * cp)
+        over = set()  # (zero, schedule, v) whose states failed at fewer HSDP replicas
         for group in _groups(base, tp, pp, cp, dp, choices):
-            states = min(states_lower_bound(c, shape, device_type=c.device) for c in
-                         _overlap_bucket(group))
-            if not fits(states):
+            key = (group.zero_stage, group.pp_schedule, group.virtual_stages)
+            # More replicas, smaller shard groups, larger shards: once the states cannot fit,
+            # they cannot with more replicas either (the groups come in ascending replicas).
+            states = None if key in over else _states_bound(group, shape)
+            if states is None or not fits(states):
                 out.groups_dropped += 1
-                out.drop(group, states)
+                if states is not None:
+                    over.add(key)
+                    out.drop(group, states)
                 continue
             _branches(group, shape, choices, states, fits, out, rules)
     return out
@@ -126,6 +131,16 @@ def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict
                                       global_batch_size // dp)
 
 
+def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
+    """Rank 0's model states, the least over the grid's overlap and bucket choices: they
+    matter only to the distributed optimizer's bucketed partition (ZeRO-1 with TP, or with a
+    pipeline and overlap; ``memory._uses_distributed_optimizer``)."""
+    varies = group.zero_stage == 1 and group.dp_degree > 1 and (
+        group.tp_degree > 1 or group.pp_degree > 1)
+    configs = _overlap_bucket(group) if varies else [group]
+    return min(states_lower_bound(c, shape, device_type=c.device) for c in configs)
+
+
 def _overlap_bucket(config: TrialConfig) -> list[TrialConfig]:
     """``config`` with each overlap and bucket size the grid lists (one when dp is 1)."""
     if config.dp_degree == 1:
@@ -143,8 +158,16 @@ def _branches(group: TrialConfig, shape: ModelShape, choices: dict[str, tuple], 
     modes = ("full",) if group.ac_layers is not None else CHECKPOINTING_MODES
     sps = choices["sequence_parallel"] if group.tp_degree > 1 else (False,)
     lean = dict(compile=any(choices["compile"]))  # compiled blocks keep the least
+    # Without a pipeline rank 0 holds one micro-batch of b sequences; under 1F1B p of them
+    # (M ≥ p, its rule): its activations grow with b, so once a micro-batch cannot fit, the
+    # larger ones (listed after it) cannot either.
+    monotone = group.pp_degree == 1 or group.pp_schedule == "1f1b"
+    over: set[tuple[str, bool]] = set()
     for micro, ac, sp in itertools.product(divisors(group.workload.global_batch_size // dp),
                                            modes, sps):
+        if (ac, sp) in over:
+            out.branches_dropped += 1
+            continue
         branch = dataclasses.replace(group, micro_batch_size=micro,
                                      activation_checkpointing=ac, sequence_parallel=sp)
         bound = states + activation_lower_bound(dataclasses.replace(branch, **lean), shape,
@@ -152,6 +175,8 @@ def _branches(group: TrialConfig, shape: ModelShape, choices: dict[str, tuple], 
         if not fits(bound):
             out.branches_dropped += 1
             out.drop(branch, bound)
+            if monotone:
+                over.add((ac, sp))
             continue
         for leaf, comp, f8 in itertools.product(_overlap_bucket(branch), choices["compile"],
                                                 choices["float8"]):
