@@ -150,8 +150,8 @@ def add_rank_parser(sub) -> None:
                    help="tokens per sequence")
     add_precision_args(p)
     add_knob_args(p.add_argument_group(
-        "newer knobs (default: every value listed — SP on and off with TP, each cp the "
-        "sequence allows, each HSDP replica count, virtual stages 2/3/4/6/8; compile and fp8 "
+        "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
+        "HSDP shard groups of 8 and 64, virtual stages 2/4; compile and fp8 "
         "off)"), rank=True)
     p.add_argument("--memory-limit", type=float, metavar="GIB",
                    help="per-device memory limit in GiB (default: the cluster device's memory)")

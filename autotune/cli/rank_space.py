@@ -40,9 +40,17 @@ from autotune.model.memory import MemoryTraits, activation_lower_bound, states_l
 from autotune.search.space import DEFAULT_BUCKETS_MB
 from autotune.shapes import ModelShape
 
-VIRTUAL_STAGES = (2, 3, 4, 6, 8)
-"""Virtual stages per rank ``rank`` lists under interleaved_1f1b (at most the layers per
-pipeline rank); ``--virtual-stages N`` asks for another."""
+VIRTUAL_STAGES = (2, 4)
+"""Virtual stages per rank ``rank`` lists under interleaved_1f1b; ``--virtual-stages N`` asks
+for another."""
+CP_MIN_TOKENS = 4096
+"""``rank`` lists a context-parallel degree only where each rank keeps at least this many
+tokens of a sequence (Llama 3 trained 131k tokens at cp 16: 8,192 a rank, Dubey et al. 2024
+§3.3.2); ``--cp N`` asks for any."""
+HSDP_SHARDS = (8, 64)
+"""HSDP shard-group sizes ``rank`` lists (one node or eight nodes of eight GPUs, the groups
+production shards within; the replica count is dp / shard size, kept where it divides dp);
+``--dp-replicate N`` asks for another."""
 
 
 def knob_choices(args: argparse.Namespace, base: TrialConfig,
@@ -50,19 +58,23 @@ def knob_choices(args: argparse.Namespace, base: TrialConfig,
     """The newer knobs' values ``rank`` lists: the flag's value where one is given, otherwise
     every value (sequence parallelism on and off wherever tp > 1 — on only, for an engine
     whose recipes turn it on —, every context-parallel degree the sequence allows, every HSDP
-    replica count, ``VIRTUAL_STAGES``); compile and float8 only when asked for."""
+    replica count, ``VIRTUAL_STAGES``); compile and float8 only when asked for. Sequence
+    parallelism is listed on wherever tp > 1, as Megatron-LM's and torchtitan's recipes run
+    it: the same bytes move as TP's all-reduce (Korthikanti et al. 2022 §4.2.2) and every
+    block keeps less (``memory._norm_bytes``), so the off twin is never the better layout."""
     world, seq = base.world_size, base.workload.seq_len
     for flag in ("cp", "dp_replicate", "virtual_stages", "ac_layers"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer (its "
                               f"field {KNOB_FLAGS[flag]}), not {value}")
-    sp_on = args.sp or (traits is not None and traits.sequence_parallel)
     return {
-        "sequence_parallel": (True,) if sp_on else (False, True),
+        "sequence_parallel": (True,),
         "cp_degree": (args.cp,) if args.cp is not None else tuple(
-            d for d in divisors(world) if d == 1 or seq % (2 * d) == 0),
-        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else tuple(divisors(world)),
+            d for d in divisors(world) if d == 1 or (seq % (2 * d) == 0
+                                                     and seq // d >= CP_MIN_TOKENS)),
+        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else (1,) + tuple(
+            world // shard for shard in HSDP_SHARDS if world % shard == 0 and world > shard),
         "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
         "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
         "float8": (True,) if args.fp8 else SEARCHED_BY_DEFAULT["float8"],
