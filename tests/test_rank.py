@@ -74,8 +74,7 @@ def test_explicit_shape_layouts_follow_its_heads_and_layers():
 
 
 # ---- the ranking -------------------------------------------------------------------------
-# The newer knobs fixed at one value each but sequence parallelism, which rank lists on and
-# off wherever tp > 1 (its default lists every cp, HSDP and virtual-stage value too).
+# The newer knobs fixed at one value each; rank lists sequence parallelism on wherever tp > 1.
 NEWER_FIXED = ("--cp", "1", "--dp-replicate", "1", "--virtual-stages", "2")
 RANK_ARGS = ("--model", "gpt-small", *NEWER_FIXED, "--cluster", "a100-sxm4-80gb",
              "--global-batch", "32",
@@ -112,7 +111,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
 
     scored = []
     grid = SearchSpace(_base("gpt-small", 8, 32, 1024),
-                       narrowed={"sequence_parallel": [False, True]}).configs
+                       narrowed={"sequence_parallel": [True]}).configs
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if fits(peak):
@@ -286,16 +285,14 @@ def test_an_engines_memory_judges_the_fit():
 def test_screen_keeps_every_layout_that_fits():
     # Every newer knob enumerated (SP, cp 1/2/4/8, HSDP, virtual stages): the layouts the
     # screen keeps and that fit are exactly those of the whole grid that fit, each estimated.
-    import argparse
-
-    from autotune.cli.rank_space import knob_choices, screened_layouts
+    from autotune.cli.rank_space import screened_layouts
     from autotune.search.screen import predicted_to_fit
 
     base = dataclasses.replace(_base("gpt-tiny", 8, 16, 256), precision="bf16-mixed")
     shape = base.workload.shape
-    flags = argparse.Namespace(sp=False, cp=None, dp_replicate=None, virtual_stages=None,
-                               compile=False, fp8=False)
-    choices = knob_choices(flags, base)
+    choices = {"sequence_parallel": (False, True), "cp_degree": (1, 2, 4),
+               "dp_replicate": (1, 2, 4, 8), "virtual_stages": (2, 4), "compile": (False,),
+               "float8": (False,)}
     grid = SearchSpace(base, narrowed={k: list(v) for k, v in choices.items()}).configs
     peaks = {c: estimate_memory(c, device_type="cuda").total for c in grid}
     limit = int(sorted(required for required in (

@@ -48,9 +48,9 @@ CP_MIN_TOKENS = 4096
 tokens of a sequence (Llama 3 trained 131k tokens at cp 16: 8,192 a rank, Dubey et al. 2024
 §3.3.2); ``--cp N`` asks for any."""
 HSDP_SHARDS = (8, 64)
-"""HSDP shard-group sizes ``rank`` lists (one node or eight nodes of eight GPUs, the groups
-production shards within; the replica count is dp / shard size, kept where it divides dp);
-``--dp-replicate N`` asks for another."""
+"""``rank`` lists the HSDP replica counts world / 8 and world / 64 (shard groups of one node or
+eight nodes of eight GPUs when dp is the whole world), kept only where they divide a layout's
+dp, so with tp or pp > 1 it rarely lists HSDP; ``--dp-replicate N`` asks for any count."""
 
 
 def knob_choices(args: argparse.Namespace, base: TrialConfig,
