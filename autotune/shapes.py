@@ -7,7 +7,11 @@ The Llama shapes are those of Touvron et al. 2023 ("Llama 2", Table 1 and the re
 for 70B). ``llama-1b`` is Llama 3.2 1B's released ``config.json`` (16 layers, hidden 2048, 32
 heads with 8 KV heads, MLP 8192, vocabulary 128,256, context 131,072) with an untied output
 head, as every built-in model has one: 1.50B parameters (Llama 3.2 1B ties it: 1.24B), the
-size the GPU check measures memory on. The ``tiny`` sizes exist so that a trial step takes milliseconds on one CPU core.
+size the GPU check measures memory on. ``llama-405b`` is Llama 3.1 405B's released
+``config.json`` (Meta's model card, meta-llama/Llama-3.1-405B: 126 layers, hidden 16,384, 128
+heads with 8 KV heads, MLP 53,248, vocabulary 128,256, context 131,072; Dubey et al. 2024,
+Table 3), untied: 405.9B parameters. The ``tiny`` sizes exist so that a trial step takes
+milliseconds on one CPU core.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ MODEL_SHAPES: dict[tuple[str, str], ModelShape] = {
     ("llama", "7b"):     ModelShape("llama", 32, 4096, 32, 32, 11008, 32000, 4096),
     ("llama", "13b"):    ModelShape("llama", 40, 5120, 40, 40, 13824, 32000, 4096),
     ("llama", "70b"):    ModelShape("llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+    ("llama", "405b"):   ModelShape("llama", 126, 16384, 128, 8, 53248, 128256, 131072),
 }
 # fmt: on
 

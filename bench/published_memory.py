@@ -46,6 +46,7 @@ from autotune.config import GIB, TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.model.engine_memory import (  # noqa: E402
     BIGSCIENCE,
     TORCHTITAN_MULTINODE,
+    engine_layout,
     estimate_engine_memory,
 )
 from autotune.model.memory import MemoryTraits  # noqa: E402
@@ -170,7 +171,9 @@ def predict(rows: list[MemoryRow], traits_override: dict | None = None
     out = []
     for row in rows:
         traits = dataclasses.replace(row.traits, **(traits_override or {}))
-        est = estimate_engine_memory(row.config, row.shape, traits, device_type="cuda")
+        # the layout as the engine runs it (sequence parallelism with TP where it turns it on)
+        est = estimate_engine_memory(engine_layout(row.config, traits), row.shape, traits,
+                                     device_type="cuda")
         out.append(MemoryPrediction(row, est.total))
     return out
 

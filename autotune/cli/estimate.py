@@ -29,7 +29,9 @@ from autotune.cli.args import (
     add_cluster_args,
     add_debug_arg,
     add_engine_arg,
+    add_knob_args,
     add_precision_args,
+    knob_values,
     precision_arg,
 )
 from autotune.model.cluster import ClusterSpec, load_cluster
@@ -100,6 +102,7 @@ def add_estimate_parser(sub) -> None:
                        help="gradient bucket / FSDP unit size in MB")
     knobs.add_argument("--no-overlap", action="store_true",
                        help="overlap_enabled false (one bucketed all-reduce after backward)")
+    add_knob_args(knobs)
     arch = add_architecture_args(p)
     arch.add_argument("--params", type=float, metavar="N",
                       help="parameter count only (e.g. 7e9): model states, activations unknown")
@@ -186,6 +189,7 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
               "attention": args.attention, "bucket_mb": args.bucket_mb}
     if args.no_overlap:
         fields["overlap_enabled"] = False
+    fields.update(knob_values(args))
     if precision_arg(args.precision) is not None:
         fields["precision"] = args.precision
     config = dataclasses.replace(config, workload=workload,
@@ -194,7 +198,7 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
         raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {config.zero_stage}")
     if args.global_batch is None and not args.config:
         # No batch given: one micro-batch per data-parallel rank (no accumulation).
-        tp_pp = config.tp_degree * config.pp_degree
+        tp_pp = config.tp_degree * config.pp_degree * config.cp_degree
         if tp_pp > 0 and config.world_size % tp_pp == 0 and config.world_size >= tp_pp:
             batch = config.micro_batch_size * config.dp_degree
             if config.pp_degree > 1:  # enough micro-batches for the schedule to fill
@@ -293,12 +297,25 @@ def _describe(config: TrialConfig, shape: ModelShape | None, device: str) -> str
         f"{shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size}, "
         f"{shape.num_params():,} parameters)")
     schedule = f", schedule {config.pp_schedule}" if config.pp_degree > 1 else ""
+    cp = f" × cp {config.cp_degree}" if config.cp_degree > 1 else ""
     return (f"{name}: world {config.world_size} = tp {config.tp_degree} × pp "
-            f"{config.pp_degree} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
+            f"{config.pp_degree}{cp} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
             f"micro-batch {config.micro_batch_size} × {config.grad_accum_steps} accumulation, "
             f"seq {wl.seq_len}, {config.precision}, checkpointing "
             f"{config.activation_checkpointing}"
-            f"{schedule} (device {device})")
+            f"{schedule}{''.join(', ' + k for k in knobs_text(config))} (device {device})")
+
+
+def knobs_text(config: TrialConfig) -> list[str]:
+    """The newer knobs ``config`` sets away from their defaults, in words."""
+    interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
+    given = ((config.sequence_parallel, "sequence parallel"),
+             (config.dp_replicate > 1,
+              f"HSDP {config.dp_replicate} replicas × {config.dp_shard} shards"),
+             (interleaved, f"{config.virtual_stages} virtual stages per rank"),
+             (config.ac_layers is not None, f"{config.ac_layers} blocks per stage recomputed"),
+             (config.compile, "compiled"), (config.float8, "float8 linears"))
+    return [text for flag, text in given if flag]
 
 
 def _table_lines(row: dict[str, int | None]) -> list[str]:

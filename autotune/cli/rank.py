@@ -46,6 +46,7 @@ from autotune.cli.args import (
     add_cluster_args,
     add_debug_arg,
     add_engine_arg,
+    add_knob_args,
     add_precision_args,
     precision_arg,
 )
@@ -65,7 +66,7 @@ from autotune.cli.estimate import (
     explicit_shape,
     mark_explicit,
 )
-from autotune.layouts import divisors
+from autotune.layouts import divisors, short_name
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.shapes import ModelShape, model_names
@@ -78,6 +79,7 @@ from autotune.model.perf_model import (
     predict_step_time,
 )
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
+from autotune.cli.rank_space import Screened, knob_choices, screened_layouts
 
 ZERO_STAGES = get_args(ZeroStage)
 CHECKPOINTING = get_args(ActivationCheckpointing)
@@ -150,6 +152,10 @@ def add_rank_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, required=True, metavar="N",
                    help="tokens per sequence")
     add_precision_args(p)
+    add_knob_args(p.add_argument_group(
+        "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
+        "HSDP shard groups of 8 and 64, virtual stages 2/4; compile and fp8 "
+        "off)"), rank=True)
     p.add_argument("--memory-limit", type=float, metavar="GIB",
                    help="per-device memory limit in GiB (default: the cluster device's memory)")
     p.add_argument("--top", type=int, default=10, metavar="K",
@@ -180,18 +186,24 @@ def cmd_rank(args: argparse.Namespace) -> int:
     # A dtype the device gives no peak for: refuse now.
     cluster.device.flops(base.compute_dtype(device_type))
     limit_gib = args.memory_limit or cluster.device.memory_gib
-    layouts = enumerate_layouts(base, shape)
-    if not layouts:
-        raise ConfigError(_no_layout_message(base, shape))
     engine = engine_traits(args.engine)
+    memory_traits = MEMORY_TRAITS[engine.name]
+    screened = screen_layouts(args, base, shape, int(limit_gib * GIB), device_type,
+                              traits=memory_traits)
+    layouts = screened.layouts
+    if not layouts and screened.smallest is None:
+        raise ConfigError(_no_layout_message(base, shape))
     ranking = rank_layouts(layouts, cluster, shape=shape, limit_bytes=int(limit_gib * GIB),
                            device_type=device_type, progress=_Progress(len(layouts)),
-                           engine=engine, memory_traits=MEMORY_TRAITS[engine.name])
+                           engine=engine, memory_traits=memory_traits)
     if not ranking.fitting:
-        config, peak = ranking.smallest_peak
+        config, peak = min(filter(None, (ranking.smallest_peak, screened.smallest)),
+                           key=lambda cp: cp[1])
+        least = "" if ranking.smallest_peak and peak == ranking.smallest_peak[1] else "at least "
         raise AutotuneError(
-            f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB: "
-            f"the smallest predicted peak is {peak / GIB:.1f} GiB ({_layout_name(config)}), "
+            f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB "
+            f"({_screened_text(screened)}): the smallest predicted peak is {least}"
+            f"{peak / GIB:.1f} GiB ({_layout_name(config)}), "
             f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
             f"{allowance(device_type).describe()}; "
             "add nodes (--nodes) or raise --memory-limit")
@@ -202,6 +214,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
             "memory_limit_bytes": int(limit_gib * GIB),
             "shape": dataclasses.asdict(shape) if shape else None,
             "scored": ranking.scored, "fit": len(ranking.fitting),
+            "screened_groups": screened.groups_dropped,
+            "screened_branches": screened.branches_dropped,
             "collapsed": ranking.collapsed,
             "layouts": [s.as_dict() for s in top]}, indent=2))
         return 0
@@ -217,6 +231,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
           f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
           "predicted tokens/s")
+    if screened.groups_dropped or screened.branches_dropped:
+        print(f"screened by memory before scoring: {_screened_text(screened)}")
     if ranking.collapsed:
         print(f"folded: {ranking.collapsed:,} layouts that differ from a listed one only in "
               f"bucket size, with the same prediction (step and peak within "
@@ -341,6 +357,35 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
     rules = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
              "num_layers": shape.num_layers}
     return [c for c in grid if c.pp_degree == 1 or _valid(c, rules)]
+
+
+def screen_layouts(args: argparse.Namespace, base: TrialConfig, shape: ModelShape | None,
+                   limit_bytes: int, device_type: str,
+                   traits: MemoryTraits | None = None) -> Screened:
+    """The layouts to score (``rank_space.screened_layouts``): the newer knobs as the flags
+    choose them (``rank_space.knob_choices``), screened on autotune's runtime's memory bounds
+    (none for another engine's memory, ``traits``, whose layouts are all scored)."""
+    from autotune.search.screen import predicted_to_fit
+
+    if args.ac_layers is not None:
+        base = dataclasses.replace(base, activation_checkpointing="full",
+                                   ac_layers=args.ac_layers)
+    of = shape or base.workload.shape
+    tp_degrees = [tp for tp in divisors(base.world_size)
+                  if not (of.num_heads % tp or of.num_kv_heads % tp)]
+    rules = None if shape is None else {"num_heads": shape.num_heads,
+                                        "num_kv_heads": shape.num_kv_heads,
+                                        "num_layers": shape.num_layers}
+    limit = None if traits is not None else limit_bytes
+    return screened_layouts(base, of, knob_choices(args, base, traits), tp_degrees=tp_degrees,
+                            fits=lambda b: predicted_to_fit(b, limit, device_type),
+                            rules=rules)
+
+
+def _screened_text(s: Screened) -> str:
+    return (f"{s.groups_dropped:,} (tp, pp, cp, ZeRO, HSDP, schedule) groups whose model states "
+            f"alone, and {s.branches_dropped:,} (micro-batch, checkpointing, SP) branches whose "
+            "states and held activations, cannot fit, dropped before their layouts were built")
 
 
 def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
@@ -485,7 +530,7 @@ class _Progress:
 def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
     lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
              f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} "
-             f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  largest term"]
+             f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  {'knobs':<14} largest term"]
     for i, s in enumerate(layouts, 1):
         c, t = s.config, s.time
         term = max(t.breakdown, key=t.breakdown.get)
@@ -497,8 +542,17 @@ def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
             f"{'on' if c.overlap_enabled else 'off':<7} "
             f"{_buckets(s) if c.dp_degree > 1 else '-':>8} {_seconds(t.step_time_s):>9} "
             f"{t.tokens_per_s:>11,.0f} {mfu:>6} {s.peak_memory_bytes / GIB:>8.1f}  "
-            f"{term} {t.breakdown[term] / t.step_time_s:.0%}")
+            f"{_knobs(c):<14} {term} {t.breakdown[term] / t.step_time_s:.0%}")
     return "\n".join(lines)
+
+
+def _knobs(c: TrialConfig) -> str:
+    """The newer knobs a layout sets, as short names mark them: sp, cp2, hsdp2, v4, l2,
+    compile, fp8 ('-' for none)."""
+    marks = short_name(c).split("-ac_")[1].split("-")[1:]
+    keep = [m for m in marks if m in ("sp", "compile", "fp8") or m[:1] in "vl" and
+            m[1:].isdigit() or m.startswith(("cp", "hsdp"))]
+    return ",".join(keep) or "-"
 
 
 def _buckets(s: ScoredLayout) -> str:

@@ -77,19 +77,22 @@ class _Dims:
     tp: int
     e: int
     """Bytes per activation element (the compute dtype)."""
+    sp: bool = False
+    """Sequence parallelism (the config's ``sequence_parallel``, with tp > 1)."""
 
 
 def block_activation_bytes(shape: ModelShape, traits: MemoryTraits, *, tokens: int, keys: int,
-                           tp: int, e: int, mode: str) -> int:
+                           tp: int, e: int, mode: str, sp: bool = False) -> int:
     """Bytes one transformer block keeps for backward, per micro-batch on one rank, under
     checkpointing ``mode``: 'none', 'selective' (Megatron: the attention core recomputed),
     'op' (torchtitan: matmul and SDPA outputs kept, every second matmul recomputed) or 'full'
     (the block input only). ``tokens`` = b·s/cp, the queries on the rank; ``keys`` = s, the
-    length each attends over (eager attention's s² scores). See the module docstring."""
+    length each attends over (eager attention's s² scores); ``sp``: sequence parallelism, which
+    shards what lies outside the TP region. See the module docstring."""
     h, f, a = shape.hidden_size, shape.ffn_hidden_size, shape.num_heads
     kv = shape.num_kv_heads * shape.head_dim
     sbh, sbf = tokens * h, tokens * f
-    sp = tp if traits.sequence_parallel else 1  # what SP shards on the sequence
+    sp = tp if sp else 1  # what SP shards on the sequence
     if mode == "full":
         return e * sbh // sp
     if mode == "op":
@@ -120,7 +123,7 @@ def block_activation_bytes(shape: ModelShape, traits: MemoryTraits, *, tokens: i
 def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> tuple[int, int]:
     """(kept per block on average, the largest temporary of one block's backward) for the
     engine's checkpointing of the config's mode ``ac``."""
-    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.e)
+    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.e, sp=d.sp)
     mode = traits.selective_mode if ac == "selective" else ac
     none = block_activation_bytes(shape, traits, mode="none", **kw)
     if mode == "layer":  # every k-th block checkpointed whole, the others keep everything
@@ -192,12 +195,12 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
 
 
 def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
-                 traits: MemoryTraits) -> tuple[_Part, ...]:
+                 traits: MemoryTraits, virtual_stages: int = 2) -> tuple[_Part, ...]:
     """The rank's (virtual) stages: the L layers split evenly, earlier stages taking the
     remainder, or with ``embedding_counts_as_layer`` the L + 2 units so, the first and last
     stage one transformer layer short for their embeddings (interleaved: ``memory._parts``)."""
     if pp == 1 or interleaved:
-        return _parts(num_layers, pp, interleaved, pp_rank)
+        return _parts(num_layers, pp, interleaved, pp_rank, virtual_stages)
     if traits.embedding_counts_as_layer:
         counts = even_split(num_layers + 2, pp)
         counts[0] -= 1
@@ -229,18 +232,29 @@ def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
                   precision: str) -> MemoryEstimate:
     tp, pp, m = config.tp_degree, config.pp_degree, config.grad_accum_steps
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    parts = engine_parts(shape.num_layers, pp, interleaved, pp_rank, traits)
+    parts = engine_parts(shape.num_layers, pp, interleaved, pp_rank, traits,
+                         config.virtual_stages)
     vocab = config.workload.vocab_size or shape.vocab_size
     e = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
     s = config.workload.seq_len
-    d = _Dims(tokens=config.micro_batch_size * s // traits.context_parallel, keys=s, tp=tp, e=e)
+    # The config's knobs: context parallelism divides each sequence, sequence parallelism what
+    # lies outside the TP region.
+    d = _Dims(tokens=config.micro_batch_size * s // config.cp_degree, keys=s, tp=tp, e=e,
+              sp=config.sequence_parallel and tp > 1)
     kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
+    if config.ac_layers is not None:  # --recompute-num-layers: the others keep everything
+        whole, whole_peak = _block_bytes(shape, traits, d, "none")
+        block_peak = max(block_peak, whole_peak)
     loss_kept, loss_peak = _loss_bytes(traits, d, vocab)
-    sp = tp if traits.sequence_parallel else 1
+    sp = tp if d.sp else 1
     stage_io = e * d.tokens * shape.hidden_size // sp  # a micro-batch's stage input or output
     per_mb = []
     for part in parts:
-        held = part.num_layers * kept + (stage_io if pp > 1 else 0)
+        blocks = part.num_layers * kept
+        if config.ac_layers is not None:
+            k = min(config.ac_layers, part.num_layers)
+            blocks = k * kept + (part.num_layers - k) * whole
+        held = blocks + (stage_io if pp > 1 else 0)
         if part.last:
             held += loss_kept + stage_io  # and the final norm's input
         per_mb.append(held)
@@ -249,7 +263,8 @@ def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
     elif interleaved:
         held_counts = _interleaved_peak(pp, pp_rank, m, tuple(per_mb))
     else:
-        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m)
+        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m,
+                                             config.virtual_stages)
     saved = sum(n * a for n, a in zip(held_counts, per_mb))
     last = any(p.last for p in parts)
     transient = max(block_peak, loss_peak if last else 0)
@@ -337,3 +352,12 @@ MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
     "autotune": None, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "deepspeed": DEEPSPEED}
 """Each engine's memory traits by the engine's name (``--engine``); None: autotune's own
 runtime (``memory.estimate_memory``). torchtitan across nodes is ``TORCHTITAN_MULTINODE``."""
+
+
+def engine_layout(config: TrialConfig, traits: MemoryTraits | None) -> TrialConfig:
+    """``config`` as ``traits``' engine runs it: sequence parallelism on wherever TP is, for the
+    engines whose recipes turn it on (``MemoryTraits.sequence_parallel``); otherwise as given."""
+    if (traits is not None and traits.sequence_parallel and config.tp_degree > 1
+            and not config.sequence_parallel):
+        return dataclasses.replace(config, sequence_parallel=True)
+    return config

@@ -143,9 +143,11 @@ class MemoryTraits:
 
     name: str
     sequence_parallel: bool = False
-    """Megatron's sequence parallelism: norms, dropout and the block input sharded over TP."""
-    context_parallel: int = 1
-    """Context-parallel degree: each rank holds s / cp of every sequence."""
+    """The engine runs sequence parallelism wherever TP is on (Megatron's recipes'
+    ``--sequence-parallel``, torchtitan's TP plan): ``engine_layout`` turns the config's
+    ``sequence_parallel`` on for tp > 1, and ``rank`` lists its tp > 1 layouts with SP only.
+    The arithmetic reads the config's knob (norms, dropout and the block input sharded over
+    TP), as it reads ``cp_degree``."""
     vocab_parallel_loss: bool = False
     """Embedding, head, logits and loss sharded over TP (vocabulary-parallel)."""
     loss_kept_fp32: int = 1
@@ -267,8 +269,11 @@ class _Part:
 
 
 @lru_cache(maxsize=4096)
-def _parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int) -> tuple[_Part, ...]:
-    stages = pp * INTERLEAVED_STAGES_PER_RANK if interleaved else pp
+def _parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
+           virtual_stages: int = INTERLEAVED_STAGES_PER_RANK) -> tuple[_Part, ...]:
+    """The (virtual) stages of pipeline rank ``pp_rank``: stage i of pp·v on rank i mod pp
+    (``virtual_stages`` v per rank when ``interleaved``), layers by ``stage_layer_counts``."""
+    stages = pp * virtual_stages if interleaved else pp
     counts = stage_layer_counts(num_layers, stages)
     return tuple(_Part(i, counts[i], i == 0, i == stages - 1)
                  for i in range(pp_rank, stages, pp))
@@ -438,15 +443,39 @@ def gathered_parameter_bytes(num_params: int, *, zero_stage: int, dp_degree: int
 
 
 # ---- activations ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LayoutKnobs:
+    """The newer knobs that change what a block keeps (``TrialConfig``'s fields of the same
+    meaning); the defaults keep today's arithmetic."""
+
+    sequence_parallel: bool = False
+    """Norms on sequence shards over the TP group (DTensor ``SequenceParallel``)."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds s / cp of every sequence's queries."""
+    compiled: bool = False
+    """Regional ``torch.compile`` per block."""
+    float8: bool = False
+    """torchao float8 linears."""
+
+    @classmethod
+    def of(cls, config: TrialConfig) -> LayoutKnobs:
+        return cls(config.sequence_parallel and config.tp_degree > 1, config.cp_degree,
+                   config.compile, config.float8)
+
+
+NO_KNOBS = LayoutKnobs()
+
+
 def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
-                           checkpointing: str, attention: str, dtype: str) -> int:
+                           checkpointing: str, attention: str, dtype: str,
+                           knobs: LayoutKnobs = NO_KNOBS) -> int:
     """Bytes one transformer block saves for backward, for one micro-batch on one TP rank.
 
     Korthikanti et al. 2022 (Table 2) give sbh(34 + 5as/h) bytes per layer with no parallelism
     and sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, for 16-bit activations, a 4h GELU
     MLP, 1-byte dropout masks and an explicit softmax; selective recomputation drops the 5as²b
     attention term; full recomputation keeps only the 2sbh layer input. Our block differs, so the
-    coefficients below are recounted for it (every saved tensor was listed with
+    coefficients are recounted for it (every saved tensor was listed with
     ``torch.autograd.graph.saved_tensors_hooks`` and the sum is asserted by
     ``tests/test_memory.py::test_layer_formula_matches_saved_tensors``):
 
@@ -459,81 +488,152 @@ def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int,
       feed the column-parallel matmuls; everything between the column- and row-parallel
       Linears is divided by t, as in the paper;
     - GPT block (LayerNorm, GELU MLP with f = ffn size):
-        e·sbh·(4 + 4/t) + 2e·sbf/t + 4e·sb (norm statistics) + attention core
-      (input + norm output, ×2 norms; q, k, v and the attention output; GELU input and output);
+        e·sbh·(4 + 4/t) + 2e·sbf/t + 4e·sb (norm statistics) + attention core;
       with f = 4h, float32, t = 1 and eager attention that is sbh(64 + 4as/h), against the
       paper's sbh(34 + 5as/h);
     - Llama block (RMSNorm in fp32, SwiGLU with three f-wide tensors plus their product,
       rotary cos/sin, grouped KV heads repeated to all heads before attention):
         2·(8·sbh + 4·sb + e·sbh) + e·sbh·4/t + 4e·sbf/t + 2e·s·head_dim + attention core.
-    - selective (``checkpoint`` around the attention core, the paper's selective
-      recomputation): the core's saved tensors (the log-sum-exp, or the softmax and mask) are
-      recomputed; q, k, v and the output stay.
-    - full (``checkpoint_wrapper`` per block): e·sbh, the block input, as in the paper.
+    - selective (``checkpoint`` around the attention core): the core's saved tensors are
+      recomputed; q, k, v and the output stay. ``op`` (torchtitan's op-level selective AC):
+      :func:`_op_kept_bytes`. full (``checkpoint_wrapper`` per block): e·sbh, the block input.
+
+    The newer knobs (``knobs``) change it as :func:`_norm_bytes`, :func:`_mlp_bytes` and
+    :func:`_attention_bytes` say: sequence parallelism shards the norms (Korthikanti §4.2.2),
+    context parallelism the queries (s/cp tokens per rank) while the all-gathered keys and
+    values of the whole sequence stay for backward, compile lets the partitioner recompute the
+    elementwise intermediates. float8 keeps no less: torchao's ``matmul_with_hp_or_float8_args``
+    saves the high-precision input and weight (``torchao/float8/float8_linear.py``, its
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts again in backward; its casts are
+    temporaries (:func:`block_backward_bytes`).
     """
-    s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
-    a = shape.num_heads
+    s, b, h = seq_len, micro_batch, shape.hidden_size
     e = BYTES_PER_ELEMENT[dtype]
-    sbh, sbf = s * b * h, s * b * f
+    t = s * b // knobs.cp  # tokens (queries) on this rank
+    sp = tp if knobs.sequence_parallel else 1
     if checkpointing == "full":
-        return e * sbh
-    if shape.family == "gpt":
-        # LayerNorm saves its input, mean and rstd; its output is saved by the next Linear.
-        norms = 2 * (2 * e * sbh + 2 * e * s * b)
-        mlp = 2 * e * sbf // tp  # GELU input and output
-    else:
-        # RMSNorm upcasts to fp32 and saves input and normalised input (fp32) plus rstd; its
-        # output (workload dtype) is saved by the next Linear.
-        norms = 2 * (2 * FP32_BYTES * sbh + FP32_BYTES * s * b + e * sbh)
-        mlp = 4 * e * sbf // tp  # w1 out, silu out, w3 out, their product
-        norms += 2 * e * s * shape.head_dim  # rotary cos and sin for q and k: 4 × (s, d/2)
-    qkv_out = 4 * e * sbh // tp  # q, k, v (KV repeated to all heads) and the attention output
+        return e * t * h // sp
+    if checkpointing == "op":
+        return _op_kept_bytes(shape, t, tp, e, sp, attention)
+    norms = 2 * _norm_bytes(shape, t, e, sp, knobs.compiled)
+    if shape.family == "llama":
+        norms += 2 * e * (s // knobs.cp) * shape.head_dim  # rotary cos and sin: 4 × (s, d/2)
+    return (norms + _mlp_bytes(shape, t, tp, e, knobs.compiled)
+            + _attention_bytes(shape, s, b, tp, e, knobs.cp, checkpointing, attention))
+
+
+def _norm_bytes(shape: ModelShape, t: int, e: int, sp: int, compiled: bool) -> int:
+    """What one norm keeps for ``t`` tokens: its input and statistics (÷ t under sequence
+    parallelism ``sp``), and its output, which the column-parallel Linears after it keep as
+    their input. Under sequence parallelism that input is the all-gathered, whole sequence:
+    DTensor's ``PrepareModuleInput`` / ``ColwiseParallel(input_layouts=Shard(1))`` redistribute
+    to ``Replicate()`` before the matmul, which saves what it multiplies (torchtitan's plan,
+    ``torch/distributed/tensor/parallel/style.py``) — unlike Megatron, which gathers it again in
+    backward (Korthikanti §4.2.2; ``engine_memory``).
+
+    LayerNorm keeps its input, mean and rstd; RMSNorm upcasts to fp32 and keeps the fp32 input
+    and normalised input and the rstd. Compiled (AOTAutograd's
+    ``min_cut_rematerialization_partition``, inductor's default, recomputes fusible pointwise
+    ops in backward rather than saving them): the input in its own dtype and the statistics,
+    the fp32 copies and the output recomputed from them (the gathered output stays under SP:
+    collectives are not recomputed)."""
+    th = t * shape.hidden_size
+    stats = 2 * e * t if shape.family == "gpt" else FP32_BYTES * t
+    if compiled:
+        return (e * th + stats) // sp + (e * th if sp > 1 else 0)
+    kept_in = e * th if shape.family == "gpt" else 2 * FP32_BYTES * th
+    return (kept_in + stats) // sp + e * th
+
+
+def _mlp_bytes(shape: ModelShape, t: int, tp: int, e: int, compiled: bool) -> int:
+    """The MLP's f-wide tensors between its column- and row-parallel Linears (÷ t): GELU's input
+    and output; SwiGLU's w1 and w3 outputs, silu's and their product. Compiled: the matmul
+    outputs only (GELU's input; w1's and w3's), the pointwise ones recomputed."""
+    tf = t * shape.ffn_hidden_size
+    wide = (1 if compiled else 2) if shape.family == "gpt" else (2 if compiled else 4)
+    return wide * e * tf // tp
+
+
+def _attention_bytes(shape: ModelShape, s: int, b: int, tp: int, e: int, cp: int,
+                     checkpointing: str, attention: str) -> int:
+    """q and the attention output for the rank's s/cp queries, k and v (repeated to all heads)
+    for the keys they attend over, and the core: SDPA's fp32 log-sum-exp, or eager's softmax
+    and causal mask (none under selective recomputation). With context parallelism the keys
+    and values are all-gathered over the cp group (Llama 3's all-gather attention, Dubey et al.
+    2024 §3.3.2) and SDPA keeps the gathered ones for backward: 2e·b·s·h/t."""
+    h, a = shape.hidden_size, shape.num_heads
+    q = s // cp  # queries on the rank
+    kept = (2 * e * q * b * h + 2 * e * s * b * h) // tp
     if checkpointing == "selective":
-        core = 0
-    elif attention == "sdpa":
-        core = FP32_BYTES * a * s * b // tp  # log-sum-exp
-    else:
-        core = e * a * s * s * b // tp + s * s  # softmax probabilities + causal mask
-    return norms + qkv_out + mlp + core
+        return kept
+    if attention == "sdpa":
+        return kept + FP32_BYTES * a * q * b // tp  # log-sum-exp
+    return kept + e * a * q * s * b // tp + q * s  # softmax probabilities + causal mask
+
+
+def _op_kept_bytes(shape: ModelShape, t: int, tp: int, e: int, sp: int, attention: str) -> int:
+    """torchtitan's op-level selective AC (``_apply_ac_to_transformer_block``, mode 'op'): the
+    block input, and the outputs of the ops its policy saves — every second ``aten.mm`` of the
+    block counted from the first (so wq, wv and w1 of either block, and the Llama block's w2,
+    the seventh), SDPA (output and log-sum-exp) and, under SP, the reduce-scatters. The mm
+    outputs are TP-local: wq's and w1's ÷ t, w2's the whole partial sum before its reduction
+    (÷ t when SP reduce-scatters it). Eager attention's ``bmm`` and softmax are not in the
+    list: recomputed."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv = shape.num_kv_heads * shape.head_dim
+    kept = e * t * h // sp + e * t * (h + kv + f) // tp  # input; wq, wv, w1
+    if shape.family == "llama":
+        kept += e * t * h // sp  # w2
+    if attention == "sdpa":
+        kept += e * t * h // tp + FP32_BYTES * shape.num_heads * t // tp
+    return kept
 
 
 def block_backward_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
-                         checkpointing: str, attention: str, dtype: str) -> int:
+                         checkpointing: str, attention: str, dtype: str,
+                         knobs: LayoutKnobs = NO_KNOBS) -> int:
     """Temporary bytes while one block runs its backward, above what it saved (measured).
 
     Gradient buffers of the block's widest tensors (measured with the profiler's allocation
     events on single blocks, s·b from 64 to 512): ≈ e·sbf/t + e·sbh for the GELU MLP, 2e·sbf/t
     for SwiGLU, plus e·as²b/t for eager attention's softmax gradient. Recomputation first
     rebuilds what was not saved: the whole block, one at a time (full recomputation,
-    Korthikanti et al. 2022), or the attention core (selective).
+    Korthikanti et al. 2022), or what selective / op recomputation dropped. Context
+    parallelism adds the gradients of the gathered keys and values (2e·sbh/t) before their
+    reduce-scatter; float8 its casts of the widest Linear (w1): weight, input and output
+    gradient at 1 byte each (torchao casts them per matmul, ``float8_linear.py``).
     """
     s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
     e = BYTES_PER_ELEMENT[dtype]
+    t = s * b // knobs.cp
     if shape.family == "gpt":
-        grads = e * s * b * f // tp + e * s * b * h
+        grads = e * t * f // tp + e * t * h
     else:
-        grads = 2 * e * s * b * f // tp
+        grads = 2 * e * t * f // tp
     if attention == "eager":
-        grads += e * shape.num_heads * s * s * b // tp
+        grads += e * shape.num_heads * t * s // tp
+    if knobs.cp > 1:
+        grads += 2 * e * s * b * h // tp
+    if knobs.float8:
+        grads += f * h // tp + t * h + t * f // tp
     if checkpointing == "none":
         return grads
-    kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype)
+    kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype,
+                  knobs=knobs)
     rebuilt = layer_activation_bytes(shape, checkpointing="none", **kwargs)
-    if checkpointing == "selective":
-        rebuilt -= layer_activation_bytes(shape, checkpointing="selective", **kwargs)
+    if checkpointing in ("selective", "op"):
+        rebuilt -= layer_activation_bytes(shape, checkpointing=checkpointing, **kwargs)
     return rebuilt + grads
 
 
-def _head_bytes(shape: ModelShape, s: int, b: int, e: int) -> int:
-    """Final norm saved tensors plus the fp32 log-probabilities cross-entropy saves."""
-    h = shape.hidden_size
-    if shape.family == "gpt":
-        return 2 * e * s * b * h + 2 * e * s * b
-    return 2 * FP32_BYTES * s * b * h + FP32_BYTES * s * b + e * s * b * h
+def _head_bytes(shape: ModelShape, t: int, e: int, sp: int) -> int:
+    """The final norm's saved tensors (:func:`_norm_bytes`) for ``t`` tokens."""
+    return _norm_bytes(shape, t, e, sp, compiled=False)
 
 
-def microbatches_in_flight(schedule: str, pp: int, pp_rank: int,
-                           num_microbatches: int) -> tuple[int, ...]:
+def microbatches_in_flight(schedule: str, pp: int, pp_rank: int, num_microbatches: int,
+                           virtual_stages: int = INTERLEAVED_STAGES_PER_RANK
+                           ) -> tuple[int, ...]:
     """Micro-batches whose activations a pipeline rank holds at once, per local stage.
 
     GPipe (Huang et al. 2019): every micro-batch's forward runs before any backward: M.
@@ -541,13 +641,13 @@ def microbatches_in_flight(schedule: str, pp: int, pp_rank: int,
     min(M, pp − i) warm-up forwards before its first backward, then alternates: min(M, pp − i).
     Interleaved 1F1B (Narayanan et al. 2021, §2.2; torch's ``ScheduleInterleaved1F1B``): see
     :func:`_interleaved_peak`; with equal stage sizes this is the warm-up count plus one, split
-    over the rank's two virtual stages.
+    over the rank's ``virtual_stages`` virtual stages.
     """
     if schedule == "gpipe":
         return (num_microbatches,)
     if schedule == "1f1b":
         return (min(num_microbatches, pp - pp_rank),)
-    return _interleaved_peak(pp, pp_rank, num_microbatches, (1,) * INTERLEAVED_STAGES_PER_RANK)
+    return _interleaved_peak(pp, pp_rank, num_microbatches, (1,) * virtual_stages)
 
 
 @lru_cache(maxsize=4096)
@@ -631,44 +731,80 @@ def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
 
 def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
     """At most ``estimate_memory(config, shape).total``, in a few dictionary look-ups: rank 0's
-    model states (cached per tp, pp, dp, ZeRO stage, bucket and precision) and the blocks'
-    activations its schedule holds (cached per micro-batch, tp and checkpointing). ``rank``
-    screens hundreds of thousands of layouts with it before estimating the survivors."""
+    model states (``states_lower_bound``) plus the blocks' activations its schedule holds
+    (``activation_lower_bound``). ``rank`` screens layouts with it before estimating them."""
+    return (states_lower_bound(config, shape, device_type=device_type)
+            + activation_lower_bound(config, shape, device_type=device_type))
+
+
+def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, dp_shard, ZeRO stage,
+    schedule, bucket and precision): what no micro-batch, checkpointing or sequence knob
+    changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
-    tp, pp = config.tp_degree, config.pp_degree
+    interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
+    return _rank0_states(
+        shape, config.workload.vocab_size or shape.vocab_size, config.tp_degree,
+        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage, interleaved,
+        config.virtual_stages, precision, config.bucket_mb, _uses_distributed_optimizer(config),
+        config.optimizer_offload_enabled and device_type == "cuda")[0]
+
+
+def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
+    """The blocks' saved bytes pipeline rank 0 holds at least (cached per micro-batch, tp,
+    checkpointing and the knobs that shard activations)."""
+    precision = config.precision or config.resolved_precision(device_type)
+    pp, v, m = config.pp_degree, config.virtual_stages, config.grad_accum_steps
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    offloaded = config.optimizer_offload_enabled and device_type == "cuda"
-    states, layers = _rank0_states(
-        shape, config.workload.vocab_size or shape.vocab_size, tp, pp, config.dp_degree,
-        config.zero_stage, interleaved, precision, config.bucket_mb,
-        _uses_distributed_optimizer(config), offloaded)
+    part_layers = tuple(p.num_layers for p in _parts(shape.num_layers, pp, interleaved, 0, v))
+    kw = (shape, config.workload.seq_len, config.micro_batch_size, config.tp_degree,
+          config.attention, PRECISION_COMPUTE_DTYPE[precision], LayoutKnobs.of(config))
+    ac = config.activation_checkpointing
+    none = full = _cached_layer_bytes(*kw, ac)
+    if ac == "full" and config.ac_layers is not None:
+        none = _cached_layer_bytes(*kw, "none")
+    weights = [_part_bytes(n, config.ac_layers, none, full) for n in part_layers]
+    if pp == 1:
+        return weights[0]
     if interleaved:
-        return states  # its held micro-batches per virtual stage take a replay
-    held = 1 if pp == 1 else microbatches_in_flight(config.pp_schedule, pp, 0,
-                                                    config.grad_accum_steps)[0]
-    layer = _cached_layer_bytes(shape, config.workload.seq_len, config.micro_batch_size, tp,
-                                config.activation_checkpointing, config.attention,
-                                PRECISION_COMPUTE_DTYPE[precision])
-    return states + held * layers * layer
+        # Before rank 0's first backward it has run every warm-up forward and one more, each
+        # holding one part's activations (``_interleaved_peak``): at least the lightest part's.
+        per_round = m // max(1, m // pp)
+        warmup = min((v - 1) * per_round + 2 * (pp - 1), v * m - 1)
+        return (warmup + 1) * min(weights)
+    return microbatches_in_flight(config.pp_schedule, pp, 0, m)[0] * weights[0]
+
+
+def _part_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int:
+    """A part's blocks' saved bytes per micro-batch: with ``ac_layers`` set, that many blocks
+    under full recomputation (``full`` bytes each) and the rest keeping everything (``none``);
+    otherwise every block ``full`` (the mode's own bytes)."""
+    if ac_layers is None:
+        return layers * full
+    k = min(ac_layers, layers)
+    return k * full + (layers - k) * none
 
 
 @lru_cache(maxsize=65536)
-def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, zero: int,
-                  interleaved: bool, precision: str, bucket_mb: float, flat_zero1: bool,
-                  offloaded: bool) -> tuple[int, int]:
-    """(model-state bytes, layers) of pipeline rank 0, as ``_stage`` computes them."""
-    parts = _parts(shape.num_layers, pp, interleaved, 0)
+def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, dp_shard: int,
+                  zero: int, interleaved: bool, virtual_stages: int, precision: str,
+                  bucket_mb: float, flat_zero1: bool, offloaded: bool
+                  ) -> tuple[int, tuple[int, ...]]:
+    """(model-state bytes, layers per part) of pipeline rank 0, as ``_stage`` computes them."""
+    parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
     sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
-    st = _states(shape, vocab, parts, tp, dp, zero, sb, bucket_mb, flat_zero1=flat_zero1)
+    st = _states(shape, vocab, parts, tp, dp_shard, zero, sb, bucket_mb, flat_zero1=flat_zero1)
     states = 0 if offloaded else st.parameters + st.gradients + st.optimizer_state
-    return states, sum(p.num_layers for p in parts)
+    return states, tuple(p.num_layers for p in parts)
 
 
 @lru_cache(maxsize=65536)
 def _cached_layer_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp: int,
-                        checkpointing: str, attention: str, dtype: str) -> int:
+                        attention: str, dtype: str, knobs: LayoutKnobs,
+                        checkpointing: str) -> int:
     return layer_activation_bytes(shape, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                  checkpointing=checkpointing, attention=attention, dtype=dtype)
+                                  checkpointing=checkpointing, attention=attention, dtype=dtype,
+                                  knobs=knobs)
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
@@ -722,14 +858,32 @@ class _Stage:
         return any(p.last for p in self.parts)
 
     @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on this rank: b·s, ÷ cp under context parallelism."""
+        config = self.config
+        return config.workload.seq_len * config.micro_batch_size // config.cp_degree
+
+    @property
+    def sp(self) -> int:
+        """What sequence parallelism divides the residual stream by: tp, or 1 without SP."""
+        return self.config.tp_degree if self.config.sequence_parallel else 1
+
+    @property
     def sbh(self) -> int:
-        """Elements of one micro-batch's b·s·h activation."""
-        return self.config.workload.seq_len * self.config.micro_batch_size * self.shape.hidden_size
+        """Elements of one micro-batch's b·s·h activation (its tokens on this rank)."""
+        return self.tokens * self.shape.hidden_size
+
+    @property
+    def stream(self) -> int:
+        """Elements of one micro-batch's residual stream on this rank: sbh, ÷ tp under SP
+        (what a pipeline stage sends and receives, and a row-parallel Linear's reduced
+        output)."""
+        return self.sbh // self.sp
 
     @property
     def sbv(self) -> int:
-        """Elements of one micro-batch's logits, b·s·V."""
-        return self.config.workload.seq_len * self.config.micro_batch_size * self.vocab
+        """Elements of one micro-batch's logits, b·s·V (its tokens on this rank)."""
+        return self.tokens * self.vocab
 
     @property
     def two_largest_units(self) -> int:
@@ -774,9 +928,11 @@ def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: st
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     vocab = config.workload.vocab_size or shape.vocab_size  # an explicit shape brings its own
     interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    parts = _parts(shape.num_layers, pp, interleaved, pp_rank)
+    parts = _parts(shape.num_layers, pp, interleaved, pp_rank, config.virtual_stages)
     sb = state_bytes(config.precision, fsdp=dp > 1 and zero >= 2)
-    st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb,
+    # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
+    # across the groups (FSDP2 ``fully_shard`` on a 2-D mesh): a rank's shard is 1/dp_shard.
+    st = _states(shape, vocab, parts, tp, config.dp_shard, zero, sb, config.bucket_mb,
                  flat_zero1=_uses_distributed_optimizer(config))
     return _Stage(config, shape, pp_rank, device_type, parts, sb, st, vocab, interleaved)
 
@@ -785,21 +941,24 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     """(saved for backward, the largest temporary on top of them, the pipeline's kept
     outputs) in bytes: Korthikanti et al. 2022's per-layer activations
     (``layer_activation_bytes``) times the micro-batches the schedule keeps in flight
-    (``microbatches_in_flight``)."""
+    (``microbatches_in_flight``). With ``ac_layers`` (Megatron's --recompute-num-layers, block
+    method) the first ``ac_layers`` blocks of each (virtual) stage are recomputed whole and the
+    others keep everything."""
     config, shape, e = stage.config, stage.shape, stage.e
-    compute_dtype = PRECISION_COMPUTE_DTYPE[config.precision]
-    s, b, m = config.workload.seq_len, config.micro_batch_size, config.grad_accum_steps
-    pp, tp, ac = config.pp_degree, config.tp_degree, config.activation_checkpointing
+    m, pp = config.grad_accum_steps, config.pp_degree
+    modes = _block_modes(config)
+    kw = dict(seq_len=config.workload.seq_len, micro_batch=config.micro_batch_size,
+              tp=config.tp_degree, attention=config.attention,
+              dtype=PRECISION_COMPUTE_DTYPE[config.precision], knobs=LayoutKnobs.of(config))
+    kept = {mode: layer_activation_bytes(shape, checkpointing=mode, **kw) for mode in modes}
     sbv = stage.sbv
-    layer = layer_activation_bytes(shape, seq_len=s, micro_batch=b, tp=tp, checkpointing=ac,
-                                   attention=config.attention, dtype=compute_dtype)
     per_microbatch = []
     for part in stage.parts:
-        saved = part.num_layers * layer
-        if part.last:
-            saved += _head_bytes(shape, s, b, e) + FP32_BYTES * sbv  # fp32 log-probabilities
+        saved = _part_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
+        if part.last:  # the final norm, and the fp32 log-probabilities
+            saved += _head_bytes(shape, stage.tokens, e, stage.sp) + FP32_BYTES * sbv
         elif pp > 1:
-            saved += e * stage.sbh  # the stage output, kept by the schedule until its backward
+            saved += e * stage.stream  # the stage output, kept by the schedule until backward
         per_microbatch.append(saved)
     if pp == 1:
         held: tuple[int, ...] = (1,)  # accumulation runs one micro-batch at a time
@@ -811,14 +970,19 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
     transient = max(2 * FP32_BYTES * sbv if stage.last else 0,
-                    block_backward_bytes(shape, seq_len=s, micro_batch=b, tp=tp,
-                                         checkpointing=ac, attention=config.attention,
-                                         dtype=compute_dtype))
+                    *(block_backward_bytes(shape, checkpointing=mode, **kw) for mode in modes))
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
     # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
     pp_outputs = m * e * sbv if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS) else 0
     return saved, transient, pp_outputs
+
+
+def _block_modes(config: TrialConfig) -> tuple[str, ...]:
+    """The checkpointing modes the blocks run under: the config's, and with ``ac_layers`` set
+    ('full' on that many blocks per stage) 'none' for the others."""
+    ac = config.activation_checkpointing
+    return (ac, "none") if ac == "full" and config.ac_layers is not None else (ac,)
 
 
 def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, int]], int]:
@@ -873,7 +1037,7 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
 
 def _other(stage: _Stage) -> int:
     """Torch pipelining's receive buffers, and on CPU the measurement's allowance."""
-    config, e, sbh = stage.config, stage.e, stage.sbh
+    config, e, sbh = stage.config, stage.e, stage.stream
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     m = config.grad_accum_steps
     other = 0

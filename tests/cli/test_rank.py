@@ -74,7 +74,10 @@ def test_explicit_shape_layouts_follow_its_heads_and_layers():
 
 
 # ---- the ranking -------------------------------------------------------------------------
-RANK_ARGS = ("--model", "gpt-small", "--cluster", "a100-sxm4-80gb", "--global-batch", "32",
+# The newer knobs fixed at one value each; rank lists sequence parallelism on wherever tp > 1.
+NEWER_FIXED = ("--cp", "1", "--dp-replicate", "1", "--virtual-stages", "2")
+RANK_ARGS = ("--model", "gpt-small", *NEWER_FIXED, "--cluster", "a100-sxm4-80gb",
+             "--global-batch", "32",
              "--seq-len", "1024", "--memory-limit", "4", "--top", "10000", "--json")
 
 
@@ -108,14 +111,17 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
                 + cuda.outside_allocator) <= limit
 
     scored = []
-    grid = SearchSpace(_base("gpt-small", 8, 32, 1024)).configs
+    grid = SearchSpace(_base("gpt-small", 8, 32, 1024),
+                       narrowed={"sequence_parallel": [True]}).configs
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if fits(peak):
             t = predict_step_time(config, cluster, Calibration.for_cluster(cluster))
             scored.append((t.tokens_per_s, t.step_time_s, peak, config))
     rows = _folded(scored)
-    assert data["scored"] == len(grid) and data["fit"] == len(scored)
+    # The memory screen drops layouts before they are scored, never one that fits.
+    assert data["scored"] < len(grid) and data["fit"] == len(scored)
+    assert data["screened_groups"] + data["screened_branches"] > 0
     assert data["collapsed"] == len(scored) - len(rows) > 0
     assert 0 < data["fit"] < data["scored"]  # the limit bites
     assert data["world_size"] == 8 and data["cluster"] == "a100-sxm4-80gb"
@@ -137,7 +143,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
             assert abs(twin_time.step_time_s
                        - estimate.step_time_s) <= 1e-3 * estimate.step_time_s
     # Not a terminal: one plain line on stderr, none of the progress line's carriage returns.
-    assert err.startswith(f"scored {len(grid):,} layouts in ") and err.count("\n") == 1
+    assert err.startswith(f"scored {data['scored']:,} layouts in ") and err.count("\n") == 1
     assert "\r" not in err
 
 
@@ -241,9 +247,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
         "unknown_model": ("--model", "gpt-huge", "--cluster", "h100-sxm", *common),
         "no_model": ("--cluster", "h100-sxm", *common),
         # gpt-small on 64 devices: tp ≤ 4 (12 heads) and pp ≤ 12 layers leave dp ≥ 2, so no
-        # layout splits a global batch of 1.
+        # layout splits a global batch of 1 (without context parallelism, which would).
         "unsplittable": ("--model", "gpt-small", "--cluster", "h100-sxm", "--nodes", "8",
-                         "--global-batch", "1", "--seq-len", "256"),
+                         "--global-batch", "1", "--seq-len", "256", "--cp", "1"),
     }[case]
     code, out, err = _run(capsys, *argv)
     assert code == 2 and not out
@@ -275,3 +281,41 @@ def test_an_engines_memory_judges_the_fit():
     for s in titan.fitting:
         peak = estimate_engine_memory(s.config, None, TORCHTITAN).total
         assert s.peak_memory_bytes == peak and peak * 1.15 <= limit
+
+
+# ---- the newer knobs and the memory screen ---------------------------------------------------
+def test_screen_keeps_every_layout_that_fits():
+    # Every newer knob enumerated (SP, cp 1/2/4/8, HSDP, virtual stages): the layouts the
+    # screen keeps and that fit are exactly those of the whole grid that fit, each estimated.
+    from autotune.cli.rank_space import screened_layouts
+    from autotune.search.screen import predicted_to_fit
+
+    base = dataclasses.replace(_base("gpt-tiny", 8, 16, 256), precision="bf16-mixed")
+    shape = base.workload.shape
+    choices = {"sequence_parallel": (False, True), "cp_degree": (1, 2, 4),
+               "dp_replicate": (1, 2, 4, 8), "virtual_stages": (2, 4), "compile": (False,),
+               "float8": (False,)}
+    grid = SearchSpace(base, narrowed={k: list(v) for k, v in choices.items()}).configs
+    peaks = {c: estimate_memory(c, device_type="cuda").total for c in grid}
+    limit = int(sorted(required for required in (
+        ALLOWANCES["cuda"].required_bytes(p) for p in peaks.values()))[len(peaks) // 3])
+    fits = {c for c, p in peaks.items() if predicted_to_fit(p, limit, "cuda")}
+    screened = screened_layouts(base, shape, choices, tp_degrees=[1, 2, 4],
+                                fits=lambda b: predicted_to_fit(b, limit, "cuda"))
+    kept = set(screened.layouts)
+    assert kept <= set(grid) and len(kept) == len(screened.layouts)
+    assert {c for c in kept if c in fits} == fits
+    assert screened.groups_dropped + screened.branches_dropped > 0 and len(kept) < len(grid)
+    assert {c.cp_degree for c in fits} >= {1, 2} and any(c.sequence_parallel for c in fits)
+
+
+def test_knob_flags_fix_the_listed_layouts(capsys):
+    code, out, _ = _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch",
+                        "16", "--seq-len", "4096", "--sp", "--cp", "2", "--top", "50", "--json")
+    assert code == 0
+    layouts = [TrialConfig.from_dict(s["config"]) for s in json.loads(out)["layouts"]]
+    assert layouts and all(c.cp_degree == 2 for c in layouts)
+    assert all(c.sequence_parallel == (c.tp_degree > 1) for c in layouts)
+    code, _, err = _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch",
+                        "16", "--seq-len", "4096", "--cp", "0")
+    assert code == 2 and len(err.splitlines()) == 1 and "cp_degree" in err and "--cp" in err

@@ -17,6 +17,7 @@ from autotune.model.engine_memory import (
     TORCHTITAN,
     TORCHTITAN_MULTINODE,
     block_activation_bytes,
+    engine_layout,
     estimate_engine_memory,
 )
 from autotune.model.memory import (
@@ -37,8 +38,9 @@ GPT = ModelShape(family="gpt", num_layers=4, hidden_size=H, num_heads=A, num_kv_
 PAPER = MemoryTraits(name="paper", dropout=True, flash_attention=False, fused_norm=True)
 
 
-def _block(traits: MemoryTraits, mode: str, tp: int) -> int:
-    return block_activation_bytes(GPT, traits, tokens=S * B, keys=S, tp=tp, e=2, mode=mode)
+def _block(traits: MemoryTraits, mode: str, tp: int, sp: bool = False) -> int:
+    return block_activation_bytes(GPT, traits, tokens=S * B, keys=S, tp=tp, e=2, mode=mode,
+                                  sp=sp)
 
 
 @pytest.mark.parametrize("mode, sp, tp, per_sbh", [
@@ -53,8 +55,7 @@ def _block(traits: MemoryTraits, mode: str, tp: int) -> int:
     ("full", True, T, 2 / T),
 ])
 def test_block_activations_are_korthikanti_table_2(mode, sp, tp, per_sbh):
-    traits = dataclasses.replace(PAPER, sequence_parallel=sp)
-    assert _block(traits, mode, tp) == pytest.approx(S * B * H * per_sbh, rel=1e-12)
+    assert _block(PAPER, mode, tp, sp) == pytest.approx(S * B * H * per_sbh, rel=1e-12)
 
 
 def test_flash_attention_keeps_no_scores():
@@ -94,7 +95,8 @@ def test_torchtitan_figures_within_20_percent(shape, world, tp, micro, ac, trait
                                                global_batch_size=micro * world // tp),
                          world_size=world, tp_degree=tp, zero_stage=3, micro_batch_size=micro,
                          activation_checkpointing=ac, device="cuda", precision="bf16-mixed")
-    predicted = estimate_engine_memory(config, shape, traits).total / GIB
+    # torchtitan turns sequence parallelism on with TP (the 70B row)
+    predicted = estimate_engine_memory(engine_layout(config, traits), shape, traits).total / GIB
     assert predicted == pytest.approx(measured_gib, rel=0.10)
     # autotune's own runtime keeps fp32 norms, replicated logits and whole-block activations:
     # the 155 and 371 GiB, which the engine's traits replace.
@@ -172,11 +174,10 @@ def test_lower_bound_and_stop_above_never_exceed_the_estimate():
 def test_layer_mode_and_context_parallel():
     # torchtitan's 'layer' mode: one block in k checkpointed whole (its input), the others
     # keep everything; context parallelism: each rank holds s / cp of every sequence.
-    every3 = dataclasses.replace(PAPER, selective_mode="layer", ac_layer_every=3,
-                                 context_parallel=2)
+    every3 = dataclasses.replace(PAPER, selective_mode="layer", ac_layer_every=3)
     config = TrialConfig(workload=WorkloadSpec(workload="explicit:gpt", seq_len=S,
-                                               global_batch_size=B), world_size=1,
-                         micro_batch_size=B, activation_checkpointing="selective",
+                                               global_batch_size=B), world_size=2,
+                         cp_degree=2, micro_batch_size=B, activation_checkpointing="selective",
                          device="cuda", precision="bf16-mixed")
     est = estimate_engine_memory(config, GPT, every3)
     half = S * B // 2

@@ -1,0 +1,200 @@
+"""The layouts ``autotune rank`` scores: the search's grid with the newer knobs enumerated, and
+screened by memory before each layout is built.
+
+With every knob (sequence parallelism, context parallelism, HSDP, virtual stages) Llama 3.1
+405B on 1,024 GPUs has about 1.5 million valid layouts; building and validating each one alone
+takes minutes. ``screened_layouts`` walks the grid as a tree instead and drops a branch once a
+lower bound of its memory cannot fit (``search.screen.predicted_to_fit``):
+
+1. per (tp, pp, cp, ZeRO stage, HSDP replicas, schedule, virtual stages): rank 0's model
+   states (``memory.states_lower_bound``, the smallest over the bucket sizes and overlap);
+2. per (micro-batch, checkpointing, sequence parallelism) under it: those states plus the
+   blocks' activations rank 0 holds (``memory.activation_lower_bound``, compiled where
+   compile is listed: it keeps less);
+3. the layouts of a branch that passes (overlap, bucket, compile, float8) are built and
+   validated (``TrialConfig.validate``, the rules the search's grid applies), then estimated
+   exactly by ``rank.rank_layouts``.
+
+Every layout the screen drops is predicted not to fit (its estimate is at least the bound), so
+the layouts predicted to fit, and their order, are those of the unscreened grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from autotune.cli.args import KNOB_FLAGS
+from autotune.config import (
+    CHECKPOINTING_MODES,
+    OVERLAP_CHOICES,
+    PP_SCHEDULES,
+    ZERO_STAGES,
+    TrialConfig,
+)
+from autotune.errors import ConfigError
+from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
+from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
+from autotune.search.space import DEFAULT_BUCKETS_MB
+from autotune.shapes import ModelShape
+
+VIRTUAL_STAGES = (2, 4)
+"""Virtual stages per rank ``rank`` lists under interleaved_1f1b; ``--virtual-stages N`` asks
+for another."""
+CP_MIN_TOKENS = 4096
+"""``rank`` lists a context-parallel degree only where each rank keeps at least this many
+tokens of a sequence (Llama 3 trained 131k tokens at cp 16: 8,192 a rank, Dubey et al. 2024
+§3.3.2); ``--cp N`` asks for any."""
+HSDP_SHARDS = (8, 64)
+"""``rank`` lists the HSDP replica counts world / 8 and world / 64 (shard groups of one node or
+eight nodes of eight GPUs when dp is the whole world), kept only where they divide a layout's
+dp, so with tp or pp > 1 it rarely lists HSDP; ``--dp-replicate N`` asks for any count."""
+
+
+def knob_choices(args: argparse.Namespace, base: TrialConfig,
+                 traits: MemoryTraits | None = None) -> dict[str, tuple]:
+    """The newer knobs' values ``rank`` lists: the flag's value where one is given, otherwise
+    every value (sequence parallelism on and off wherever tp > 1 — on only, for an engine
+    whose recipes turn it on —, every context-parallel degree the sequence allows, every HSDP
+    replica count, ``VIRTUAL_STAGES``); compile and float8 only when asked for. Sequence
+    parallelism is listed on wherever tp > 1, as Megatron-LM's and torchtitan's recipes run
+    it: the same bytes move as TP's all-reduce (Korthikanti et al. 2022 §4.2.2) and every
+    block keeps less (``memory._norm_bytes``), so the off twin is never the better layout."""
+    world, seq = base.world_size, base.workload.seq_len
+    for flag in ("cp", "dp_replicate", "virtual_stages", "ac_layers"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer (its "
+                              f"field {KNOB_FLAGS[flag]}), not {value}")
+    return {
+        "sequence_parallel": (True,),
+        "cp_degree": (args.cp,) if args.cp is not None else tuple(
+            d for d in divisors(world) if d == 1 or (seq % (2 * d) == 0
+                                                     and seq // d >= CP_MIN_TOKENS)),
+        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else (1,) + tuple(
+            world // shard for shard in HSDP_SHARDS if world % shard == 0 and world > shard),
+        "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
+        "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
+        "float8": (True,) if args.fp8 else SEARCHED_BY_DEFAULT["float8"],
+    }
+
+
+@dataclass
+class Screened:
+    """What the screen kept, and what it dropped before building it."""
+
+    layouts: list[TrialConfig] = field(default_factory=list)
+    """Valid layouts whose lower bound fits, to be estimated exactly."""
+    groups_dropped: int = 0
+    """(tp, pp, cp, ZeRO, HSDP, schedule, virtual stages) branches whose model states alone
+    cannot fit."""
+    branches_dropped: int = 0
+    """(micro-batch, checkpointing, SP) branches whose states and held activations cannot."""
+    smallest: tuple[TrialConfig, int] | None = None
+    """The smallest lower bound among what was dropped, and a layout of its branch."""
+
+    def drop(self, config: TrialConfig, bound: int) -> None:
+        if self.smallest is None or bound < self.smallest[1]:
+            self.smallest = (config, bound)
+
+
+def screened_layouts(base: TrialConfig, shape: ModelShape, choices: dict[str, tuple], *,
+                     tp_degrees: list[int], fits, rules: dict[str, int] | None = None
+                     ) -> Screened:
+    """The grid of ``base`` with the newer knobs' ``choices`` (``knob_choices``), walked as
+    the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound."""
+    out = Screened()
+    world, batch = base.world_size, base.workload.global_batch_size
+    for tp, pp, cp in itertools.product(tp_degrees, divisors(world), choices["cp_degree"]):
+        if world % (tp * pp * cp) or batch % (world // (tp * pp * cp)):
+            continue
+        dp = world // (tp * pp * cp)
+        over = set()  # (zero, schedule, v) whose states failed at fewer HSDP replicas
+        for group in _groups(base, tp, pp, cp, dp, choices):
+            key = (group.zero_stage, group.pp_schedule, group.virtual_stages)
+            # More replicas, smaller shard groups, larger shards: once the states cannot fit,
+            # they cannot with more replicas either (the groups come in ascending replicas).
+            states = None if key in over else _states_bound(group, shape)
+            if states is None or not fits(states):
+                out.groups_dropped += 1
+                if states is not None:
+                    over.add(key)
+                    out.drop(group, states)
+                continue
+            _branches(group, shape, choices, states, fits, out, rules)
+    return out
+
+
+def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict[str, tuple]):
+    """One config per (ZeRO stage, HSDP replicas, schedule, virtual stages) of a (tp, pp, cp)."""
+    zeros = (0,) if dp == 1 else ZERO_STAGES
+    for zero, schedule in itertools.product(zeros, PP_SCHEDULES if pp > 1 else
+                                            (base.pp_schedule,)):
+        replicas = [r for r in choices["dp_replicate"]
+                    if r == 1 or (zero >= 2 and dp % r == 0 and dp > 1)]
+        interleaved = pp > 1 and schedule == "interleaved_1f1b"
+        stages = choices["virtual_stages"] if interleaved else (base.virtual_stages,)
+        for rep, v in itertools.product(replicas, stages):
+            yield dataclasses.replace(base, tp_degree=tp, pp_degree=pp, cp_degree=cp,
+                                      zero_stage=zero, dp_replicate=rep, pp_schedule=schedule,
+                                      virtual_stages=v, micro_batch_size=base.workload.
+                                      global_batch_size // dp)
+
+
+def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
+    """Rank 0's model states, the least over the grid's overlap and bucket choices: they
+    matter only to the distributed optimizer's bucketed partition (ZeRO-1 with TP, or with a
+    pipeline and overlap; ``memory._uses_distributed_optimizer``)."""
+    varies = group.zero_stage == 1 and group.dp_degree > 1 and (
+        group.tp_degree > 1 or group.pp_degree > 1)
+    configs = _overlap_bucket(group) if varies else [group]
+    return min(states_lower_bound(c, shape, device_type=c.device) for c in configs)
+
+
+def _overlap_bucket(config: TrialConfig) -> list[TrialConfig]:
+    """``config`` with each overlap and bucket size the grid lists (one when dp is 1)."""
+    if config.dp_degree == 1:
+        return [dataclasses.replace(config, overlap_enabled=True,
+                                    bucket_mb=DEFAULT_BUCKETS_MB[0])]
+    return [dataclasses.replace(config, overlap_enabled=ov, bucket_mb=b)
+            for ov, b in itertools.product(OVERLAP_CHOICES, DEFAULT_BUCKETS_MB)]
+
+
+def _branches(group: TrialConfig, shape: ModelShape, choices: dict[str, tuple], states: int,
+              fits, out: Screened, rules: dict[str, int] | None) -> None:
+    """Each (micro-batch, checkpointing, SP) under ``group``: dropped on its bound, or its
+    valid layouts kept."""
+    dp = group.dp_degree
+    modes = ("full",) if group.ac_layers is not None else CHECKPOINTING_MODES
+    sps = choices["sequence_parallel"] if group.tp_degree > 1 else (False,)
+    lean = dict(compile=any(choices["compile"]))  # compiled blocks keep the least
+    # Without a pipeline rank 0 holds one micro-batch of b sequences; under 1F1B p of them
+    # (M ≥ p, its rule): its activations grow with b, so once a micro-batch cannot fit, the
+    # larger ones (listed after it) cannot either.
+    monotone = group.pp_degree == 1 or group.pp_schedule == "1f1b"
+    over: set[tuple[str, bool]] = set()
+    for micro, ac, sp in itertools.product(divisors(group.workload.global_batch_size // dp),
+                                           modes, sps):
+        if (ac, sp) in over:
+            out.branches_dropped += 1
+            continue
+        branch = dataclasses.replace(group, micro_batch_size=micro,
+                                     activation_checkpointing=ac, sequence_parallel=sp)
+        bound = states + activation_lower_bound(dataclasses.replace(branch, **lean), shape,
+                                                device_type=branch.device)
+        if not fits(bound):
+            out.branches_dropped += 1
+            out.drop(branch, bound)
+            if monotone:
+                over.add((ac, sp))
+            continue
+        for leaf, comp, f8 in itertools.product(_overlap_bucket(branch), choices["compile"],
+                                                choices["float8"]):
+            config = dataclasses.replace(leaf, compile=comp, float8=f8)
+            try:
+                config.validate(**(rules or {}))
+            except ConfigError:
+                continue
+            out.layouts.append(config)
