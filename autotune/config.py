@@ -1,7 +1,8 @@
 """Typed configurations: the single source of truth for what a trial runs.
 
 ``WorkloadSpec`` says *what* is trained, ``TrialConfig`` *how*. Both are frozen, keyword-only
-dataclasses; every field carries a one-line docstring (shown by ``autotune trial --help``).
+dataclasses; every field carries a one-line docstring, which is also the help of the flag that
+sets it (``cli/config_flags.py``).
 ``validate()`` raises :class:`ConfigError` naming the broken rule and the fix; ``to_dict`` /
 ``from_dict`` round-trip losslessly through JSON and reject unknown keys and wrong types.
 """

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE
+from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, WorkloadSpec
 from autotune.errors import EXIT_RUNTIME, AutotuneError, ConfigError
 
 DEFAULT_DB = "sqlite:///autotune.db"
@@ -132,44 +132,6 @@ def add_engine_arg(p: argparse.ArgumentParser) -> None:
                    "the trial engine)")
 
 
-def add_knob_args(group, *, rank: bool = False) -> None:
-    """The newer layout knobs' flags (``estimate`` sets them on the config; ``rank`` lists only
-    layouts with the given value, and enumerates the knobs not given)."""
-    what = "list only layouts with " if rank else ""
-    group.add_argument("--sp", action="store_true",
-                       help=f"{what}sequence parallelism with TP (sequence_parallel)")
-    group.add_argument("--cp", type=int, metavar="N",
-                       help=f"{what}context-parallel degree N (cp_degree; world = dp × cp × tp "
-                       "× pp)")
-    group.add_argument("--virtual-stages", type=int, metavar="N",
-                       help=f"{what}N model chunks per pipeline rank under interleaved_1f1b "
-                       "(virtual_stages)")
-    group.add_argument("--dp-replicate", type=int, metavar="N",
-                       help=f"{what}HSDP with N replica groups of dp / N shards (dp_replicate; "
-                       "ZeRO-2/3)")
-    group.add_argument("--ac-layers", type=int, metavar="N",
-                       help=f"{what}full checkpointing of N blocks per pipeline stage, the "
-                       "others keeping everything (ac_layers)")
-    group.add_argument("--compile", action="store_true",
-                       help=f"{what}torch.compile per block (compile)")
-    group.add_argument("--fp8", action="store_true",
-                       help=f"{what}float8 linears, torchao (float8; GPUs of compute "
-                       "capability ≥ 8.9)")
-
-
-KNOB_FLAGS = {"sp": "sequence_parallel", "cp": "cp_degree", "virtual_stages": "virtual_stages",
-              "dp_replicate": "dp_replicate", "ac_layers": "ac_layers", "compile": "compile",
-              "fp8": "float8"}
-"""``add_knob_args``' flags (argparse destinations) → the TrialConfig fields they set."""
-
-
-def knob_values(args: argparse.Namespace) -> dict:
-    """The config fields the newer knobs' flags give (those not given are left out)."""
-    given = {field: getattr(args, dest) for dest, field in KNOB_FLAGS.items()}
-    return {field: value for field, value in given.items()
-            if value is not None and value is not False}
-
-
 # ---- what the handlers share ---------------------------------------------------------------
 def open_db(url: str, *, create: bool = True, required_by: str | None = None):
     """The database at URL, or None for 'none' (trial and profile then store nothing). A
@@ -233,3 +195,22 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         print(f"autotune: internal error: {type(e).__name__}: {e} (rerun with --debug for the "
               "traceback)", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
+    """``workload`` training the model named ``model``: a built-in one (e.g. 'llama-70b') or a
+    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
+    import dataclasses
+
+    from autotune.shapes import MODEL_SHAPES, model_names
+
+    if model.startswith("hf:"):
+        from autotune.hf_config import hf_shape
+
+        ref = model[3:]
+        hf_shape(ref)  # a missing or unsupported config is one line here
+        return dataclasses.replace(workload, hf_model=ref, workload=None)
+    family, _, size = model.partition("-")
+    if (family, size) not in MODEL_SHAPES:
+        raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")
+    return dataclasses.replace(workload, family=family, size=size, workload=None)

@@ -82,12 +82,27 @@ def flag_kwargs(cls: type, name: str, *, default: Any = None) -> dict[str, Any]:
     return {**kwargs, "metavar": "TEXT"}
 
 
-def add_flags(group: argparse._ActionsContainer, *flags: str, **defaults: Any) -> None:
+def add_flags(group: argparse._ActionsContainer, *flags: str, required: bool = False,
+              help_prefix: str = "", **defaults: Any) -> None:
     """Add the named ``FLAGS`` to a parser or group; ``defaults`` by field name (None: the
     flag was not given, and the config's own value stands)."""
     for flag in flags:
         cls, name = FLAGS[flag]
-        group.add_argument(flag, **flag_kwargs(cls, name, default=defaults.get(name)))
+        kwargs = flag_kwargs(cls, name, default=defaults.get(name))
+        kwargs["help"] = help_prefix + kwargs["help"]
+        group.add_argument(flag, **kwargs, **({"required": True} if required else {}))
+
+
+KNOB_FLAGS = ("--sp", "--cp", "--virtual-stages", "--dp-replicate", "--ac-layers", "--compile",
+              "--fp8")
+"""The newer layout knobs' flags (issue 26's sequence and context parallelism, HSDP, virtual
+stages, partial checkpointing, compile, float8)."""
+
+
+def add_knob_args(group: argparse._ActionsContainer, *, rank: bool = False) -> None:
+    """The newer knobs' flags: ``estimate`` sets them on the config; ``rank`` lists only
+    layouts with the given value, and enumerates the knobs not given."""
+    add_flags(group, *KNOB_FLAGS, help_prefix="list only layouts with this: " if rank else "")
 
 
 def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:

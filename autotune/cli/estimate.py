@@ -22,22 +22,19 @@ import dataclasses
 import json
 import math
 import sys
-from typing import get_args
 
+from autotune.cli.config_flags import add_flags, add_knob_args, given
 from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
+    builtin_workload,
     add_engine_arg,
-    add_knob_args,
     add_precision_args,
-    knob_values,
     precision_arg,
 )
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.config import (
-    ActivationCheckpointing,
-    PipelineSchedule,
     TrialConfig,
     WorkloadSpec,
 )
@@ -48,7 +45,7 @@ from autotune.model.memory import (
     gathered_parameter_bytes,
     model_state_bytes,
 )
-from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
+from autotune.shapes import ModelShape, model_names
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.perf_model import (
     TERMS,
@@ -83,23 +80,10 @@ def add_estimate_parser(sub) -> None:
                    help=f"built-in model: {', '.join(model_names())} (default gpt-tiny), or "
                    "hf:PATH_OR_ID, a Hugging Face causal LM's config.json")
     knobs = p.add_argument_group("layout and batch (default: the config's, else TrialConfig's)")
-    knobs.add_argument("--world-size", type=int, metavar="N", help="ranks (devices)")
-    knobs.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree")
-    knobs.add_argument("--pp", type=int, metavar="N", help="pipeline-parallel degree")
-    knobs.add_argument("--zero", type=int, metavar="STAGE", help="ZeRO stage 0-3")
-    knobs.add_argument("--micro-batch", type=int, metavar="N",
-                       help="sequences per micro-batch per data-parallel rank")
-    knobs.add_argument("--global-batch", type=int, metavar="N",
-                       help="sequences per optimizer step over all data-parallel ranks")
-    knobs.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
-    knobs.add_argument("--ac", choices=get_args(ActivationCheckpointing),
-                       help="activation checkpointing")
-    knobs.add_argument("--schedule", choices=get_args(PipelineSchedule),
-                       help="pipeline schedule (with --pp > 1)")
+    add_flags(knobs, "--world-size", "--tp", "--pp", "--zero", "--micro-batch", "--global-batch",
+              "--seq-len", "--ac", "--schedule")
     add_precision_args(knobs)
-    knobs.add_argument("--attention", choices=("sdpa", "eager"), help="attention kernel")
-    knobs.add_argument("--bucket-mb", type=float, metavar="MB",
-                       help="gradient bucket / FSDP unit size in MB")
+    add_flags(knobs, "--attention", "--bucket-mb")
     knobs.add_argument("--no-overlap", action="store_true",
                        help="overlap_enabled false (one bucketed all-reduce after backward)")
     add_knob_args(knobs)
@@ -179,24 +163,17 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
     workload = config.workload
     if args.model is not None:
         workload = builtin_workload(workload, args.model)
-    wl_fields = {"seq_len": args.seq_len, "global_batch_size": args.global_batch,
-                 "dtype": args.dtype, "vocab_size": args.vocab_size}
+    wl_fields = {**given(args, WorkloadSpec), "dtype": args.dtype, "vocab_size": args.vocab_size}
     workload = dataclasses.replace(workload, **{k: v for k, v in wl_fields.items()
                                                 if v is not None})
-    fields = {"world_size": args.world_size, "tp_degree": args.tp, "pp_degree": args.pp,
-              "zero_stage": args.zero, "micro_batch_size": args.micro_batch,
-              "activation_checkpointing": args.ac, "pp_schedule": args.schedule,
-              "attention": args.attention, "bucket_mb": args.bucket_mb}
+    fields = given(args, TrialConfig)
     if args.no_overlap:
         fields["overlap_enabled"] = False
-    fields.update(knob_values(args))
     if precision_arg(args.precision) is not None:
         fields["precision"] = args.precision
     config = dataclasses.replace(config, workload=workload,
                                  **{k: v for k, v in fields.items() if v is not None})
-    if config.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {config.zero_stage}")
-    if args.global_batch is None and not args.config:
+    if args.global_batch_size is None and not args.config:
         # No batch given: one micro-batch per data-parallel rank (no accumulation).
         tp_pp = config.tp_degree * config.pp_degree * config.cp_degree
         if tp_pp > 0 and config.world_size % tp_pp == 0 and config.world_size >= tp_pp:
@@ -207,21 +184,6 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
             config = dataclasses.replace(config, workload=dataclasses.replace(
                 config.workload, global_batch_size=batch))
     return config
-
-
-def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
-    """``workload`` training the model named ``model``: a built-in one (e.g. 'llama-70b') or a
-    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
-    if model.startswith("hf:"):
-        from autotune.hf_config import hf_shape
-
-        ref = model[3:]
-        hf_shape(ref)  # a missing or unsupported config is one line here
-        return dataclasses.replace(workload, hf_model=ref, workload=None)
-    family, _, size = model.partition("-")
-    if (family, size) not in MODEL_SHAPES:
-        raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")
-    return dataclasses.replace(workload, family=family, size=size, workload=None)
 
 
 def cluster_for_world(name_or_path: str, nodes: int | None, world_size: int) -> ClusterSpec:

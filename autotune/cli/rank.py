@@ -41,12 +41,13 @@ import time as timer
 from dataclasses import dataclass
 from typing import get_args
 
+from autotune.cli.config_flags import add_flags, add_knob_args
 from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
+    builtin_workload,
     add_engine_arg,
-    add_knob_args,
     add_precision_args,
     precision_arg,
 )
@@ -61,7 +62,6 @@ from autotune.config import (
 )
 from autotune.errors import AutotuneError, ConfigError
 from autotune.cli.estimate import (
-    builtin_workload,
     describe_cluster,
     explicit_shape,
     mark_explicit,
@@ -147,10 +147,7 @@ def add_rank_parser(sub) -> None:
     add_cluster_args(p, required=True, nodes_help="nodes of the cluster (default: the "
                      "cluster's own, 1 for the built-in ones); world size = nodes × devices "
                      "per node")
-    p.add_argument("--global-batch", type=int, required=True, metavar="N",
-                   help="sequences per optimizer step over all data-parallel ranks")
-    p.add_argument("--seq-len", type=int, required=True, metavar="N",
-                   help="tokens per sequence")
+    add_flags(p, "--global-batch", "--seq-len", required=True)
     add_precision_args(p)
     add_knob_args(p.add_argument_group(
         "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
@@ -314,7 +311,7 @@ def describe_comparison(c: Comparison) -> str:
 def _base_config(args: argparse.Namespace,
                  cluster: ClusterSpec) -> tuple[TrialConfig, ModelShape | None]:
     """The layout-free part: workload, world size, device; and the explicit shape, if any."""
-    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch,
+    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             dtype=args.dtype, vocab_size=args.vocab_size)
     if args.model is not None:
         workload = builtin_workload(workload, args.model)

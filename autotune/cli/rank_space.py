@@ -26,7 +26,6 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from autotune.cli.args import KNOB_FLAGS
 from autotune.config import (
     CHECKPOINTING_MODES,
     OVERLAP_CHOICES,
@@ -63,21 +62,16 @@ def knob_choices(args: argparse.Namespace, base: TrialConfig,
     it: the same bytes move as TP's all-reduce (Korthikanti et al. 2022 §4.2.2) and every
     block keeps less (``memory._norm_bytes``), so the off twin is never the better layout."""
     world, seq = base.world_size, base.workload.seq_len
-    for flag in ("cp", "dp_replicate", "virtual_stages", "ac_layers"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer (its "
-                              f"field {KNOB_FLAGS[flag]}), not {value}")
     return {
         "sequence_parallel": (True,),
-        "cp_degree": (args.cp,) if args.cp is not None else tuple(
+        "cp_degree": (args.cp_degree,) if args.cp_degree is not None else tuple(
             d for d in divisors(world) if d == 1 or (seq % (2 * d) == 0
                                                      and seq // d >= CP_MIN_TOKENS)),
         "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else (1,) + tuple(
             world // shard for shard in HSDP_SHARDS if world % shard == 0 and world > shard),
         "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
         "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
-        "float8": (True,) if args.fp8 else SEARCHED_BY_DEFAULT["float8"],
+        "float8": (True,) if args.float8 else SEARCHED_BY_DEFAULT["float8"],
     }
 
 

@@ -11,6 +11,7 @@ from autotune.cli.args import (
     DEFAULT_DB,
     add_db_arg,
     add_debug_arg,
+    builtin_workload,
     add_precision_args,
     add_ray_args,
     executor_settings,
@@ -19,6 +20,7 @@ from autotune.cli.args import (
     positive_int,
     precision_arg,
 )
+from autotune.cli.config_flags import add_flags
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError, ConfigError
 from autotune.search.spec import SAMPLERS, STRATEGIES, SearchSpec
@@ -58,10 +60,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    "hf:PATH_OR_ID: a Hugging Face causal LM built from its config.json "
                    "(a folder, the file, or an id in the local HF cache)")
     p.add_argument("--workload", metavar="PKG.MODULE:FN", help="a user workload instead")
-    p.add_argument("--seq-len", type=positive_int, default=workload.seq_len, metavar="N")
-    p.add_argument("--global-batch", type=positive_int, default=workload.global_batch_size,
-                   metavar="N", help="sequences per optimizer step (fixed across "
-                   "configurations)")
+    add_flags(p, "--seq-len", "--global-batch", seq_len=workload.seq_len,
+              global_batch_size=workload.global_batch_size)
     add_precision_args(p)
     p.add_argument("--world-size", type=positive_int, metavar="N",
                    help="ranks per trial (default: visible GPUs, or 2 on CPU)")
@@ -118,11 +118,10 @@ def _add_measurement_args(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> SearchSpec:
     """The flags as a validated ``SearchSpec``; a user workload's builder is loaded to check it
     (before the database and Ray: one line, exit 2)."""
-    from autotune.cli.estimate import builtin_workload
     from autotune.search.search import default_world_size
     from autotune.search.space import load_space_file, parse_fix
 
-    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch,
+    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             dtype=args.dtype, workload=args.workload)
     if not args.workload:
         workload = builtin_workload(workload, args.model)

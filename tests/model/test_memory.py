@@ -610,7 +610,6 @@ def test_cli_params_gives_model_states_only(capsys):
       "--seq-len", "64", "--vocab-size", "100"), "either --model or"),
     (("--num-layers", "4", "--hidden-size", "60", "--num-heads", "8", "--seq-len", "64",
       "--vocab-size", "100"), "must divide --hidden-size"),
-    (("--zero", "5",), "0, 1, 2 or 3"),
     (("--world-size", "4", "--tp", "3"), "must divide world_size"),
     (("--params", "-3",), "positive parameter count"),
     (("--params", "1e9", "--model", "gpt-small"), "drop --model"),
@@ -620,3 +619,17 @@ def test_cli_bad_input_is_one_config_error(capsys, argv, message):
     with pytest.raises(ConfigError, match=message) as info:
         _run_cli(capsys, *argv)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--zero", "5"), "invalid choice: 5 (choose from 0, 1, 2, 3)"),
+    (("--tp", "0"), "argument --tp: must be ≥ 1, not 0"),
+    (("--ac", "some"), "invalid choice: 'some'"),
+])
+def test_cli_flag_out_of_its_field_type_is_a_usage_error(capsys, argv, message):
+    """The layout flags take their type from the config field (cli/config_flags.py): a value
+    the field cannot hold is argparse's one-line usage error, exit 2."""
+    with pytest.raises(SystemExit) as info:
+        _run_cli(capsys, *argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
