@@ -47,9 +47,10 @@ CP_MIN_TOKENS = 4096
 tokens of a sequence (Llama 3 trained 131k tokens at cp 16: 8,192 a rank, Dubey et al. 2024
 §3.3.2); ``--cp N`` asks for any."""
 HSDP_SHARDS = (8, 64)
-"""``rank`` lists the HSDP replica counts world / 8 and world / 64 (shard groups of one node or
-eight nodes of eight GPUs when dp is the whole world), kept only where they divide a layout's
-dp, so with tp or pp > 1 it rarely lists HSDP; ``--dp-replicate N`` asks for any count."""
+"""``rank`` lists HSDP with shard groups of 8 and 64 ranks (one node or eight nodes of eight
+GPUs when tp = 1; torchtitan's and Llama 3's recipes shard within a node or a few), i.e. the
+replica counts dp / 8 and dp / 64 of each layout's dp; ``--dp-replicate N`` asks for any
+count."""
 
 
 def knob_choices(args: argparse.Namespace, base: TrialConfig,
@@ -67,8 +68,7 @@ def knob_choices(args: argparse.Namespace, base: TrialConfig,
         "cp_degree": (args.cp_degree,) if args.cp_degree is not None else tuple(
             d for d in divisors(world) if d == 1 or (seq % (2 * d) == 0
                                                      and seq // d >= CP_MIN_TOKENS)),
-        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else (1,) + tuple(
-            world // shard for shard in HSDP_SHARDS if world % shard == 0 and world > shard),
+        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else None,
         "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
         "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
         "float8": (True,) if args.float8 else SEARCHED_BY_DEFAULT["float8"],
@@ -126,7 +126,7 @@ def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict
     zeros = (0,) if dp == 1 else ZERO_STAGES
     for zero, schedule in itertools.product(zeros, PP_SCHEDULES if pp > 1 else
                                             (base.pp_schedule,)):
-        replicas = [r for r in choices["dp_replicate"]
+        replicas = [r for r in _replica_counts(dp, choices["dp_replicate"])
                     if r == 1 or (zero >= 2 and dp % r == 0 and dp > 1)]
         interleaved = pp > 1 and schedule == "interleaved_1f1b"
         stages = choices["virtual_stages"] if interleaved else (base.virtual_stages,)
@@ -135,6 +135,15 @@ def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict
                                       zero_stage=zero, dp_replicate=rep, pp_schedule=schedule,
                                       virtual_stages=v, micro_batch_size=base.workload.
                                       global_batch_size // dp)
+
+
+def _replica_counts(dp: int, given: tuple[int, ...] | None) -> list[int]:
+    """HSDP replica counts to list for a layout of ``dp`` data-parallel ranks, ascending: the
+    one ``--dp-replicate`` gave, else 1 (plain FSDP / ZeRO) and dp / shard for each of
+    ``HSDP_SHARDS`` that leaves more than one replica."""
+    if given is not None:
+        return list(given)
+    return [1] + sorted(dp // shard for shard in HSDP_SHARDS if dp % shard == 0 and dp > shard)
 
 
 def _states_bound(group: TrialConfig, shape: ModelShape) -> int:

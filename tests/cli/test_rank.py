@@ -316,6 +316,21 @@ def test_knob_flags_fix_the_listed_layouts(capsys):
     layouts = [TrialConfig.from_dict(s["config"]) for s in json.loads(out)["layouts"]]
     assert layouts and all(c.cp_degree == 2 for c in layouts)
     assert all(c.sequence_parallel == (c.tp_degree > 1) for c in layouts)
-    code, _, err = _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch",
-                        "16", "--seq-len", "4096", "--cp", "0")
-    assert code == 2 and len(err.splitlines()) == 1 and "cp_degree" in err and "--cp" in err
+    with pytest.raises(SystemExit) as info:
+        _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch", "16",
+             "--seq-len", "4096", "--cp", "0")
+    # argparse's usage error: the usage, then one line naming the flag and its rule
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.splitlines()[-1].endswith("argument --cp: must be ≥ 1, not 0")
+
+
+def test_default_hsdp_replicas_follow_each_layouts_dp():
+    # Shard groups of 8 and 64 ranks whatever tp, pp and cp leave as dp: a tp-8 layout on 1,024
+    # GPUs (dp 128) lists 2 and 16 replicas, not world / 8 = 128 (dp_shard 1, no sharding).
+    from autotune.cli.rank_space import _replica_counts
+
+    assert _replica_counts(128, None) == [1, 2, 16]
+    assert _replica_counts(1024, None) == [1, 16, 128]
+    assert _replica_counts(8, None) == [1]
+    assert _replica_counts(128, (4,)) == [4]
