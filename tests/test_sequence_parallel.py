@@ -92,3 +92,17 @@ def test_sequence_parallel_moves_the_bytes_of_the_all_reduces(recorded):
     assert sorted(sp["backward"]) == sorted(sp["forward"])
     assert sorted(tp["backward"]) == [("AR", S)] * (4 * LAYERS)  # q, k, v, w1 apart
     assert _wire(sp["backward"]) - gather == _wire(tp["backward"]) / 2
+
+
+def test_a_workload_without_a_sequence_parallel_plan_is_refused_in_one_line():
+    from autotune.errors import ConfigError
+    from autotune.trial.models.build import build_workload
+    from autotune.trial.parallel.parallelize import check_workload_supports
+
+    spec = WorkloadSpec(workload="user_workload:build", seq_len=16, global_batch_size=4)
+    config = TrialConfig(workload=spec, world_size=2, tp_degree=2, sequence_parallel=True,
+                         micro_batch_size=4, device="cpu")
+    workload = build_workload(spec)
+    assert workload.tp_plan and workload.sp_plan is None  # TP, but no SP plan
+    with pytest.raises(ConfigError, match="provides no sp_plan .*turn sequence_parallel off"):
+        check_workload_supports(config, workload)
