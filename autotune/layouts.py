@@ -34,8 +34,8 @@ SEARCHED_BY_DEFAULT: dict[str, tuple] = {
 }
 """The values of the newer knobs a search space takes unless --fix or a space file names others:
 the value that keeps the layout as before, plus each value the trial engine runs and the search
-has been shown to use (sequence parallelism: every TP layout also with SP, tests/test_layouts.py
-and tests/test_sequence_parallel.py)."""
+has been shown to use (sequence parallelism: every TP layout also with SP;
+tests/trial/parallel/test_layouts.py and test_sequence_parallel.py)."""
 
 
 def divisors(n: int) -> list[int]:

@@ -10,7 +10,7 @@ is saved by nothing, so a block recomputes at most its first 5: full 5 per block
 block; full with ac_layers = k, 5 for each of the first k blocks of each stage. SDPA's forward
 runs again in backward under full and selective checkpointing, not under op (it keeps SDPA's
 output). The losses each mode trains are compared with the single-process reference in
-tests/test_layouts.py and tests/test_hf.py.
+test_layouts.py and tests/trial/test_hf.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ activation b·s·h·4 bytes:
 - TP backward all-reduces each column-parallel input's gradient on its own: q, k, v and the MLP
   input, 4 per GPT block (Megatron fuses QKV: 2; ``perf_model``'s ``backward_inputs``), so
   with SP this engine's backward moves half of what its TP moves.
-The losses SP trains are compared with the single-process reference in tests/test_layouts.py
+The losses SP trains are compared with the single-process reference in test_layouts.py
 (and its negative control, a missing reduce-scatter, there).
 """
 
