@@ -6,7 +6,8 @@
    the TP plan's module paths still resolve and each stage is parallelised on its own (as in
    torchtitan, which splits before ``parallelize``). Splitting after TP would deep-copy DTensors.
 2. **Tensor parallelism** next: it rewrites Linear weights into DTensors on the tp dim, and the
-   plan names the *unwrapped* module paths that checkpoint wrappers would hide.
+   plan names the *unwrapped* module paths that checkpoint wrappers would hide. With
+   sequence parallelism the workload's ``sp_plan`` replaces its ``tp_plan``.
 3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
    modules, so recomputation replays the TP collectives too.
 4. **ZeRO / data parallelism** last: FSDP2 must see the final module tree (checkpoint wrappers
@@ -62,10 +63,8 @@ class ParallelModel:
 
 
 NOT_YET_RUN = {
-    "sequence_parallel": lambda c: c.sequence_parallel,
     "cp_degree": lambda c: c.cp_degree > 1,
     "dp_replicate": lambda c: c.dp_replicate > 1,
-    "ac_layers": lambda c: c.ac_layers is not None,
     "compile": lambda c: c.compile,
     "float8": lambda c: c.float8,
 }
@@ -83,6 +82,10 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
                           "use tp_degree 1 or add a tp_plan to its Workload")
+    if config.sequence_parallel and not workload.sp_plan:
+        raise ConfigError(f"workload {config.workload.name} provides no sp_plan (sequence-"
+                          "parallel TP plan); turn sequence_parallel off or add an sp_plan "
+                          "to its Workload")
     if config.pp_degree > 1 and workload.pipeline_split is None:
         raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
                           "use pp_degree 1 or add a pipeline_split to its Workload")
@@ -98,9 +101,12 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
     else:
         parts = [model]
     parts = [apply_precision(p.to(device), config) for p in parts]
-    if config.tp_degree > 1:
+    if config.tp_degree > 1 and config.sequence_parallel:
+        parts = [apply_tp(p, mesh["tp"], workload.sp_plan, workload.blocks) for p in parts]
+    elif config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
-    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
+    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks, config.ac_layers)
+             for p in parts]
     dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
