@@ -28,6 +28,8 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
+from autotune.trial.parallel.compile import apply_compile, check_compile
+from autotune.trial.parallel.float8 import apply_float8
 from autotune.trial.parallel.mesh import MeshCoords, coords_of
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
 from autotune.trial.parallel.precision import LossScaler, apply_precision
@@ -66,8 +68,6 @@ NOT_YET_RUN = {
     "cp_degree": lambda c: c.cp_degree > 1,
     "dp_replicate": lambda c: c.dp_replicate > 1,
     "ac_layers": lambda c: c.ac_layers is not None,
-    "compile": lambda c: c.compile,
-    "float8": lambda c: c.float8,
 }
 """Knobs the models predict but the trial engine does not run yet, and when a config uses
 them."""
@@ -80,6 +80,7 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
         if used(config):
             raise ConfigError(f"trials do not run {knob} yet (autotune estimate and rank "
                               f"predict it); leave {knob} at its default to run a trial")
+    check_compile(config)
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
                           "use tp_degree 1 or add a tp_plan to its Workload")
@@ -98,9 +99,13 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
     else:
         parts = [model]
     parts = [apply_precision(p.to(device), config) for p in parts]
+    if config.float8:  # checked at trial start (float8.check_float8)
+        parts = [apply_float8(p) for p in parts]
     if config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
+    if config.compile:
+        parts = [apply_compile(p, workload.blocks) for p in parts]
     dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
