@@ -9,6 +9,10 @@
    plan names the *unwrapped* module paths that checkpoint wrappers would hide.
 3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
    modules, so recomputation replays the TP collectives too.
+   **Compile** (``parallel/compile.py``) then compiles each block (the checkpoint wrapper) in
+   place, before ZeRO wraps it, as torchtitan orders them. **Float8** (``parallel/float8.py``)
+   converts the linears between the precision and TP steps, as torchtitan converts its model
+   before parallelising.
 4. **ZeRO / data parallelism** last: FSDP2 must see the final module tree (checkpoint wrappers
    included) to shard per block, and DDP must see the final parameters.
 5. Pipeline stages and the schedule are built from the wrapped modules; the pipelining runtime
