@@ -182,7 +182,10 @@ def test_torchtitan_float8_reaches_torchtitans_converter(tmp_path):
 
 def test_accelerate_config_expresses_hsdp_cp_and_compile(tmp_path):
     pytest.importorskip("accelerate")
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.commands.launch import (
+        _validate_launch_command,
+        launch_command_parser,
+    )
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
