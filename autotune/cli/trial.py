@@ -150,7 +150,9 @@ def format_result(result) -> str:
         + (f"   MFU {result.mfu:.1%}" if result.mfu is not None else ""),
         f"losses       {' '.join(f'{x:.4f}' for x in result.losses)}",
         f"overhead     {result.overhead_s:.3f} s ({'cold' if result.cold_start else 'warm'} "
-        f"worker group; wall {result.wall_s:.2f} s)",
+        f"worker group; wall {result.wall_s:.2f} s)"
+        + (f"\ncompile      {result.compile_s:.2f} s (setup: the first warm-up step's excess "
+           "over a timed step)" if result.compile_s is not None else ""),
         "",
         "rank  pp dp tp   params MB   grads MB   optim MB   activ. MB   other MB    peak MB",
     ]
