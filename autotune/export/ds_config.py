@@ -84,6 +84,9 @@ def ds_config(config: TrialConfig) -> dict:
     if config.activation_checkpointing == "selective":
         notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
                      "deepspeed.checkpointing to the attention core in the model")
+    if config.activation_checkpointing == "op":
+        notes.append("op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
+                     "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules")
     notes += newer_knob_notes(config)
     if notes:
         ds["autotune_notes"] = notes

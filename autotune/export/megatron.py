@@ -7,8 +7,8 @@ Flag names and meanings are Megatron-LM's ``megatron/training/arguments.py``; th
 script copies each into the Megatron-Core config field of the same name
 (``core_transformer_config_from_args``: ``TransformerConfig`` and its ``ModelParallelConfig``
 base; ``DistributedDataParallelConfig``). The ``megatron-core`` wheel ships no
-``megatron/training``, so ``tests/export/test_exports.py`` checks the file against those Megatron-Core
-0.16 configs, whose own validation runs on construction.
+``megatron/training``, so ``tests/export/test_exports.py`` checks the file against those
+Megatron-Core 0.16 configs, whose own validation runs on construction.
 
 - TP, PP, ``--num-virtual-stages-per-pipeline-rank`` (interleaved 1F1B), ``--sequence-parallel``,
   ``--context-parallel-size`` with ``--cp-comm-type allgather`` (the trial's K/V all-gather);
@@ -17,8 +17,10 @@ base; ``DistributedDataParallelConfig``). The ``megatron-core`` wheel ships no
   ``--num-distributed-optimizer-instances`` replica groups;
 - overlap: ``--overlap-grad-reduce`` (+ ``--overlap-param-gather`` where parameters are
   gathered); recomputation: ``--recompute-granularity full --recompute-method uniform
-  --recompute-num-layers 1`` (every block), ``block`` with the trial's ``ac_layers``, or
+  --recompute-num-layers 1`` (every block), ``block`` with the trial's ``ac_layers`` (Megatron's
+  block method recomputes the first n layers of each pipeline stage, as the trial does), or
   ``selective`` (Megatron's default module is the attention core, as autotune's selective);
+  ``op`` has no Megatron form and is named, not written;
 - ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, the model's shape;
   ``--bf16`` / ``--fp16``; float8 as ``--fp8-format hybrid --fp8-recipe tensorwise`` (e4m3
   forward, e5m2 gradients, dynamic per-tensor scales: torchao's default recipe).
@@ -101,7 +103,12 @@ def _recompute_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
     if mode == "full":
         return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
                 ["--recompute-num-layers", "1"]]
-    notes.append(f"activation checkpointing {mode!r} has no Megatron flag: not written")
+    # op: torchtitan's op-level policy (every second matmul recomputed) is no Megatron
+    # granularity; --recompute-modules recomputes whole modules (core_attn, mlp, layernorm, ...).
+    notes.append(f"activation checkpointing {mode!r} (op-level, every second matmul recomputed) "
+                 "has no Megatron flag: not written, so the job keeps every activation; add "
+                 "--recompute-granularity full --recompute-method uniform --recompute-num-layers "
+                 "1 if it does not fit")
     return []
 
 

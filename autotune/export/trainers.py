@@ -26,6 +26,7 @@ import pprint
 from pathlib import Path
 
 from autotune.config import TrialConfig
+from autotune.errors import ConfigError
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 TORCHTITAN_FILE = "torchtitan_config.py"
@@ -139,9 +140,10 @@ def _accelerate_fsdp(config: TrialConfig, layer_class: str, notes: list[str]) ->
     if zero < 2:
         notes.append(f"ZeRO-{zero} with tp {config.tp_degree}: FSDP2 with dp_shard_size 1 "
                      "replicates over dp (DDP-like), the closest Accelerate layout")
-    if config.activation_checkpointing == "selective":
-        notes.append("selective recomputation (attention core only) has no key: "
-                     "fsdp_activation_checkpointing recomputes whole decoder layers")
+    if config.activation_checkpointing in ("selective", "op"):
+        notes.append(f"{config.activation_checkpointing} recomputation (attention core / "
+                     "op-level) has no key: fsdp_activation_checkpointing recomputes whole "
+                     "decoder layers")
     if config.ac_layers is not None:
         notes.append(f"ac_layers {config.ac_layers}: fsdp_activation_checkpointing "
                      "recomputes every decoder layer")
@@ -215,20 +217,36 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
                      "in the model config")
     notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
                  f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key")
-    if config.activation_checkpointing == "selective":
-        notes.append("selective: torchtitan's SelectiveAC saves chosen matmuls per op, not "
-                     "exactly the attention core that autotune recomputes")
-    if config.ac_layers is not None:
-        notes.append(f"ac_layers {config.ac_layers}: torchtitan's FullAC recomputes every "
-                     "block")
+    ac = _torchtitan_ac(config, notes)
     if config.float8:
         notes.append("float8: torchtitan 0.3's Float8LinearConverter scales row-wise (its "
                      "recipes are rowwise and rowwise_with_gw_hp); the trial scaled per tensor "
                      "(torchao's default recipe)")
     return {"parallelism": parallelism, "training": training,
-            "activation_checkpoint": config.activation_checkpointing,
+            "activation_checkpoint": ac,
             "compile": {"enable": config.compile, "components": ["model"]},
             "float8": config.float8}, notes
+
+
+def _torchtitan_ac(config: TrialConfig, notes: list[str]) -> str | None:
+    """torchtitan 0.3's activation-checkpointing class (``torchtitan/distributed/
+    activation_checkpoint.py``): ``FullAC`` wraps every block; ``SelectiveAC`` is the op-level
+    policy (SDPA's, the collectives' and every second matmul's outputs saved), which torchtitan
+    up to 0.2 spelled ``mode = "selective", selective_ac_option = "op"`` and autotune's ``op``
+    runs. torchtitan has no form of ``ac_layers``: 0.3 has no layer count, and 0.2's
+    ``selective_ac_option = "<n>"`` checkpointed every n-th block, not the first n of each stage
+    (Megatron's ``--recompute-method block``, which autotune runs): refused."""
+    mode = config.activation_checkpointing
+    if config.ac_layers is not None:
+        raise ConfigError(
+            f"torchtitan cannot recompute only the first {config.ac_layers} blocks of each "
+            "stage (FullAC recomputes every block; its old selective_ac_option '<n>' every n-th "
+            "block): set ac_layers to null to export to torchtitan, or train this layout with "
+            "megatron_args.txt (--recompute-method block)")
+    if mode == "selective":
+        notes.append("selective: torchtitan has no attention-core recomputation; written as "
+                     "SelectiveAC, its op-level policy (autotune's op), which recomputes more")
+    return {"none": None, "full": "FullAC", "selective": "SelectiveAC", "op": "SelectiveAC"}[mode]
 
 
 def _torchtitan_stages(config: TrialConfig, notes: list[str]) -> dict:
@@ -290,8 +308,8 @@ def autotune_best():
             Float8LinearConverter.Config(model_compile_enabled=SETTINGS["compile"]["enable"])])
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    config.activation_checkpoint = {{"none": None, "full": FullAC.Config(),
-                                     "selective": SelectiveAC.Config()}}[
+    config.activation_checkpoint = {{None: None, "FullAC": FullAC.Config(),
+                                     "SelectiveAC": SelectiveAC.Config()}}[
         SETTINGS["activation_checkpoint"]]
     return config
 '''

@@ -25,7 +25,8 @@ import pytest
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.export.ds_config import check_batch_identity, ds_config
 from autotune.export.megatron import megatron_text
-from autotune.export.trainers import accelerate_yaml, torchtitan_module
+from autotune.errors import ConfigError
+from autotune.export.trainers import accelerate_yaml, torchtitan_module, torchtitan_settings
 from autotune.shapes import stage_layer_counts
 
 # world 32 = tp 2 × pp 2 × cp 2 × dp 4 (HSDP: 2 replica groups of 2 shards), interleaved over 6
@@ -37,7 +38,9 @@ EVERY_KNOB = TrialConfig(workload=LLAMA, world_size=32, tp_degree=2, pp_degree=2
                          pp_schedule="interleaved_1f1b", virtual_stages=3, compile=True,
                          activation_checkpointing="full", ac_layers=1, device="cuda",
                          precision="bf16-mixed")
-FLOAT8 = dataclasses.replace(EVERY_KNOB, float8=True, compile=False)
+FLOAT8 = dataclasses.replace(EVERY_KNOB, float8=True, compile=False, ac_layers=None)
+# torchtitan recomputes every block or none (ac_layers is refused); op-level AC is its SelectiveAC
+TITAN = dataclasses.replace(EVERY_KNOB, activation_checkpointing="op", ac_layers=None)
 
 # Flags Megatron-LM's training script reads itself (megatron/training/arguments.py), not copied
 # into a Megatron-Core config field of the same name.
@@ -110,15 +113,22 @@ def test_megatron_args_build_megatron_cores_configs():
     assert "first\n#" not in text and "decoder-first-pipeline-num-layers" in text  # uneven split
 
 
-@pytest.mark.parametrize("mode,expected", [
-    ("full", ("full", "uniform", 1)), ("selective", ("selective", None, None)),
-    ("none", (None, None, None))])
-def test_megatron_recompute_and_zero1(mode, expected):
+@pytest.mark.parametrize("mode,ac_layers,expected", [
+    ("full", None, ("full", "uniform", 1)), ("full", 3, ("full", "block", 3)),
+    ("selective", None, ("selective", None, None)), ("none", None, (None, None, None)),
+    ("op", None, (None, None, None))])
+def test_megatron_recompute_and_zero1(mode, ac_layers, expected):
+    """Megatron's block method recomputes the first n layers of each stage (TransformerBlock.
+    _checkpointed_forward), as ac_layers does; uniform with 1 layer a unit is every block; op
+    has no Megatron granularity: no flag, named among what Megatron cannot express."""
     pytest.importorskip("megatron.core")
-    config = dataclasses.replace(EVERY_KNOB, activation_checkpointing=mode, ac_layers=None,
+    config = dataclasses.replace(EVERY_KNOB, activation_checkpointing=mode, ac_layers=ac_layers,
                                  zero_stage=1, dp_replicate=1, sequence_parallel=False)
     tc, ddp, args = _megatron_configs(config)
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected
+    cannot = [line for line in megatron_text(config).splitlines() if line.startswith("#")]
+    assert any("'op'" in line and "--recompute-granularity full" in line
+               for line in cannot) == (mode == "op")
     assert ddp.use_distributed_optimizer and ddp.overlap_param_gather
     assert not tc.sequence_parallel and "use_megatron_fsdp" not in args
 
@@ -152,7 +162,7 @@ def test_torchtitan_config_loads_with_the_new_knobs_and_splits_as_the_trial(tmp_
         _get_pipeline_metadata,
     )
 
-    c = dataclasses.replace(EVERY_KNOB, virtual_stages=virtual_stages)
+    c = dataclasses.replace(TITAN, virtual_stages=virtual_stages)
     num_layers = c.workload.shape.num_layers
     titan = _load_torchtitan(tmp_path, c)
     p = titan.parallelism
@@ -166,6 +176,32 @@ def test_torchtitan_config_loads_with_the_new_knobs_and_splits_as_the_trial(tmp_
     parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
     counts = [sum(name.startswith("layers.") for name in part) for part in parts]
     assert counts == stage_layer_counts(num_layers, stages)
+
+
+@pytest.mark.parametrize("mode,policy", [("none", None), ("full", "FullAC"),
+                                         ("op", "SelectiveAC"), ("selective", "SelectiveAC")])
+def test_torchtitan_activation_checkpointing(tmp_path, mode, policy):
+    """op is torchtitan's SelectiveAC (its op-level policy, ``mode = "selective",
+    selective_ac_option = "op"`` up to 0.2); selective, which torchtitan lacks, is written as
+    the same and named among what torchtitan cannot express."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    c = dataclasses.replace(TITAN, activation_checkpointing=mode)
+    settings, notes = torchtitan_settings(c)
+    assert settings["activation_checkpoint"] == policy
+    ac = _load_torchtitan(tmp_path, c).activation_checkpoint
+    expected = {None: type(None), "FullAC": FullAC.Config, "SelectiveAC": SelectiveAC.Config}
+    assert type(ac) is expected[policy]
+    assert any(n.startswith("selective:") for n in notes) == (mode == "selective")
+
+
+def test_torchtitan_refuses_ac_layers():
+    """torchtitan has no count of recomputed blocks (0.2's selective_ac_option '<n>' meant every
+    n-th block, not the first n of each stage): refused in one line naming the way out."""
+    with pytest.raises(ConfigError, match="first 1 blocks of each stage.*ac_layers to null.*"
+                                          "megatron_args.txt"):
+        torchtitan_module(EVERY_KNOB)
 
 
 def test_torchtitan_float8_reaches_torchtitans_converter(tmp_path):
@@ -222,4 +258,6 @@ def test_ds_config_states_what_deepspeed_cannot_express():
                   "engine.compile()"):
         assert words in notes
     assert "float8" in " ".join(ds_config(FLOAT8)["autotune_notes"])
+    assert "op-level" in " ".join(ds_config(TITAN)["autotune_notes"])
+    assert "op-level" not in notes
     assert "autotune_notes" not in ds_config(TrialConfig(device="cpu"))  # nothing to note
