@@ -191,7 +191,7 @@ def test_export_writes_loadable_files(executor, database, tmp_path):
     assert doc["environment"]["torch"].startswith("2.")
     ds = json.loads(ds_path.read_text())
     assert ds["train_batch_size"] == config.workload.global_batch_size
-    assert megatron_path.name == "megatron_args.txt"  # tests/export/test_exports.py checks its flags
+    assert megatron_path.name == "megatron_args.txt"  # its flags: tests/export/test_exports.py
     assert f"--global-batch-size {config.workload.global_batch_size}" in \
         megatron_path.read_text().splitlines()
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
