@@ -21,7 +21,7 @@ from autotune.errors import ConfigError
 from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
 
 ZeroStage = Literal[0, 1, 2, 3]
-ActivationCheckpointing = Literal["none", "selective", "full"]
+ActivationCheckpointing = Literal["none", "selective", "op", "full"]
 GIB = 2**30
 MIB = 2**20
 """Byte units: memory limits are given in GiB, buckets and reports in MiB."""
@@ -168,7 +168,8 @@ class TrialConfig:
     overlap_enabled: bool = True
     """Overlap communication with computation (DDP hooks / FSDP prefetch)."""
     activation_checkpointing: ActivationCheckpointing = "none"
-    """Recompute activations in backward: none, selective (attention core) or full (per block)."""
+    """Recompute activations in backward: none, selective (attention core), op (all but every
+    second matmul and SDPA: torchtitan's op-level selective) or full (per block)."""
     ac_layers: int | None = None
     """With full checkpointing: blocks per pipeline stage recomputed (Megatron's
     --recompute-num-layers); None recomputes every block."""

@@ -25,7 +25,7 @@ KNOB_ORDER = ("tp_degree", "pp_degree", "pp_schedule", "zero_stage", "overlap_en
 reachable configurations all share one value is not asked, so the later knobs add no question
 to a space that does not vary them)."""
 SEARCHED_BY_DEFAULT: dict[str, tuple] = {
-    "sequence_parallel": (False,),
+    "sequence_parallel": (False, True),
     "cp_degree": (1,),
     "dp_replicate": (1,),
     "virtual_stages": (TrialConfig().virtual_stages,),
@@ -34,7 +34,8 @@ SEARCHED_BY_DEFAULT: dict[str, tuple] = {
 }
 """The values of the newer knobs a search space takes unless --fix or a space file names others:
 the value that keeps the layout as before, plus each value the trial engine runs and the search
-has been shown to use."""
+has been shown to use (sequence parallelism: every TP layout also with SP;
+tests/trial/parallel/test_layouts.py and test_sequence_parallel.py)."""
 
 
 def divisors(n: int) -> list[int]:

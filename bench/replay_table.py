@@ -60,7 +60,7 @@ from autotune.config import (
     ZeroStage,
 )
 from autotune.errors import ConfigError
-from autotune.layouts import short_name
+from autotune.layouts import SEARCHED_BY_DEFAULT, short_name
 from autotune.shapes import ModelShape
 from autotune.status import RowStatus
 from autotune.search.strategies.base import Measured, Strategy
@@ -371,9 +371,12 @@ def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
     # The precision as trained, however spelled (a table's workload dtype, or the
     # precision a search resolves before proposing).
     device = "cuda" if config.device == "cuda" else "cpu"
+    # The newer knobs always count: a row holds them at the values its trial ran (a CSV row
+    # at their defaults), and a table answers only the values it measured.
     return (dataclasses.replace(config.workload, dtype=None),
             config.resolved_precision(device), config.world_size,
-            *((f, getattr(config, f)) for f in compared if f not in ignored))
+            *((f, getattr(config, f)) for f in compared if f not in ignored),
+            *((f, getattr(config, f)) for f in SEARCHED_BY_DEFAULT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,7 +445,9 @@ class TableExecutor:
     A configuration matches a row when their workload and world size are equal and so is every
     layout field (``LAYOUT_FIELDS``) that varies among the rows; fields the table holds at one
     value (a CSV table's ZeRO stage, recomputation, …) and the measurement's own settings
-    (seed, step counts, device) are not compared. Knobs without effect are not compared
+    (seed, step counts, device) are not compared; the newer knobs (``SEARCHED_BY_DEFAULT``:
+    sequence parallelism, …) always are, so a table answers only the values it ran. Knobs
+    without effect are not compared
     either, as ``autotune.layouts`` and the search space treat them: the schedule without a
     pipeline, and ZeRO stage, overlap and bucket size without data parallelism. Rows that
     repeat one configuration are merged (``merge_repeats``; ``merged_rows`` counts them).

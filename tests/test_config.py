@@ -44,7 +44,7 @@ def test_json_round_trip_is_lossless():
     ('{"world_size": "2"}', "'world_size' must be an integer"),
     ('{"overlap_enabled": 1}', "'overlap_enabled' must be true or false"),
     ('{"bucket_mb": null}', "'bucket_mb' must be a number"),
-    ('{"activation_checkpointing": "some"}', "one of 'none', 'selective', 'full'"),
+    ('{"activation_checkpointing": "some"}', "one of 'none', 'selective', 'op', 'full'"),
     ('{"workload": 3}', "'workload' must be a JSON object"),
 ])
 def test_malformed_json_is_refused_with_the_key(text, message):

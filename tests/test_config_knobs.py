@@ -59,11 +59,19 @@ def test_short_names_mark_the_newer_knobs_and_keep_old_names():
     assert short_name(new) == "w8-tp2-pp1-dp2-z3-mb1x4-ac_full-l1-sp-cp2-hsdp2-compile"
 
 
-def test_the_default_space_holds_only_the_old_values_of_the_newer_knobs():
+def test_the_default_space_holds_the_newer_knobs_that_trials_run():
+    """Sequence parallelism runs in trials: every TP layout is in the default space with and
+    without it; the other newer knobs keep their old values until trials run them."""
     base = _config(world_size=4)
     configs = list(enumerate_configs(base))
-    assert configs and all(not c.sequence_parallel and c.cp_degree == 1 and c.dp_replicate == 1
-                           for c in configs)
+    assert configs and all(c.cp_degree == 1 and c.dp_replicate == 1 for c in configs)
+    with_sp = [c for c in configs if c.sequence_parallel]
+    without = [c for c in configs if not c.sequence_parallel]
+    assert {c.tp_degree for c in with_sp} == {2, 4}
+    assert {c.tp_degree for c in without} == {1, 2, 4}
+    assert {short_name(c).removesuffix("-sp") for c in with_sp} == {
+        short_name(c) for c in without if c.tp_degree > 1}
+    assert "op" in {c.activation_checkpointing for c in configs}
 
 
 def test_fixing_a_newer_knob_narrows_the_space_to_it():
@@ -72,7 +80,9 @@ def test_fixing_a_newer_knob_narrows_the_space_to_it():
     space = SearchSpace(base, fixed={"cp_degree": 2})
     assert len(space) > 0 and {c.cp_degree for c in space.configs} == {2}
     assert {c.dp_degree * c.tp_degree * c.pp_degree for c in space.configs} == {2}
-    sp = SearchSpace(base, narrowed={"sequence_parallel": [False, True]})
+    sp = SearchSpace(base)
     with_sp = [c for c in sp.configs if c.sequence_parallel]
     assert with_sp and all(c.tp_degree > 1 for c in with_sp)
-    assert len(sp) == len(SearchSpace(base)) + len(with_sp)
+    without = SearchSpace(base, fixed={"sequence_parallel": False})
+    assert len(sp) == len(without) + len(with_sp)
+    assert not any(c.sequence_parallel for c in without.configs)

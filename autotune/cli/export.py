@@ -1,5 +1,5 @@
 """``autotune export``: write a stored study's best configuration again (best_config.json,
-ds_config.json and the Accelerate / torchtitan configs)."""
+ds_config.json, the Accelerate / torchtitan configs and megatron_args.txt)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from autotune.search.spec import SearchSpec
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write best_config.json, ds_config.json and the "
-                       "Accelerate / torchtitan configs again",
+    p = sub.add_parser("export", help="write best_config.json, ds_config.json, the "
+                       "Accelerate / torchtitan configs and megatron_args.txt again",
                        description="Export a stored study's best configuration.")
     add_db_arg(p, with_help=False)
     p.add_argument("--study", default=SearchSpec().study_name, metavar="NAME")

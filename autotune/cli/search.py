@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
         description="Search ZeRO stage, tp/pp degrees and schedule, micro-batch, bucket size, "
         "overlap and activation checkpointing with Optuna; configurations predicted not to fit "
         "are never run; the top few are measured again; best_config.json, ds_config.json, "
-        "accelerate_config.yaml and torchtitan_config.py are written at the end. With no arguments: the built-in tiny GPT, local Ray, "
+        "accelerate_config.yaml, torchtitan_config.py and megatron_args.txt are written at the "
+        "end. With no arguments: the built-in tiny GPT, local Ray, "
         f"{DEFAULT_DB}, world size = visible GPUs or 2 on CPU.")
     _add_workload_args(p)
     _add_budget_args(p)

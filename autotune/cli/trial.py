@@ -136,7 +136,10 @@ def format_result(result) -> str:
         f"dp {derived['dp_degree']}   ZeRO-{c['zero_stage']}   micro-batch "
         f"{c['micro_batch_size']} × accumulation {derived['grad_accum_steps']}",
         f"knobs        bucket {c['bucket_mb']:g} MB   overlap {'on' if c['overlap_enabled'] else 'off'}"
-        f"   activation ckpt {c['activation_checkpointing']}   attention {c['attention']}"
+        f"   activation ckpt {c['activation_checkpointing']}"
+        + (f" (first {c['ac_layers']} blocks per stage)" if c.get("ac_layers") else "")
+        + f"   attention {c['attention']}"
+        + ("   sequence parallel" if c.get("sequence_parallel") else "")
         + (f"   schedule {c['pp_schedule']}" if c["pp_degree"] > 1 else ""),
         f"device       {result.env['device']} ({result.env['backend']}), "
         f"{result.env['threads_per_rank']} thread(s) per rank",
@@ -147,7 +150,9 @@ def format_result(result) -> str:
         + (f"   MFU {result.mfu:.1%}" if result.mfu is not None else ""),
         f"losses       {' '.join(f'{x:.4f}' for x in result.losses)}",
         f"overhead     {result.overhead_s:.3f} s ({'cold' if result.cold_start else 'warm'} "
-        f"worker group; wall {result.wall_s:.2f} s)",
+        f"worker group; wall {result.wall_s:.2f} s)"
+        + (f"\ncompile      {result.compile_s:.2f} s (setup: the first warm-up step's excess "
+           "over a timed step)" if result.compile_s is not None else ""),
         "",
         "rank  pp dp tp   params MB   grads MB   optim MB   activ. MB   other MB    peak MB",
     ]

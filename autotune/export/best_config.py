@@ -1,5 +1,6 @@
 """``best_config.json`` of a study's best trial, written with DeepSpeed's ``ds_config.json``
-(``ds_config``) and the trainers' configs (``trainers``: Accelerate, torchtitan).
+(``ds_config``), the trainers' configs (``trainers``: Accelerate, torchtitan) and Megatron-LM's
+arguments (``megatron``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ def best_config_document(config: TrialConfig, metrics: dict, env: dict, *, study
 
 
 def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, ...]:
-    """Write best_config.json, ds_config.json and the other trainers' configs
-    (``export.trainers``) of a stored study's best trial; their paths, best_config first."""
-    from autotune.study.leaderboard import build_leaderboard, declare_best
+    """Write best_config.json, ds_config.json, the other trainers' configs (``export.trainers``)
+    and megatron_args.txt of a stored study's best trial; their paths, best_config first."""
+    from autotune.export.files import write_text_atomically
+    from autotune.export.megatron import MEGATRON_FILE, megatron_text
     from autotune.export.trainers import write_trainer_exports
+    from autotune.study.leaderboard import build_leaderboard, declare_best
 
     study = database.get_study(study_name)
     verdict = declare_best(build_leaderboard(database.list_trials(study.id)))
@@ -51,7 +54,10 @@ def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, 
             best.config, metrics, record.env, study=study_name, trial_number=best.number,
             db_display=database.url_for_display))
         write_json_atomically(ds_path, ds)
+        # megatron_args.txt first: torchtitan's refusal (ac_layers) names it as the way out
+        megatron_path = out / MEGATRON_FILE
+        write_text_atomically(megatron_path, megatron_text(best.config))
         others = write_trainer_exports(best.config, out)
     except OSError as e:
         raise AutotuneError(f"cannot write exports to '{out}': {e.strerror}") from None
-    return best_path, ds_path, *others
+    return best_path, ds_path, *others, megatron_path

@@ -84,9 +84,43 @@ def ds_config(config: TrialConfig) -> dict:
     if config.activation_checkpointing == "selective":
         notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
                      "deepspeed.checkpointing to the attention core in the model")
+    if config.activation_checkpointing == "op":
+        notes.append("op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
+                     "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules")
+    notes += newer_knob_notes(config)
     if notes:
         ds["autotune_notes"] = notes
     return ds
+
+
+def newer_knob_notes(config: TrialConfig) -> list[str]:
+    """What DeepSpeed cannot express of sequence and context parallelism, HSDP, virtual
+    stages, compile and float8 (its configuration reference; ``runtime/config.py`` of 0.19)."""
+    notes = []
+    if config.sequence_parallel:
+        notes.append("sequence parallelism here is Megatron's (norms and dropout on sequence "
+                     "shards inside TP); DeepSpeed's sequence_parallel_size is Ulysses (an "
+                     "all-to-all over attention heads), a different scheme, and AutoTP has no SP: "
+                     "not written")
+    if config.cp_degree > 1:
+        notes.append(f"context parallelism cp {config.cp_degree} (K/V all-gathered, causal load "
+                     "balancing) has no DeepSpeed key; its nearest is Ulysses "
+                     "(sequence_parallel_size), an all-to-all over heads: not written")
+    if config.dp_replicate > 1:
+        notes.append(f"HSDP ({config.dp_replicate} replica groups of {config.dp_shard} shards): "
+                     "DeepSpeed removed MiCS (mics_shard_size); ZeRO++ hpZ "
+                     "(zero_hpz_partition_size) shards only a secondary parameter copy within "
+                     "groups: written as ZeRO over the whole dp")
+    if config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b":
+        notes.append(f"interleaved 1F1B with {config.virtual_stages} virtual stages per rank: "
+                     "DeepSpeed's pipeline engine runs one stage per rank (1F1B)")
+    if config.compile:
+        notes.append("compile: call engine.compile() after deepspeed.initialize; it compiles "
+                     "the whole module, where the trial compiled each block")
+    if config.float8:
+        notes.append("float8 linears have no DeepSpeed key: use Transformer Engine's or "
+                     "torchao's float8 linears in the model")
+    return notes
 
 
 def check_batch_identity(ds: dict, dp_degree: int) -> None:

@@ -26,6 +26,7 @@ import pprint
 from pathlib import Path
 
 from autotune.config import TrialConfig
+from autotune.errors import ConfigError
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 TORCHTITAN_FILE = "torchtitan_config.py"
@@ -56,16 +57,17 @@ def decoder_layer_class(config: TrialConfig) -> str:
 # ---- Accelerate ------------------------------------------------------------------------------
 def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list[str]]:
     """(the config dict, what Accelerate cannot express)."""
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    tp, pp, dp, zero, cp = (config.tp_degree, config.pp_degree, config.dp_degree,
+                            config.zero_stage, config.cp_degree)
     notes = [f"micro-batch {config.micro_batch_size} and {config.grad_accum_steps} accumulation "
              "steps belong in the training script (DataLoader batch_size, "
              "Accelerator(gradient_accumulation_steps=...)), not in this file"]
-    processes = dp * tp
+    processes = dp * tp * cp
     if pp > 1:
         notes.append(f"pipeline parallelism (pp {pp}, {config.pp_schedule}) has no Accelerate "
-                     f"training key: this file runs the dp × tp = {processes} part of the "
+                     f"training key: this file runs the dp × cp × tp = {processes} part of the "
                      f"world of {config.world_size}")
-    use_fsdp = zero >= 2 or tp > 1
+    use_fsdp = zero >= 2 or tp > 1 or cp > 1
     precision = export_precision(config)
     if precision.endswith("-true") and precision != "32-true":
         notes.append(f"{precision} (the whole model in half precision, no fp32 master copy) "
@@ -74,37 +76,16 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
                  "distributed_type": "FSDP" if use_fsdp else (
                      "MULTI_GPU" if processes > 1 else "NO"),
                  "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
-                 "mixed_precision": _ACCELERATE_PRECISION[precision],
+                 "mixed_precision": "fp8" if config.float8 else _ACCELERATE_PRECISION[precision],
                  "num_machines": 1, "num_processes": processes, "rdzv_backend": "static",
                  "same_network": True, "use_cpu": config.device == "cpu"}
+    doc.update(_accelerate_knobs(config, notes))
     if zero == 1:
         notes.append("ZeRO-1 (optimizer state sharded, gradients all-reduced) has no FSDP "
                      "equivalent: written as plain data parallelism; use ds_config.json "
                      "(Accelerate's DeepSpeed plugin) to keep it")
     if use_fsdp:
-        shard = dp if zero >= 2 else 1
-        doc["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_transformer_layer_cls_to_wrap": layer_class,
-            "fsdp_reshard_after_forward": zero == 3,
-            "fsdp_activation_checkpointing": config.activation_checkpointing != "none",
-            "fsdp_offload_params": config.optimizer_offload_enabled,
-            "fsdp_cpu_ram_efficient_loading": False,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        }
-        doc["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": dp // shard,
-            "parallelism_config_dp_shard_size": shard,
-            "parallelism_config_tp_size": tp,
-            "parallelism_config_cp_size": 1,
-        }
-        if zero < 2:
-            notes.append(f"ZeRO-{zero} with tp {tp}: FSDP2 with dp_shard_size 1 replicates "
-                         "over dp (DDP-like), the closest Accelerate layout")
-        if config.activation_checkpointing == "selective":
-            notes.append("selective recomputation (attention core only) has no key: "
-                         "fsdp_activation_checkpointing recomputes whole decoder layers")
+        doc.update(_accelerate_fsdp(config, layer_class, notes))
     elif config.activation_checkpointing != "none":
         notes.append("activation checkpointing without FSDP has no Accelerate key: call "
                      "model.gradient_checkpointing_enable() in the script")
@@ -113,6 +94,60 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
     if config.device == "cpu":
         notes.append("measured on CPU (gloo); on GPUs set use_cpu false")
     return doc, notes
+
+
+def _accelerate_knobs(config: TrialConfig, notes: list[str]) -> dict:
+    """compile (regional compilation of the repeated blocks) and float8 (torchao's backend)."""
+    doc: dict = {}
+    if config.compile:
+        doc["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_use_fullgraph": True,
+                                "dynamo_use_regional_compilation": True}
+    if config.float8:
+        doc["fp8_config"] = {"backend": "AO"}
+        notes.append("float8: Accelerate's torchao backend converts the linears with its own "
+                     "filter (first and last linear kept in bf16), not every 16-aligned one")
+    if config.sequence_parallel:
+        notes.append("sequence parallelism (Megatron-style norms and dropout on sequence "
+                     "shards) is chosen by the model's tp_plan in transformers, not by a key "
+                     "here; parallelism_config_sp_size is DeepSpeed's Ulysses, a different "
+                     "scheme")
+    return doc
+
+
+def _accelerate_fsdp(config: TrialConfig, layer_class: str, notes: list[str]) -> dict:
+    """FSDP2 keys and the parallelism_config sizes (HSDP: dp_replicate × dp_shard; CP)."""
+    zero, dp = config.zero_stage, config.dp_degree
+    shard = config.dp_shard if zero >= 2 else 1
+    fsdp = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": layer_class,
+        "fsdp_reshard_after_forward": zero == 3,
+        "fsdp_activation_checkpointing": config.activation_checkpointing != "none",
+        "fsdp_offload_params": config.optimizer_offload_enabled,
+        "fsdp_cpu_ram_efficient_loading": False,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    }
+    parallelism = {
+        "parallelism_config_dp_replicate_size": dp // shard,
+        "parallelism_config_dp_shard_size": shard,
+        "parallelism_config_tp_size": config.tp_degree,
+        "parallelism_config_cp_size": config.cp_degree,
+    }
+    if config.cp_degree > 1:  # torch's context_parallel with K/V all-gathered, as the trials
+        parallelism["parallelism_config_cp_backend"] = "torch"
+        parallelism["parallelism_config_cp_comm_strategy"] = "allgather"
+    if zero < 2:
+        notes.append(f"ZeRO-{zero} with tp {config.tp_degree}: FSDP2 with dp_shard_size 1 "
+                     "replicates over dp (DDP-like), the closest Accelerate layout")
+    if config.activation_checkpointing in ("selective", "op"):
+        notes.append(f"{config.activation_checkpointing} recomputation (attention core / "
+                     "op-level) has no key: fsdp_activation_checkpointing recomputes whole "
+                     "decoder layers")
+    if config.ac_layers is not None:
+        notes.append(f"ac_layers {config.ac_layers}: fsdp_activation_checkpointing "
+                     "recomputes every decoder layer")
+    return {"fsdp_config": fsdp, "parallelism_config": parallelism}
 
 
 def accelerate_yaml(config: TrialConfig, layer_class: str) -> str:
@@ -144,8 +179,9 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
     notes = ["torchtitan trains its own model implementations: BASE_MODULE / BASE_CONFIG name "
              "the torchtitan model config this layout is applied to; pick the flavor matching "
              f"{w.name}"]
-    # ZeRO-2/3 are FSDP (dp_shard); ZeRO-0 is replication (dp_replicate, DDP or HSDP).
-    shard = dp if zero >= 2 else 1
+    # ZeRO-2/3 are FSDP (dp_shard, within each of dp_replicate groups under HSDP); ZeRO-0 is
+    # replication (dp_replicate, DDP).
+    shard = config.dp_shard if zero >= 2 else 1
     if zero == 1:
         notes.append("ZeRO-1 has no torchtitan equivalent: written as dp_replicate (DDP); "
                      "ZeRO-2 (dp_shard with fsdp_reshard_after_forward 'never') is the nearest "
@@ -154,15 +190,20 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
     parallelism = {"data_parallel_replicate_degree": dp // shard,
                    "data_parallel_shard_degree": shard,
                    "fsdp_reshard_after_forward": "always" if zero == 3 else "never",
-                   "tensor_parallel_degree": tp, "enable_sequence_parallel": False,
+                   "tensor_parallel_degree": tp,
+                   "enable_sequence_parallel": config.sequence_parallel,
+                   "context_parallel_degree": config.cp_degree,
                    "pipeline_parallel_degree": pp,
                    "pipeline_parallel_schedule": _TORCHTITAN_SCHEDULES[config.pp_schedule],
-                   "pipeline_parallel_microbatch_size": config.micro_batch_size}
+                   "pipeline_parallel_microbatch_size": config.micro_batch_size,
+                   **_torchtitan_stages(config, notes)}
     # Without a pipeline torchtitan accumulates global / (local × dp) micro-batches of
     # local_batch_size; with one, local_batch_size is the rank's batch, cut into microbatches.
     training = {"local_batch_size": per_dp if pp > 1 else config.micro_batch_size,
                 "global_batch_size": w.global_batch_size, "seq_len": w.seq_len,
                 "enable_cpu_offload": config.optimizer_offload_enabled}
+    if pp > 1:  # torchtitan 0.3 refuses CUDA graphs under a pipeline (Trainer.Config)
+        training["disable_cuda_graphs"] = True
     precision = export_precision(config)
     if precision.startswith("16-"):
         notes.append(f"{precision}: torchtitan has no float16 key (bfloat16 or float32 only): "
@@ -176,11 +217,57 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
                      "in the model config")
     notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
                  f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key")
-    if config.activation_checkpointing == "selective":
-        notes.append("selective: torchtitan's SelectiveAC saves chosen matmuls per op, not "
-                     "exactly the attention core that autotune recomputes")
+    ac = _torchtitan_ac(config, notes)
+    if config.float8:
+        notes.append("float8: torchtitan 0.3's Float8LinearConverter scales row-wise (its "
+                     "recipes are rowwise and rowwise_with_gw_hp); the trial scaled per tensor "
+                     "(torchao's default recipe)")
     return {"parallelism": parallelism, "training": training,
-            "activation_checkpoint": config.activation_checkpointing}, notes
+            "activation_checkpoint": ac,
+            "compile": {"enable": config.compile, "components": ["model"]},
+            "float8": config.float8}, notes
+
+
+def _torchtitan_ac(config: TrialConfig, notes: list[str]) -> str | None:
+    """torchtitan 0.3's activation-checkpointing class (``torchtitan/distributed/
+    activation_checkpoint.py``): ``FullAC`` wraps every block; ``SelectiveAC`` is the op-level
+    policy (SDPA's, the collectives' and every second matmul's outputs saved), which torchtitan
+    up to 0.2 spelled ``mode = "selective", selective_ac_option = "op"`` and autotune's ``op``
+    runs. torchtitan has no form of ``ac_layers``: 0.3 has no layer count, and 0.2's
+    ``selective_ac_option = "<n>"`` checkpointed every n-th block, not the first n of each stage
+    (Megatron's ``--recompute-method block``, which autotune runs): refused."""
+    mode = config.activation_checkpointing
+    if config.ac_layers is not None:
+        raise ConfigError(
+            f"torchtitan cannot recompute only the first {config.ac_layers} blocks of each "
+            "stage (FullAC recomputes every block; its old selective_ac_option '<n>' every n-th "
+            "block): set ac_layers to null to export to torchtitan, or train this layout with "
+            "megatron_args.txt (--recompute-method block)")
+    if mode == "selective":
+        notes.append("selective: torchtitan has no attention-core recomputation; written as "
+                     "SelectiveAC, its op-level policy (autotune's op), which recomputes more")
+    return {"none": None, "full": "FullAC", "selective": "SelectiveAC", "op": "SelectiveAC"}[mode]
+
+
+def _torchtitan_stages(config: TrialConfig, notes: list[str]) -> dict:
+    """The pipeline split: torchtitan weighs the embedding and the output as
+    ``pipeline_parallel_{first,last}_stage_less_layers`` layers and cuts ceil((L + first + last)
+    / pipeline_parallel_layers_per_stage) stages (``torchtitan/distributed/pipeline_parallel.py``).
+    autotune splits evenly where the layers divide (weights 0) and weighs each as one layer
+    otherwise (``shapes.stage_layer_counts``)."""
+    shape, stages = config.workload.shape, config.num_pp_stages
+    if config.pp_degree == 1 or shape is None:
+        return {}
+    layers = shape.num_layers
+    weight = 0 if layers % stages == 0 else 1
+    per_stage = -(-(layers + 2 * weight) // stages)
+    if -(-(layers + 2 * weight) // per_stage) != stages:
+        notes.append(f"{stages} pipeline stages of {layers} layers: no "
+                     "pipeline_parallel_layers_per_stage gives torchtitan that many; set "
+                     "module_fqns_per_model_part by hand")
+    return {"pipeline_parallel_first_stage_less_layers": weight,
+            "pipeline_parallel_last_stage_less_layers": weight,
+            "pipeline_parallel_layers_per_stage": per_stage}
 
 
 def torchtitan_module(config: TrialConfig) -> str:
@@ -210,13 +297,19 @@ CANNOT_EXPRESS = {pprint.pformat(notes)}
 
 def autotune_best():
     config = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()
-    for section in ("parallelism", "training"):
+    for section in ("parallelism", "training", "compile"):
         for key, value in SETTINGS[section].items():
             setattr(getattr(config, section), key, value)
+    if SETTINGS["float8"]:  # a converter on the model spec, as torchtitan's *_float8 configs
+        from torchtitan.components.quantization import Float8LinearConverter
+
+        registry = importlib.import_module(BASE_MODULE.rpartition(".")[0]).model_registry
+        config.model_spec = registry(config.model_spec.flavor, converters=[
+            Float8LinearConverter.Config(model_compile_enabled=SETTINGS["compile"]["enable"])])
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    config.activation_checkpoint = {{"none": None, "full": FullAC.Config(),
-                                     "selective": SelectiveAC.Config()}}[
+    config.activation_checkpoint = {{None: None, "FullAC": FullAC.Config(),
+                                     "SelectiveAC": SelectiveAC.Config()}}[
         SETTINGS["activation_checkpoint"]]
     return config
 '''

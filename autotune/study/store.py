@@ -52,6 +52,8 @@ def trial_metrics(result: TrialResult) -> dict:
                "wall_s": result.wall_s, "steps_s": result.steps_s,
                "overhead_s": result.overhead_s, "cold_start": result.cold_start,
                "losses": result.losses}
+    if result.compile_s is not None:
+        metrics["compile_s"] = result.compile_s
     if spans:
         metrics["ranks"] = [
             {"rank": b.rank, "window_ns": b.window_ns, "compute_ns": b.compute_ns,

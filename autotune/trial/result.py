@@ -112,6 +112,14 @@ class TrialResult:
         return self.wall_s - self.steps_s
 
     @property
+    def compile_s(self) -> float | None:
+        """Seconds the slowest rank spent compiling its blocks (``extra["compile_s"]``, the first
+        warm-up step's excess over a timed step): setup cost, outside the step time. None for a
+        trial that does not compile."""
+        seconds = [r.extra["compile_s"] for r in self.ranks if "compile_s" in r.extra]
+        return max(seconds) if seconds else None
+
+    @property
     def peak_memory_bytes(self) -> int:
         """The highest allocated peak of any rank (what the memory model predicts)."""
         return max(r.memory.peak for r in self.ranks)
@@ -131,6 +139,7 @@ class TrialResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["overhead_s"] = self.overhead_s
+        d["compile_s"] = self.compile_s
         d["peak_memory_bytes"] = self.peak_memory_bytes
         d["peak_reserved_bytes"] = self.peak_reserved_bytes
         d["device_peak_bytes"] = self.device_peak_bytes

@@ -25,6 +25,8 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.build import build_workload
 from autotune.trial.models.workload import Workload
+from autotune.trial.parallel.compile import compile_seconds
+from autotune.trial.parallel.float8 import check_float8
 from autotune.trial.parallel.mesh import MESH_DIM_NAMES, build_mesh
 from autotune.trial.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.trial.parallel.precision import check_device_precision, compute_dtype
@@ -291,6 +293,7 @@ def run_rank(config: TrialConfig) -> RankResult:
     t0 = time.perf_counter()
     device = resolve_device(config)
     release_cached_blocks(device)
+    check_float8(config, device)
     config = config.with_precision(device.type)
     check_device_precision(config.precision, device)
     workload = build_workload(config.workload, attention=config.attention, seed=config.seed,
@@ -332,6 +335,10 @@ def run_rank(config: TrialConfig) -> RankResult:
     step_times.append(memory_s)
     losses = trainer.losses()
     c = pm.coords
+    extra = {}
+    if config.compile:  # the lazy compilation ran in the first warm-up step
+        extra["compile_s"] = compile_seconds(step_times, config.num_warmup_steps,
+                                             config.num_timed_steps)
     return RankResult(
         rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
@@ -340,7 +347,7 @@ def run_rank(config: TrialConfig) -> RankResult:
         extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else "cpu",
-               "non_allocator_bytes": non_allocator_bytes(device)})
+               "non_allocator_bytes": non_allocator_bytes(device), **extra})
 
 
 def non_allocator_bytes(device: torch.device) -> int | None:

@@ -52,6 +52,8 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     exported = autotune("export", "--out", "again", *db, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "again" / "best_config.json").read_text()) == best
+    assert (tmp_path / "again" / "megatron_args.txt").read_text() == \
+        (tmp_path / "megatron_args.txt").read_text()  # the search wrote it too, the same
     dashboard = autotune("dashboard", "-o", "dashboard.html", *db, cwd=tmp_path)
     assert dashboard.returncode == 0, dashboard.stderr
     with Database.open(db_url, create=False) as database:

@@ -371,6 +371,34 @@ def test_report_of_trials_without_predictions(tmp_path):
     assert all(bar == "rank 0" or bar == "rank 1" for bar in bars["compute"]["x"][1])
 
 
+def test_knob_plots_draw_compile_and_float8_when_a_study_varies_them(tmp_path):
+    """The newer boolean knobs are axes of the parallel coordinates and bars of the importance,
+    with their values as tick labels."""
+    throughput = {(False, False): 9_000.0, (True, False): 11_000.0, (False, True): 12_000.0,
+                  (True, True): 15_000.0}
+    with Database.open(f"sqlite:///{tmp_path / 'knobs.db'}") as database:
+        study = database.create_study("knobs", {"world_size": 2})
+        for number, ((compiled, f8), tokens) in enumerate(throughput.items()):
+            config = TrialConfig(world_size=2, device="cuda", precision="bf16-mixed",
+                                 compile=compiled, float8=f8)
+            database.add_trial(TrialRecord(
+                id=None, study_id=study.id, number=number, status="complete",
+                config=config.resolved(),
+                metrics={"step_time_s": 0.05, "throughput_tokens_per_s": tokens,
+                         "peak_memory_bytes": 1 << 20}, env={}, error=None,
+                created_at=datetime.now(UTC)))
+        path, _ = write_report(database, "knobs", tmp_path / "knobs.html")
+    data = payload(path.read_text(encoding="utf-8"))
+    dims = data["figures"]["knobs-parallel"]["data"][0]["dimensions"]
+    assert [d["label"] for d in dims] == ["compile", "float8", "tokens/s"]
+    lines = zip(*([dim["ticktext"][i] for i in dim["values"]] for dim in dims[:2]),
+                dims[2]["values"])
+    assert {(c, f): tokens for c, f, tokens in lines} == {
+        (str(c), str(f)): tokens for (c, f), tokens in throughput.items()}
+    bars = data["figures"]["knobs-importance"]["data"]
+    assert not bars or set(bars[0]["y"]) == {"compile", "float8"}
+
+
 def test_memory_predicted_beside_measured(report, study):
     _, data = report
     record, trials, board = study

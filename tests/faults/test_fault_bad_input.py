@@ -185,7 +185,8 @@ def test_export_interrupted_mid_write_keeps_the_previous_files(study_db, tmp_pat
                  str(out))
     one_line(result, 130, "autotune: interrupted")
     assert sorted(os.listdir(out)) == ["accelerate_config.yaml", "best_config.json",
-                                       "ds_config.json", "torchtitan_config.py"]  # no temporary
+                                       "ds_config.json", "megatron_args.txt",
+                                       "torchtitan_config.py"]  # no temporary
     assert (out / "ds_config.json").read_bytes() == previous["ds_config.json"]
     # best_config.json was complete when replaced: the new trial, whole.
     assert json.loads((out / "best_config.json").read_text())["trial"] == 1

@@ -181,7 +181,7 @@ def test_ds_config_keys_and_batch_identity(layout):
 def test_export_writes_loadable_files(executor, database, tmp_path):
     Search.open(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
            executor, out=None).run()
-    best_path, ds_path, *_ = export_study(database, "exp", tmp_path / "out")
+    best_path, ds_path, *_, megatron_path = export_study(database, "exp", tmp_path / "out")
     doc = json.loads(best_path.read_text())
     assert {"config", "metrics", "environment", "reproduce"} <= doc.keys()
     assert doc["reproduce"] == "autotune trial --config best_config.json"
@@ -191,6 +191,9 @@ def test_export_writes_loadable_files(executor, database, tmp_path):
     assert doc["environment"]["torch"].startswith("2.")
     ds = json.loads(ds_path.read_text())
     assert ds["train_batch_size"] == config.workload.global_batch_size
+    assert megatron_path.name == "megatron_args.txt"  # its flags: tests/export/test_exports.py
+    assert f"--global-batch-size {config.workload.global_batch_size}" in \
+        megatron_path.read_text().splitlines()
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
 
 

@@ -68,7 +68,9 @@ def trimmed(path: str, per_group: int) -> list[TrialConfig]:
     """The sweep trimmed to fit the test budget: every (tp, pp, ZeRO stage, schedule)
     combination that is valid, each with ``per_group`` of its (micro-batch, checkpointing)
     variants, chosen round-robin so the checkpointing modes and micro-batch sizes (accumulation
-    counts) rotate through the groups. (All 138 valid layouts of the three models pass too; they take ~190 s here.)"""
+    counts) rotate through the groups. (All 138 valid layouts of the three models pass too; they take ~190 s here.)
+    Sequence parallelism and op recomputation, which joined the space after that count, run in
+    test_sequence_parallel_and_recomputation_match_the_hf_model."""
     groups: dict[tuple, list[TrialConfig]] = {}
     for c in layouts(path):
         groups.setdefault((c.tp_degree, c.pp_degree, c.zero_stage, c.pp_schedule), []).append(c)
@@ -153,7 +155,7 @@ def _measured(dirs: dict) -> list[TrialConfig]:
 def sweep(model_dirs):
     """One 2-rank process group runs the whole sweep (a process group per test would cost
     more than the sweep)."""
-    # AUTOTUNE_HF_FULL_SWEEP=1 runs every valid layout (all 138) instead.
+    # AUTOTUNE_HF_FULL_SWEEP=1 runs every valid layout instead (138 without SP and op).
     full = os.environ.get("AUTOTUNE_HF_FULL_SWEEP") == "1"
     chosen = {p: layouts(p) if full else trimmed(p, 2 if name == "llama" else 1)
               for name, p in model_dirs.items()}
@@ -180,6 +182,26 @@ def test_every_layout_matches_the_single_process_hf_model(model_dirs, sweep):
         for name in names[path]:
             got = results[0]["losses"][f"{path}|{name}"]
             assert got == pytest.approx(expected, abs=2e-5), (path, name)
+
+
+NEWER_KNOBS = (dict(sequence_parallel=True),
+               dict(sequence_parallel=True, activation_checkpointing="op"),
+               dict(sequence_parallel=True, activation_checkpointing="full", ac_layers=1))
+
+
+@pytest.mark.slow
+def test_sequence_parallel_and_recomputation_match_the_hf_model(model_dirs):
+    """Llama (grouped KV heads) and Qwen2 (QKV biases: addmm, the matmul op recomputation
+    counts as mm) at tp 2 with sequence parallelism (their RMSNorms on sequence shards, self_attn
+    fed by keyword), alone, with op-level recomputation and with the first block recomputed."""
+    configs = [_base(model_dirs[name], tp_degree=2, micro_batch_size=2, **knobs)
+               for name in ("llama", "qwen2") for knobs in NEWER_KNOBS]
+    results = run_ranks(2, _train_layouts, configs, NUM_STEPS, [], timeout=600)
+    for config in configs:
+        path = config.workload.hf_model
+        expected = hf_reference(path, config.workload, NUM_STEPS)
+        got = results[0]["losses"][f"{path}|{short_name(config)}"]
+        assert got == pytest.approx(expected, abs=2e-5), (path, short_name(config))
 
 
 def test_deepspeed_parses_every_layouts_ds_config(model_dirs):

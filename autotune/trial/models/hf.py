@@ -11,7 +11,8 @@ masks of ``transformers.masking_utils``, rotary embeddings computed on every sta
 layers). A pipeline stage is the same class holding a slice of the layers, keyed by their global
 index as in the built-in model (``models/transformer.py``), the embeddings on the first stage and
 the final norm and head on the last. Tensor parallelism translates the config's
-``base_model_tp_plan`` (``colwise``/``rowwise``) into torch's ParallelStyles; activation
+``base_model_tp_plan`` (``colwise``/``rowwise``) into torch's ParallelStyles (with sequence
+parallelism, the decoder layer's norms on sequence shards, as for the built-in model); activation
 checkpointing and FSDP units are the decoder layers (the class ``_no_split_modules`` names).
 
 Architectures whose base-model forward this reproduces: GPT-2 (``wte``/``wpe``/``h``/``ln_f``)
@@ -32,16 +33,32 @@ from autotune.errors import ConfigError
 from autotune.hf_config import import_transformers, load_config, tp_plan_names
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
-def tp_plan(config: Any, layer_indices: range) -> dict | None:
+def tp_plan(config: Any, layer_indices: range, *, sequence_parallel: bool = False,
+            layer: nn.Module | None = None) -> dict | None:
     """torch ParallelStyles for the config's ``base_model_tp_plan``
-    (``autotune.hf_config.tp_plan_names``), one per expanded path of :class:`HFStage`."""
+    (``autotune.hf_config.tp_plan_names``), one per expanded path of :class:`HFStage`.
+
+    With ``sequence_parallel`` (``workload.plan_styles``), the decoder ``layer``'s norms (its
+    children whose class is a LayerNorm/RMSNorm) run on sequence shards and the parents of the
+    plan's Linears (``self_attn``, called with ``hidden_states=``; ``mlp``, positionally, as
+    the Llama-style decoder layers call them) are the TP regions; None when ``layer`` has no
+    norm of its own."""
+    from autotune.trial.models.workload import plan_styles
+
     names = tp_plan_names(config, layer_indices)
     if names is None:
         return None
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    return {path: styles[style]() for path, style in names.items()}
+    if not sequence_parallel:
+        return plan_styles(names)
+    norms = [n for n, m in (layer.named_children() if layer is not None else ())
+             if type(m).__name__.endswith(("RMSNorm", "LayerNorm"))]
+    if not norms:
+        return None
+    regions = {path.rpartition(".")[0] for path in names}
+    return plan_styles(
+        names, sequence_parallel=True,
+        norms=tuple(f"layers.{i}.{n}" for i in layer_indices for n in norms),
+        regions={r: "hidden_states" if r.endswith(".self_attn") else None for r in regions})
 
 
 # ---- the stage module ------------------------------------------------------------------------
@@ -138,9 +155,11 @@ def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
 
     try:
         plan = tp_plan(config, range(num_layers))
+        sp_plan = tp_plan(config, range(num_layers), sequence_parallel=True,
+                          layer=next(iter(stage.layers.values()), None))
     except ConfigError:
-        plan = None  # check_layout names the entry when a layout asks for tp_degree > 1
-    return Workload(model=stage, batch=batch, tp_plan=plan,
+        plan = sp_plan = None  # check_layout names the entry when a layout asks for tp > 1
+    return Workload(model=stage, batch=batch, tp_plan=plan, sp_plan=sp_plan,
                     pipeline_split=split_stage, blocks=transformer_blocks,
                     num_heads=config.num_attention_heads, num_layers=num_layers)
 

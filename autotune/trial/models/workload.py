@@ -2,7 +2,8 @@
 
 A user workload is a function ``build(spec: WorkloadSpec) -> Workload`` named on the command line
 as ``--workload pkg.module:build`` (or ``"workload"`` in the config). Only ``model`` and
-``batch`` are required; ``tp_plan`` enables tensor parallelism, ``pipeline_split`` pipeline
+``batch`` are required; ``tp_plan`` enables tensor parallelism (``sp_plan`` sequence
+parallelism with it), ``pipeline_split`` pipeline
 parallelism, and ``blocks`` per-block activation checkpointing and ZeRO wrapping.
 """
 
@@ -39,6 +40,9 @@ class Workload:
     """loss_fn(model_output, targets) -> scalar mean loss of a micro-batch."""
     tp_plan: dict | None = None
     """{submodule path: ParallelStyle} for torch's parallelize_module; None: no TP."""
+    sp_plan: dict | None = None
+    """The tp_plan with sequence parallelism (``plan_styles(sequence_parallel=True)``), used
+    when a trial sets sequence_parallel; None: no sequence parallelism."""
     pipeline_split: Callable[[nn.Module, int, int], nn.Module] | None = None
     """pipeline_split(model, stage_index, num_stages) keeps one stage's part; None: no PP."""
     blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None = None
@@ -51,22 +55,60 @@ class Workload:
     """Blocks, for validating pp_degree (optional)."""
 
 
-def builtin_tp_plan(num_layers: int) -> dict:
-    """Megatron-style TP (Shoeybi et al. 2019, §3): QKV and MLP-in column-wise, outputs row-wise."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+def plan_styles(names: dict[str, str], *, sequence_parallel: bool = False,
+                norms: tuple[str, ...] = (), regions: dict[str, str | None] | None = None
+                ) -> dict:
+    """torch ParallelStyles for ``{path: 'colwise' | 'rowwise'}`` (Megatron's TP, Shoeybi et al.
+    2019, §3).
 
-    plan: dict = {}
-    for i in range(num_layers):
-        plan.update({
-            f"layers.{i}.attention.wq": ColwiseParallel(),
-            f"layers.{i}.attention.wk": ColwiseParallel(),
-            f"layers.{i}.attention.wv": ColwiseParallel(),
-            f"layers.{i}.attention.wo": RowwiseParallel(),
-            f"layers.{i}.feed_forward.w1": ColwiseParallel(),
-            f"layers.{i}.feed_forward.w3": ColwiseParallel(),
-            f"layers.{i}.feed_forward.w2": RowwiseParallel(),
-        })
+    With ``sequence_parallel`` (Korthikanti et al. 2022, §4.2.2), as torchtitan's ``apply_tp``
+    for Llama (torchtitan/models/llama3/infra/parallelize.py): the ``norms`` run on sequence
+    shards (``SequenceParallel``), each TP region (``regions``: path → the keyword its input
+    is passed by, None for positional) all-gathers its sequence-sharded input
+    (``PrepareModuleInput``, kept a DTensor so the colwise Linears' input gradients add up as
+    one Partial and leave as one reduce-scatter), and the rowwise outputs reduce-scatter onto
+    the sequence (``output_layouts=Shard(1)``) instead of all-reducing. The residual stream
+    between regions is the local sequence shard; ``tensor_parallel.apply_tp`` shards it at a
+    stage's first block and gathers it after its last.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if not sequence_parallel:
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        return {path: styles[style]() for path, style in names.items()}
+    seq = Shard(1)
+    plan: dict = {path: SequenceParallel() for path in norms}
+    for path, kwarg in (regions or {}).items():
+        plan[path] = (PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+                      if kwarg is None else
+                      PrepareModuleInput(input_kwarg_layouts={kwarg: seq},
+                                         desired_input_kwarg_layouts={kwarg: Replicate()}))
+    for path, style in names.items():
+        plan[path] = ColwiseParallel() if style == "colwise" else RowwiseParallel(
+            output_layouts=seq)
     return plan
+
+
+def builtin_tp_plan(num_layers: int, *, sequence_parallel: bool = False) -> dict:
+    """Megatron-style TP of the built-in model: QKV and MLP-in column-wise, outputs row-wise;
+    with sequence parallelism the two norms of each block on sequence shards (plan_styles)."""
+    names: dict[str, str] = {}
+    norms, regions = [], {}
+    for i in range(num_layers):
+        block = f"layers.{i}"
+        names.update({f"{block}.attention.{w}": "colwise" for w in ("wq", "wk", "wv")})
+        names.update({f"{block}.feed_forward.{w}": "colwise" for w in ("w1", "w3")})
+        names.update({f"{block}.attention.wo": "rowwise", f"{block}.feed_forward.w2": "rowwise"})
+        norms += [f"{block}.attention_norm", f"{block}.ffn_norm"]
+        regions.update({f"{block}.attention": None, f"{block}.feed_forward": None})
+    return plan_styles(names, sequence_parallel=sequence_parallel, norms=tuple(norms),
+                       regions=regions)
 
 
 def synthetic_batch(step: int, *, seed: int, batch_size: int, seq_len: int,
@@ -108,5 +150,6 @@ def build_builtin(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0,
         return split_for_pipeline(m, stage, num_stages)
 
     return Workload(model=model, batch=batch, tp_plan=builtin_tp_plan(shape.num_layers),
+                    sp_plan=builtin_tp_plan(shape.num_layers, sequence_parallel=True),
                     pipeline_split=split, blocks=transformer_blocks,
                     num_heads=shape.num_heads, num_layers=shape.num_layers)

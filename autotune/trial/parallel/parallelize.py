@@ -6,9 +6,14 @@
    the TP plan's module paths still resolve and each stage is parallelised on its own (as in
    torchtitan, which splits before ``parallelize``). Splitting after TP would deep-copy DTensors.
 2. **Tensor parallelism** next: it rewrites Linear weights into DTensors on the tp dim, and the
-   plan names the *unwrapped* module paths that checkpoint wrappers would hide.
+   plan names the *unwrapped* module paths that checkpoint wrappers would hide. With
+   sequence parallelism the workload's ``sp_plan`` replaces its ``tp_plan``.
 3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
    modules, so recomputation replays the TP collectives too.
+   **Compile** (``parallel/compile.py``) then compiles each block (the checkpoint wrapper) in
+   place, before ZeRO wraps it, as torchtitan orders them. **Float8** (``parallel/float8.py``)
+   converts the linears between the precision and TP steps, as torchtitan converts its model
+   before parallelising.
 4. **ZeRO / data parallelism** last: FSDP2 must see the final module tree (checkpoint wrappers
    included) to shard per block, and DDP must see the final parameters.
 5. Pipeline stages and the schedule are built from the wrapped modules; the pipelining runtime
@@ -28,6 +33,8 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
+from autotune.trial.parallel.compile import apply_compile, check_compile
+from autotune.trial.parallel.float8 import apply_float8
 from autotune.trial.parallel.mesh import MeshCoords, coords_of
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
 from autotune.trial.parallel.precision import LossScaler, apply_precision
@@ -62,12 +69,8 @@ class ParallelModel:
 
 
 NOT_YET_RUN = {
-    "sequence_parallel": lambda c: c.sequence_parallel,
     "cp_degree": lambda c: c.cp_degree > 1,
     "dp_replicate": lambda c: c.dp_replicate > 1,
-    "ac_layers": lambda c: c.ac_layers is not None,
-    "compile": lambda c: c.compile,
-    "float8": lambda c: c.float8,
 }
 """Knobs the models predict but the trial engine does not run yet, and when a config uses
 them."""
@@ -80,9 +83,14 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
         if used(config):
             raise ConfigError(f"trials do not run {knob} yet (autotune estimate and rank "
                               f"predict it); leave {knob} at its default to run a trial")
+    check_compile(config)
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
                           "use tp_degree 1 or add a tp_plan to its Workload")
+    if config.sequence_parallel and not workload.sp_plan:
+        raise ConfigError(f"workload {config.workload.name} provides no sp_plan (sequence-"
+                          "parallel TP plan); turn sequence_parallel off or add an sp_plan "
+                          "to its Workload")
     if config.pp_degree > 1 and workload.pipeline_split is None:
         raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
                           "use pp_degree 1 or add a pipeline_split to its Workload")
@@ -98,9 +106,16 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
     else:
         parts = [model]
     parts = [apply_precision(p.to(device), config) for p in parts]
-    if config.tp_degree > 1:
+    if config.float8:  # checked at trial start (float8.check_float8)
+        parts = [apply_float8(p) for p in parts]
+    if config.tp_degree > 1 and config.sequence_parallel:
+        parts = [apply_tp(p, mesh["tp"], workload.sp_plan, workload.blocks) for p in parts]
+    elif config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
-    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
+    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks, config.ac_layers)
+             for p in parts]
+    if config.compile:
+        parts = [apply_compile(p, workload.blocks) for p in parts]
     dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None

@@ -51,8 +51,12 @@ def _zero1_of_dtensors(c: TrialConfig) -> bool:
 #   recomputation and with at most 2 accumulation steps (checkpointing and longer
 #   accumulation under the same wrappers are covered at ZeRO-0; LLAMA adds it with full
 #   recomputation). 7 of its 33 configurations are kept.
+# - sequence parallelism and op-level recomputation (and ac_layers) run in NEWER_KNOBS below,
+#   on the layouts they change (TP regions, ZeRO-3 and pipeline stages around them), not
+#   across the whole grid (which they would double).
 ALL = [c for c in _configs(2) + _configs(4)
-       if (c.grad_accum_steps == 2 if c.activation_checkpointing != "none"
+       if not c.sequence_parallel and c.activation_checkpointing != "op"
+       and (c.grad_accum_steps == 2 if c.activation_checkpointing != "none"
            else c.grad_accum_steps <= 2 or c.pp_degree > 1)
        and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
        and (not _zero1_of_dtensors(c)
@@ -62,14 +66,39 @@ ALL = [c for c in _configs(2) + _configs(4)
 # that skips it and the one that runs it, and more add nothing new.
 NO_OVERLAP = [c for c in _configs(2, overlap=(False,), activation_checkpointing=("none",))
               + _configs(4, overlap=(False,), activation_checkpointing=("none",))
-              if c.dp_degree > 1 and c.grad_accum_steps == 2]
+              if c.dp_degree > 1 and c.grad_accum_steps == 2 and not c.sequence_parallel]
 LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
                                  workload=WorkloadSpec(family="llama", size="tiny"))
 # Llama's blocks under every layout with one micro-batch per step (accumulation itself is
 # model-independent and covered by ALL), with full recomputation: each block's forward runs as
 # without it (the same code, its activations dropped) and again in the backward.
 LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",))
-         if c.grad_accum_steps == 1]
+         if c.grad_accum_steps == 1 and not c.sequence_parallel]
+# Sequence parallelism (tp 2: norms on sequence shards, reduce-scatter and all-gather instead of
+# all-reduce), alone, under ZeRO 0, 1 and 3 at dp 2 and under a pipeline (whose stages gather
+# the sequence at their ends), with each recomputation that replays its collectives; op-level
+# recomputation and full recomputation of the first ac_layers blocks with and without TP; on
+# GPT (LayerNorm, GELU) and Llama (RMSNorm, SwiGLU, grouped KV heads, eager attention).
+NEWER_KNOBS = [dataclasses.replace(BASE, **layout) for layout in (
+    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
+    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4,
+         activation_checkpointing="op"),
+    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4,
+         activation_checkpointing="full", ac_layers=1),
+    dict(world_size=2, micro_batch_size=2, activation_checkpointing="op", zero_stage=3),
+    dict(world_size=2, micro_batch_size=2, activation_checkpointing="full", ac_layers=1),
+    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=3),
+    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=1),
+    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=0,
+         activation_checkpointing="selective"),
+    dict(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=True, micro_batch_size=4),
+    dict(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=True, micro_batch_size=4,
+         activation_checkpointing="full", ac_layers=1, pp_schedule="gpipe"),
+)] + [dataclasses.replace(LLAMA_BASE, **layout) for layout in (
+    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
+    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=4, zero_stage=3,
+         activation_checkpointing="op"),
+)]
 
 
 @functools.cache
@@ -120,6 +149,42 @@ def test_llama_layout_matches_single_process(executor, config):
     _check(executor, config)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("config", NEWER_KNOBS, ids=lambda c: f"{c.workload.family}-"
+                         f"{short_name(c)}")
+def test_newer_knob_layout_matches_single_process(executor, config):
+    _check(executor, config)
+
+
+def _train_without_reduce_scatter(rank: int, config: TrialConfig) -> list[float]:
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    from autotune.trial.runner import run_rank
+
+    def partial_kept(output_layouts, use_local_output, mod, outputs, device_mesh):
+        # the bug this control plants: each rank keeps its sequence slice of its own partial
+        # sum, as if the rowwise output were already reduced
+        local = DTensor.from_local(outputs.to_local(), device_mesh, [Replicate()],
+                                   run_check=False)
+        return local.redistribute(placements=output_layouts).to_local()
+
+    RowwiseParallel._prepare_output_fn = staticmethod(partial_kept)
+    return run_rank(config).losses
+
+
+@pytest.mark.slow
+def test_sequence_parallel_without_reduce_scatter_is_detected():
+    """Negative control: sequence parallelism whose rowwise outputs skip the reduce-scatter
+    fails the tolerance."""
+    from spawn import run_ranks
+
+    config = NEWER_KNOBS[0]
+    losses = run_ranks(2, _train_without_reduce_scatter, config)[0]
+    expected = _reference(config.workload, config.attention)
+    assert max(abs(a - b) for a, b in zip(losses, expected)) > 50 * LOSS_ATOL
+
+
 def _train_without_grad_sync(rank: int, config: TrialConfig) -> list[float]:
     from autotune.trial.parallel import zero
     from autotune.trial.runner import run_rank
@@ -148,6 +213,8 @@ def test_wrong_layout_is_detected():
 # are also checked by tests/trial/parallel/test_zero_sharding.py.
 PRECISION_LAYOUTS = [  # world 4 first: the LLAMA layouts before leave that group warm
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3),
+    # sequence parallelism's replicated norm parameters under FSDP2's mixed-precision policy
+    dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3, sequence_parallel=True),
     dict(precision="bf16-mixed", world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=2),
     # ZeRO-1 of TP's DTensors: the distributed optimizer keeps the master copy of its slices
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=1),
