@@ -54,7 +54,7 @@ def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, 
             best.config, metrics, record.env, study=study_name, trial_number=best.number,
             db_display=database.url_for_display))
         write_json_atomically(ds_path, ds)
-        # megatron_args.txt first: torchtitan's refusal (ac_layers) names it as the way out
+        # megatron_args.txt first: the trainer files' notes name it as the way to run ac_layers
         megatron_path = out / MEGATRON_FILE
         write_text_atomically(megatron_path, megatron_text(best.config))
         others = write_trainer_exports(best.config, out)

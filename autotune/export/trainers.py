@@ -235,14 +235,14 @@ def _torchtitan_ac(config: TrialConfig, notes: list[str]) -> str | None:
     up to 0.2 spelled ``mode = "selective", selective_ac_option = "op"`` and autotune's ``op``
     runs. torchtitan has no form of ``ac_layers``: 0.3 has no layer count, and 0.2's
     ``selective_ac_option = "<n>"`` checkpointed every n-th block, not the first n of each stage
-    (Megatron's ``--recompute-method block``, which autotune runs): refused."""
+    (Megatron's ``--recompute-method block``, which autotune runs): written as ``FullAC``, which
+    recomputes every block — slower than the measured layout, never larger — with a note."""
     mode = config.activation_checkpointing
     if config.ac_layers is not None:
-        raise ConfigError(
-            f"torchtitan cannot recompute only the first {config.ac_layers} blocks of each "
-            "stage (FullAC recomputes every block; its old selective_ac_option '<n>' every n-th "
-            "block): set ac_layers to null to export to torchtitan, or train this layout with "
-            "megatron_args.txt (--recompute-method block)")
+        notes.append(f"ac_layers {config.ac_layers}: torchtitan cannot recompute only the first "
+                     f"{config.ac_layers} blocks of each stage; written as FullAC (every block: "
+                     "slower than measured, no more memory); megatron_args.txt runs it as "
+                     "measured (--recompute-method block)")
     if mode == "selective":
         notes.append("selective: torchtitan has no attention-core recomputation; written as "
                      "SelectiveAC, its op-level policy (autotune's op), which recomputes more")

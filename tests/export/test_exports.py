@@ -196,12 +196,13 @@ def test_torchtitan_activation_checkpointing(tmp_path, mode, policy):
     assert any(n.startswith("selective:") for n in notes) == (mode == "selective")
 
 
-def test_torchtitan_refuses_ac_layers():
+def test_torchtitan_writes_ac_layers_as_full_ac_with_a_note():
     """torchtitan has no count of recomputed blocks (0.2's selective_ac_option '<n>' meant every
-    n-th block, not the first n of each stage): refused in one line naming the way out."""
-    with pytest.raises(ConfigError, match="first 1 blocks of each stage.*ac_layers to null.*"
-                                          "megatron_args.txt"):
-        torchtitan_module(EVERY_KNOB)
+    n-th block, not the first n of each stage): the export recomputes every block (FullAC,
+    never more memory than measured) and its notes name the difference and the way out."""
+    settings, notes = torchtitan_settings(EVERY_KNOB)
+    assert settings["activation_checkpoint"] == "FullAC"
+    assert any(n.startswith("ac_layers 1:") and "megatron_args.txt" in n for n in notes)
 
 
 def test_torchtitan_float8_reaches_torchtitans_converter(tmp_path):
