@@ -889,10 +889,9 @@ def _offloaded(config: TrialConfig, device_type: str) -> bool:
 def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str,
            layout: LayoutQuantities | None = None) -> _Stage:
     """The rank's parts (virtual stages) and model states (``_states``); ``layout``: the
-    config's ``LayoutQuantities`` (derived here when not given). ``config.precision`` is
-    resolved."""
+    config's ``LayoutQuantities`` (derived here when not given)."""
     if layout is None:
-        layout = LayoutQuantities.of(config, shape, config.precision)
+        layout = LayoutQuantities.of(config, shape, config.resolved_precision(device_type))
     parts = _parts(shape.num_layers, config.pp_degree, layout.interleaved, pp_rank,
                    config.virtual_stages)
     # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
@@ -915,7 +914,7 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     modes = _block_modes(config)
     kw = dict(seq_len=config.workload.seq_len, micro_batch=config.micro_batch_size,
               tp=config.tp_degree, attention=config.attention,
-              dtype=PRECISION_COMPUTE_DTYPE[config.precision], knobs=LayoutKnobs.of(config))
+              dtype=PRECISION_COMPUTE_DTYPE[layout.precision], knobs=LayoutKnobs.of(config))
     kept = {mode: layer_activation_bytes(shape, checkpointing=mode, **kw) for mode in modes}
     logits_elems = stage.logits_elems
     per_microbatch = []
