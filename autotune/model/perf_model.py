@@ -588,10 +588,10 @@ def _layer_cost(step: _Step) -> _LayerCost:
         backward_inputs = 2 if engine.fused_column_inputs else (
             3 + (2 if shape.family == "llama" else 1))
         tp_collectives = 2 * (2 if full else 1) + backward_inputs
-        t_ar = collective_time(step.cluster, cal, tp_group, step.activation_bytes)
+        allreduce_s = collective_time(step.cluster, cal, tp_group, step.activation_bytes)
         # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
-        tp_s = tp_collectives * t_ar * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
-        tp_embed_s = t_ar if engine.vocab_parallel else 0.0
+        tp_s = tp_collectives * allreduce_s * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
+        tp_embed_s = allreduce_s if engine.vocab_parallel else 0.0
     else:
         tp_collectives = 0
         tp_s = tp_embed_s = 0.0
@@ -653,7 +653,7 @@ def sequence_parallel(step: _Step) -> bool:
     """Whether the layout runs sequence parallelism: the config asks for it, or the engine
     runs it whenever tp > 1 (``EngineTraits.sequence_parallel``)."""
     return step.config.tp_degree > 1 and (step.config.sequence_parallel
-                                        or step.engine.sequence_parallel)
+                                          or step.engine.sequence_parallel)
 
 
 def _roofline_layer(step: _Step) -> tuple[float, float, float]:
