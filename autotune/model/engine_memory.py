@@ -45,8 +45,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autotune.config import BYTES_PER_ELEMENT, PRECISION_COMPUTE_DTYPE, TrialConfig
+from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.model.layout_quantities import LayoutQuantities, fsdp_shards, state_bytes
 from autotune.model.memory import (
     FP32_BYTES,
     PHASE_AFTER_BACKWARD,
@@ -62,7 +63,6 @@ from autotune.model.memory import (
     _states,
     estimate_memory,
     microbatches_in_flight,
-    state_bytes,
     worst_rank_candidates,
 )
 from autotune.shapes import ModelShape, even_split
@@ -73,9 +73,11 @@ class _Dims:
     """One micro-batch's dimensions on one rank: tokens b·s/cp, and the TP degree."""
 
     tokens: int
+    """Tokens of one micro-batch on the rank (``LayoutQuantities.microbatch_tokens``)."""
     keys: int
+    """The length each query attends over: s."""
     tp: int
-    e: int
+    elem_bytes: int
     """Bytes per activation element (the compute dtype)."""
     sp: bool = False
     """Sequence parallelism (the config's ``sequence_parallel``, with tp > 1)."""
@@ -123,7 +125,7 @@ def block_activation_bytes(shape: ModelShape, traits: MemoryTraits, *, tokens: i
 def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> tuple[int, int]:
     """(kept per block on average, the largest temporary of one block's backward) for the
     engine's checkpointing of the config's mode ``ac``."""
-    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.e, sp=d.sp)
+    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.elem_bytes, sp=d.sp)
     mode = traits.selective_mode if ac == "selective" else ac
     none = block_activation_bytes(shape, traits, mode="none", **kw)
     if mode == "layer":  # every k-th block checkpointed whole, the others keep everything
@@ -135,7 +137,8 @@ def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> 
         kept = block_activation_bytes(shape, traits, mode=mode, **kw)
         rebuilt = none - kept if mode != "full" else none
     # Backward's gradient buffers of the block's widest tensors (memory.block_backward_bytes).
-    grads = 2 * d.e * d.tokens * shape.ffn_hidden_size // d.tp + d.e * d.tokens * shape.hidden_size
+    grads = (2 * d.elem_bytes * d.tokens * shape.ffn_hidden_size // d.tp
+             + d.elem_bytes * d.tokens * shape.hidden_size)
     return kept, rebuilt + grads
 
 
@@ -153,27 +156,29 @@ def _loss_bytes(traits: MemoryTraits, d: _Dims, vocab: int) -> tuple[int, int]:
     extra = traits.loss_parallel_extra_fp32 if traits.vocab_parallel_loss and d.tp > 1 else 0
     fp32 = max(traits.loss_forward_fp32, traits.loss_backward_fp32) + extra
     kept = FP32_BYTES * logits * traits.loss_kept_fp32
-    return kept, d.e * logits + FP32_BYTES * logits * fp32 - kept
+    return kept, d.elem_bytes * logits + FP32_BYTES * logits * fp32 - kept
 
 
 def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, vocab: int,
                   parts: tuple, precision: str) -> tuple[int, int, int, int]:
     """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank."""
     tp, dp, zero = config.tp_degree, config.dp_degree, config.zero_stage
-    c = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
+    fsdp = fsdp_shards(config)
+    bytes_per = state_bytes(precision, fsdp=fsdp)
+    compute = bytes_per.compute  # bytes per element of the 16-bit (compute) copies
     layer = _layer_tensors(shape, tp)
     vocab = _local_vocab(vocab, tp, traits)
     roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
     numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
     n = dp if dp > 1 and zero >= 1 else 1
     if traits.optimizer == "fsdp2":
-        sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
-        st = _states(shape, vocab, parts, tp, dp, zero, sb, config.bucket_mb)  # TP-local vocab
-        return st.parameters, st.gradients, st.optimizer_state, 0
+        states = _states(shape, vocab, parts, tp, dp, zero, bytes_per,
+                         config.bucket_mb)  # TP-local vocab
+        return states.parameters, states.gradients, states.optimizer_state, 0
     if traits.optimizer == "megatron":
         # Megatron-LM: 16-bit parameters, fp32 main_grad buffers, fp32 master copy and Adam
         # moments sharded over DP by the distributed optimizer (docs: 18 → 6 + 12/d bytes).
-        return c * numel, FP32_BYTES * numel, -(-12 * numel // n), 0
+        return compute * numel, FP32_BYTES * numel, -(-12 * numel // n), 0
     if traits.optimizer in ("deepspeed-fp16", "deepspeed-bf16"):
         # DeepSpeed ZeRO-1 (stage_1_and_2.py): 16-bit parameters and gradients; the fp32 master
         # partition and both moments per rank; at the step the partition's gradients in fp32
@@ -181,10 +186,10 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
         # ZeRO-2 shards the 16-bit gradients too, ZeRO-3 the parameters (their gathers are
         # comm buffers, as FSDP's).
         grad_numel = -(-numel // n) if zero >= 2 else numel
-        grads = c * grad_numel
+        grads = compute * grad_numel
         if traits.optimizer == "deepspeed-bf16":
             grads += FP32_BYTES * grad_numel
-        params = c * (-(-numel // n) if zero == 3 else numel)
+        params = compute * (-(-numel // n) if zero == 3 else numel)
         if zero == 0 and traits.optimizer == "deepspeed-fp16":
             # FP16_Optimizer (no ZeRO): the flat fp32 gradient and its per-tensor fp32 copies
             # at the step (fused_optimizer.py ``step``)
@@ -230,24 +235,21 @@ def estimate_engine_memory(config: TrialConfig, shape: ModelShape | None,
 
 def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int,
                   precision: str) -> MemoryEstimate:
-    tp, pp, m = config.tp_degree, config.pp_degree, config.grad_accum_steps
-    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    parts = engine_parts(shape.num_layers, pp, interleaved, pp_rank, traits,
+    tp, pp = config.tp_degree, config.pp_degree
+    layout = LayoutQuantities.of(config, shape, precision)
+    microbatches, vocab, elem_bytes = layout.num_microbatches, layout.vocab, layout.elem_bytes
+    parts = engine_parts(shape.num_layers, pp, layout.interleaved, pp_rank, traits,
                          config.virtual_stages)
-    vocab = config.workload.vocab_size or shape.vocab_size
-    e = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
-    s = config.workload.seq_len
     # The config's knobs: context parallelism divides each sequence, sequence parallelism what
     # lies outside the TP region.
-    d = _Dims(tokens=config.micro_batch_size * s // config.cp_degree, keys=s, tp=tp, e=e,
-              sp=config.sequence_parallel and tp > 1)
+    d = _Dims(tokens=layout.microbatch_tokens, keys=config.workload.seq_len, tp=tp,
+              elem_bytes=elem_bytes, sp=layout.sequence_shards > 1)
     kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
     if config.ac_layers is not None:  # --recompute-num-layers: the others keep everything
         whole, whole_peak = _block_bytes(shape, traits, d, "none")
         block_peak = max(block_peak, whole_peak)
     loss_kept, loss_peak = _loss_bytes(traits, d, vocab)
-    sp = tp if d.sp else 1
-    stage_io = e * d.tokens * shape.hidden_size // sp  # a micro-batch's stage input or output
+    stage_io = elem_bytes * layout.stream_elems  # a micro-batch's stage input or output
     per_mb = []
     for part in parts:
         blocks = part.num_layers * kept
@@ -260,17 +262,17 @@ def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
         per_mb.append(held)
     if pp == 1:
         held_counts: tuple[int, ...] = (1,)
-    elif interleaved:
-        held_counts = _interleaved_peak(pp, pp_rank, m, tuple(per_mb))
+    elif layout.interleaved:
+        held_counts = _interleaved_peak(pp, pp_rank, microbatches, tuple(per_mb))
     else:
-        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, m,
+        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, microbatches,
                                              config.virtual_stages)
     saved = sum(n * a for n, a in zip(held_counts, per_mb))
     last = any(p.last for p in parts)
     transient = max(block_peak, loss_peak if last else 0)
     params, grads, optimizer, step_temps = engine_states(config, shape, traits, vocab, parts,
                                                          precision)
-    comm = _fsdp_gathered(config, shape, traits, parts, vocab, e)
+    comm = _fsdp_gathered(config, shape, traits, parts, vocab, elem_bytes)
     pipe = 2 * stage_io if pp > 1 else 0  # send and receive buffers in use
     fb, post = saved + transient + comm + pipe, step_temps
     allocated = params + grads + optimizer + max(fb, post)
@@ -283,7 +285,7 @@ def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
 
 
 def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
-                   parts: tuple[_Part, ...], vocab: int, e: int) -> int:
+                   parts: tuple[_Part, ...], vocab: int, elem_bytes: int) -> int:
     """FSDP2's unsharded bytes during forward/backward (torchtitan: one unit per block, the
     root holding embeddings, final norm and head): the unit in use and the one prefetched in
     the compute dtype, the gradients of one unit in the compute dtype and cast to fp32 for the
@@ -295,10 +297,10 @@ def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
     local_vocab = _local_vocab(vocab, config.tp_degree, traits)
     root = sum(_root_tensors(shape, local_vocab, p.first, p.last).numel for p in parts)
     if config.zero_stage == 2 or config.pp_degree > 1:  # every unit kept from forward to backward
-        blocks = sum(p.num_layers for p in parts) * block * e
+        blocks = sum(p.num_layers for p in parts) * block * elem_bytes
     else:
-        blocks = 2 * block * e
-    return blocks + block * (e + FP32_BYTES) + root * e
+        blocks = 2 * block * elem_bytes
+    return blocks + block * (elem_bytes + FP32_BYTES) + root * elem_bytes
 
 
 # ---- presets: what each engine stores ------------------------------------------------------

@@ -77,14 +77,19 @@ from autotune.config import (
     INTERLEAVED_STAGES_PER_RANK,
     MASTER_STEP_CHUNK_NUMEL,
     MIB,
-    MIXED_PRECISIONS,
     PRECISION_COMPUTE_DTYPE,
     TrialConfig,
 )
 from autotune.errors import ConfigError
-from autotune.shapes import ModelShape, stage_layer_counts
-
-FP32_BYTES = BYTES_PER_ELEMENT["float32"]
+from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
+    FP32_BYTES,
+    LayoutQuantities,
+    StateBytes,
+    is_interleaved,
+    pipeline_chunk_layers,
+    state_bytes,
+)
+from autotune.shapes import ModelShape, stage_layer_counts  # noqa: F401  (re-exported)
 ADAM_STEP_BYTES = 4
 """AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
 
@@ -185,32 +190,6 @@ class MemoryTraits:
     """Bytes outside the allocator in the measured figure (CUDA context, NCCL buffers)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StateBytes:
-    """Bytes per parameter element of each model state, for one precision and mechanism."""
-
-    parameter: int
-    """The model's parameters at rest (FSDP2: its shards)."""
-    gradient: int
-    master: int
-    """The optimizer's fp32 master copy (0: none, or the parameters are the master)."""
-    moment: int
-    """Each of AdamW's two moments."""
-    compute: int
-    """Activations, and parameters and gradients FSDP2 gathers for compute."""
-
-
-def state_bytes(precision: str, *, fsdp: bool) -> StateBytes:
-    """Element sizes of ``precision`` (``parallel/precision.py``); ``fsdp``: ZeRO-2/3 over
-    more than one rank, where FSDP2's MixedPrecisionPolicy keeps fp32 shards."""
-    c = BYTES_PER_ELEMENT[PRECISION_COMPUTE_DTYPE[precision]]
-    if precision not in MIXED_PRECISIONS:
-        return StateBytes(c, c, 0, c, c)
-    if fsdp:
-        return StateBytes(FP32_BYTES, FP32_BYTES, 0, FP32_BYTES, c)
-    return StateBytes(c, c, FP32_BYTES, FP32_BYTES, c)
-
-
 # ---- the parameter tensors a rank holds --------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _Tensors:
@@ -272,11 +251,12 @@ class _Part:
 def _parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
            virtual_stages: int = INTERLEAVED_STAGES_PER_RANK) -> tuple[_Part, ...]:
     """The (virtual) stages of pipeline rank ``pp_rank``: stage i of pp·v on rank i mod pp
-    (``virtual_stages`` v per rank when ``interleaved``), layers by ``stage_layer_counts``."""
-    stages = pp * virtual_stages if interleaved else pp
-    counts = stage_layer_counts(num_layers, stages)
-    return tuple(_Part(i, counts[i], i == 0, i == stages - 1)
-                 for i in range(pp_rank, stages, pp))
+    (``virtual_stages`` v per rank when ``interleaved``), layers by ``pipeline_chunk_layers``."""
+    chunks_per_rank = virtual_stages if interleaved else 1
+    stages = pp * chunks_per_rank
+    layers = pipeline_chunk_layers(num_layers, pp, chunks_per_rank)[pp_rank]
+    return tuple(_Part(i, n, i == 0, i == stages - 1)
+                 for i, n in zip(range(pp_rank, stages, pp), layers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +281,8 @@ class _States:
 
 @lru_cache(maxsize=65536)
 def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp: int,
-            zero: int, sb: StateBytes, bucket_mb: float, flat_zero1: bool = False) -> _States:
+            zero: int, bytes_per: StateBytes, bucket_mb: float,
+            flat_zero1: bool = False) -> _States:
     layer = _layer_tensors(shape, tp)
     roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
@@ -309,7 +290,7 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
     num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
     # FSDP units: consecutive blocks grouped until their bytes reach bucket_mb
     # (``zero.group_blocks``), per part; each part's root is a unit of its own.
-    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * sb.parameter)))
+    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * bytes_per.parameter)))
     units: list[int] = []
     for p, r in zip(parts, roots):
         full, rest = divmod(p.num_layers, per_unit)
@@ -318,11 +299,12 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
             units.append(r.numel)
     root_numel = sum(r.numel for r in roots)
     biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
-    state = sb.master + 2 * sb.moment  # optimizer bytes per element: master copy, moments
+    # optimizer bytes per element: master copy, moments
+    state = bytes_per.master + 2 * bytes_per.moment
     if dp == 1 or zero == 0:
         # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
         # per tensor.
-        return _States(numel * sb.parameter, numel * sb.gradient,
+        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
                        state * numel + ADAM_STEP_BYTES * num_tensors,
                        numel, root_numel, tuple(units), biggest, numel)
     if zero == 1 and flat_zero1:
@@ -335,8 +317,8 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
             sizes += [a * b for a, b in layer.shapes] * p.num_layers
             sizes += [a * b for a, b in r.shapes[head:]]
         worst_numel, worst_count, gather = _flat_partition(
-            tuple(sizes), dp, bucket_mb * MIB / sb.parameter, state)
-        return _States(numel * sb.parameter, numel * sb.gradient,
+            tuple(sizes), dp, bucket_mb * MIB / bytes_per.parameter, state)
+        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
                        state * worst_numel + ADAM_STEP_BYTES * worst_count,
                        numel, root_numel, tuple(units), biggest, worst_numel, gather)
     if zero == 1:
@@ -346,12 +328,12 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
         for root in roots:
             sizes += [r * c for r, c in root.shapes]
         worst_numel, worst_count = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
-        return _States(numel * sb.parameter, numel * sb.gradient,
+        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
                        state * worst_numel + ADAM_STEP_BYTES * worst_count,
                        numel, root_numel, tuple(units), biggest, worst_numel)
     # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
     shard = layers * layer.fsdp_shard_numel(dp) + sum(r.fsdp_shard_numel(dp) for r in roots)
-    return _States(shard * sb.parameter, shard * sb.gradient,
+    return _States(shard * bytes_per.parameter, shard * bytes_per.gradient,
                    state * shard + ADAM_STEP_BYTES * num_tensors,
                    numel, root_numel, tuple(units), biggest, shard)
 
@@ -419,10 +401,10 @@ def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
     """
     n = dp_degree
     fsdp = n > 1 and zero_stage >= 2
-    sb = state_bytes(precision, fsdp=fsdp)
+    bytes_per = state_bytes(precision, fsdp=fsdp)
     phi = _ceil(num_params, tp_degree * pp_degree)
-    parameters, gradients = sb.parameter * phi, sb.gradient * phi
-    optimizer_state = (sb.master + 2 * sb.moment) * phi
+    parameters, gradients = bytes_per.parameter * phi, bytes_per.gradient * phi
+    optimizer_state = (bytes_per.master + 2 * bytes_per.moment) * phi
     if n > 1 and zero_stage >= 1:
         optimizer_state = _ceil(optimizer_state, n)
     if fsdp:
@@ -688,7 +670,9 @@ def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
     trains in on ``device_type``."""
     shape = _resolve_shape(config, shape)
     config = config.with_precision(device_type)
-    return [_estimate_stage(config, shape, r, device_type) for r in range(config.pp_degree)]
+    layout = LayoutQuantities.of(config, shape, config.precision)
+    return [_estimate_stage(config, shape, r, device_type, layout)
+            for r in range(config.pp_degree)]
 
 
 def worst_rank_candidates(pp: int) -> tuple[int, ...]:
@@ -719,9 +703,10 @@ def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
     shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     if config.precision is None:
         config = config.with_precision(device_type)
+    layout = LayoutQuantities.of(config, shape, config.precision)
     worst = None
     for r in worst_rank_candidates(config.pp_degree):
-        est = _estimate_stage(config, shape, r, device_type)
+        est = _estimate_stage(config, shape, r, device_type, layout)
         if worst is None or est.total > worst.total:
             worst = est
         if stop_above is not None and worst.total > stop_above:
@@ -742,10 +727,10 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
     schedule, bucket and precision): what no micro-batch, checkpointing or sequence knob
     changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
-    interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
     return _rank0_states(
         shape, config.workload.vocab_size or shape.vocab_size, config.tp_degree,
-        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage, interleaved,
+        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage,
+        is_interleaved(config),
         config.virtual_stages, precision, config.bucket_mb, _uses_distributed_optimizer(config),
         config.optimizer_offload_enabled and device_type == "cuda")[0]
 
@@ -755,7 +740,7 @@ def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_typ
     checkpointing and the knobs that shard activations)."""
     precision = config.precision or config.resolved_precision(device_type)
     pp, v, m = config.pp_degree, config.virtual_stages, config.grad_accum_steps
-    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
+    interleaved = is_interleaved(config)
     part_layers = tuple(p.num_layers for p in _parts(shape.num_layers, pp, interleaved, 0, v))
     kw = (shape, config.workload.seq_len, config.micro_batch_size, config.tp_degree,
           config.attention, PRECISION_COMPUTE_DTYPE[precision], LayoutKnobs.of(config))
@@ -792,10 +777,11 @@ def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, dp_s
                   ) -> tuple[int, tuple[int, ...]]:
     """(model-state bytes, layers per part) of pipeline rank 0, as ``_stage`` computes them."""
     parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
-    sb = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
-    st = _states(shape, vocab, parts, tp, dp_shard, zero, sb, bucket_mb, flat_zero1=flat_zero1)
-    states = 0 if offloaded else st.parameters + st.gradients + st.optimizer_state
-    return states, tuple(p.num_layers for p in parts)
+    bytes_per = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
+    states = _states(shape, vocab, parts, tp, dp_shard, zero, bytes_per, bucket_mb,
+                     flat_zero1=flat_zero1)
+    held = 0 if offloaded else states.parameters + states.gradients + states.optimizer_state
+    return held, tuple(p.num_layers for p in parts)
 
 
 @lru_cache(maxsize=65536)
@@ -841,59 +827,32 @@ class _Stage:
     shape: ModelShape
     pp_rank: int
     device_type: str
+    layout: LayoutQuantities
+    """What the layout derives for both models: element sizes, tokens, SP divisor, chunks."""
     parts: tuple[_Part, ...]
-    sb: StateBytes
-    st: _States
-    vocab: int
-    interleaved: bool
-    """The interleaved 1F1B schedule: v virtual stages on the rank."""
-
-    @property
-    def e(self) -> int:
-        """Bytes per element of activations and of what FSDP2 gathers."""
-        return self.sb.compute
+    """The rank's (virtual) stages (``_parts``)."""
+    states: _States
+    """The rank's model states (``_states``)."""
 
     @property
     def last(self) -> bool:
+        """Whether the rank holds the pipeline's last stage (final norm, head, loss)."""
         return any(p.last for p in self.parts)
 
     @property
-    def tokens(self) -> int:
-        """Tokens of one micro-batch on this rank: b·s, ÷ cp under context parallelism."""
-        config = self.config
-        return config.workload.seq_len * config.micro_batch_size // config.cp_degree
-
-    @property
-    def sp(self) -> int:
-        """What sequence parallelism divides the residual stream by: tp, or 1 without SP."""
-        return self.config.tp_degree if self.config.sequence_parallel else 1
-
-    @property
-    def sbh(self) -> int:
-        """Elements of one micro-batch's b·s·h activation (its tokens on this rank)."""
-        return self.tokens * self.shape.hidden_size
-
-    @property
-    def stream(self) -> int:
-        """Elements of one micro-batch's residual stream on this rank: sbh, ÷ tp under SP
-        (what a pipeline stage sends and receives, and a row-parallel Linear's reduced
-        output)."""
-        return self.sbh // self.sp
-
-    @property
-    def sbv(self) -> int:
+    def logits_elems(self) -> int:
         """Elements of one micro-batch's logits, b·s·V (its tokens on this rank)."""
-        return self.tokens * self.vocab
+        return self.layout.microbatch_tokens * self.layout.vocab
 
     @property
     def two_largest_units(self) -> int:
         """Bytes of FSDP's two largest units, gathered."""
-        return sum(sorted(self.st.unit_numels, reverse=True)[:2]) * self.e
+        return sum(sorted(self.states.unit_numels, reverse=True)[:2]) * self.layout.elem_bytes
 
 
-def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
-                    device_type: str) -> MemoryEstimate:
-    stage = _stage(config, shape, pp_rank, device_type)
+def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str,
+                    layout: LayoutQuantities | None = None) -> MemoryEstimate:
+    stage = _stage(config, shape, pp_rank, device_type, layout)
     saved, transient, pp_outputs = _activations(stage)
     comm_held, extra, comm_post = _comm_buffers(stage, transient)
     other = _other(stage)
@@ -901,13 +860,17 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int,
 
     # ---- the peak: the larger of forward/backward and after backward -------------------
     # Each candidate peak is (activations, comm_buffers, other) during forward/backward;
-    # ``post`` is after the last backward (gradient sync, optimizer step).
-    fb = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum)
-    post = (2 * pp_outputs, comm_post, other + optimizer_temps)
-    phase = PHASE_AFTER_BACKWARD if sum(post) > sum(fb) else PHASE_FORWARD_BACKWARD
-    activations, comm, other = post if phase == PHASE_AFTER_BACKWARD else fb
-    st = stage.st
-    parameters, grads, optimizer_state = st.parameters, st.gradients, st.optimizer_state
+    # ``after_backward`` is after the last backward (gradient sync, optimizer step).
+    forward_backward = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra),
+                           key=sum)
+    after_backward = (2 * pp_outputs, comm_post, other + optimizer_temps)
+    phase = (PHASE_AFTER_BACKWARD if sum(after_backward) > sum(forward_backward)
+             else PHASE_FORWARD_BACKWARD)
+    activations, comm, other = (after_backward if phase == PHASE_AFTER_BACKWARD
+                                else forward_backward)
+    states = stage.states
+    parameters, grads, optimizer_state = (states.parameters, states.gradients,
+                                          states.optimizer_state)
     if _offloaded(config, device_type):
         # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
         # optimizer state live in host memory, where the step runs; the device holds what is
@@ -923,18 +886,20 @@ def _offloaded(config: TrialConfig, device_type: str) -> bool:
     return config.optimizer_offload_enabled and device_type == "cuda"
 
 
-def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str) -> _Stage:
-    """The rank's parts (virtual stages), element sizes and model states (``_states``)."""
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
-    vocab = config.workload.vocab_size or shape.vocab_size  # an explicit shape brings its own
-    interleaved = pp > 1 and config.pp_schedule == "interleaved_1f1b"
-    parts = _parts(shape.num_layers, pp, interleaved, pp_rank, config.virtual_stages)
-    sb = state_bytes(config.precision, fsdp=dp > 1 and zero >= 2)
+def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str,
+           layout: LayoutQuantities | None = None) -> _Stage:
+    """The rank's parts (virtual stages) and model states (``_states``); ``layout``: the
+    config's ``LayoutQuantities`` (derived here when not given)."""
+    if layout is None:
+        layout = LayoutQuantities.of(config, shape, config.resolved_precision(device_type))
+    parts = _parts(shape.num_layers, config.pp_degree, layout.interleaved, pp_rank,
+                   config.virtual_stages)
     # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
     # across the groups (FSDP2 ``fully_shard`` on a 2-D mesh): a rank's shard is 1/dp_shard.
-    st = _states(shape, vocab, parts, tp, config.dp_shard, zero, sb, config.bucket_mb,
-                 flat_zero1=_uses_distributed_optimizer(config))
-    return _Stage(config, shape, pp_rank, device_type, parts, sb, st, vocab, interleaved)
+    states = _states(shape, layout.vocab, parts, config.tp_degree, config.dp_shard,
+                     config.zero_stage, layout.state_bytes, config.bucket_mb,
+                     flat_zero1=_uses_distributed_optimizer(config))
+    return _Stage(config, shape, pp_rank, device_type, layout, parts, states)
 
 
 def _activations(stage: _Stage) -> tuple[int, int, int]:
@@ -944,37 +909,40 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     (``microbatches_in_flight``). With ``ac_layers`` (Megatron's --recompute-num-layers, block
     method) the first ``ac_layers`` blocks of each (virtual) stage are recomputed whole and the
     others keep everything."""
-    config, shape, e = stage.config, stage.shape, stage.e
-    m, pp = config.grad_accum_steps, config.pp_degree
+    config, shape, layout = stage.config, stage.shape, stage.layout
+    elem_bytes, microbatches, pp = layout.elem_bytes, layout.num_microbatches, config.pp_degree
     modes = _block_modes(config)
     kw = dict(seq_len=config.workload.seq_len, micro_batch=config.micro_batch_size,
               tp=config.tp_degree, attention=config.attention,
-              dtype=PRECISION_COMPUTE_DTYPE[config.precision], knobs=LayoutKnobs.of(config))
+              dtype=PRECISION_COMPUTE_DTYPE[layout.precision], knobs=LayoutKnobs.of(config))
     kept = {mode: layer_activation_bytes(shape, checkpointing=mode, **kw) for mode in modes}
-    sbv = stage.sbv
+    logits_elems = stage.logits_elems
     per_microbatch = []
     for part in stage.parts:
         saved = _part_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
         if part.last:  # the final norm, and the fp32 log-probabilities
-            saved += _head_bytes(shape, stage.tokens, e, stage.sp) + FP32_BYTES * sbv
+            saved += (_head_bytes(shape, layout.microbatch_tokens, elem_bytes,
+                                  layout.sequence_shards) + FP32_BYTES * logits_elems)
         elif pp > 1:
-            saved += e * stage.stream  # the stage output, kept by the schedule until backward
+            # the stage output, kept by the schedule until backward
+            saved += elem_bytes * layout.stream_elems
         per_microbatch.append(saved)
     if pp == 1:
         held: tuple[int, ...] = (1,)  # accumulation runs one micro-batch at a time
-    elif stage.interleaved:
-        held = _interleaved_peak(pp, stage.pp_rank, m, tuple(per_microbatch))
+    elif layout.interleaved:
+        held = _interleaved_peak(pp, stage.pp_rank, microbatches, tuple(per_microbatch))
     else:
-        held = microbatches_in_flight(config.pp_schedule, pp, stage.pp_rank, m)
+        held = microbatches_in_flight(config.pp_schedule, pp, stage.pp_rank, microbatches)
     saved = sum(n * a for n, a in zip(held, per_microbatch))
     # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
-    transient = max(2 * FP32_BYTES * sbv if stage.last else 0,
+    transient = max(2 * FP32_BYTES * logits_elems if stage.last else 0,
                     *(block_backward_bytes(shape, checkpointing=mode, **kw) for mode in modes))
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
     # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
-    pp_outputs = m * e * sbv if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS) else 0
+    pp_outputs = (microbatches * elem_bytes * logits_elems
+                  if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS) else 0)
     return saved, transient, pp_outputs
 
 
@@ -990,29 +958,30 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     comm_buffers) temporaries that do not coexist — ``transient`` among them — and the
     buffers after the last backward): DDP's and the flat all-reduce's buckets, FSDP2's
     unsharded parameters and gradients, the distributed optimizer's gathered bucket."""
-    config, st, sb, e = stage.config, stage.st, stage.sb, stage.e
-    dp, zero, m, pp = (config.dp_degree, config.zero_stage, config.grad_accum_steps,
-                       config.pp_degree)
+    config, states, layout = stage.config, stage.states, stage.layout
+    bytes_per, elem_bytes = layout.state_bytes, layout.elem_bytes
+    dp, zero, pp = config.dp_degree, config.zero_stage, config.pp_degree
+    accumulates = layout.num_microbatches > 1
     # Offloaded (FSDP2's CPUOffloadPolicy) sharded gradients are in host memory.
-    grads = 0 if _offloaded(config, stage.device_type) else st.gradients
+    grads = 0 if _offloaded(config, stage.device_type) else states.gradients
     comm_held = 0  # communication buffers alive throughout forward/backward
     extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
     comm_post = 0
     if dp > 1 and zero <= 1 and not config.overlap_enabled:
         # BucketedAllReduce: one flat bucket (bucket_mb plus the tensor that overfilled it).
         comm_post = min(grads, int(config.bucket_mb * MIB)
-                        + st.largest_tensor_numel * sb.gradient)
+                        + states.largest_tensor_numel * bytes_per.gradient)
     elif dp > 1 and zero <= 1:
         # DDP (gradient_as_bucket_view) and replicate: while no_sync accumulates, gradients
         # live outside the buckets, which hold a second copy from the last micro-batch on.
-        if m > 1:
+        if accumulates:
             comm_held = grads
     elif dp > 1:
         # FSDP2 (measured). Unsharded gradients accumulate without reduce-scatter over every
         # micro-batch but the last (set_requires_gradient_sync(False)); the sharded ones
         # (under ``gradients``) only appear as those are reduced, so they are not counted twice.
-        if m > 1:
-            comm_held = st.unsharded_numel * e - grads
+        if accumulates:
+            comm_held = states.unsharded_numel * elem_bytes - grads
         two_largest = stage.two_largest_units
         if zero == 2 or pp > 1:
             # ZeRO-2 — and ZeRO-3 under a pipeline, whose runtime turns resharding after
@@ -1020,32 +989,35 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
             # gathers only in forward: the staging buffers of the unit in use and the one
             # prefetched (each lives until the next all-gather completes) never meet the loss's
             # temporaries.
-            comm_held += st.unsharded_numel * e
+            comm_held += states.unsharded_numel * elem_bytes
             extra.append((0, two_largest))
         else:
             # ZeRO-3 reshards every unit (the root too) after forward and gathers again in
             # backward: the root (parameters + staging) while the loss's gradients are still
             # alive, later the two units in use and their two staging buffers.
-            extra = [(transient, 2 * st.root_numel * e), (0, 2 * two_largest)]
+            extra = [(transient, 2 * states.root_numel * elem_bytes), (0, 2 * two_largest)]
 
-    if st.gather_numel:
+    if states.gather_numel:
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
-        comm_post = max(comm_post, (st.gather_numel + st.gather_numel // dp) * sb.parameter)
+        comm_post = max(comm_post, (states.gather_numel + states.gather_numel // dp)
+                        * bytes_per.parameter)
     return comm_held, extra, comm_post
 
 
 def _other(stage: _Stage) -> int:
     """Torch pipelining's receive buffers, and on CPU the measurement's allowance."""
-    config, e, sbh = stage.config, stage.e, stage.stream
+    config, layout = stage.config, stage.layout
+    elem_bytes, stream_elems = layout.elem_bytes, layout.stream_elems
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
-    m = config.grad_accum_steps
+    microbatches = layout.num_microbatches
     other = 0
     if pp > 1:
         # Receive buffers, one per micro-batch, allocated when the schedule first runs:
         # activations into every stage but the first, gradients into every one but the last.
         for part in stage.parts:
-            other += m * e * sbh * ((not part.first) + (not part.last))
+            other += (microbatches * elem_bytes * stream_elems
+                      * ((not part.first) + (not part.last)))
     if stage.device_type == "cpu":
         # The CPU measurement (the profiler's allocation events, runner.measure_memory) misses
         # frees that happen on gloo's threads — a collective's buffers released when its work
@@ -1055,9 +1027,10 @@ def _other(stage: _Stage) -> int:
         # output (the all-reduced sbh) per layer and micro-batch. An allowance, not memory.
         if dp > 1 and zero >= 2:
             two_largest = stage.two_largest_units
-            other += two_largest // 4 + 3 * two_largest * (m - 1) // 20
+            other += two_largest // 4 + 3 * two_largest * (microbatches - 1) // 20
         if tp > 1:
-            other += m * sum(p.num_layers for p in stage.parts) * e * sbh // 2
+            other += (microbatches * sum(p.num_layers for p in stage.parts) * elem_bytes
+                      * stream_elems // 2)
     return other
 
 
@@ -1072,17 +1045,17 @@ def _optimizer_temporaries(stage: _Stage) -> int:
     ``max(largest tensor, MASTER_STEP_CHUNK_NUMEL)`` elements through one fp32 buffer (the
     gradients read as fp32, then the denominator). Under optimizer offload the step runs on the
     host: nothing on the device."""
-    config, st, sb = stage.config, stage.st, stage.sb
+    config, states, bytes_per = stage.config, stage.states, stage.layout.state_bytes
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     if _offloaded(config, stage.device_type):
         return 0
-    if sb.master:
-        return FP32_BYTES * min(st.optimizer_numel,
-                                max(st.largest_tensor_numel, MASTER_STEP_CHUNK_NUMEL))
-    optimizer_temps = 2 * st.largest_tensor_numel * sb.moment
+    if bytes_per.master:
+        return FP32_BYTES * min(states.optimizer_numel,
+                                max(states.largest_tensor_numel, MASTER_STEP_CHUNK_NUMEL))
+    optimizer_temps = 2 * states.largest_tensor_numel * bytes_per.moment
     # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
     # DTensors' local tensors).
     plain_params = (zero == 1 and dp > 1) or (tp == 1 and (dp == 1 or (zero == 0 and pp == 1)))
     if stage.device_type == "cuda" and plain_params:
-        optimizer_temps = max(optimizer_temps, st.optimizer_numel * sb.moment)
+        optimizer_temps = max(optimizer_temps, states.optimizer_numel * bytes_per.moment)
     return optimizer_temps

@@ -72,6 +72,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.model.cluster import GB, ClusterSpec, _ring_factor
@@ -88,7 +89,12 @@ from autotune.model.engines import (  # noqa: F401  (re-exported)
     EngineTraits,
     engine_traits,
 )
-from autotune.model.memory import BYTES_PER_ELEMENT, stage_layer_counts, state_bytes
+from autotune.model.layout_quantities import (
+    LayoutQuantities,
+    StateBytes,
+    fsdp_shards,
+    state_bytes,
+)
 from autotune.model import roofline
 from autotune.shapes import ModelShape
 
@@ -384,7 +390,7 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
     return ranks_per_core(cluster, group)  # the members on one node
 
 
-def hooked_units(config: TrialConfig, chunk_layers: list[int], per_layer_bytes: float,
+def hooked_units(config: TrialConfig, chunk_layers: Sequence[int], per_layer_bytes: float,
                  engine: EngineTraits) -> int:
     """FSDP2 units on one pipeline rank whose Python hooks run every micro-batch.
 
@@ -421,25 +427,30 @@ class _Step:
     shape: ModelShape
     engine: EngineTraits
     device_type: str
-    e: int
-    """Bytes per element of the compute dtype."""
-    peak: float
+    layout: LayoutQuantities
+    """What the layout derives for both models: element sizes, tokens, micro-batches, chunks."""
+    peak_flops: float
+    """The device's dense peak FLOP/s in the compute dtype."""
     mem_bw: float
+    """The device's memory bandwidth, bytes/s."""
     host_share: float
     """Ranks per core of a node whose ranks all work (``ranks_per_core``; 1 on GPUs)."""
-    vocab: int
 
     @property
-    def tp_vocab(self) -> int:
+    def vocab_shards(self) -> int:
         """What the vocabulary dimension is divided by on a rank (tp when vocab-parallel)."""
         return self.config.tp_degree if self.engine.vocab_parallel else 1
 
     @property
-    def act_bytes(self) -> float:
+    def activation_bytes(self) -> float:
         """One micro-batch's b·s·h activation on a rank (s/cp tokens under context
         parallelism), in bytes."""
-        return (self.config.micro_batch_size * self.config.workload.seq_len
-                * self.shape.hidden_size * self.e / self.config.cp_degree)
+        return float(self.layout.activation_elems * self.layout.elem_bytes)
+
+    @property
+    def data_parallel_bytes(self) -> DataParallelBytes:
+        """The element sizes of the data-parallel collectives (:func:`data_parallel_bytes`)."""
+        return _moved_bytes(self.layout.state_bytes, self.layout.fsdp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,39 +479,38 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
     is placed on ``cluster`` as the executor places it; ``cluster`` must have at least
     ``config.world_size`` devices."""
-    st = _setup(config, cluster, calibration, shape, engine)
-    pp, m = config.pp_degree, config.grad_accum_steps
-    v = config.num_pp_stages // pp
-    layer = _layer_cost(st)
-    counts = stage_layer_counts(st.shape.num_layers, pp * v)
+    step = _setup(config, cluster, calibration, shape, engine)
+    pp, layout = config.pp_degree, step.layout
+    microbatches, v = layout.num_microbatches, layout.chunks_per_rank
+    layer = _layer_cost(step)
     # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
-    chunks = [[counts[i] for i in range(r, pp * v, pp)] for r in range(pp)]
-    stage_layers = [sum(c) for c in chunks]
-    stages = _stage_times(st, layer, chunks, v)
+    chunks = layout.chunk_layers
+    rank_layers = [sum(c) for c in chunks]
+    stages = _stage_times(step, layer, chunks, v)
     totals = [sum(t) for t in stages]
     slowest = max(range(pp), key=lambda i: totals[i])
-    t_max = totals[slowest]
-    bubble_s = _bubble_time(st, totals, v)
-    pipe_s = m * t_max + bubble_s
-    c_b, tp_b, p2p_b, ovh_b = stages[slowest]
-    params_rank = _params_per_rank(st, stage_layers)
+    slowest_s = totals[slowest]
+    bubble_s = _bubble_time(step, totals, v)
+    pipe_s = microbatches * slowest_s + bubble_s
+    compute_s, tp_comm_s, p2p_s, overhead_s = stages[slowest]
+    params_rank = _params_per_rank(step, rank_layers)
     breakdown = {
-        "compute": m * c_b,
-        "tp_comm": m * tp_b,
-        "pp_p2p": m * p2p_b,
-        "pp_bubble": pipe_s - m * t_max,
-        "dp_comm": _dp_time(st, params_rank, stage_layers, c_b),
-        "optimizer": _optimizer_time(st, params_rank),
-        "overhead": m * ovh_b + st.cal.step_overhead_s * st.host_share,
+        "compute": microbatches * compute_s,
+        "tp_comm": microbatches * tp_comm_s,
+        "pp_p2p": microbatches * p2p_s,
+        "pp_bubble": pipe_s - microbatches * slowest_s,
+        "dp_comm": _dp_time(step, params_rank, rank_layers, compute_s),
+        "optimizer": _optimizer_time(step, params_rank),
+        "overhead": microbatches * overhead_s + step.cal.step_overhead_s * step.host_share,
     }
-    step = sum(breakdown.values())
+    step_s = sum(breakdown.values())
     tokens = config.tokens_per_step
-    total_params = st.shape.num_params(st.vocab)
-    model_flops = flops_per_token(total_params, st.shape.num_layers, st.shape.hidden_size,
+    total_params = step.shape.num_params(layout.vocab)
+    model_flops = flops_per_token(total_params, step.shape.num_layers, step.shape.hidden_size,
                                   config.workload.seq_len) * tokens
-    mfu = model_flops / step / (config.world_size * st.peak)
-    return StepTimeEstimate(step_time_s=step, breakdown=breakdown, tokens_per_s=tokens / step,
-                            mfu=mfu, bottleneck_stage=slowest)
+    mfu = model_flops / step_s / (config.world_size * step.peak_flops)
+    return StepTimeEstimate(step_time_s=step_s, breakdown=breakdown,
+                            tokens_per_s=tokens / step_s, mfu=mfu, bottleneck_stage=slowest)
 
 
 def _setup(config: TrialConfig, cluster: ClusterSpec, calibration: Calibration | None,
@@ -514,50 +524,53 @@ def _setup(config: TrialConfig, cluster: ClusterSpec, calibration: Calibration |
     # Mixed precision computes at the half-precision peak; a config naming no precision
     # trains in the cluster's default (gloo: CPU ranks).
     device_type = cluster.device_type
-    dtype = config.compute_dtype(device_type)
+    precision = config.resolved_precision(device_type)
     return _Step(config=config, cluster=cluster, cal=cal, shape=shape, engine=engine,
-                 device_type=device_type, e=BYTES_PER_ELEMENT[dtype],
-                 peak=cluster.device.flops(dtype),
+                 device_type=device_type,
+                 layout=LayoutQuantities.of(config, shape, precision),
+                 peak_flops=cluster.device.flops(config.compute_dtype(device_type)),
                  mem_bw=cluster.device.memory_bandwidth_gbs * GB,
                  # CPU ranks that outnumber the cores run their interpreter on a share of one.
-                 host_share=ranks_per_core(cluster, cluster.devices_per_node),
-                 vocab=config.workload.vocab_size or shape.vocab_size)
+                 host_share=ranks_per_core(cluster, cluster.devices_per_node))
 
 
-def _layer_cost(st: _Step) -> _LayerCost:
+def _layer_cost(step: _Step) -> _LayerCost:
     """One layer's device work, TP collectives and host launches per micro-batch; the head's.
 
     Compute: Narayanan et al. 2021 §5.1 FLOPs (``layer_forward_flops``) ÷ (peak ×
     ``matmul_efficiency``), backward twice the forward, recomputation per Korthikanti et al.
     2022 §4, plus the element-wise kernels as bytes ÷ memory bandwidth. TP: Megatron's
     all-reduces (Shoeybi et al. 2019 §3), each a ring ``collective_time``."""
-    config, cal, shape, engine = st.config, st.cal, st.shape, st.engine
+    config, cal, shape, engine = step.config, step.cal, step.shape, step.engine
     tp, ac = config.tp_degree, config.activation_checkpointing
     b, s = config.micro_batch_size, config.workload.seq_len
-    h, a, e, mem_bw = shape.hidden_size, shape.num_heads, st.e, st.mem_bw
+    h, a, mem_bw = shape.hidden_size, shape.num_heads, step.mem_bw
+    elem_bytes = step.layout.elem_bytes
     full = ac == "full"
-    shape_key = layer_shape_key(config, shape, st.device_type)
+    shape_key = layer_shape_key(config, shape, step.device_type)
     if engine.roofline:
-        layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(st)
+        layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(step)
         head_s = 3 * roofline.gemm_time(
-            roofline.Gemm(b * s, st.vocab / st.tp_vocab, h), peak=st.peak, mem_bw=mem_bw,
-            elem_bytes=e, e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
+            roofline.Gemm(b * s, step.layout.vocab / step.vocab_shards, h),
+            peak=step.peak_flops, mem_bw=mem_bw, elem_bytes=elem_bytes,
+            e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
     else:
         mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
-        flop_rate = st.peak * matmul_efficiency(cal, b * s, h / tp)
+        flop_rate = step.peak_flops * matmul_efficiency(cal, b * s, h / tp)
         eager = config.attention == "eager"
         act_elems = b * s * h
         # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
         # parallelism); the MLP activation and biases on the rank's shard.
         elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
-            act_elems * e / mem_bw)
-        score_s = (cal.score_bytes * b * (a / tp) * s * s * e / mem_bw) if eager else 0.0
+            act_elems * elem_bytes / mem_bw)
+        score_s = ((cal.score_bytes * b * (a / tp) * s * s * elem_bytes / mem_bw) if eager
+                   else 0.0)
         layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
         layer_bwd_s = 2 * layer_fwd_s
         attn_core_s = score_flops / tp / flop_rate + score_s
-        head_work = b * s * h * st.vocab / st.tp_vocab
-        head_s = 3 * 2 * head_work / (st.peak * matmul_efficiency(
-            cal, b * s, st.vocab / st.tp_vocab))
+        head_work = b * s * h * step.layout.vocab / step.vocab_shards
+        head_s = 3 * 2 * head_work / (step.peak_flops * matmul_efficiency(
+            cal, b * s, step.layout.vocab / step.vocab_shards))
     if full:
         recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
     elif ac == "selective":
@@ -570,21 +583,21 @@ def _layer_cost(st: _Step) -> _LayerCost:
         shape_key, 1.0)
 
     # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
-    tp_group = _groups(config, st.cluster.devices_per_node)[0]
+    tp_group = _groups(config, step.cluster.devices_per_node)[0]
     if tp > 1:
         backward_inputs = 2 if engine.fused_column_inputs else (
             3 + (2 if shape.family == "llama" else 1))
         tp_collectives = 2 * (2 if full else 1) + backward_inputs
-        t_ar = collective_time(st.cluster, cal, tp_group, st.act_bytes)
+        allreduce_s = collective_time(step.cluster, cal, tp_group, step.activation_bytes)
         # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
-        tp_s = tp_collectives * t_ar * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
-        tp_embed_s = t_ar if engine.vocab_parallel else 0.0
+        tp_s = tp_collectives * allreduce_s * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
+        tp_embed_s = allreduce_s if engine.vocab_parallel else 0.0
     else:
         tp_collectives = 0
         tp_s = tp_embed_s = 0.0
-    tp_s += context_parallel_time(st)
-    host_s = _host_layer_time(st, tp_collectives, 3 if full else 2, shape_key)
-    if st.cluster.device.asynchronous:
+    tp_s += context_parallel_time(step)
+    host_s = _host_layer_time(step, tp_collectives, 3 if full else 2, shape_key)
+    if step.cluster.device.asynchronous:
         busy = device_s + tp_s
         excess_s = _soft_max(host_s, busy) - busy
     else:
@@ -601,22 +614,22 @@ def _inner_group(size: int, inner: int, devices_per_node: int) -> _Group:
     return _Group(size, nodes, max(1, devices_per_node // per_node) if nodes > 1 else 1)
 
 
-def context_parallel_time(st: _Step) -> float:
+def context_parallel_time(step: _Step) -> float:
     """Seconds of context parallelism's collectives per layer per micro-batch: the all-gather of
     K and V over the cp group before attention (each rank holds s/cp of b·s·2·kv), the
     reduce-scatter of their gradients in backward, and the all-gather again under full
     recomputation (torch's ``context_parallel`` all-gather rotation; Llama 3 §3.3.2: "all-gather
     K and V, then compute attention for the local query chunk"). The cp group sits inside the
     tp ranks of the mesh (pp, dp, cp, tp)."""
-    config, shape = st.config, st.shape
+    config, shape = step.config, step.shape
     cp = config.cp_degree
     if cp <= 1:
         return 0.0
-    group = _inner_group(cp, config.tp_degree, st.cluster.devices_per_node)
+    group = _inner_group(cp, config.tp_degree, step.cluster.devices_per_node)
     kv = shape.num_kv_heads * shape.head_dim / config.tp_degree
-    gathered = config.micro_batch_size * config.workload.seq_len * 2 * kv * st.e
+    gathered = config.micro_batch_size * config.workload.seq_len * 2 * kv * step.layout.elem_bytes
     passes = 2 + (config.activation_checkpointing == "full")
-    return passes * collective_time(st.cluster, st.cal, group, gathered, kind="all_gather")
+    return passes * collective_time(step.cluster, step.cal, group, gathered, kind="all_gather")
 
 
 def full_recompute_share(config: TrialConfig, num_layers: int) -> float:
@@ -636,56 +649,57 @@ def selective_op_recompute(layer_fwd_s: float, attn_core_s: float) -> float:
     return 0.5 * (layer_fwd_s - attn_core_s)
 
 
-def sequence_parallel(st: _Step) -> bool:
+def sequence_parallel(step: _Step) -> bool:
     """Whether the layout runs sequence parallelism: the config asks for it, or the engine
     runs it whenever tp > 1 (``EngineTraits.sequence_parallel``)."""
-    return st.config.tp_degree > 1 and (st.config.sequence_parallel
-                                        or st.engine.sequence_parallel)
+    return step.config.tp_degree > 1 and (step.config.sequence_parallel
+                                          or step.engine.sequence_parallel)
 
 
-def _roofline_layer(st: _Step) -> tuple[float, float, float]:
+def _roofline_layer(step: _Step) -> tuple[float, float, float]:
     """(forward, backward, attention core's forward) seconds of one layer per micro-batch on
     one rank, by ``roofline``: the four GEMMs at their efficiency; attention as causal flash
     (sdpa: half the score FLOPs at ``flash_efficiency``, backward 2.5×) or as materialised
     scores (eager: two batched GEMMs of head_dim depth and the softmax's bytes); the
     element-wise kernels by their bytes, on s/t tokens under sequence parallelism (Korthikanti
     et al. 2022 §4.2.2) and their sharded part on the rank's shard."""
-    config, cal, shape = st.config, st.cal, st.shape
-    tp, b, s, h, e = config.tp_degree, config.micro_batch_size, config.workload.seq_len, \
-        shape.hidden_size, st.e
-    s_rank = s / config.cp_degree
-    tokens = b * s_rank
-    fig = dict(peak=st.peak, mem_bw=st.mem_bw, elem_bytes=e, e_max=cal.compute_efficiency,
-               half_dim=cal.gemm_half_dim)
-    fp8 = float8_peak(st)
+    config, cal, shape = step.config, step.cal, step.shape
+    tp, b, s, h = config.tp_degree, config.micro_batch_size, config.workload.seq_len, \
+        shape.hidden_size
+    elem_bytes = step.layout.elem_bytes
+    s_rank = s / config.cp_degree  # the queries of one sequence on the rank
+    tokens = float(step.layout.microbatch_tokens)
+    fig = dict(peak=step.peak_flops, mem_bw=step.mem_bw, elem_bytes=elem_bytes,
+               e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
+    fp8 = float8_peak(step)
     gemm_fig = fig if fp8 is None else {**fig, "peak": fp8, "elem_bytes": 1}
     gemm_s = roofline.layer_gemm_time(shape, tokens=tokens, tp=tp, **gemm_fig)
-    cast_s = 0.0 if fp8 is None else float8_cast_time(st, tokens)
+    cast_s = 0.0 if fp8 is None else float8_cast_time(step, tokens)
     heads = b * shape.num_heads / tp
     if config.attention == "sdpa":
         flops = roofline.causal_flash_flops(shape, batch=b, seq=s_rank, keys=s, tp=tp)
-        attn_fwd = flops / (st.peak * cal.flash_efficiency)
+        attn_fwd = flops / (step.peak_flops * cal.flash_efficiency)
         attn_bwd = roofline.FLASH_BACKWARD_RATIO * attn_fwd
     else:
         score = roofline.gemm_time(roofline.Gemm(s_rank, s, shape.head_dim), **fig)
-        softmax_s = cal.score_bytes * heads * s_rank * s * e / st.mem_bw
+        softmax_s = cal.score_bytes * heads * s_rank * s * elem_bytes / step.mem_bw
         attn_fwd = 2 * heads * score + softmax_s
         attn_bwd = 2 * attn_fwd
-    whole = cal.elementwise_bytes / (tp if sequence_parallel(st) else 1)
+    whole = cal.elementwise_bytes / (tp if sequence_parallel(step) else 1)
     elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * (
-        elementwise_factor(st) * tokens * h * e / st.mem_bw)
+        elementwise_factor(step) * tokens * h * elem_bytes / step.mem_bw)
     forward = gemm_s + attn_fwd + elementwise_s + cast_s / 3
     backward = 2 * (gemm_s + elementwise_s + cast_s / 3) + attn_bwd
     return forward, backward, attn_fwd
 
 
-def elementwise_factor(st: _Step) -> float:
+def elementwise_factor(step: _Step) -> float:
     """The engine's element-wise bytes over fused kernels' (``EngineTraits.elementwise_factor``);
     with ``compile`` at most 1: regional ``torch.compile`` fuses each block's norm, rotary and
     activation chains into Triton kernels that read and write each tensor once, as Megatron's
     hand-fused kernels do (torchtitan ``apply_compile``)."""
-    factor = st.engine.elementwise_factor
-    return min(factor, 1.0) if st.config.compile else factor
+    factor = step.engine.elementwise_factor
+    return min(factor, 1.0) if step.config.compile else factor
 
 
 FLOAT8_CAST_BYTES = 5.0
@@ -694,24 +708,24 @@ scaled cast reads it again (2) and writes float8 (1) (torchao ``float8`` trainin
 dynamic scaling)."""
 
 
-def float8_peak(st: _Step) -> float | None:
+def float8_peak(step: _Step) -> float | None:
     """The float8 peak the linear layers run at under ``float8``, where the device has one
     (``hardware.GPUS``' ``float8``: Hopper and later); None otherwise."""
-    if not st.config.float8:
+    if not step.config.float8:
         return None
-    return st.cluster.device.peak_flops.get("float8")
+    return step.cluster.device.peak_flops.get("float8")
 
 
-def float8_cast_time(st: _Step, tokens: float) -> float:
+def float8_cast_time(step: _Step, tokens: float) -> float:
     """Seconds of one layer's float8 casts per micro-batch (forward and backward): each GEMM's
     input and weight in forward, its output gradient and the weight again in backward, at
     ``FLOAT8_CAST_BYTES`` per element (the input's cast is reused by the weight gradient)."""
-    gemms = roofline.layer_gemms(st.shape, tokens=tokens, tp=st.config.tp_degree)
+    gemms = roofline.layer_gemms(step.shape, tokens=tokens, tp=step.config.tp_degree)
     elements = sum(g.m * g.k + 2 * g.k * g.n + g.m * g.n for g in gemms)
-    return FLOAT8_CAST_BYTES * elements / st.mem_bw
+    return FLOAT8_CAST_BYTES * elements / step.mem_bw
 
 
-def _host_layer_time(st: _Step, tp_collectives: int, passes: int, shape_key: str) -> float:
+def _host_layer_time(step: _Step, tp_collectives: int, passes: int, shape_key: str) -> float:
     """Host seconds to launch one layer's kernels and collectives per micro-batch (``passes``:
     forward, backward, and recompute; launches counted per pass).
 
@@ -719,27 +733,28 @@ def _host_layer_time(st: _Step, tp_collectives: int, passes: int, shape_key: str
     the device's work (small layers are launch-bound); a CPU rank does both itself, so they
     add. A TP collective over more ranks than cores waits for its members' turns
     (``uncoscheduled``)."""
-    cal, tp = st.cal, st.config.tp_degree
+    cal, tp = step.cal, step.config.tp_degree
     tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
     return (passes * cal.layer_overhead_s + tp_dispatch_s
-            + tp_collectives * cal.collective_overhead_s * uncoscheduled(st.cluster, tp)
-            ) * cal.host_shape_factors.get(shape_key, 1.0) * st.host_share
+            + tp_collectives * cal.collective_overhead_s * uncoscheduled(step.cluster, tp)
+            ) * cal.host_shape_factors.get(shape_key, 1.0) * step.host_share
 
 
-def _stage_times(st: _Step, layer: _LayerCost, chunks: list[list[int]],
+def _stage_times(step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], ...],
                  v: int) -> list[tuple[float, float, float, float]]:
     """Per pipeline rank, seconds per micro-batch of (compute, TP collectives, point-to-point
-    transfers, overheads). Each boundary the rank takes part in (``stage_boundaries``) moves
-    the b·s·h activation or its gradient (``p2p_time``); FSDP2 units add their hooks
-    (``hooked_units``)."""
-    config, cal, cluster = st.config, st.cal, st.cluster
+    transfers, overheads); ``chunks``: per rank, its chunks' layers. Each boundary the rank
+    takes part in (``stage_boundaries``) moves the b·s·h activation or its gradient
+    (``p2p_time``); FSDP2 units add their hooks (``hooked_units``)."""
+    config, cal, cluster = step.config, step.cal, step.cluster
     pp, tp = config.pp_degree, config.tp_degree
     _, _, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
-    t_p2p = p2p_time(cluster, cal, st.act_bytes / st.tp_vocab,
-                     crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
+    transfer_s = p2p_time(cluster, cal, step.activation_bytes / step.vocab_shards,
+                          crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
-    at_rest = data_parallel_bytes(config, st.device_type).at_rest
-    unit_s = [hooked_units(config, chunks[r], layer_params(st.shape) / tp * at_rest, st.engine)
+    at_rest = step.data_parallel_bytes.at_rest
+    per_layer_bytes = layer_params(step.shape) / tp * at_rest
+    unit_s = [hooked_units(config, chunks[r], per_layer_bytes, step.engine)
               * cal.unit_overhead_s for r in range(pp)]
     busy = layer.device_s + layer.tp_s
     stages = []
@@ -749,44 +764,45 @@ def _stage_times(st: _Step, layer: _LayerCost, chunks: list[list[int]],
         compute = layers * layer.device_s + (layer.head_s if last else 0.0)
         tp_s = layers * layer.tp_s + (layer.tp_embed_s if first else 0.0)
         boundaries = stage_boundaries(rank, pp, v)
-        p2p = t_p2p * boundaries
+        p2p = transfer_s * boundaries
         if not cluster.device.asynchronous:
-            p2p += boundaries * cal.p2p_overhead_s * st.host_share
+            p2p += boundaries * cal.p2p_overhead_s * step.host_share
         if unit_s[rank] and cluster.device.asynchronous:
             # The hooks are host work too: on a GPU they hide behind queued kernels as the
             # layers' launches do (the same max, over the rank's layers and units).
             hooks_s = _soft_max(layers * layer.host_s + unit_s[rank], layers * busy) - (
                 layers * busy) - layers * layer.excess_s
         else:
-            hooks_s = unit_s[rank] * st.host_share
-        overhead = (layers * layer.excess_s + cal.microbatch_overhead_s * st.host_share
+            hooks_s = unit_s[rank] * step.host_share
+        overhead = (layers * layer.excess_s + cal.microbatch_overhead_s * step.host_share
                     + hooks_s)
         stages.append((compute, tp_s, p2p, overhead))
     return stages
 
 
-def _bubble_time(st: _Step, totals: list[float], v: int) -> float:
+def _bubble_time(step: _Step, totals: list[float], v: int) -> float:
     """The pipeline's fill and drain (``pipeline_bubble``, Narayanan et al. 2021 §2.2).
 
     More CPU ranks than cores: the stage times are at the speed of a core shared by all the
     node's ranks, but in the fill and drain only one pipeline rank's tp·dp ranks work, and the
     waiting ranks leave their cores to them (processor sharing, ``core_sharing``; 1 on
     GPUs)."""
-    config = st.config
-    bubble_s = pipeline_bubble(totals, config.grad_accum_steps, v)
-    return bubble_s * core_sharing(st.cluster, config.tp_degree * config.dp_degree)
+    config = step.config
+    bubble_s = pipeline_bubble(totals, step.layout.num_microbatches, v)
+    return bubble_s * core_sharing(step.cluster, config.tp_degree * config.dp_degree)
 
 
-def _params_per_rank(st: _Step, stage_layers: list[int]) -> float:
+def _params_per_rank(step: _Step, rank_layers: list[int]) -> float:
     """Parameters of the pipeline rank that holds the most: its blocks ÷ tp, and the
     parameters outside the blocks (``ModelShape.num_params``): the first stage's embeddings
     (and GPT's learned positions), the last stage's final norm and output head."""
-    shape, tp, pp, h = st.shape, st.config.tp_degree, st.config.pp_degree, st.shape.hidden_size
-    vocab_share = st.vocab * h / st.tp_vocab
+    shape, config = step.shape, step.config
+    tp, pp, h = config.tp_degree, config.pp_degree, shape.hidden_size
+    vocab_share = step.layout.vocab * h / step.vocab_shards
     embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
     head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
     return max(
-        (stage_layers[r] * layer_params(shape) / tp
+        (rank_layers[r] * layer_params(shape) / tp
          + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
         for r in range(pp))
 
@@ -812,35 +828,42 @@ class DataParallelBytes:
 def data_parallel_bytes(config: TrialConfig, device_type: str) -> DataParallelBytes:
     """The element sizes of ``config``'s data-parallel collectives on ``device_type``
     (the memory model's ``state_bytes`` of its precision and mechanism)."""
-    fsdp = config.dp_degree > 1 and config.zero_stage >= 2
-    sb = state_bytes(config.resolved_precision(device_type), fsdp=fsdp)
-    return DataParallelBytes(reduce=sb.gradient, gather=sb.compute if fsdp else sb.parameter,
-                             at_rest=sb.parameter)
+    fsdp = fsdp_shards(config)
+    return _moved_bytes(state_bytes(config.resolved_precision(device_type), fsdp=fsdp), fsdp)
 
 
-def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float) -> float:
+def _moved_bytes(bytes_per: StateBytes, fsdp: bool) -> DataParallelBytes:
+    """``data_parallel_bytes`` from the model states' element sizes (``fsdp``: ZeRO-2/3 over
+    dp > 1, whose gather moves the compute dtype)."""
+    return DataParallelBytes(reduce=bytes_per.gradient,
+                             gather=bytes_per.compute if fsdp else bytes_per.parameter,
+                             at_rest=bytes_per.parameter)
+
+
+def _dp_time(step: _Step, params_rank: float, rank_layers: list[int],
+             compute_s: float) -> float:
     """Exposed seconds of data-parallel synchronisation per step, by ZeRO stage (Rajbhandari
     et al. 2020, §7), with its host launch costs.
 
     Stages 0–1 all-reduce the gradients, ZeRO-1 also gathers the updated parameters; ZeRO-2
     reduce-scatters and all-gathers once per micro-batch, ZeRO-3 all-gathers twice; each in
     the dtype it moves (``data_parallel_bytes``). With
-    overlap on, the sync hides behind the last micro-batch's backward (``c_b``: the slowest
+    overlap on, the sync hides behind the last micro-batch's backward (``compute_s``: the slowest
     stage's compute per micro-batch) but for its last bucket, FSDP's all-gathers behind
     compute, each to ``overlap_efficiency``."""
-    config, cal, cluster = st.config, st.cal, st.cluster
-    dp, m = config.dp_degree, config.grad_accum_steps
+    config, cal, cluster = step.config, step.cal, step.cluster
+    dp, microbatches = config.dp_degree, step.layout.num_microbatches
     if dp <= 1:
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
-    moved = data_parallel_bytes(config, st.device_type)
-    engine = st.engine
+    moved = step.data_parallel_bytes
+    engine = step.engine
     reduce_bytes = 4 if engine.fp32_grad_reduce else moved.reduce
     grad_bytes, param_bytes = params_rank * reduce_bytes, params_rank * moved.gather
     zero = config.zero_stage
     gather_s = 0.0
     if zero == 1 and engine.distributed_optimizer:
-        return _distributed_optimizer_time(st, dp_group, grad_bytes, param_bytes, c_b)
+        return _distributed_optimizer_time(step, dp_group, grad_bytes, param_bytes, compute_s)
     if zero <= 1:
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
         if zero == 1:
@@ -850,81 +873,81 @@ def _dp_time(st: _Step, params_rank: float, stage_layers: list[int], c_b: float)
             dp_group = _inner_group(config.dp_shard, config.tp_degree * config.cp_degree,
                                     cluster.devices_per_node)
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
-        sync_s += hsdp_replica_time(st, grad_bytes)
-        gathers = m * (2 if zero == 3 else 1)
+        sync_s += hsdp_replica_time(step, grad_bytes)
+        gathers = microbatches * (2 if zero == 3 else 1)
         if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
-            gathers += m  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
+            gathers += microbatches  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
         gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes,
                                              kind="all_gather")
         if engine.roofline and zero == 3:
-            gather_s += _zero3_ring_latency(st, dp_group, gathers)
+            gather_s += _zero3_ring_latency(step, dp_group, gathers)
     if config.overlap_enabled and engine.grad_reduce_overlap:
         hide = cal.overlap_efficiency
         last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
-        backward_last = (2 / 3) * c_b
+        backward_last = (2 / 3) * compute_s
         sync_exposed = max(last_bucket, sync_s - hide * backward_last)
         if zero >= 2:
-            per_mb = gather_s / m
-            gather_exposed = m * max(per_mb / max(1, st.shape.num_layers // config.pp_degree),
-                                     per_mb - hide * c_b)
+            per_mb = gather_s / microbatches
+            layers = max(1, step.shape.num_layers // config.pp_degree)
+            gather_exposed = microbatches * max(per_mb / layers, per_mb - hide * compute_s)
         else:
             gather_exposed = gather_s
     else:
         sync_exposed, gather_exposed = sync_s, gather_s
     return sync_exposed + gather_exposed + (
-        _dp_collectives(st, grad_bytes, stage_layers) * cal.collective_overhead_s
-        * st.host_share * uncoscheduled(cluster, dp))
+        _dp_collectives(step, grad_bytes, rank_layers) * cal.collective_overhead_s
+        * step.host_share * uncoscheduled(cluster, dp))
 
 
-def hsdp_replica_time(st: _Step, grad_bytes: float) -> float:
+def hsdp_replica_time(step: _Step, grad_bytes: float) -> float:
     """HSDP's all-reduce across replicas (FSDP2 on a 2-D (replicate, shard) mesh,
     ``dp_replicate`` groups of dp / dp_replicate shards): after the reduce-scatter within its
     shard group, each rank all-reduces its gradient shard (``grad_bytes`` / dp_shard) with the
     ranks holding the same shard in the other replicas (torch ``_fsdp_collectives.py``:
     ``foreach_reduce`` all-reduces over the replicate dimension). 0 without HSDP."""
-    config = st.config
+    config = step.config
     if config.dp_replicate <= 1:
         return 0.0
     inner = config.tp_degree * config.cp_degree * config.dp_shard
-    group = _inner_group(config.dp_replicate, inner, st.cluster.devices_per_node)
-    return collective_time(st.cluster, st.cal, group, grad_bytes / config.dp_shard)
+    group = _inner_group(config.dp_replicate, inner, step.cluster.devices_per_node)
+    return collective_time(step.cluster, step.cal, group, grad_bytes / config.dp_shard)
 
 
-def _distributed_optimizer_time(st: _Step, dp_group: _Group, grad_bytes: float,
-                                param_bytes: float, c_b: float) -> float:
+def _distributed_optimizer_time(step: _Step, dp_group: _Group, grad_bytes: float,
+                                param_bytes: float, compute_s: float) -> float:
     """Exposed seconds of a distributed optimizer's step (Megatron's
     ``--use-distributed-optimizer``, DeepSpeed ZeRO-1/2): a reduce-scatter of the gradients and
     an all-gather of the updated parameters, together the all-reduce's bytes. With
     ``grad_reduce_overlap`` the reduce-scatter hides behind the last micro-batch's backward but
     for its last bucket; with ``param_gather_overlap`` the gather behind the next step's first
-    forward (``c_b / 3``) but for its first bucket; each to ``overlap_efficiency``."""
-    config, cal, cluster, engine = st.config, st.cal, st.cluster, st.engine
+    forward (``compute_s / 3``) but for its first bucket; each to ``overlap_efficiency``."""
+    config, cal, cluster, engine = step.config, step.cal, step.cluster, step.engine
     sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
     gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     overlap = config.overlap_enabled
     bucket = min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
     hide = cal.overlap_efficiency
     if overlap and engine.grad_reduce_overlap:
-        sync_s = max(bucket * sync_s, sync_s - hide * (2 / 3) * c_b)
+        sync_s = max(bucket * sync_s, sync_s - hide * (2 / 3) * compute_s)
     if overlap and engine.param_gather_overlap:
-        gather_s = max(bucket * gather_s, gather_s - hide * c_b / 3)
+        gather_s = max(bucket * gather_s, gather_s - hide * compute_s / 3)
     launches = 2 * math.ceil(1 / bucket) if bucket > 0 else 2
     return sync_s + gather_s + launches * cal.collective_overhead_s * uncoscheduled(
         cluster, config.dp_degree)
 
 
-def _zero3_ring_latency(st: _Step, dp_group: _Group, gathers: int) -> float:
+def _zero3_ring_latency(step: _Step, dp_group: _Group, gathers: int) -> float:
     """The ring steps of ZeRO-3's per-module collectives across nodes: each of a layer's
     ``ZERO3_MODULES_PER_LAYER`` parameter groups is gathered on its own (DeepSpeed
     ``stage3.py`` fetches per submodule; FSDP per unit) in each of ``gathers`` passes, and its
     gradient reduce-scattered per micro-batch; a ring all-gather or reduce-scatter over n ranks
     takes n − 1 steps of ``ring_step_latency_s`` (nccl-tests ``PERFORMANCE.md``: rings have no
     tree)."""
-    if dp_group.nodes <= 1 or not st.cal.ring_step_latency_s:
+    if dp_group.nodes <= 1 or not step.cal.ring_step_latency_s:
         return 0.0
-    passes = gathers + st.config.grad_accum_steps  # + the gradients' reduce-scatters
-    per_pass = max(st.shape.num_layers // st.config.pp_degree, 1) * ZERO3_MODULES_PER_LAYER
-    return passes * per_pass * (dp_group.size - 1) * st.cal.ring_step_latency_s
+    passes = gathers + step.layout.num_microbatches  # + the gradients' reduce-scatters
+    per_pass = max(step.shape.num_layers // step.config.pp_degree, 1) * ZERO3_MODULES_PER_LAYER
+    return passes * per_pass * (dp_group.size - 1) * step.cal.ring_step_latency_s
 
 
 ZERO3_MODULES_PER_LAYER = 4
@@ -932,26 +955,26 @@ ZERO3_MODULES_PER_LAYER = 4
 and the MLP's two linears (norm weights ride with them)."""
 
 
-def _dp_collectives(st: _Step, grad_bytes: float, stage_layers: list[int]) -> int:
+def _dp_collectives(step: _Step, grad_bytes: float, rank_layers: list[int]) -> int:
     """Data-parallel collectives the host launches per step: DDP all-reduces one bucket at a
     time (``grad_bytes``: the gradients as it reduces them), FSDP gathers and reduces one unit
     (blocks grouped up to bucket_mb, by their parameters' bytes at rest) at a time."""
-    config = st.config
-    zero, m = config.zero_stage, config.grad_accum_steps
+    config = step.config
+    zero, microbatches = config.zero_stage, step.layout.num_microbatches
     bucket = config.bucket_mb * 2**20
     if zero <= 1:
         return math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
-    unit_bytes = layer_params(st.shape) / config.tp_degree * data_parallel_bytes(
-        config, st.device_type).at_rest
+    unit_bytes = (layer_params(step.shape) / config.tp_degree
+                  * step.data_parallel_bytes.at_rest)
     per_unit = max(1, math.ceil(bucket / max(unit_bytes, 1.0)))
-    units = math.ceil(max(stage_layers) / per_unit) + 1  # + the root's unit
-    return units * (1 + m * (2 if zero == 3 else 1))
+    units = math.ceil(max(rank_layers) / per_unit) + 1  # + the root's unit
+    return units * (1 + microbatches * (2 if zero == 3 else 1))
 
 
-def _optimizer_time(st: _Step, params_rank: float) -> float:
+def _optimizer_time(step: _Step, params_rank: float) -> float:
     """The optimizer step, memory-bound: bytes per parameter × the parameters the rank updates
     (its ZeRO share) ÷ memory bandwidth (AdamW: 28 bytes per fp32 parameter)."""
-    dp = st.config.dp_degree
-    zero = st.config.zero_stage if dp > 1 else 0
+    dp = step.config.dp_degree
+    zero = step.config.zero_stage if dp > 1 else 0
     updated = params_rank / (dp if zero >= 1 else 1)
-    return st.cal.optimizer_bytes_per_param * updated / st.mem_bw
+    return step.cal.optimizer_bytes_per_param * updated / step.mem_bw
