@@ -543,34 +543,38 @@ def _layer_cost(step: _Step) -> _LayerCost:
     all-reduces (Shoeybi et al. 2019 §3), each a ring ``collective_time``."""
     config, cal, shape, engine = step.config, step.cal, step.shape, step.engine
     tp, ac = config.tp_degree, config.activation_checkpointing
-    b, s = config.micro_batch_size, config.workload.seq_len
+    b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
     h, a, mem_bw = shape.hidden_size, shape.num_heads, step.mem_bw
     elem_bytes = step.layout.elem_bytes
+    tokens = step.layout.microbatch_tokens  # b·s/cp: a rank's queries under context parallelism
     full = ac == "full"
     shape_key = layer_shape_key(config, shape, step.device_type)
     if engine.roofline:
         layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(step)
         head_s = 3 * roofline.gemm_time(
-            roofline.Gemm(b * s, step.layout.vocab / step.vocab_shards, h),
+            roofline.Gemm(tokens, step.layout.vocab / step.vocab_shards, h),
             peak=step.peak_flops, mem_bw=mem_bw, elem_bytes=elem_bytes,
             e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
     else:
-        mat_flops, score_flops = layer_forward_flops(shape, seq_len=s, micro_batch=b)
-        flop_rate = step.peak_flops * matmul_efficiency(cal, b * s, h / tp)
+        # A context-parallel rank computes its s/cp queries against all s keys: the matmuls
+        # and the scores both divide by cp (Liu et al. 2023, ring attention).
+        mat_flops, score_flops = (f / cp for f in layer_forward_flops(shape, seq_len=s,
+                                                                       micro_batch=b))
+        flop_rate = step.peak_flops * matmul_efficiency(cal, tokens, h / tp)
         eager = config.attention == "eager"
-        act_elems = b * s * h
+        act_elems = tokens * h
         # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
         # parallelism); the MLP activation and biases on the rank's shard.
         elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
             act_elems * elem_bytes / mem_bw)
-        score_s = ((cal.score_bytes * b * (a / tp) * s * s * elem_bytes / mem_bw) if eager
-                   else 0.0)
+        score_s = ((cal.score_bytes * b * (a / tp) * s * s / cp * elem_bytes / mem_bw)
+                   if eager else 0.0)
         layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
         layer_bwd_s = 2 * layer_fwd_s
         attn_core_s = score_flops / tp / flop_rate + score_s
-        head_work = b * s * h * step.layout.vocab / step.vocab_shards
+        head_work = tokens * h * step.layout.vocab / step.vocab_shards
         head_s = 3 * 2 * head_work / (step.peak_flops * matmul_efficiency(
-            cal, b * s, step.layout.vocab / step.vocab_shards))
+            cal, tokens, step.layout.vocab / step.vocab_shards))
     if full:
         recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
     elif ac == "selective":

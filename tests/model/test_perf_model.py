@@ -498,3 +498,17 @@ def test_the_held_out_shape_split_predicts_only_shapes_it_never_measured(tmp_pat
                 assert neighbour not in held
         predicted_rows += (out / "predict.csv").read_text().splitlines()[1:]
     assert sorted(predicted_rows) == sorted(lines[1:])
+
+
+@pytest.mark.parametrize("engine", [AUTOTUNE_ENGINE, MEGATRON_ENGINE])
+def test_context_parallel_divides_each_ranks_compute(engine):
+    """cp 2 at the same micro-batch and dp: each rank computes its s/2 queries against all s
+    keys, so the matmuls (24bsh²) and the scores (4bs²h) both halve (ring attention, Liu et
+    al. 2023), on the calibrated trial engine's formulas as on the roofline's. FLOPs only
+    (PURE): the compute term is exactly half."""
+    pure = dataclasses.replace(PURE, gemm_half_dim=1e-9)  # the roofline's GEMMs at e_max
+    one = predict_step_time(config(world_size=2), flat_cluster(), pure, shape=SHAPE,
+                            engine=engine)
+    two = predict_step_time(config(world_size=4, cp_degree=2), flat_cluster(), pure,
+                            shape=SHAPE, engine=engine)
+    assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"] / 2, rel=0.02)
