@@ -3,6 +3,8 @@ count, float8), their short names and their place in the search space."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
@@ -59,11 +61,20 @@ def test_short_names_mark_the_newer_knobs_and_keep_old_names():
     assert short_name(new) == "w8-tp2-pp1-dp2-z3-mb1x4-ac_full-l1-sp-cp2-hsdp2-compile"
 
 
-def test_the_default_space_holds_only_the_old_values_of_the_newer_knobs():
+def test_the_default_space_holds_the_newer_knobs_trials_run():
+    """HSDP (dp_replicate 2) and 4 virtual stages, which trials run (tests/test_hsdp_vpp.py),
+    where the layout allows them; the old values only of the knobs trials refuse."""
     base = _config(world_size=4)
     configs = list(enumerate_configs(base))
-    assert configs and all(not c.sequence_parallel and c.cp_degree == 1 and c.dp_replicate == 1
-                           for c in configs)
+    assert configs and all(not c.sequence_parallel and c.cp_degree == 1 for c in configs)
+    hsdp = [c for c in configs if c.dp_replicate == 2]
+    assert hsdp and all(c.zero_stage >= 2 and c.dp_degree % 2 == 0 for c in hsdp)
+    # The tiny model's 4 layers hold no 8 stages; GPT-2 small's 12 do.
+    assert all(c.virtual_stages == 2 for c in configs)
+    small = dataclasses.replace(base.workload, size="small")
+    deep = list(enumerate_configs(dataclasses.replace(base, workload=small)))
+    assert {c.virtual_stages for c in deep if c.pp_degree == 2
+            and c.pp_schedule == "interleaved_1f1b"} == {2, 4}
 
 
 def test_fixing_a_newer_knob_narrows_the_space_to_it():

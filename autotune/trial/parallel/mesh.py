@@ -1,5 +1,11 @@
-"""The device mesh of a trial: dims (pp, dp, tp), tp innermost so a TP group is consecutive ranks
-(one node, the fastest links), pp outermost (point-to-point traffic tolerates slow links).
+"""The device mesh of a trial: dims (pp, dp_replicate, dp_shard, tp), tp innermost so a TP group
+is consecutive ranks (one node, the fastest links), pp outermost (point-to-point traffic
+tolerates slow links). Data parallelism is dp_replicate × dp_shard (HSDP, ``config.dp_shard``
+ranks per shard group; dp_replicate is 1 without it): a shard group is consecutive data-parallel
+ranks, so FSDP2's reduce-scatter and all-gather stay near and only the all-reduce of the shards
+crosses replica groups (torchtitan's ``ParallelDims`` orders them so). ``mesh["dp"]`` is the two
+flattened (replicate-major), for what syncs or slices over all data-parallel ranks: DDP,
+ZeroRedundancyOptimizer, the batch slice of ``dp_rank``.
 
 A warm worker group runs many layouts. Each mesh shape needs its own sub-groups, and on GPUs
 each sub-group holds NCCL communicators (device buffers outside the caching allocator). So the
@@ -18,7 +24,12 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+DP_DIMS = ("dp_replicate", "dp_shard")
+"""The dims whose flattening is ``dp``; FSDP2 given this 2-D sub-mesh shards across the inner
+one and replicates across the outer (``fully_shard``'s docstring, torch 2.13)."""
+COORD_DIMS = ("pp", "dp", "tp")
+"""The dims ``MeshCoords`` names a rank by."""
 MESH_CACHE_SIZE = 3
 """Mesh shapes whose sub-groups stay alive in a process (the most recently used). A search
 alternates among a few shapes; more would each hold communicators that no trial uses."""
@@ -34,8 +45,28 @@ class MeshCoords:
 
 
 @dataclass(frozen=True)
-class _CachedMesh:
+class TrialMesh:
+    """A trial's ``DeviceMesh`` and its flattened ``dp`` dim: ``mesh[name]`` and
+    ``mesh.get_group(name)`` answer for every dim of ``MESH_DIM_NAMES``, a tuple of them, and
+    ``"dp"``.
+
+    ``dp`` is one of the mesh's own dims when the other DP dim is 1 (a sub-mesh of the same root
+    as tp's: FSDP2 and replicate need that to hold TP's DTensors); under HSDP it is a mesh of a
+    group of its own (no layout then gives DDP, FSDP2 or replicate a 1-D dp mesh beside TP)."""
+
     mesh: DeviceMesh
+    dp: DeviceMesh
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        return self.dp if names == "dp" else self.mesh[names]
+
+    def get_group(self, name: str) -> dist.ProcessGroup:
+        return self[name].get_group()
+
+
+@dataclass(frozen=True)
+class _CachedMesh:
+    mesh: TrialMesh
     world: dist.ProcessGroup
     """The default group the mesh was built on."""
     owned: tuple[dist.ProcessGroup, ...]
@@ -47,10 +78,11 @@ MeshKey = tuple[str, tuple[int, ...], tuple[str, ...]]
 _MESHES: OrderedDict[MeshKey, _CachedMesh] = OrderedDict()
 
 
-def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
-    """The (pp, dp, tp) mesh of this layout: the cached one of its shape, or a new one (which
-    may destroy the least recently used shape's sub-groups). Collective: every rank calls it."""
-    key = (device_type, (config.pp_degree, config.dp_degree, config.tp_degree), MESH_DIM_NAMES)
+def build_mesh(config: TrialConfig, device_type: str) -> TrialMesh:
+    """The mesh of this layout: the cached one of its shape, or a new one (which may destroy the
+    least recently used shape's sub-groups). Collective: every rank calls it."""
+    shape = (config.pp_degree, config.dp_replicate, config.dp_shard, config.tp_degree)
+    key = (device_type, shape, MESH_DIM_NAMES)
     if key in _MESHES:
         _MESHES.move_to_end(key)
         return _MESHES[key].mesh
@@ -61,8 +93,8 @@ def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
     return _MESHES[key].mesh
 
 
-def coords_of(mesh: DeviceMesh) -> MeshCoords:
-    return MeshCoords(*(mesh[name].get_local_rank() for name in MESH_DIM_NAMES))
+def coords_of(mesh: TrialMesh) -> MeshCoords:
+    return MeshCoords(*(mesh[name].get_local_rank() for name in COORD_DIMS))
 
 
 def cached_mesh_shapes() -> list[tuple[int, ...]]:
@@ -72,31 +104,47 @@ def cached_mesh_shapes() -> list[tuple[int, ...]]:
 
 def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> _CachedMesh:
     """A mesh over the world's ranks in row-major order (as ``init_device_mesh`` lays them out),
-    from one process group per dim.
+    from one process group per dim, and its flattened dp dim.
 
     The groups are made with ``new_group``, whose names come from a counter that only grows, so
     a new group never takes the name of a live one. (``init_device_mesh`` on a device-bound NCCL
     group uses ``split_group``, which names a group by a hash of its ranks and the number of live
-    groups: once groups are destroyed, a new one can hash to the name of a live one.)"""
-    world = dist.get_world_size()
-    rank = dist.get_rank()
-    ranks = torch.arange(world, dtype=torch.int).reshape(shape)
+    groups: once groups are destroyed, a new one can hash to the name of a live one. Its
+    ``_flatten`` makes groups the same way, so the dp dim is not flattened by it either.)"""
+    ranks = torch.arange(dist.get_world_size(), dtype=torch.int).reshape(shape)
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
     for dim, size in enumerate(shape):
-        if size == world:  # the dim spans every rank: the world group is its group
-            groups.append(dist.group.WORLD)
-            continue
-        # Every rank takes part in creating every group of the dim, and keeps its own.
-        mine = None
-        for members in ranks.movedim(dim, -1).reshape(-1, size).tolist():
-            group = dist.new_group(members, group_desc=f"mesh_{names[dim]}")
-            if rank in members:
-                mine = group
-        groups.append(mine)
-        owned.append(mine)
+        group, new = _group_of_dim(ranks, dim, names[dim])
+        groups.append(group)
+        owned += [group] if new else []
     mesh = DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=names)
-    return _CachedMesh(mesh, dist.group.WORLD, tuple(owned))
+    replicate, shard = (shape[names.index(d)] for d in DP_DIMS)
+    if replicate == 1 or shard == 1:
+        dp = mesh[DP_DIMS[1] if replicate == 1 else DP_DIMS[0]]
+    else:
+        first = names.index(DP_DIMS[0])
+        flat = ranks.flatten(first, first + 1)  # replicate-major: dp_rank = r · shard + s
+        group, new = _group_of_dim(flat, first, "dp")
+        owned += [group] if new else []
+        dp = DeviceMesh.from_group(group, device_type, mesh_dim_names=("dp",))
+    return _CachedMesh(TrialMesh(mesh, dp), dist.group.WORLD, tuple(owned))
+
+
+def _group_of_dim(ranks: torch.Tensor, dim: int, name: str) -> tuple[dist.ProcessGroup, bool]:
+    """This rank's group along ``dim`` of ``ranks``, and whether it was made for it (a dim that
+    spans every rank is the world group). Collective: every rank takes part in creating every
+    group of the dim, and keeps its own."""
+    size = ranks.shape[dim]
+    if size == ranks.numel():
+        return dist.group.WORLD, False
+    rank = dist.get_rank()
+    mine = None
+    for members in ranks.movedim(dim, -1).reshape(-1, size).tolist():
+        group = dist.new_group(members, group_desc=f"mesh_{name}")
+        if rank in members:
+            mine = group
+    return mine, True
 
 
 def _destroy(cached: _CachedMesh, device_type: str) -> None:

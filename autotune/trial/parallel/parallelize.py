@@ -22,13 +22,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
-from autotune.trial.parallel.mesh import MeshCoords, coords_of
+from autotune.trial.parallel.mesh import DP_DIMS, MeshCoords, TrialMesh, coords_of
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
 from autotune.trial.parallel.precision import LossScaler, apply_precision
 from autotune.trial.parallel.tensor_parallel import apply_tp
@@ -40,7 +39,7 @@ class ParallelModel:
     """Everything a rank needs to run training steps of one trial."""
 
     config: TrialConfig
-    mesh: DeviceMesh
+    mesh: TrialMesh
     coords: MeshCoords
     dp: DataParallelParts
     schedule: Any | None
@@ -64,7 +63,6 @@ class ParallelModel:
 NOT_YET_RUN = {
     "sequence_parallel": lambda c: c.sequence_parallel,
     "cp_degree": lambda c: c.cp_degree > 1,
-    "dp_replicate": lambda c: c.dp_replicate > 1,
     "ac_layers": lambda c: c.ac_layers is not None,
     "compile": lambda c: c.compile,
     "float8": lambda c: c.float8,
@@ -88,7 +86,7 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
                           "use pp_degree 1 or add a pipeline_split to its Workload")
 
 
-def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
+def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
                 device: torch.device) -> ParallelModel:
     """``config.precision`` must be resolved (``TrialConfig.with_precision``)."""
     coords = coords_of(mesh)
@@ -101,7 +99,8 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
     if config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
-    dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
+    dp_mesh = mesh[DP_DIMS] if config.dp_replicate > 1 else mesh["dp"]  # HSDP: 2-D
+    dp = apply_zero(parts, config, dp_mesh, workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
     if config.pp_degree > 1:
