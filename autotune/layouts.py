@@ -27,7 +27,7 @@ to a space that does not vary them)."""
 SEARCHED_BY_DEFAULT: dict[str, tuple] = {
     "sequence_parallel": (False,),
     "cp_degree": (1,),
-    "dp_replicate": (1, 2),  # HSDP 2 × dp/2 (tests/test_hsdp_vpp.py runs it)
+    "dp_replicate": (1, 2),  # HSDP 2 × dp/2 (tests/trial/parallel/test_hsdp_vpp.py runs it)
     "virtual_stages": (TrialConfig().virtual_stages, 4),  # pp 2 × 4 runs there too
     "compile": (False,),
     "float8": (False,),

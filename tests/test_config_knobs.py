@@ -62,8 +62,9 @@ def test_short_names_mark_the_newer_knobs_and_keep_old_names():
 
 
 def test_the_default_space_holds_the_newer_knobs_trials_run():
-    """HSDP (dp_replicate 2) and 4 virtual stages, which trials run (tests/test_hsdp_vpp.py),
-    where the layout allows them; the old values only of the knobs trials refuse."""
+    """HSDP (dp_replicate 2) and 4 virtual stages, which trials run
+    (tests/trial/parallel/test_hsdp_vpp.py), where the layout allows them; the old values only of
+    the knobs trials refuse."""
     base = _config(world_size=4)
     configs = list(enumerate_configs(base))
     assert configs and all(not c.sequence_parallel and c.cp_degree == 1 for c in configs)

@@ -29,8 +29,9 @@ NUM_STEPS = 2  # 1 timed step + 1 memory step
 BASE = TrialConfig(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, device="cpu")
 
 
-# HSDP layouts (dp_replicate 2, in the default space) run in tests/test_hsdp_vpp.py: the grid
-# here keeps one replica group, as before them (they would add 66 layouts).
+# HSDP layouts (dp_replicate 2, in the default space) run in
+# tests/trial/parallel/test_hsdp_vpp.py: the grid here keeps one replica group, as before them
+# (they would add 66 layouts).
 WITHOUT_HSDP = {"dp_replicate": (1,)}
 
 
