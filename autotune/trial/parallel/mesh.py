@@ -1,5 +1,8 @@
-"""The device mesh of a trial: dims (pp, dp, tp), tp innermost so a TP group is consecutive ranks
-(one node, the fastest links), pp outermost (point-to-point traffic tolerates slow links).
+"""The device mesh of a trial: dims (pp, dp, cp, tp), tp innermost so a TP group is consecutive
+ranks (one node, the fastest links), cp next to it (its K/V all-gathers are the next heaviest
+traffic), pp outermost (point-to-point traffic tolerates slow links). With cp > 1 the mesh also
+has the flattened dim "dp_cp" (torchtitan's ``dp_shard_cp``): cp ranks hold the same
+parameters, so their gradients are averaged over dp × cp (:func:`data_parallel_mesh`).
 
 A warm worker group runs many layouts. Each mesh shape needs its own sub-groups, and on GPUs
 each sub-group holds NCCL communicators (device buffers outside the caching allocator). So the
@@ -18,7 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")
+MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")
+DP_CP = "dp_cp"
 MESH_CACHE_SIZE = 3
 """Mesh shapes whose sub-groups stay alive in a process (the most recently used). A search
 alternates among a few shapes; more would each hold communicators that no trial uses."""
@@ -31,6 +35,7 @@ class MeshCoords:
     pp_rank: int
     dp_rank: int
     tp_rank: int
+    cp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,10 @@ _MESHES: OrderedDict[MeshKey, _CachedMesh] = OrderedDict()
 
 
 def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
-    """The (pp, dp, tp) mesh of this layout: the cached one of its shape, or a new one (which
+    """The (pp, dp, cp, tp) mesh of this layout: the cached one of its shape, or a new one (which
     may destroy the least recently used shape's sub-groups). Collective: every rank calls it."""
-    key = (device_type, (config.pp_degree, config.dp_degree, config.tp_degree), MESH_DIM_NAMES)
+    key = (device_type, (config.pp_degree, config.dp_degree, config.cp_degree, config.tp_degree),
+           MESH_DIM_NAMES)
     if key in _MESHES:
         _MESHES.move_to_end(key)
         return _MESHES[key].mesh
@@ -62,7 +68,12 @@ def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
 
 
 def coords_of(mesh: DeviceMesh) -> MeshCoords:
-    return MeshCoords(*(mesh[name].get_local_rank() for name in MESH_DIM_NAMES))
+    return MeshCoords(**{f"{name}_rank": mesh[name].get_local_rank() for name in MESH_DIM_NAMES})
+
+
+def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks that hold the same parameters and average gradients: dp, or dp × cp."""
+    return mesh[DP_CP] if mesh["cp"].size() > 1 else mesh["dp"]
 
 
 def cached_mesh_shapes() -> list[tuple[int, ...]]:
@@ -96,6 +107,10 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
         groups.append(mine)
         owned.append(mine)
     mesh = DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=names)
+    if shape[names.index("cp")] > 1:
+        flat = mesh["dp", "cp"]._flatten(DP_CP)  # FSDP2 with TP needs the same root mesh
+        if flat.get_group() is not dist.group.WORLD:
+            owned.append(flat.get_group())
     return _CachedMesh(mesh, dist.group.WORLD, tuple(owned))
 
 

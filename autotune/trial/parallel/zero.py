@@ -116,7 +116,7 @@ def group_blocks(blocks: list[tuple[str, nn.Module]], bucket_mb: float) -> list[
 def apply_zero(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
                blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
                device: torch.device) -> DataParallelParts:
-    if config.dp_degree == 1:
+    if dp_mesh.size() == 1:  # dp_mesh spans dp × cp: cp ranks average gradients too
         return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()],
                                               config))
     if config.zero_stage <= 1:
