@@ -14,14 +14,15 @@ def _names(rank: int) -> tuple[dict, dict]:
     from autotune.trial.parallel.mesh import MESH_DIM_NAMES
     from autotune.trial.runner import mesh_group_names
 
-    # dp 2 spans the world, so DeviceMesh gives it the default group; pp and tp get their own.
-    mesh = init_device_mesh("cpu", (1, 2, 1), mesh_dim_names=MESH_DIM_NAMES)
+    # dp 2 spans the world, so DeviceMesh gives it the default group; pp, cp and tp get their
+    # own.
+    mesh = init_device_mesh("cpu", (1, 2, 1, 1), mesh_dim_names=MESH_DIM_NAMES)
     expected = {dist.group.WORLD.group_name: "dp", mesh.get_group("pp").group_name: "pp",
-                mesh.get_group("tp").group_name: "tp"}
+                mesh.get_group("cp").group_name: "cp", mesh.get_group("tp").group_name: "tp"}
     return mesh_group_names(mesh), expected
 
 
 def test_each_mesh_dimension_is_named_by_its_process_group():
     for names, expected in run_ranks(2, _names):
-        assert len(expected) == 3  # three distinct process groups
+        assert len(expected) == 4  # four distinct process groups
         assert names == expected
