@@ -64,7 +64,9 @@ def test_cp_without_causal_offset_is_detected():
     config = dataclasses.replace(BASE, world_size=2, cp_degree=2)
     losses = run_ranks(2, _train_without_causal_offset, config)[0]
     expected = _reference(config.workload, config.attention)
-    assert max(abs(a - b) for a, b in zip(losses, expected)) > 50 * LOSS_ATOL
+    # measured 8.9e-4 (44× the tolerance): the tiny model's attention is near uniform at init,
+    # so a wrong mask moves the loss less than a skipped gradient sync does
+    assert max(abs(a - b) for a, b in zip(losses, expected)) > 10 * LOSS_ATOL
 
 
 def _profiled_all_gather_bytes(rank: int, config: TrialConfig) -> int:
