@@ -79,11 +79,13 @@ def _profiled_all_gather_bytes(rank: int, config: TrialConfig) -> int:
 @pytest.mark.slow
 def test_cp_moves_the_kv_all_gather():
     """Per rank and layer, CP receives K and V of the other cp−1 ranks' tokens:
-    2·b·(s/cp)·kv_heads·head_dim·4 bytes·(cp−1) (fp32). The profiler records an all-gather's
-    whole output (cp parts), so the received bytes are its bytes × (cp−1)/cp. ZeRO-0's DDP
-    only all-reduces: every all-gather of the step is attention's."""
+    2·b·(s/cp)·kv_heads·head_dim·4 bytes·(cp−1) (fp32), on Llama with 2 KV heads for 4 query
+    heads (gathered before grouped-query attention repeats them). The profiler records an
+    all-gather's whole output (cp parts), so the received bytes are its bytes × (cp−1)/cp.
+    ZeRO-0's DDP only all-reduces: every all-gather of the step is attention's."""
     config = dataclasses.replace(BASE, world_size=2, cp_degree=2, num_profiled_steps=1,
-                                 micro_batch_size=8)
+                                 micro_batch_size=8,
+                                 workload=WorkloadSpec(family="llama", size="tiny"))
     shape = config.workload.shape
     b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
     per_layer = 2 * b * (s // cp) * shape.num_kv_heads * shape.head_dim * 4 * (cp - 1)
