@@ -46,6 +46,8 @@ class _CachedMesh:
     owned: tuple[dist.ProcessGroup, ...]
     """The sub-groups this module created for the mesh (not the world group a dim spanning
     every rank reuses): the ones to destroy with it."""
+    dp_cp: DeviceMesh | None = None
+    """The flattened dp × cp mesh when cp > 1 (kept: torch deprecates slicing it from the root)."""
 
 
 MeshKey = tuple[str, tuple[int, ...], tuple[str, ...]]
@@ -73,7 +75,10 @@ def coords_of(mesh: DeviceMesh) -> MeshCoords:
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The ranks that hold the same parameters and average gradients: dp, or dp × cp."""
-    return mesh[DP_CP] if mesh["cp"].size() > 1 else mesh["dp"]
+    if mesh["cp"].size() == 1:
+        return mesh["dp"]
+    flat = [c.dp_cp for c in _MESHES.values() if c.mesh is mesh and c.dp_cp is not None]
+    return flat[0] if flat else mesh[DP_CP]
 
 
 def cached_mesh_shapes() -> list[tuple[int, ...]]:
@@ -107,11 +112,12 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
         groups.append(mine)
         owned.append(mine)
     mesh = DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=names)
+    flat = None
     if shape[names.index("cp")] > 1:
         flat = mesh["dp", "cp"]._flatten(DP_CP)  # FSDP2 with TP needs the same root mesh
         if flat.get_group() is not dist.group.WORLD:
             owned.append(flat.get_group())
-    return _CachedMesh(mesh, dist.group.WORLD, tuple(owned))
+    return _CachedMesh(mesh, dist.group.WORLD, tuple(owned), flat)
 
 
 def _destroy(cached: _CachedMesh, device_type: str) -> None:
