@@ -29,6 +29,10 @@ CP_LAYOUTS = [
 ]
 
 
+def _layout_id(config: TrialConfig) -> str:
+    return f"{config.workload.family}-{short_name(config)}"
+
+
 def test_each_cp_rank_holds_two_balanced_chunks():
     """Sequence 8 on cp 2 → chunks of 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2
     (Megatron's load balancing); each rank's causal pairs (Σ position + 1) are equal."""
@@ -41,7 +45,7 @@ def test_each_cp_rank_holds_two_balanced_chunks():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", CP_LAYOUTS,
-                         ids=lambda d: short_name(dataclasses.replace(BASE, **d)))
+                         ids=lambda d: _layout_id(dataclasses.replace(BASE, **d)))
 def test_cp_layout_matches_single_process(executor, layout):
     _check(executor, dataclasses.replace(BASE, **layout))
 
