@@ -344,7 +344,7 @@ def csv_group_key(row: dict[str, float]) -> tuple:
 # ---- answering trials from a table ---------------------------------------------------------
 LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bucket_mb",
                  "overlap_enabled", "activation_checkpointing", "pp_schedule", "attention",
-                 "optimizer_offload_enabled")
+                 "optimizer_offload_enabled", "cp_degree")
 """TrialConfig fields that change what a trial measures, beside workload and world size."""
 
 
