@@ -348,14 +348,14 @@ def csv_group_key(row: dict[str, float]) -> tuple:
 # ---- answering trials from a table ---------------------------------------------------------
 LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bucket_mb",
                  "overlap_enabled", "activation_checkpointing", "pp_schedule", "attention",
-                 "optimizer_offload_enabled", "dp_replicate", "virtual_stages")
+                 "optimizer_offload_enabled", "dp_replicate", "virtual_stages", "cp_degree")
 """TrialConfig fields that change what a trial measures, beside workload and world size."""
 
 
-ALWAYS_COMPARED = ("dp_replicate", "virtual_stages")
+ALWAYS_COMPARED = ("dp_replicate", "virtual_stages", "cp_degree")
 """Layout fields a row measured at the value it holds even where every row holds one: a table
-that never ran HSDP or another virtual-stage count did not measure those layouts (the default
-search space proposes them), unlike the fields a CSV table does not state."""
+that never ran HSDP, CP or another virtual-stage count did not measure those layouts (the
+default search space proposes them), unlike the fields a CSV table does not state."""
 
 
 def compared_fields(rows: Iterable[MeasuredRow]) -> tuple[str, ...]:

@@ -62,12 +62,13 @@ def test_short_names_mark_the_newer_knobs_and_keep_old_names():
 
 
 def test_the_default_space_holds_the_newer_knobs_trials_run():
-    """HSDP (dp_replicate 2) and 4 virtual stages, which trials run
-    (tests/trial/parallel/test_hsdp_vpp.py), where the layout allows them; the old values only of
-    the knobs trials refuse."""
+    """HSDP (dp_replicate 2, tests/trial/parallel/test_hsdp_vpp.py), cp 2
+    (tests/trial/parallel/test_context_parallel.py) and 4 virtual stages, which trials run,
+    where the layout allows them; the old values only of the knobs trials refuse."""
     base = _config(world_size=4)
     configs = list(enumerate_configs(base))
-    assert configs and all(not c.sequence_parallel and c.cp_degree == 1 for c in configs)
+    assert configs and all(not c.sequence_parallel for c in configs)
+    assert {c.cp_degree for c in configs} == {1, 2}
     hsdp = [c for c in configs if c.dp_replicate == 2]
     assert hsdp and all(c.zero_stage >= 2 and c.dp_degree % 2 == 0 for c in hsdp)
     # The tiny model's 4 layers hold no 8 stages; GPT-2 small's 12 do.

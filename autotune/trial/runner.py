@@ -75,8 +75,11 @@ class Trainer:
         inputs, targets = self.workload.batch(step)
         rows = config.workload.global_batch_size // config.dp_degree
         lo = pm.coords.dp_rank * rows
-        inputs = inputs[lo: lo + rows].to(self.device, non_blocking=True)
-        targets = targets[lo: lo + rows].to(self.device, non_blocking=True)
+        inputs, targets = inputs[lo: lo + rows], targets[lo: lo + rows]
+        if pm.cp is not None:  # this cp rank's two chunks of every sequence
+            inputs, targets = pm.cp.shard(inputs), pm.cp.shard(targets)
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
         if pm.schedule is not None:
             with phase("pipeline"):
                 loss = self._pipeline_step(inputs, targets)
@@ -345,6 +348,7 @@ def run_rank(config: TrialConfig) -> RankResult:
     c = pm.coords
     return RankResult(
         rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
+        cp_rank=c.cp_rank,
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
         step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
         clock_offset_ns=offset,

@@ -18,14 +18,13 @@ def _names(rank: int, dp_replicate: int) -> tuple[dict, dict]:
     mesh = build_mesh(config, "cpu")
     # dp 2 spans the world, so it is the default group; the dims of size 1 get their own.
     one = "dp_shard" if dp_replicate == 2 else "dp_replicate"
-    expected = {dist.group.WORLD.group_name: "dp", mesh.mesh.get_group("pp").group_name: "pp",
-                mesh.mesh.get_group("tp").group_name: "tp",
-                mesh.mesh.get_group(one).group_name: one}
+    expected = {dist.group.WORLD.group_name: "dp"}
+    expected |= {mesh.mesh.get_group(dim).group_name: dim for dim in ("pp", one, "cp", "tp")}
     return mesh_group_names(mesh), expected
 
 
 def test_each_mesh_dimension_is_named_by_its_process_group():
     for dp_replicate in (1, 2):  # dp is dp_shard's group, then dp_replicate's (HSDP 2 × 1)
         for names, expected in run_ranks(2, _names, dp_replicate):
-            assert len(expected) == 4  # four distinct process groups
+            assert len(expected) == 5  # five distinct process groups
             assert names == expected

@@ -7,6 +7,8 @@
    torchtitan, which splits before ``parallelize``). Splitting after TP would deep-copy DTensors.
 2. **Tensor parallelism** next: it rewrites Linear weights into DTensors on the tp dim, and the
    plan names the *unwrapped* module paths that checkpoint wrappers would hide.
+   **Context parallelism** then hands each attention its cp group (``apply_cp``); gradients
+   are averaged over dp × cp (``mesh.data_parallel_mesh``).
 3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
    modules, so recomputation replays the TP collectives too.
 4. **ZeRO / data parallelism** last: FSDP2 must see the final module tree (checkpoint wrappers
@@ -25,9 +27,10 @@ from torch import nn
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.trial.models.context_parallel import ContextParallel, apply_cp, supports_cp
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
-from autotune.trial.parallel.mesh import DP_DIMS, MeshCoords, TrialMesh, coords_of
+from autotune.trial.parallel.mesh import MeshCoords, TrialMesh, coords_of, data_parallel_mesh
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
 from autotune.trial.parallel.precision import LossScaler, apply_precision
 from autotune.trial.parallel.tensor_parallel import apply_tp
@@ -46,6 +49,8 @@ class ParallelModel:
     """A pipelining schedule when pp_degree > 1."""
     loss_scaler: LossScaler | None = None
     """The dynamic loss scale of 16-mixed, else None."""
+    cp: ContextParallel | None = None
+    """This rank's cp group when cp_degree > 1: the runner feeds it its tokens (``cp.shard``)."""
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -62,7 +67,6 @@ class ParallelModel:
 
 NOT_YET_RUN = {
     "sequence_parallel": lambda c: c.sequence_parallel,
-    "cp_degree": lambda c: c.cp_degree > 1,
     "ac_layers": lambda c: c.ac_layers is not None,
     "compile": lambda c: c.compile,
     "float8": lambda c: c.float8,
@@ -81,6 +85,10 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
                           "use tp_degree 1 or add a tp_plan to its Workload")
+    if config.cp_degree > 1 and not supports_cp(workload.model):
+        raise ConfigError(f"workload {config.workload.name} has no context-parallel attention "
+                          "(no module with a cp attribute, models/context_parallel.py); use "
+                          "cp_degree 1")
     if config.pp_degree > 1 and workload.pipeline_split is None:
         raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
                           "use pp_degree 1 or add a pipeline_split to its Workload")
@@ -98,9 +106,15 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
     parts = [apply_precision(p.to(device), config) for p in parts]
     if config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
+    cp = None
+    if config.cp_degree > 1:
+        cp = ContextParallel(mesh["cp"].get_group(), config.cp_degree, coords.cp_rank,
+                             config.workload.seq_len)
+        for p in parts:
+            apply_cp(p, cp)
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks) for p in parts]
-    dp_mesh = mesh[DP_DIMS] if config.dp_replicate > 1 else mesh["dp"]  # HSDP: 2-D
-    dp = apply_zero(parts, config, dp_mesh, workload.blocks, device)
+    # dp × cp; under HSDP 2-D (dp_replicate, dp_shard × cp)
+    dp = apply_zero(parts, config, data_parallel_mesh(mesh), workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
     if config.pp_degree > 1:
@@ -110,4 +124,4 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
                 return _loss(output, target) * scaler.scale
         schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device,
                                   loss_fn)
-    return ParallelModel(config, mesh, coords, dp, schedule, scaler)
+    return ParallelModel(config, mesh, coords, dp, schedule, scaler, cp)

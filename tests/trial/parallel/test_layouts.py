@@ -33,10 +33,14 @@ BASE = TrialConfig(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, 
 # tests/trial/parallel/test_hsdp_vpp.py: the grid here keeps one replica group, as before them
 # (they would add 66 layouts).
 WITHOUT_HSDP = {"dp_replicate": (1,)}
+ONLY_CP1 = {"cp_degree": (1,)}
+"""The grids here are the layouts without context parallelism
+(tests/trial/parallel/test_context_parallel.py checks those)."""
 
 
 def _configs(world: int, **kwargs) -> list[TrialConfig]:
-    return list(enumerate_configs(dataclasses.replace(BASE, world_size=world), extra=WITHOUT_HSDP,
+    return list(enumerate_configs(dataclasses.replace(BASE, world_size=world),
+                                  extra=WITHOUT_HSDP | ONLY_CP1,
                                   **kwargs))
 
 
@@ -76,7 +80,7 @@ LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
 # model-independent and covered by ALL), with full recomputation: each block's forward runs as
 # without it (the same code, its activations dropped) and again in the backward.
 LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",),
-                                      extra=WITHOUT_HSDP)
+                                      extra=WITHOUT_HSDP | ONLY_CP1)
          if c.grad_accum_steps == 1]
 
 
