@@ -20,6 +20,9 @@ def _names(rank: int, dp_replicate: int) -> tuple[dict, dict]:
     one = "dp_shard" if dp_replicate == 2 else "dp_replicate"
     expected = {dist.group.WORLD.group_name: "dp"}
     expected |= {mesh.mesh.get_group(dim).group_name: dim for dim in ("pp", one, "cp", "tp")}
+    # The last size-1 groups are made by one rank alone, through rank 0's store: rank 0 must not
+    # leave (and close the store) before the other rank has made them.
+    dist.barrier()
     return mesh_group_names(mesh), expected
 
 
