@@ -129,7 +129,8 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     a new group never takes the name of a live one. (``init_device_mesh`` on a device-bound NCCL
     group uses ``split_group``, which names a group by a hash of its ranks and the number of live
     groups: once groups are destroyed, a new one can hash to the name of a live one. Its
-    ``_flatten`` makes groups the same way, so the dp dim is not flattened by it either.)"""
+    ``_flatten`` makes groups the same way, so the dp dim is not flattened by it either; only
+    dp_shard × cp is, where FSDP2 needs it beside TP: ``_gradient_mesh``.)"""
     ranks = torch.arange(dist.get_world_size(), dtype=torch.int).reshape(shape)
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
