@@ -26,9 +26,9 @@ reachable configurations all share one value is not asked, so the later knobs ad
 to a space that does not vary them)."""
 SEARCHED_BY_DEFAULT: dict[str, tuple] = {
     "sequence_parallel": (False, True),
-    "cp_degree": (1,),
-    "dp_replicate": (1,),
-    "virtual_stages": (TrialConfig().virtual_stages,),
+    "cp_degree": (1, 2),  # trials run context parallelism (models/context_parallel.py)
+    "dp_replicate": (1, 2),  # HSDP 2 × dp/2 (tests/trial/parallel/test_hsdp_vpp.py runs it)
+    "virtual_stages": (TrialConfig().virtual_stages, 4),  # pp 2 × 4 runs there too
     "compile": (False,),
     "float8": (False,),
 }

@@ -348,15 +348,22 @@ def csv_group_key(row: dict[str, float]) -> tuple:
 # ---- answering trials from a table ---------------------------------------------------------
 LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bucket_mb",
                  "overlap_enabled", "activation_checkpointing", "pp_schedule", "attention",
-                 "optimizer_offload_enabled")
+                 "optimizer_offload_enabled", "dp_replicate", "virtual_stages", "cp_degree")
 """TrialConfig fields that change what a trial measures, beside workload and world size."""
 
 
+ALWAYS_COMPARED = ("dp_replicate", "virtual_stages", "cp_degree")
+"""Layout fields a row measured at the value it holds even where every row holds one: a table
+that never ran HSDP, CP or another virtual-stage count did not measure those layouts (the
+default search space proposes them), unlike the fields a CSV table does not state."""
+
+
 def compared_fields(rows: Iterable[MeasuredRow]) -> tuple[str, ...]:
-    """The layout fields (``LAYOUT_FIELDS``) that vary among ``rows``: the ones a row's
-    identity compares (``config_key``)."""
+    """The layout fields (``LAYOUT_FIELDS``) that vary among ``rows``, and those of
+    ``ALWAYS_COMPARED``: the ones a row's identity compares (``config_key``)."""
     rows = tuple(rows)
-    return tuple(f for f in LAYOUT_FIELDS if len({getattr(r.config, f) for r in rows}) > 1)
+    return tuple(f for f in LAYOUT_FIELDS
+                 if f in ALWAYS_COMPARED or len({getattr(r.config, f) for r in rows}) > 1)
 
 
 def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
@@ -366,6 +373,8 @@ def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
     ignored = set()
     if config.pp_degree == 1:
         ignored.add("pp_schedule")
+    if config.pp_degree == 1 or config.pp_schedule != "interleaved_1f1b":
+        ignored.add("virtual_stages")
     if config.dp_degree == 1:
         ignored.update(("zero_stage", "overlap_enabled", "bucket_mb"))
     # The precision as trained, however spelled (a table's workload dtype, or the

@@ -542,8 +542,8 @@ def predicted_categories(trial: TrialView, rank: int | None) -> dict[str, int] |
     if rank is None:
         estimate = estimate_memory(config)
     else:
-        # Mesh dims (pp, dp, tp) with tp innermost (autotune/trial/parallel/mesh.py).
-        pp_rank = rank // (config.dp_degree * config.tp_degree)
+        # Mesh dims (pp, dp, cp, tp), pp outermost (autotune/trial/parallel/mesh.py).
+        pp_rank = rank // (config.world_size // config.pp_degree)  # a stage: dp × cp × tp ranks
         estimate = estimate_all_stages(config)[pp_rank]
     return {"parameters": estimate.parameters, "gradients": estimate.gradients,
             "optimizer_state": estimate.optimizer_state,

@@ -3,6 +3,8 @@ count, float8), their short names and their place in the search space."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec
@@ -59,12 +61,13 @@ def test_short_names_mark_the_newer_knobs_and_keep_old_names():
     assert short_name(new) == "w8-tp2-pp1-dp2-z3-mb1x4-ac_full-l1-sp-cp2-hsdp2-compile"
 
 
-def test_the_default_space_holds_the_newer_knobs_that_trials_run():
-    """Sequence parallelism runs in trials: every TP layout is in the default space with and
-    without it; the other newer knobs keep their old values until trials run them."""
+def test_the_default_space_holds_the_newer_knobs_trials_run():
+    """Sequence parallelism (every TP layout with and without it), HSDP (dp_replicate 2,
+    tests/trial/parallel/test_hsdp_vpp.py), cp 2 (tests/trial/parallel/test_context_parallel.py),
+    op-level recomputation and 4 virtual stages, which trials run, where the layout allows
+    them; compile and float8 stay off (minutes of compilation; float8 needs a GPU)."""
     base = _config(world_size=4)
     configs = list(enumerate_configs(base))
-    assert configs and all(c.cp_degree == 1 and c.dp_replicate == 1 for c in configs)
     with_sp = [c for c in configs if c.sequence_parallel]
     without = [c for c in configs if not c.sequence_parallel]
     assert {c.tp_degree for c in with_sp} == {2, 4}
@@ -72,6 +75,16 @@ def test_the_default_space_holds_the_newer_knobs_that_trials_run():
     assert {short_name(c).removesuffix("-sp") for c in with_sp} == {
         short_name(c) for c in without if c.tp_degree > 1}
     assert "op" in {c.activation_checkpointing for c in configs}
+    assert {c.cp_degree for c in configs} == {1, 2}
+    hsdp = [c for c in configs if c.dp_replicate == 2]
+    assert hsdp and all(c.zero_stage >= 2 and c.dp_degree % 2 == 0 for c in hsdp)
+    assert not any(c.compile or c.float8 for c in configs)
+    # The tiny model's 4 layers hold no 8 stages; GPT-2 small's 12 do.
+    assert all(c.virtual_stages == 2 for c in configs)
+    small = dataclasses.replace(base.workload, size="small")
+    deep = list(enumerate_configs(dataclasses.replace(base, workload=small)))
+    assert {c.virtual_stages for c in deep if c.pp_degree == 2
+            and c.pp_schedule == "interleaved_1f1b"} == {2, 4}
 
 
 def test_fixing_a_newer_knob_narrows_the_space_to_it():

@@ -66,7 +66,7 @@ from autotune.cli.estimate import (
     explicit_shape,
     mark_explicit,
 )
-from autotune.layouts import divisors, short_name
+from autotune.layouts import SEARCHED_BY_DEFAULT, divisors, short_name
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.shapes import ModelShape, model_names
@@ -396,13 +396,15 @@ def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
 def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
     """Why no layout splits the global batch, and the batches that would split."""
     world, batch = base.world_size, base.workload.global_batch_size
-    structural = []  # dp of each (tp, pp) the model allows, one micro-batch each
-    for tp, pp in itertools.product(divisors(world), divisors(world)):
-        if world % (tp * pp):
+    structural = []  # dp of each (tp, pp, cp) the model allows, one micro-batch each
+    for tp, pp, cp in itertools.product(divisors(world), divisors(world),
+                                        SEARCHED_BY_DEFAULT["cp_degree"]):
+        if world % (tp * pp * cp):
             continue
-        dp = world // (tp * pp)
+        dp = world // (tp * pp * cp)
         config = dataclasses.replace(
-            base, tp_degree=tp, pp_degree=pp, micro_batch_size=1, pp_schedule="gpipe",
+            base, tp_degree=tp, pp_degree=pp, cp_degree=cp, micro_batch_size=1,
+            pp_schedule="gpipe",
             workload=dataclasses.replace(base.workload, global_batch_size=dp))
         try:
             config.validate(**({} if shape is None else {
@@ -413,7 +415,7 @@ def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
         structural.append(dp)
     name = base.workload.name if shape is None else "the architecture"
     return (f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
-            "data-parallel degree dp = world / (tp × pp) must divide it, and tp must divide "
+            "data-parallel degree dp = world / (tp × pp × cp) must divide it, and tp must divide "
             "the heads and pp must not exceed the layers, so dp is at least "
             f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}")
 

@@ -84,7 +84,8 @@ def run_one(args: argparse.Namespace, *, quiet: bool, profiled: bool = False):
         settings = executor_settings(args)
         if not quiet:
             print(f"running {config.workload.name}: world {config.world_size} = tp "
-                  f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, ZeRO-"
+                  f"{config.tp_degree} × pp {config.pp_degree} × cp {config.cp_degree} × dp "
+                  f"{config.dp_degree}, ZeRO-"
                   f"{config.zero_stage}, micro-batch {config.micro_batch_size} × "
                   f"{config.grad_accum_steps} accumulation …", file=sys.stderr, flush=True)
         with RayExecutor(settings) as executor:
@@ -133,7 +134,7 @@ def format_result(result) -> str:
         f"workload     {c['workload']['workload'] or c['workload']['family'] + '-' + c['workload']['size']}"
         f"  seq {c['workload']['seq_len']}  global batch {c['workload']['global_batch_size']}",
         f"layout       world {c['world_size']} = tp {c['tp_degree']} × pp {c['pp_degree']} × "
-        f"dp {derived['dp_degree']}   ZeRO-{c['zero_stage']}   micro-batch "
+        f"cp {c.get('cp_degree', 1)} × dp {derived['dp_degree']}   ZeRO-{c['zero_stage']}   micro-batch "
         f"{c['micro_batch_size']} × accumulation {derived['grad_accum_steps']}",
         f"knobs        bucket {c['bucket_mb']:g} MB   overlap {'on' if c['overlap_enabled'] else 'off'}"
         f"   activation ckpt {c['activation_checkpointing']}"

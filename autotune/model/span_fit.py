@@ -171,7 +171,8 @@ class SpanFit:
 # ---- from spans to points ------------------------------------------------------------------
 def group_size(config: TrialConfig, group: str) -> int:
     """Ranks in a collective's group: the mesh dimension it talks on ('' → the whole world)."""
-    return {"tp": config.tp_degree, "dp": config.dp_degree,
+    return {"tp": config.tp_degree, "dp": config.dp_degree, "dp_shard": config.dp_shard,
+            "dp_replicate": config.dp_replicate,
             "pp": config.pp_degree}.get(group, config.world_size)
 
 
@@ -179,8 +180,9 @@ def link_class(config: TrialConfig, group: str, devices_per_node: int) -> str:
     """The link a group's collectives cross. Ranks are numbered (pp, dp, tp) with tp fastest
     and nodes filled in order (the executor's PACK placement), so a TP group spans ⌈tp / n⌉
     nodes and a DP group ⌈tp·dp / n⌉ for n devices per node."""
-    span = {"tp": config.tp_degree, "dp": config.tp_degree * config.dp_degree}.get(
-        group, config.world_size)
+    span = {"tp": config.tp_degree, "dp": config.tp_degree * config.dp_degree,
+            "dp_shard": config.tp_degree * config.dp_shard,  # HSDP: consecutive within dp
+            "dp_replicate": config.tp_degree * config.dp_degree}.get(group, config.world_size)
     return INTER if span > devices_per_node else INTRA
 
 

@@ -276,7 +276,9 @@ class WorkerGroup:
             ) from None
         table = ray.util.placement_group_table(self.pg)
         bundle_nodes = [table["bundles_to_node_id"][i] for i in range(world_size // tp)]
-        groups = assign_groups(bundle_nodes, config.pp_degree, config.dp_degree)
+        # A pipeline stage holds dp × cp TP groups (mesh (pp, dp, cp, tp)).
+        groups = assign_groups(bundle_nodes, config.pp_degree,
+                               config.dp_degree * config.cp_degree)
         self.rank_nodes = ranks_of(groups, bundle_nodes, tp)
         """The Ray node id of every rank."""
         nodes = ray.nodes()
@@ -323,9 +325,10 @@ class WorkerGroup:
             return False
         if len(set(self.rank_nodes)) == 1:
             return True  # one node: every layout is as well placed as it can be
-        best = best_cost(self.rank_nodes, config.tp_degree, config.dp_degree, config.pp_degree)
+        per_stage = config.dp_degree * config.cp_degree  # TP groups in a pipeline stage
+        best = best_cost(self.rank_nodes, config.tp_degree, per_stage, config.pp_degree)
         return best is not None and placement_cost(
-            self.rank_nodes, config.tp_degree, config.dp_degree) == best
+            self.rank_nodes, config.tp_degree, per_stage) == best
 
     def lost_nodes(self, wait_s: float = 0.0) -> list[tuple[str, str]]:
         """(node id, host name) of this group's nodes that Ray reports dead, waiting up to

@@ -62,6 +62,8 @@ class RankResult:
     """The Ray node the rank ran on ('' when it ran outside Ray)."""
     hostname: str = ""
     """The host name of that node."""
+    cp_rank: int = 0
+    """The rank's place in its context-parallel group (0 without context parallelism)."""
 
     @property
     def outside_allocator_bytes(self) -> int | None:

@@ -12,6 +12,7 @@ step measured by the CUDA allocator or, on CPU, by the profiler's allocation eve
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
@@ -76,8 +77,11 @@ class Trainer:
         inputs, targets = self.workload.batch(step)
         rows = config.workload.global_batch_size // config.dp_degree
         lo = pm.coords.dp_rank * rows
-        inputs = inputs[lo: lo + rows].to(self.device, non_blocking=True)
-        targets = targets[lo: lo + rows].to(self.device, non_blocking=True)
+        inputs, targets = inputs[lo: lo + rows], targets[lo: lo + rows]
+        if pm.cp is not None:  # this cp rank's two chunks of every sequence
+            inputs, targets = pm.cp.shard(inputs), pm.cp.shard(targets)
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
         if pm.schedule is not None:
             with phase("pipeline"):
                 loss = self._pipeline_step(inputs, targets)
@@ -256,26 +260,35 @@ def _peak_live_delta(prof) -> int:
     return peak
 
 
-def mesh_group_of(launch: str) -> str:
+def mesh_group_of(launch: str, hsdp: bool = False) -> str:
     """The mesh dimension of a collective, from the API that launched it.
 
     Gloo's events name no process group, but each mechanism here talks on one mesh dim:
     DTensor (tensor parallelism) launches functional collectives on tp; pipelining sends and
     receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer, the distributed optimizer and
-    the bucketed all-reduce launch c10d collectives on dp."""
+    the bucketed all-reduce launch c10d collectives on dp. Under HSDP (``hsdp``: dp_replicate
+    and dp_shard both > 1) FSDP2 all-gathers and reduce-scatters on dp_shard and all-reduces the
+    reduced shard on dp_replicate (torch ``_fsdp_collectives.foreach_reduce``)."""
     if launch.startswith("_c10d_functional::"):
         return "tp"
     if launch.startswith(("c10d::send", "c10d::recv")):
         return "pp"
+    if hsdp:
+        return "dp_replicate" if launch.startswith("c10d::allreduce") else "dp_shard"
     return "dp"
 
 
 def mesh_group_names(mesh) -> dict[str, str]:
     """Each mesh dimension's process-group name (``ProcessGroup.group_name``, which NCCL's
     records carry as "Process Group Name") → the dimension. A dimension as large as the world
-    is the default group; of dimensions that share a group, the largest names it."""
-    dims = sorted(MESH_DIM_NAMES, key=lambda dim: mesh[dim].size())
+    is the default group; of dimensions that share a group, the largest names it, and dp (the
+    flattened data-parallel dims, after them) wins a tie with the DP dim it equals."""
+    dims = sorted(MESH_DIM_NAMES + ("dp",), key=lambda dim: mesh[dim].size())
     return {mesh.get_group(dim).group_name: dim for dim in dims}
+
+
+def _is_hsdp(config: TrialConfig) -> bool:
+    return config.dp_replicate > 1 and config.dp_shard > 1
 
 
 def release_cached_blocks(device: torch.device) -> None:
@@ -320,7 +333,8 @@ def run_rank(config: TrialConfig) -> RankResult:
     if config.num_profiled_steps:
         offset = measure_offset()
         with profile_record(rank=dist.get_rank(), clock_offset_ns=offset,
-                            group_of=mesh_group_of, group_names=mesh_group_names(mesh),
+                            group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
+                            group_names=mesh_group_names(mesh),
                             cuda=device.type == "cuda") as rec:
             for step in range(num_steps, num_steps + config.num_profiled_steps):
                 start = time.perf_counter()
@@ -341,6 +355,7 @@ def run_rank(config: TrialConfig) -> RankResult:
                                              config.num_timed_steps)
     return RankResult(
         rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
+        cp_rank=c.cp_rank,
         device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
         step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
         clock_offset_ns=offset,

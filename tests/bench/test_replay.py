@@ -55,10 +55,11 @@ def tiny(world=4, gb=8, seq=64, family="gpt") -> TrialConfig:
 
 
 def synthetic_candidates() -> list[TrialConfig]:
-    """50 valid layouts of tiny GPT on 4 ranks: tp, pp, dp, ZeRO 0-2, micro-batch, AC."""
+    """50 valid layouts of tiny GPT on 4 ranks: tp, pp, dp, ZeRO 0-2, micro-batch, AC (no
+    context parallelism: the landscape below does not price it)."""
     return list(enumerate_configs(tiny(), zero_stages=(0, 1, 2),
                                   activation_checkpointing=("none", "full"),
-                                  pp_schedules=("1f1b",)))
+                                  pp_schedules=("1f1b",), extra={"cp_degree": (1,)}))
 
 
 def synthetic_time(c: TrialConfig) -> float:

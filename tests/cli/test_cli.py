@@ -59,7 +59,7 @@ def test_trial_json_and_table_output_train_the_reference_model(tmp_path):
     names = {f.name for f in dataclasses.fields(TrialResult)} - {"ranks"}
     table = format_result(TrialResult(**{k: v for k, v in result.items() if k in names},
                                       ranks=[rank_from_dict(r) for r in result["ranks"]]))
-    assert "world 2 = tp 1 × pp 2 × dp 1" in table
+    assert "world 2 = tp 1 × pp 2 × cp 1 × dp 1" in table
     assert "schedule gpipe" in table
     rank_rows = [ln.split() for ln in table.splitlines() if ln[:4].strip().isdigit()]
     assert [(row[0], row[1]) for row in rank_rows] == [("0", "0"), ("1", "1")]  # rank, pp rank

@@ -246,10 +246,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
                       *common),
         "unknown_model": ("--model", "gpt-huge", "--cluster", "h100-sxm", *common),
         "no_model": ("--cluster", "h100-sxm", *common),
-        # gpt-small on 64 devices: tp ≤ 4 (12 heads) and pp ≤ 12 layers leave dp ≥ 2, so no
-        # layout splits a global batch of 1 (without context parallelism, which would).
-        "unsplittable": ("--model", "gpt-small", "--cluster", "h100-sxm", "--nodes", "8",
-                         "--global-batch", "1", "--seq-len", "256", "--cp", "1"),
+        # gpt-small on 128 devices: tp ≤ 4 (12 heads), pp ≤ 8 (≤ 12 layers, dividing 128) and
+        # cp ≤ 2 (the default space) leave dp ≥ 2, so no layout splits a global batch of 1.
+        "unsplittable": ("--model", "gpt-small", "--cluster", "h100-sxm", "--nodes", "16",
+                         "--global-batch", "1", "--seq-len", "256"),
     }[case]
     code, out, err = _run(capsys, *argv)
     assert code == 2 and not out

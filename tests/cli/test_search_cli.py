@@ -125,3 +125,21 @@ def test_export_of_a_missing_study(tmp_path):
     autotune("estimate", "--model", "gpt-tiny", cwd=tmp_path)  # creates nothing
     proc = autotune("export", "--db", f"sqlite:///{tmp_path / 'none.db'}", cwd=tmp_path)
     assert proc.returncode == 1 and "no SQLite database" in proc.stderr
+
+
+@pytest.mark.slow
+def test_search_with_cp_fixed_runs_only_cp_layouts(tmp_path):
+    """``--fix cp_degree=2`` at a long sequence (128 on the tiny GPT): the space holds only CP
+    layouts, and every trial that ran trained one (stored with cp_degree 2 and its short name
+    marked -cp2)."""
+    proc = autotune("search", "--world-size", "2", "--seq-len", "128", "--trials", "2",
+                    "--patience", "2", "--top-k", "1", "--remeasure", "0", "--timed-steps", "1",
+                    "--fix", "cp_degree=2", "--fix", "zero_stage=0", "--fix", "micro_batch_size=4",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with Database.open(f"sqlite:///{tmp_path / 'autotune.db'}", create=False) as database:
+        stored = database.list_trials(database.get_study("autotune").id)
+    ran = [t for t in stored if t.status == "complete"]
+    assert ran and all(t.config["cp_degree"] == 2 for t in stored)
+    best = TrialConfig.from_file(tmp_path / "best_config.json")
+    assert best.cp_degree == 2 and best.workload.seq_len == 128

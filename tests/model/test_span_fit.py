@@ -159,3 +159,15 @@ def test_spans_of_a_real_trial_give_finite_positive_figures(executor):
     assert fit.compute is not None and fit.compute.flops_per_s > 0
     assert 0 < trial.compute.seconds < max(s.dur_ns for s in spans if s.kind == "step") * 1e-9
     assert 0 < fit.comm_efficiency and math.isfinite(fit.comm_efficiency)
+
+
+def test_hsdp_groups_have_their_own_size_and_link():
+    """HSDP's spans name dp_shard and dp_replicate (``runner.mesh_group_of``). World 8, dp 8 =
+    4 replica groups of 2 shards, 2 devices per node: a shard group is 2 consecutive ranks (one
+    node), a replica group 4 ranks 2 apart (four nodes)."""
+    from autotune.model.span_fit import group_size, link_class
+
+    config = TrialConfig(world_size=8, zero_stage=3, dp_replicate=4)
+    assert (group_size(config, "dp_shard"), group_size(config, "dp_replicate")) == (2, 4)
+    assert link_class(config, "dp_shard", 2) == INTRA
+    assert link_class(config, "dp_replicate", 2) == INTER

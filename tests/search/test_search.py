@@ -14,13 +14,13 @@ from autotune.export.ds_config import ds_config
 from autotune.search.search import GIB, Search, SearchSpec
 from db import Database
 
-# dp 2, ZeRO-0, no TP/PP: the knobs left are micro-batch {1, 4} and checkpointing {none, full}.
+# dp 2, ZeRO-0, no TP/PP/CP: the knobs left are micro-batch {1, 4} and checkpointing {none, full}.
 # On any machine the best is micro-batch 4 without recomputation: it does the same arithmetic as
 # micro-batch 1 × 4 accumulation steps in a quarter of the kernels, and recomputes nothing (full
 # recomputation repeats the forward, about a third of the step). (Micro-batch 2 is left out: on
 # 2 shared cores it measured within noise of 4.)
-SMALL = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
-                    "bucket_mb": 25.0},
+SMALL = dict(fixed={"tp_degree": 1, "pp_degree": 1, "cp_degree": 1, "zero_stage": 0,
+                    "overlap_enabled": True, "bucket_mb": 25.0},
              narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]})
 
 

@@ -61,7 +61,9 @@ def _base(path: str, **kw) -> TrialConfig:
 
 
 def layouts(path: str) -> list[TrialConfig]:
-    return list(enumerate_configs(_base(path)))
+    """Without context parallelism (tests/trial/parallel/test_context_parallel.py runs it on
+    Llama)."""
+    return list(enumerate_configs(_base(path), extra={"cp_degree": (1,)}))
 
 
 def trimmed(path: str, per_group: int) -> list[TrialConfig]:

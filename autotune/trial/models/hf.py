@@ -31,6 +31,34 @@ from torch import nn
 
 from autotune.errors import ConfigError
 from autotune.hf_config import import_transformers, load_config, tp_plan_names
+from autotune.trial.models.context_parallel import ContextParallel, causal_mask, gather_sequence
+
+CP_ATTENTION = "autotune_cp"
+"""The name context-parallel attention is registered under in transformers'
+``AttentionInterface``; it wraps the model's own implementation (sdpa or eager)."""
+
+
+def cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                 cp: ContextParallel, cp_inner: str, **kwargs: Any):
+    """An ``AttentionInterface`` function: all-gather K/V (kv heads, before the inner function
+    repeats them for GQA) over the cp group, then the inner implementation with the additive
+    causal mask of the local queries' global positions against the gathered keys."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    key, value = gather_sequence(key, cp), gather_sequence(value, cp)
+    allowed = causal_mask(cp, query.device)
+    additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    additive = additive.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
+    inner = ALL_ATTENTION_FUNCTIONS.get_interface(cp_inner, eager_attention_forward)
+    return inner(module, query, key, value, additive, **kwargs)
+
+
+def _register_cp_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(CP_ATTENTION, cp_attention)
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
 def tp_plan(config: Any, layer_indices: range, *, sequence_parallel: bool = False,
@@ -80,6 +108,24 @@ class HFStage(nn.Module):
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
         self.norm: nn.Module | None = base.ln_f if gpt2 else base.norm
         self.lm_head: nn.Module | None = model.get_output_embeddings()
+        self._cp: ContextParallel | None = None
+        self._inner_attention: str = self.config._attn_implementation
+
+    @property
+    def cp(self) -> ContextParallel | None:
+        """The cp group (``context_parallel.apply_cp``); setting one routes every layer's
+        attention through :func:`cp_attention`."""
+        return self._cp
+
+    @cp.setter
+    def cp(self, cp: ContextParallel | None) -> None:
+        if cp is not None and "sliding_attention" in _attention_kinds(self.config):
+            raise ConfigError(f"{self.config.model_type}: context parallelism runs full causal "
+                              "attention only (no sliding windows); use cp_degree 1")
+        _register_cp_attention()
+        self.config._attn_implementation = CP_ATTENTION if cp is not None else (
+            self._inner_attention)
+        self._cp = cp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import (
@@ -88,7 +134,9 @@ class HFStage(nn.Module):
         )
 
         h = self.embed(x) if self.embed is not None else x
-        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        cp = self._cp
+        position_ids = (cp.positions(h.device) if cp is not None
+                        else torch.arange(h.shape[1], device=h.device)).unsqueeze(0)
         if self.pos_embed is not None:
             h = h + self.pos_embed(position_ids)
         if self.embed_dropout is not None:
@@ -97,14 +145,15 @@ class HFStage(nn.Module):
             mask_args = dict(config=self.config, inputs_embeds=h, attention_mask=None,
                              cache=None, position_ids=position_ids)
             layer_types = getattr(self.config, "layer_types", None)
-            # Mistral (no layer_types) slides every layer's window when it has one.
-            default = ("sliding_attention" if self.config.model_type == "mistral"
-                       and getattr(self.config, "sliding_window", None) is not None
-                       else "full_attention")
-            masks = {"full_attention": create_causal_mask(**mask_args)}
-            if default == "sliding_attention" or "sliding_attention" in (layer_types or ()):
+            default = _default_attention(self.config)
+            extra: dict[str, Any] = {}
+            if cp is not None:  # cp_attention builds the mask of the global positions
+                masks = {"full_attention": None}
+                extra.update(cp=cp, cp_inner=self._inner_attention)
+            else:
+                masks = {"full_attention": create_causal_mask(**mask_args)}
+            if cp is None and "sliding_attention" in _attention_kinds(self.config):
                 masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_args)
-            extra = {}
             if self.rotary is not None:
                 extra["position_embeddings"] = self.rotary(h, position_ids)
             for key, layer in self.layers.items():
@@ -117,6 +166,18 @@ class HFStage(nn.Module):
         if self.lm_head is not None:
             h = self.lm_head(h)
         return h
+
+
+def _default_attention(config: Any) -> str:
+    """The attention of a layer the config's ``layer_types`` does not name: Mistral (no
+    layer_types) slides every layer's window when it has one."""
+    return ("sliding_attention" if config.model_type == "mistral"
+            and getattr(config, "sliding_window", None) is not None else "full_attention")
+
+
+def _attention_kinds(config: Any) -> set[str]:
+    layer_types = getattr(config, "layer_types", None)
+    return set(layer_types) if layer_types else {_default_attention(config)}
 
 
 def split_stage(stage: nn.Module, stage_index: int, num_stages: int) -> nn.Module:

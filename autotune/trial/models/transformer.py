@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.shapes import ModelShape, stage_layer_range
+from autotune.trial.models.context_parallel import ContextParallel, causal_mask, gather_sequence
 
 
 class Attention(nn.Module):
@@ -32,41 +33,56 @@ class Attention(nn.Module):
         self.wv = nn.Linear(shape.hidden_size, kv_dim, bias=False)
         self.wo = nn.Linear(shape.hidden_size, shape.hidden_size, bias=False)
         self.num_heads_per_kv = shape.num_heads // shape.num_kv_heads
+        self.cp: ContextParallel | None = None  # set by context_parallel.apply_cp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        cp = self.cp
         if self.family == "llama":
-            q, k = rotary(q), rotary(k)
+            positions = cp.positions(x.device) if cp is not None else None
+            q, k = rotary(q, positions), rotary(k, positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        mask = None
+        if cp is not None:  # K/V of the whole sequence, before GQA repeats them
+            k, v = gather_sequence(k, cp), gather_sequence(v, cp)
+            mask = causal_mask(cp, x.device)
         if self.num_heads_per_kv > 1:  # grouped-query attention: share each KV head
             k = k.repeat_interleave(self.num_heads_per_kv, dim=1)
             v = v.repeat_interleave(self.num_heads_per_kv, dim=1)
         if self.selective_checkpoint_enabled:
             # Selective recomputation (Korthikanti et al. 2022, §4): only the attention core
             # (QKᵀ, softmax, ·V) is recomputed; its activations are the 5as²b term.
-            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+            out = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
         else:
-            out = self._core(q, k, v)
+            out = self._core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal attention; ``mask`` (True: attend), where given, replaces the square causal
+        mask (context parallelism: local queries against the whole sequence's keys)."""
         if self.attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        seq = q.shape[-2]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        if mask is None:
+            seq = q.shape[-2]
+            mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
+        scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores, dim=-1) @ v
 
 
-def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34), half-split layout."""
+def rotary(x: torch.Tensor, positions: torch.Tensor | None = None,
+           base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34), half-split layout, at
+    ``positions`` (default 0, 1, …: context parallelism passes each token's global position)."""
     seq, dim = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    angles = torch.outer(positions.to(torch.float32), inv_freq)
     cos = angles.cos()[None, :, None, :].to(x.dtype)
     sin = angles.sin()[None, :, None, :].to(x.dtype)
     x1, x2 = x[..., : dim // 2], x[..., dim // 2:]
@@ -115,6 +131,7 @@ class Transformer(nn.Module):
         norm = nn.LayerNorm if shape.family == "gpt" else nn.RMSNorm
         self.norm: nn.Module | None = norm(shape.hidden_size)
         self.output: nn.Linear | None = nn.Linear(shape.hidden_size, vocab_size, bias=False)
+        self.cp: ContextParallel | None = None  # set by context_parallel.apply_cp
         self.reset_parameters()
 
     @torch.no_grad()
@@ -132,7 +149,9 @@ class Transformer(nn.Module):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+                positions = (self.cp.positions(x.device) if self.cp is not None
+                             else torch.arange(x.shape[1], device=x.device))
+                h = h + self.pos_embeddings(positions)
         else:
             h = x
         for layer in self.layers.values():

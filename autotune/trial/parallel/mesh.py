@@ -1,5 +1,16 @@
-"""The device mesh of a trial: dims (pp, dp, tp), tp innermost so a TP group is consecutive ranks
-(one node, the fastest links), pp outermost (point-to-point traffic tolerates slow links).
+"""The device mesh of a trial: dims (pp, dp_replicate, dp_shard, cp, tp), as torchtitan's
+``ParallelDims.build_mesh`` orders them (size-1 dims kept). tp is innermost so a TP group is
+consecutive ranks (one node, the fastest links), cp next to it (its K/V all-gathers are the next
+heaviest traffic), pp outermost (point-to-point traffic tolerates slow links). Data parallelism
+is dp_replicate × dp_shard (HSDP, ``config.dp_shard`` ranks per shard group; dp_replicate is 1
+without it): a shard group is consecutive data-parallel ranks, so FSDP2's reduce-scatter and
+all-gather stay near and only the all-reduce of the shards crosses replica groups.
+
+Two flattenings, as torchtitan's: ``mesh["dp"]`` (dp_replicate × dp_shard, replicate-major) is
+what slices the batch (``dp_rank``); the ranks that hold the same parameters and average their
+gradients are dp × cp, since cp ranks see other tokens of the same sequences
+(:func:`data_parallel_mesh`): sharded over "dp_shard_cp" (dp_shard × cp, torchtitan's
+``dp_shard_cp``), and under HSDP replicated across dp_replicate.
 
 A warm worker group runs many layouts. Each mesh shape needs its own sub-groups, and on GPUs
 each sub-group holds NCCL communicators (device buffers outside the caching allocator). So the
@@ -18,7 +29,14 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DP_DIMS = ("dp_replicate", "dp_shard")
+"""The dims whose flattening is ``dp``; FSDP2 given a 2-D (replicate, shard) mesh shards across
+the inner dim and replicates across the outer (``fully_shard``'s docstring, torch 2.13)."""
+SHARD_CP = "dp_shard_cp"
+"""The flattened dp_shard × cp dim FSDP2 shards over (torchtitan's name)."""
+COORD_DIMS = ("pp", "dp", "tp", "cp")
+"""The dims ``MeshCoords`` names a rank by."""
 MESH_CACHE_SIZE = 3
 """Mesh shapes whose sub-groups stay alive in a process (the most recently used). A search
 alternates among a few shapes; more would each hold communicators that no trial uses."""
@@ -31,11 +49,35 @@ class MeshCoords:
     pp_rank: int
     dp_rank: int
     tp_rank: int
+    cp_rank: int = 0
+
+
+@dataclass(frozen=True)
+class TrialMesh:
+    """A trial's ``DeviceMesh``, its flattened ``dp`` dim and the mesh its gradients are
+    averaged over: ``mesh[name]`` and ``mesh.get_group(name)`` answer for every dim of
+    ``MESH_DIM_NAMES``, a tuple of them, and ``"dp"``.
+
+    ``dp`` is one of the mesh's own dims when the other DP dim is 1 (a sub-mesh of the same root
+    as tp's: FSDP2 and replicate need that to hold TP's DTensors); under HSDP it is a mesh of a
+    group of its own (only the batch slice and DDP-less counts use it then: HSDP syncs on
+    ``grads``). ``grads`` is dp × cp (:func:`data_parallel_mesh`)."""
+
+    mesh: DeviceMesh
+    dp: DeviceMesh
+    grads: DeviceMesh
+    """1-D: dp (cp 1) or dp_shard_cp; under HSDP 2-D (dp_replicate, dp_shard or dp_shard_cp)."""
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        return self.dp if names == "dp" else self.mesh[names]
+
+    def get_group(self, name: str) -> dist.ProcessGroup:
+        return self[name].get_group()
 
 
 @dataclass(frozen=True)
 class _CachedMesh:
-    mesh: DeviceMesh
+    mesh: TrialMesh
     world: dist.ProcessGroup
     """The default group the mesh was built on."""
     owned: tuple[dist.ProcessGroup, ...]
@@ -47,10 +89,12 @@ MeshKey = tuple[str, tuple[int, ...], tuple[str, ...]]
 _MESHES: OrderedDict[MeshKey, _CachedMesh] = OrderedDict()
 
 
-def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
-    """The (pp, dp, tp) mesh of this layout: the cached one of its shape, or a new one (which
-    may destroy the least recently used shape's sub-groups). Collective: every rank calls it."""
-    key = (device_type, (config.pp_degree, config.dp_degree, config.tp_degree), MESH_DIM_NAMES)
+def build_mesh(config: TrialConfig, device_type: str) -> TrialMesh:
+    """The mesh of this layout: the cached one of its shape, or a new one (which may destroy the
+    least recently used shape's sub-groups). Collective: every rank calls it."""
+    shape = (config.pp_degree, config.dp_replicate, config.dp_shard, config.cp_degree,
+             config.tp_degree)
+    key = (device_type, shape, MESH_DIM_NAMES)
     if key in _MESHES:
         _MESHES.move_to_end(key)
         return _MESHES[key].mesh
@@ -61,8 +105,15 @@ def build_mesh(config: TrialConfig, device_type: str) -> DeviceMesh:
     return _MESHES[key].mesh
 
 
-def coords_of(mesh: DeviceMesh) -> MeshCoords:
-    return MeshCoords(*(mesh[name].get_local_rank() for name in MESH_DIM_NAMES))
+def coords_of(mesh: TrialMesh) -> MeshCoords:
+    return MeshCoords(*(mesh[name].get_local_rank() for name in COORD_DIMS))
+
+
+def data_parallel_mesh(mesh: TrialMesh) -> DeviceMesh:
+    """The ranks that hold the same parameters and average gradients: dp × cp. What DDP, ZeRO-1
+    and FSDP2 sync over; FSDP2 shards over its inner dim and, under HSDP, replicates across
+    dp_replicate."""
+    return mesh.grads
 
 
 def cached_mesh_shapes() -> list[tuple[int, ...]]:
@@ -72,31 +123,68 @@ def cached_mesh_shapes() -> list[tuple[int, ...]]:
 
 def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> _CachedMesh:
     """A mesh over the world's ranks in row-major order (as ``init_device_mesh`` lays them out),
-    from one process group per dim.
+    from one process group per dim, and its flattened dp dim.
 
     The groups are made with ``new_group``, whose names come from a counter that only grows, so
     a new group never takes the name of a live one. (``init_device_mesh`` on a device-bound NCCL
     group uses ``split_group``, which names a group by a hash of its ranks and the number of live
-    groups: once groups are destroyed, a new one can hash to the name of a live one.)"""
-    world = dist.get_world_size()
-    rank = dist.get_rank()
-    ranks = torch.arange(world, dtype=torch.int).reshape(shape)
+    groups: once groups are destroyed, a new one can hash to the name of a live one. Its
+    ``_flatten`` makes groups the same way, so the dp dim is not flattened by it either; only
+    dp_shard × cp is, where FSDP2 needs it beside TP: ``_gradient_mesh``.)"""
+    ranks = torch.arange(dist.get_world_size(), dtype=torch.int).reshape(shape)
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
     for dim, size in enumerate(shape):
-        if size == world:  # the dim spans every rank: the world group is its group
-            groups.append(dist.group.WORLD)
-            continue
-        # Every rank takes part in creating every group of the dim, and keeps its own.
-        mine = None
-        for members in ranks.movedim(dim, -1).reshape(-1, size).tolist():
-            group = dist.new_group(members, group_desc=f"mesh_{names[dim]}")
-            if rank in members:
-                mine = group
-        groups.append(mine)
-        owned.append(mine)
+        group, new = _group_of_dim(ranks, dim, names[dim])
+        groups.append(group)
+        owned += [group] if new else []
     mesh = DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=names)
-    return _CachedMesh(mesh, dist.group.WORLD, tuple(owned))
+    replicate, shard, cp = (shape[names.index(d)] for d in (*DP_DIMS, "cp"))
+    if replicate == 1 or shard == 1:
+        dp = mesh[DP_DIMS[1] if replicate == 1 else DP_DIMS[0]]
+    else:
+        first = names.index(DP_DIMS[0])
+        flat = ranks.flatten(first, first + 1)  # replicate-major: dp_rank = r · shard + s
+        group, new = _group_of_dim(flat, first, "dp")
+        owned += [group] if new else []
+        dp = DeviceMesh.from_group(group, device_type, mesh_dim_names=("dp",))
+    grads, flat = _gradient_mesh(mesh, dp, replicate, shard, cp)
+    if flat is not None and flat.get_group() is not dist.group.WORLD:
+        owned.append(flat.get_group())
+    return _CachedMesh(TrialMesh(mesh, dp, grads), dist.group.WORLD, tuple(owned))
+
+
+def _gradient_mesh(mesh: DeviceMesh, dp: DeviceMesh, replicate: int, shard: int,
+                   cp: int) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """dp × cp as FSDP2 takes it (torchtitan's rule): the shard dim is dp_shard × cp
+    (``SHARD_CP``, flattened with ``_flatten`` so that it shares the root with tp's mesh, which
+    FSDP2 needs to hold TP's DTensors), and under HSDP (replicate > 1) the replicate dim is
+    outer. Without cp it is dp, or (dp_replicate, dp_shard) under HSDP. Also the flattened
+    mesh when one was made (its group is the trial's to destroy), else None."""
+    if cp == 1:
+        return (mesh[DP_DIMS] if replicate > 1 else dp), None
+    if shard == 1:  # dp_shard_cp is cp itself
+        return (mesh["dp_replicate", "cp"] if replicate > 1 else mesh["cp"]), None
+    flat = mesh["dp_shard", "cp"]._flatten(SHARD_CP)
+    if replicate == 1:
+        return flat, flat
+    return DeviceMesh._concatenate([mesh["dp_replicate"], flat]), flat
+
+
+def _group_of_dim(ranks: torch.Tensor, dim: int, name: str) -> tuple[dist.ProcessGroup, bool]:
+    """This rank's group along ``dim`` of ``ranks``, and whether it was made for it (a dim that
+    spans every rank is the world group). Collective: every rank takes part in creating every
+    group of the dim, and keeps its own."""
+    size = ranks.shape[dim]
+    if size == ranks.numel():
+        return dist.group.WORLD, False
+    rank = dist.get_rank()
+    mine = None
+    for members in ranks.movedim(dim, -1).reshape(-1, size).tolist():
+        group = dist.new_group(members, group_desc=f"mesh_{name}")
+        if rank in members:
+            mine = group
+    return mine, True
 
 
 def _destroy(cached: _CachedMesh, device_type: str) -> None:

@@ -8,6 +8,8 @@
 2. **Tensor parallelism** next: it rewrites Linear weights into DTensors on the tp dim, and the
    plan names the *unwrapped* module paths that checkpoint wrappers would hide. With
    sequence parallelism the workload's ``sp_plan`` replaces its ``tp_plan``.
+   **Context parallelism** then hands each attention its cp group (``apply_cp``); gradients
+   are averaged over dp × cp (``mesh.data_parallel_mesh``).
 3. **Activation checkpointing** wraps whole blocks (or their attention core), around the TP
    modules, so recomputation replays the TP collectives too.
    **Compile** (``parallel/compile.py``) then compiles each block (the checkpoint wrapper) in
@@ -27,15 +29,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.trial.models.context_parallel import ContextParallel, apply_cp, supports_cp
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
 from autotune.trial.parallel.compile import apply_compile, check_compile
 from autotune.trial.parallel.float8 import apply_float8
-from autotune.trial.parallel.mesh import MeshCoords, coords_of
+from autotune.trial.parallel.mesh import MeshCoords, TrialMesh, coords_of, data_parallel_mesh
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
 from autotune.trial.parallel.precision import LossScaler, apply_precision
 from autotune.trial.parallel.tensor_parallel import apply_tp
@@ -47,13 +49,15 @@ class ParallelModel:
     """Everything a rank needs to run training steps of one trial."""
 
     config: TrialConfig
-    mesh: DeviceMesh
+    mesh: TrialMesh
     coords: MeshCoords
     dp: DataParallelParts
     schedule: Any | None
     """A pipelining schedule when pp_degree > 1."""
     loss_scaler: LossScaler | None = None
     """The dynamic loss scale of 16-mixed, else None."""
+    cp: ContextParallel | None = None
+    """This rank's cp group when cp_degree > 1: the runner feeds it its tokens (``cp.shard``)."""
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -68,21 +72,9 @@ class ParallelModel:
         return self.coords.pp_rank == self.config.pp_degree - 1
 
 
-NOT_YET_RUN = {
-    "cp_degree": lambda c: c.cp_degree > 1,
-    "dp_replicate": lambda c: c.dp_replicate > 1,
-}
-"""Knobs the models predict but the trial engine does not run yet, and when a config uses
-them."""
-
-
 def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     """Refuse layouts the workload cannot run, before any collective is issued."""
     config.validate(num_heads=workload.num_heads, num_layers=workload.num_layers)
-    for knob, used in NOT_YET_RUN.items():
-        if used(config):
-            raise ConfigError(f"trials do not run {knob} yet (autotune estimate and rank "
-                              f"predict it); leave {knob} at its default to run a trial")
     check_compile(config)
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
@@ -91,12 +83,16 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
         raise ConfigError(f"workload {config.workload.name} provides no sp_plan (sequence-"
                           "parallel TP plan); turn sequence_parallel off or add an sp_plan "
                           "to its Workload")
+    if config.cp_degree > 1 and not supports_cp(workload.model):
+        raise ConfigError(f"workload {config.workload.name} has no context-parallel attention "
+                          "(no module with a cp attribute, models/context_parallel.py); use "
+                          "cp_degree 1")
     if config.pp_degree > 1 and workload.pipeline_split is None:
         raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
                           "use pp_degree 1 or add a pipeline_split to its Workload")
 
 
-def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
+def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
                 device: torch.device) -> ParallelModel:
     """``config.precision`` must be resolved (``TrialConfig.with_precision``)."""
     coords = coords_of(mesh)
@@ -112,11 +108,18 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
         parts = [apply_tp(p, mesh["tp"], workload.sp_plan, workload.blocks) for p in parts]
     elif config.tp_degree > 1:
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
+    cp = None
+    if config.cp_degree > 1:
+        cp = ContextParallel(mesh["cp"].get_group(), config.cp_degree, coords.cp_rank,
+                             config.workload.seq_len)
+        for p in parts:
+            apply_cp(p, cp)
     parts = [apply_ac(p, config.activation_checkpointing, workload.blocks, config.ac_layers)
              for p in parts]
     if config.compile:
         parts = [apply_compile(p, workload.blocks) for p in parts]
-    dp = apply_zero(parts, config, mesh["dp"], workload.blocks, device)
+    # dp × cp; under HSDP 2-D (dp_replicate, dp_shard × cp)
+    dp = apply_zero(parts, config, data_parallel_mesh(mesh), workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
     schedule = None
     if config.pp_degree > 1:
@@ -126,4 +129,4 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: DeviceMesh,
                 return _loss(output, target) * scaler.scale
         schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device,
                                   loss_fn)
-    return ParallelModel(config, mesh, coords, dp, schedule, scaler)
+    return ParallelModel(config, mesh, coords, dp, schedule, scaler, cp)

@@ -1,7 +1,10 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``.
 
-Each rank holds one stage (GPipe, 1F1B) or ``INTERLEAVED_STAGES_PER_RANK`` virtual stages
-(interleaved 1F1B, Narayanan et al. 2021 §2.2): rank r holds stages r, r + pp, r + 2·pp, ….
+Each rank holds one stage (GPipe, 1F1B) or ``config.virtual_stages`` virtual stages
+(interleaved 1F1B, Narayanan et al. 2021 §2.2; ``ScheduleInterleaved1F1B`` given the rank's
+stages): rank r holds stages r, r + pp, r + 2·pp, … of ``config.num_pp_stages``. Stages hold
+the layer counts of ``shapes.stage_layer_counts``, uneven where the stages do not divide the
+layers (each workload's ``pipeline_split`` applies it).
 The number of pipeline microbatches is the gradient-accumulation count, so the global batch is
 the same as without a pipeline. Schedules scale gradients by 1/microbatches (``scale_grads``),
 so each micro-batch's loss is its plain mean.

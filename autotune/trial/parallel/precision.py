@@ -60,8 +60,9 @@ def is_mixed(precision: str) -> bool:
 
 
 def uses_fsdp(config: TrialConfig) -> bool:
-    """Whether the data-parallel wrapper is FSDP2 (ZeRO-2/3 over more than one rank)."""
-    return config.dp_degree > 1 and config.zero_stage >= 2
+    """Whether the data-parallel wrapper is FSDP2 (ZeRO-2/3 over more than one rank of dp × cp:
+    context-parallel ranks share parameters, ``mesh.data_parallel_mesh``)."""
+    return config.dp_degree * config.cp_degree > 1 and config.zero_stage >= 2
 
 
 def check_precision_supported(precision: str, device_type: str, *,

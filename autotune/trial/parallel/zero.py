@@ -14,7 +14,14 @@ stream (:func:`serialize_collectives`). ``optimizer_offload_enabled`` (CUDA, sta
 ``TrialConfig.validate``) is FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and
 AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells them apart). ``bucket_mb`` sets DDP's buckets, the
 all-reduce buckets, and for FSDP how many consecutive blocks share one all-gather.
-With dp_degree 1 there is nothing to shard or synchronise and no wrapper is applied.
+Gradients are averaged over dp × cp (cp ranks hold the same parameters); with dp × cp 1 there
+is nothing to shard or synchronise and no wrapper is applied.
+
+HSDP (``dp_replicate`` > 1, stages 2/3 only: ``TrialConfig.validate``): ``fully_shard`` on the
+2-D (dp_replicate, dp_shard × cp) mesh shards over the dp_shard × cp ranks of a replica group and
+replicates across the groups. Each unit's gradients are reduce-scattered within its shard group,
+then the shard all-reduced across replica groups (torch ``_fsdp_collectives.foreach_reduce``);
+parameters, gradients and optimizer state are 1/(dp_shard × cp) per rank.
 
 ZeRO-1 of DTensor parameters (TP's, or replicate's under a pipeline with overlap on) cannot use
 ``ZeroRedundancyOptimizer``; it is Megatron's distributed optimizer
@@ -116,7 +123,9 @@ def group_blocks(blocks: list[tuple[str, nn.Module]], bucket_mb: float) -> list[
 def apply_zero(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
                blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
                device: torch.device) -> DataParallelParts:
-    if config.dp_degree == 1:
+    """``dp_mesh``: the ranks that average gradients, dp × cp (``mesh.data_parallel_mesh``):
+    1-D, or under HSDP the 2-D (dp_replicate, dp_shard[_cp]) one."""
+    if dp_mesh.size() == 1:  # cp ranks average gradients too
         return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()],
                                               config))
     if config.zero_stage <= 1:

@@ -29,8 +29,19 @@ NUM_STEPS = 2  # 1 timed step + 1 memory step
 BASE = TrialConfig(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, device="cpu")
 
 
+# HSDP layouts (dp_replicate 2, in the default space) run in
+# tests/trial/parallel/test_hsdp_vpp.py: the grid here keeps one replica group, as before them
+# (they would add 66 layouts).
+WITHOUT_HSDP = {"dp_replicate": (1,)}
+ONLY_CP1 = {"cp_degree": (1,)}
+"""The grids here are the layouts without context parallelism
+(tests/trial/parallel/test_context_parallel.py checks those)."""
+
+
 def _configs(world: int, **kwargs) -> list[TrialConfig]:
-    return list(enumerate_configs(dataclasses.replace(BASE, world_size=world), **kwargs))
+    return list(enumerate_configs(dataclasses.replace(BASE, world_size=world),
+                                  extra=WITHOUT_HSDP | ONLY_CP1,
+                                  **kwargs))
 
 
 def _zero1_of_dtensors(c: TrialConfig) -> bool:
@@ -72,7 +83,8 @@ LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
 # Llama's blocks under every layout with one micro-batch per step (accumulation itself is
 # model-independent and covered by ALL), with full recomputation: each block's forward runs as
 # without it (the same code, its activations dropped) and again in the backward.
-LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",))
+LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",),
+                                      extra=WITHOUT_HSDP | ONLY_CP1)
          if c.grad_accum_steps == 1 and not c.sequence_parallel]
 # Sequence parallelism (tp 2: norms on sequence shards, reduce-scatter and all-gather instead of
 # all-reduce), alone, under ZeRO 0, 1 and 3 at dp 2 and under a pipeline (whose stages gather
