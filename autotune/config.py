@@ -47,16 +47,23 @@ model copy it reads) in bf16/fp16; *-true: everything in that dtype, no master c
 Device = Literal["auto", "cpu", "cuda"]
 
 PRECISION_COMPUTE_DTYPE: dict[str, str] = {
-    "32-true": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16",
-    "bf16-true": "bfloat16", "16-true": "float16"}
+    "32-true": "float32",
+    "bf16-mixed": "bfloat16",
+    "16-mixed": "float16",
+    "bf16-true": "bfloat16",
+    "16-true": "float16",
+}
 """The dtype matrix multiplications run in, per precision."""
 MIXED_PRECISIONS = ("bf16-mixed", "16-mixed")
 MASTER_STEP_CHUNK_NUMEL = 2**24
 """Elements the master-weight AdamW (``trial/parallel/precision.py``) steps in one multi-tensor
 pass, unless one tensor is larger: its fp32 gradient buffer, reused for the denominator, is the
 step's only temporary (64 MiB). ``model/memory.py`` counts the same buffer."""
-DTYPE_PRECISION: dict[str, str] = {"float32": "32-true", "bfloat16": "bf16-true",
-                                   "float16": "16-true"}
+DTYPE_PRECISION: dict[str, str] = {
+    "float32": "32-true",
+    "bfloat16": "bf16-true",
+    "float16": "16-true",
+}
 """The precision an old config's ``workload.dtype`` meant: the whole model in that dtype."""
 DEFAULT_PRECISION = {"cuda": "bf16-mixed", "cpu": "32-true"}
 """The precision of a config that names none, by device: production's mixed precision on GPUs;
@@ -125,8 +132,11 @@ class WorkloadSpec:
     def validate(self) -> None:
         if self.hf_model is not None and self.workload is not None:
             raise ConfigError("give either workload or hf_model, not both")
-        if (self.workload is None and self.hf_model is None
-                and (self.family, self.size) not in MODEL_SHAPES):
+        if (
+            self.workload is None
+            and self.hf_model is None
+            and (self.family, self.size) not in MODEL_SHAPES
+        ):
             raise ConfigError(
                 f"unknown model '{self.family}-{self.size}': choose one of "
                 f"{', '.join(model_names())}, or give a user workload 'pkg.module:build'"
@@ -233,8 +243,7 @@ class TrialConfig:
         ``num_timed_steps`` timed, ``num_profiled_steps`` under the profiler, and one memory
         step (``STEP_PHASES``). The runner, the store and the replays read it from here."""
         counts = (self.num_warmup_steps, self.num_timed_steps, self.num_profiled_steps, 1)
-        return tuple(phase for phase, n in zip(STEP_PHASES, counts, strict=True)
-                     for _ in range(n))
+        return tuple(phase for phase, n in zip(STEP_PHASES, counts, strict=True) for _ in range(n))
 
     @property
     def timed_steps(self) -> range:
@@ -264,8 +273,13 @@ class TrialConfig:
         return self.pp_degree
 
     # ---- validation ----------------------------------------------------------------------
-    def validate(self, *, num_heads: int | None = None, num_kv_heads: int | None = None,
-                 num_layers: int | None = None) -> None:
+    def validate(
+        self,
+        *,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        num_layers: int | None = None,
+    ) -> None:
         """Raise ConfigError naming the first broken rule and its fix.
 
         Built-in workloads supply their own shape; a user workload's shape can be passed in.
@@ -274,9 +288,19 @@ class TrialConfig:
         shape = self.workload.shape
         if shape is not None:
             num_heads, num_kv_heads, num_layers = (
-                shape.num_heads, shape.num_kv_heads, shape.num_layers)
-        for name in ("world_size", "tp_degree", "pp_degree", "micro_batch_size", "cp_degree",
-                     "dp_replicate", "virtual_stages"):
+                shape.num_heads,
+                shape.num_kv_heads,
+                shape.num_layers,
+            )
+        for name in (
+            "world_size",
+            "tp_degree",
+            "pp_degree",
+            "micro_batch_size",
+            "cp_degree",
+            "dp_replicate",
+            "virtual_stages",
+        ):
             _positive(name, getattr(self, name))
         _non_negative("num_warmup_steps", self.num_warmup_steps)
         _non_negative("num_profiled_steps", self.num_profiled_steps)
@@ -346,67 +370,87 @@ class TrialConfig:
         and float8 (each alone; combinations the trial engine cannot run are refused where it
         builds them)."""
         if self.sequence_parallel and self.tp_degree == 1:
-            raise ConfigError("sequence_parallel shards over the tensor-parallel group: it needs "
-                              "tp_degree > 1; raise tp_degree or turn sequence_parallel off")
+            raise ConfigError(
+                "sequence_parallel shards over the tensor-parallel group: it needs "
+                "tp_degree > 1; raise tp_degree or turn sequence_parallel off"
+            )
         seq = self.workload.seq_len
         if self.cp_degree > 1 and seq % (2 * self.cp_degree):
             raise ConfigError(
                 f"cp_degree {self.cp_degree} needs seq_len divisible by 2 × cp_degree = "
                 f"{2 * self.cp_degree} (causal load balancing gives each rank two chunks), not "
                 f"{seq}; choose a cp_degree among "
-                f"{[d for d in _divisors(seq) if seq % (2 * d) == 0]}")
+                f"{[d for d in _divisors(seq) if seq % (2 * d) == 0]}"
+            )
         if self.dp_degree % self.dp_replicate:
             raise ConfigError(
                 f"dp_replicate {self.dp_replicate} must divide dp_degree {self.dp_degree} "
                 f"(HSDP: replica groups × shard size = dp); choose among "
-                f"{_divisors(self.dp_degree)}")
+                f"{_divisors(self.dp_degree)}"
+            )
         if self.dp_replicate > 1 and self.zero_stage < 2:
             raise ConfigError(
                 f"dp_replicate {self.dp_replicate} (HSDP) shards with FSDP2: it needs zero_stage "
-                "2 or 3; raise zero_stage or set dp_replicate to 1")
+                "2 or 3; raise zero_stage or set dp_replicate to 1"
+            )
         interleaved = self.pp_degree > 1 and self.pp_schedule == "interleaved_1f1b"
         if interleaved and self.virtual_stages < 2:
             raise ConfigError(
                 f"schedule interleaved_1f1b needs virtual_stages ≥ 2, not {self.virtual_stages}; "
-                "raise it or use 1f1b")
+                "raise it or use 1f1b"
+            )
         if not interleaved and self.virtual_stages != INTERLEAVED_STAGES_PER_RANK:
             raise ConfigError(
                 f"virtual_stages {self.virtual_stages} applies to pp_schedule interleaved_1f1b "
                 f"with pp_degree > 1 only; use that schedule or leave virtual_stages at "
-                f"{INTERLEAVED_STAGES_PER_RANK}")
+                f"{INTERLEAVED_STAGES_PER_RANK}"
+            )
         if self.ac_layers is not None:
             _positive("ac_layers", self.ac_layers)
             if self.activation_checkpointing != "full":
                 raise ConfigError(
                     f"ac_layers {self.ac_layers} counts blocks under full checkpointing; set "
-                    "activation_checkpointing to full or ac_layers to null")
+                    "activation_checkpointing to full or ac_layers to null"
+                )
             if num_layers is not None and self.ac_layers > num_layers:
                 raise ConfigError(
                     f"ac_layers {self.ac_layers} exceeds the {num_layers} layers of "
-                    f"{self.workload.name}; lower it, or null recomputes every block")
+                    f"{self.workload.name}; lower it, or null recomputes every block"
+                )
         if self.float8:
             if self.device == "cpu":
-                raise ConfigError("float8 needs a CUDA GPU of compute capability ≥ 8.9 (H100, "
-                                  "L40S, B200…): CPUs have no float8 matmul; turn float8 off")
+                raise ConfigError(
+                    "float8 needs a CUDA GPU of compute capability ≥ 8.9 (H100, "
+                    "L40S, B200…): CPUs have no float8 matmul; turn float8 off"
+                )
             if self.precision is not None and self.precision not in FLOAT8_PRECISIONS:
                 raise ConfigError(
                     f"float8 runs its linears beside bf16 compute: it needs precision "
-                    f"{' or '.join(FLOAT8_PRECISIONS)}, not {self.precision}")
+                    f"{' or '.join(FLOAT8_PRECISIONS)}, not {self.precision}"
+                )
 
     def validate_precision(self) -> None:
         if self.precision is not None and self.precision not in PRECISION_COMPUTE_DTYPE:
-            raise ConfigError(f"unknown precision {self.precision!r}; choose one of "
-                              f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
+            raise ConfigError(
+                f"unknown precision {self.precision!r}; choose one of "
+                f"{', '.join(PRECISION_COMPUTE_DTYPE)}"
+            )
         dtype = self.workload.dtype
         if dtype is not None and dtype not in DTYPE_PRECISION:
-            raise ConfigError(f"unknown dtype {dtype!r}; use precision instead: one of "
-                              f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
-        if (dtype is not None and self.precision is not None
-                and DTYPE_PRECISION[dtype] != self.precision):
+            raise ConfigError(
+                f"unknown dtype {dtype!r}; use precision instead: one of "
+                f"{', '.join(PRECISION_COMPUTE_DTYPE)}"
+            )
+        if (
+            dtype is not None
+            and self.precision is not None
+            and DTYPE_PRECISION[dtype] != self.precision
+        ):
             raise ConfigError(
                 f"workload dtype {dtype} (the old spelling of precision "
                 f"{DTYPE_PRECISION[dtype]}) conflicts with precision {self.precision}; drop "
-                "the dtype, which precision replaces")
+                "the dtype, which precision replaces"
+            )
 
     def _validate_pipeline(self, num_layers: int | None) -> None:
         stages, micro = self.num_pp_stages, self.grad_accum_steps
@@ -440,8 +484,11 @@ class TrialConfig:
     def resolved(self) -> dict[str, Any]:
         """The config plus its derived quantities, as stored with results."""
         d = self.to_dict()
-        d["derived"] = {"dp_degree": self.dp_degree, "grad_accum_steps": self.grad_accum_steps,
-                        "tokens_per_step": self.tokens_per_step}
+        d["derived"] = {
+            "dp_degree": self.dp_degree,
+            "grad_accum_steps": self.grad_accum_steps,
+            "tokens_per_step": self.tokens_per_step,
+        }
         return d
 
     @classmethod
@@ -460,8 +507,9 @@ class TrialConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"config is not valid JSON: {e.msg} at line {e.lineno} "
-                              f"column {e.colno}") from None
+            raise ConfigError(
+                f"config is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+            ) from None
         return cls.from_dict(data)
 
     @classmethod
@@ -503,12 +551,11 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         )
     for key, value in data.items():
         if not _matches(value, hints[key]):
-            raise ConfigError(
-                f"'{prefix}{key}' must be {_describe(hints[key])}, not {value!r}"
-            )
+            raise ConfigError(f"'{prefix}{key}' must be {_describe(hints[key])}, not {value!r}")
     # JSON writes 25.0 as 25: store float fields as floats so round-trips compare equal.
-    fixed = {k: float(v) if hints[k] is float and isinstance(v, int) else v
-             for k, v in data.items()}
+    fixed = {
+        k: float(v) if hints[k] is float and isinstance(v, int) else v for k, v in data.items()
+    }
     return cls(**fixed)
 
 
@@ -538,4 +585,5 @@ def _describe(hint: Any) -> str:
     if hint is type(None):
         return "null"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint)))
+        hint, getattr(hint, "__name__", str(hint))
+    )

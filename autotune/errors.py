@@ -38,8 +38,14 @@ class ClusterError(AutotuneError):
 class TrialFailed(AutotuneError):
     """A trial raised on a rank; ``rank`` says where."""
 
-    def __init__(self, message: str, *, rank: int | None = None,
-                 kind: FailureKind | str = FailureKind.ERROR, traceback: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        kind: FailureKind | str = FailureKind.ERROR,
+        traceback: str = "",
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.kind = FailureKind(kind)

@@ -84,11 +84,15 @@ def _arch(props: Any) -> tuple[_Arch, str]:
         return arch, f"{arch.bf16} bf16 FLOP per CU per clock for {gfx} (as {arch.derived_from})"
     if cc == (0, 0):
         arch = _NVIDIA[9, 0]
-        return arch, (f"{arch.bf16} bf16 FLOP per SM per clock (as {arch.derived_from}; no "
-                      "compute capability reported)")
+        return arch, (
+            f"{arch.bf16} bf16 FLOP per SM per clock (as {arch.derived_from}; no "
+            "compute capability reported)"
+        )
     arch = _NVIDIA[max((k for k in _NVIDIA if k <= cc), default=min(_NVIDIA))]
-    return arch, (f"{arch.bf16} bf16 FLOP per SM per clock for compute capability "
-                  f"{cc[0]}.{cc[1]} (as {arch.derived_from})")
+    return arch, (
+        f"{arch.bf16} bf16 FLOP per SM per clock for compute capability "
+        f"{cc[0]}.{cc[1]} (as {arch.derived_from})"
+    )
 
 
 def gpu_from_properties(props: Any, *, name: str = "", devices_per_node: int = 8) -> AssumedGpu:
@@ -106,8 +110,7 @@ def gpu_from_properties(props: Any, *, name: str = "", devices_per_node: int = 8
     clock = clock_khz * 1e3 if clock_khz > 0 else arch.clock_ghz * 1e9
     if clock_khz <= 0:
         notes.append(f"a {arch.clock_ghz} GHz clock (as {arch.derived_from}; none reported)")
-    peak = {"bfloat16": arch.bf16, "float16": arch.fp16, "float8": arch.fp8,
-            "float32": arch.fp32}
+    peak = {"bfloat16": arch.bf16, "float16": arch.fp16, "float8": arch.fp8, "float32": arch.fp32}
     flops = {k: units * clock * v for k, v in peak.items() if v}
     mem_khz = int(getattr(props, "memory_clock_rate", 0) or 0)
     bus = int(getattr(props, "memory_bus_width", 0) or 0)
@@ -115,19 +118,33 @@ def gpu_from_properties(props: Any, *, name: str = "", devices_per_node: int = 8
         bandwidth = 2 * mem_khz * 1e3 * bus / 8 / GB
     else:
         bandwidth = flops["bfloat16"] / GB * BYTES_PER_FLOP
-        notes.append(f"{bandwidth:,.0f} GB/s of memory bandwidth (the H100 SXM's per FLOP; "
-                     "no memory clock reported)")
+        notes.append(
+            f"{bandwidth:,.0f} GB/s of memory bandwidth (the H100 SXM's per FLOP; "
+            "no memory clock reported)"
+        )
     memory = int(getattr(props, "total_memory", 0) or 0)
     if memory <= 0:
         notes.append("80 GiB of memory (none reported)")
     pcie = PCIE5_GBS if arch.fp8 and arch.bf16 >= 2048 else PCIE4_GBS  # Hopper, CDNA 3 on
-    notes.append(f"PCIe Gen{5 if pcie == PCIE5_GBS else 4} between GPUs, "
-                 f"{ASSUMED_NIC_GBITS:.0f} Gb/s between nodes")
-    gpu = Gpu(key=name, name=name, dense_flops=flops,
-              memory_bandwidth_gbs=bandwidth,
-              memory_gib=memory / 2**30 if memory > 0 else 80.0,
-              link="PCIe (assumed)", link_gbs=pcie, allreduce_busbw_gbs=PCIE_RING_SHARE * pcie,
-              devices_per_node=devices_per_node, nic_gbits=ASSUMED_NIC_GBITS,
-              source=f"described from its CUDA properties; assumed {'; '.join(notes)}")
-    return AssumedGpu(gpu, f"{name} is not in autotune's GPU table; described from its CUDA "
-                           f"properties, assuming {'; '.join(notes)}")
+    notes.append(
+        f"PCIe Gen{5 if pcie == PCIE5_GBS else 4} between GPUs, "
+        f"{ASSUMED_NIC_GBITS:.0f} Gb/s between nodes"
+    )
+    gpu = Gpu(
+        key=name,
+        name=name,
+        dense_flops=flops,
+        memory_bandwidth_gbs=bandwidth,
+        memory_gib=memory / 2**30 if memory > 0 else 80.0,
+        link="PCIe (assumed)",
+        link_gbs=pcie,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * pcie,
+        devices_per_node=devices_per_node,
+        nic_gbits=ASSUMED_NIC_GBITS,
+        source=f"described from its CUDA properties; assumed {'; '.join(notes)}",
+    )
+    return AssumedGpu(
+        gpu,
+        f"{name} is not in autotune's GPU table; described from its CUDA "
+        f"properties, assuming {'; '.join(notes)}",
+    )

@@ -79,157 +79,293 @@ class Gpu:
 
 def _dense(bf16: float, fp8: float | None, tf32: float, fp32: float) -> dict[str, float]:
     """Dense peaks in TFLOP/s → FLOP/s per dtype (fp16 runs at the bf16 rate on all of these)."""
-    peaks = {"bfloat16": bf16, "float16": bf16, "float8": fp8, "tfloat32": tf32,
-             "float32": fp32}
+    peaks = {"bfloat16": bf16, "float16": bf16, "float8": fp8, "tfloat32": tf32, "float32": fp32}
     return {k: v * 1e12 for k, v in peaks.items() if v is not None}
 
 
 _A100 = _dense(312, None, 156, 19.5)
 _DGX_A100_NICS = 8 * 200.0
-_A100_SRC = ("NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOP/s bf16/fp16, 156 tf32, "
-             "19.5 fp32, dense")
+_A100_SRC = (
+    "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOP/s bf16/fp16, 156 tf32, "
+    "19.5 fp32, dense"
+)
 _H100_SXM = _dense(989.4, 1978.9, 494.7, 66.9)
 _PCIE_NODE_NICS = 8 * 200.0
-_PCIE_NODE_SRC = ("8 per node on PCIe, 200 Gb/s east-west per GPU as NVIDIA's Enterprise "
-                  "Reference Architecture 2-8-5-200 (2024) lays out")
+_PCIE_NODE_SRC = (
+    "8 per node on PCIe, 200 Gb/s east-west per GPU as NVIDIA's Enterprise "
+    "Reference Architecture 2-8-5-200 (2024) lays out"
+)
 _HGX_NICS = 8 * 400.0
 _NVL = _dense(835.5, 1670.5, 417.5, 60)  # H100 NVL and H200 NVL: 1,671 TFLOP/s bf16 sparse
 _MI300 = _dense(1307.4, 2614.9, 653.7, 163.4)
 
 GPUS: tuple[Gpu, ...] = (
     # ---- NVIDIA Ampere ----------------------------------------------------------------------
-    Gpu(key="a100-pcie-40gb", name="A100-PCIE-40GB", dense_flops=_A100,
-        memory_bandwidth_gbs=1555.0, memory_gib=40.0, link="PCIe Gen4 x16",
-        link_gbs=PCIE4_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+    Gpu(
+        key="a100-pcie-40gb",
+        name="A100-PCIE-40GB",
+        dense_flops=_A100,
+        memory_bandwidth_gbs=1555.0,
+        memory_gib=40.0,
+        link="PCIe Gen4 x16",
+        link_gbs=PCIE4_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source=f"{_A100_SRC}; 40 GB HBM2 1,555 GB/s; {_PCIE_NODE_SRC}; NVLink bridges join "
-               "pairs only, so a node's collectives run on PCIe",
-        pattern=r"A100.*PCIE.*40\s*GB|A100.*40\s*GB.*PCIE"),
-    Gpu(key="a100-pcie-80gb", name="A100-PCIE-80GB", dense_flops=_A100,
-        memory_bandwidth_gbs=1935.0, memory_gib=80.0, link="PCIe Gen4 x16",
-        link_gbs=PCIE4_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+        "pairs only, so a node's collectives run on PCIe",
+        pattern=r"A100.*PCIE.*40\s*GB|A100.*40\s*GB.*PCIE",
+    ),
+    Gpu(
+        key="a100-pcie-80gb",
+        name="A100-PCIE-80GB",
+        dense_flops=_A100,
+        memory_bandwidth_gbs=1935.0,
+        memory_gib=80.0,
+        link="PCIe Gen4 x16",
+        link_gbs=PCIE4_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source=f"{_A100_SRC}; 80 GB HBM2e 1,935 GB/s; {_PCIE_NODE_SRC}",
-        pattern=r"A100.*PCIE"),
-    Gpu(key="a100-sxm4-40gb", name="A100-SXM4-40GB", dense_flops=_A100,
-        memory_bandwidth_gbs=1555.0, memory_gib=40.0, link="NVLink 3 (NVSwitch)",
-        link_gbs=300.0, allreduce_busbw_gbs=230.0, devices_per_node=8,
+        pattern=r"A100.*PCIE",
+    ),
+    Gpu(
+        key="a100-sxm4-40gb",
+        name="A100-SXM4-40GB",
+        dense_flops=_A100,
+        memory_bandwidth_gbs=1555.0,
+        memory_gib=40.0,
+        link="NVLink 3 (NVSwitch)",
+        link_gbs=300.0,
+        allreduce_busbw_gbs=230.0,
+        devices_per_node=8,
         nic_gbits=_DGX_A100_NICS,
         source=f"{_A100_SRC}; 40 GB HBM2 1,555 GB/s; NVLink 600 GB/s bidirectional; "
-               "DGX A100 user guide (2020): 8 x 200 Gb/s HDR InfiniBand",
-        pattern=r"A100.*40\s*GB"),
-    Gpu(key="a100-sxm4-80gb", name="A100-SXM4-80GB", dense_flops=_A100,
-        memory_bandwidth_gbs=2039.0, memory_gib=80.0, link="NVLink 3 (NVSwitch)",
-        link_gbs=300.0, allreduce_busbw_gbs=230.0, devices_per_node=8,
+        "DGX A100 user guide (2020): 8 x 200 Gb/s HDR InfiniBand",
+        pattern=r"A100.*40\s*GB",
+    ),
+    Gpu(
+        key="a100-sxm4-80gb",
+        name="A100-SXM4-80GB",
+        dense_flops=_A100,
+        memory_bandwidth_gbs=2039.0,
+        memory_gib=80.0,
+        link="NVLink 3 (NVSwitch)",
+        link_gbs=300.0,
+        allreduce_busbw_gbs=230.0,
+        devices_per_node=8,
         nic_gbits=_DGX_A100_NICS,
         source=f"{_A100_SRC}; 80 GB HBM2e 2,039 GB/s; NVLink 600 GB/s bidirectional, "
-               "all-reduce 229 GB/s measured by nccl-tests on 8 A100s (a100-megatron); "
-               "DGX A100 user guide (2020): 8 x 200 Gb/s HDR InfiniBand",
-        aliases=("a100",), pattern=r"\bA100\b"),
+        "all-reduce 229 GB/s measured by nccl-tests on 8 A100s (a100-megatron); "
+        "DGX A100 user guide (2020): 8 x 200 Gb/s HDR InfiniBand",
+        aliases=("a100",),
+        pattern=r"\bA100\b",
+    ),
     # ---- NVIDIA Hopper ----------------------------------------------------------------------
-    Gpu(key="h100-nvl", name="H100-NVL-94GB", dense_flops=_NVL,
-        memory_bandwidth_gbs=3900.0, memory_gib=94.0, link="PCIe Gen5 x16",
-        link_gbs=PCIE5_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+    Gpu(
+        key="h100-nvl",
+        name="H100-NVL-94GB",
+        dense_flops=_NVL,
+        memory_bandwidth_gbs=3900.0,
+        memory_gib=94.0,
+        link="PCIe Gen5 x16",
+        link_gbs=PCIE5_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source="NVIDIA H100 Tensor Core GPU datasheet (2024), H100 NVL: 1,671 TFLOP/s bf16, "
-               "3,341 fp8, 835 tf32 sparse (halved), 60 fp32, 94 GB 3.9 TB/s; "
-               f"{_PCIE_NODE_SRC}; NVLink bridges (600 GB/s) join pairs only",
-        pattern=r"H100.*NVL"),
-    Gpu(key="h100-pcie", name="H100-PCIE-80GB", dense_flops=_dense(756.5, 1513, 378, 51),
-        memory_bandwidth_gbs=2000.0, memory_gib=80.0, link="PCIe Gen5 x16",
-        link_gbs=PCIE5_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+        "3,341 fp8, 835 tf32 sparse (halved), 60 fp32, 94 GB 3.9 TB/s; "
+        f"{_PCIE_NODE_SRC}; NVLink bridges (600 GB/s) join pairs only",
+        pattern=r"H100.*NVL",
+    ),
+    Gpu(
+        key="h100-pcie",
+        name="H100-PCIE-80GB",
+        dense_flops=_dense(756.5, 1513, 378, 51),
+        memory_bandwidth_gbs=2000.0,
+        memory_gib=80.0,
+        link="PCIe Gen5 x16",
+        link_gbs=PCIE5_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source="NVIDIA H100 Tensor Core GPU datasheet (2023), H100 PCIe: 1,513 TFLOP/s bf16, "
-               "3,026 fp8, 756 tf32 sparse (halved), 51 fp32, 80 GB 2 TB/s; "
-               f"{_PCIE_NODE_SRC}",
-        pattern=r"H100.*PCIE"),
-    Gpu(key="h100-sxm", name="H100-SXM5-80GB", dense_flops=_H100_SXM,
-        memory_bandwidth_gbs=3350.0, memory_gib=80.0, link="NVLink 4 (NVSwitch)",
-        link_gbs=450.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0, devices_per_node=8,
+        "3,026 fp8, 756 tf32 sparse (halved), 51 fp32, 80 GB 2 TB/s; "
+        f"{_PCIE_NODE_SRC}",
+        pattern=r"H100.*PCIE",
+    ),
+    Gpu(
+        key="h100-sxm",
+        name="H100-SXM5-80GB",
+        dense_flops=_H100_SXM,
+        memory_bandwidth_gbs=3350.0,
+        memory_gib=80.0,
+        link="NVLink 4 (NVSwitch)",
+        link_gbs=450.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), SXM5: 989.4 "
-               "TFLOP/s bf16/fp16, 1,978.9 fp8, 494.7 tf32, 66.9 fp32 dense; H100 datasheet "
-               "(2023): 80 GB 3.35 TB/s, NVLink 900 GB/s bidirectional; DGX H100 user guide "
-               "(2023): 8 x 400 Gb/s NDR InfiniBand",
-        aliases=("h100",), pattern=r"\bH100\b"),
-    Gpu(key="h200-nvl", name="H200-NVL-141GB", dense_flops=_NVL,
-        memory_bandwidth_gbs=4800.0, memory_gib=141.0, link="PCIe Gen5 x16",
-        link_gbs=PCIE5_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+        "TFLOP/s bf16/fp16, 1,978.9 fp8, 494.7 tf32, 66.9 fp32 dense; H100 datasheet "
+        "(2023): 80 GB 3.35 TB/s, NVLink 900 GB/s bidirectional; DGX H100 user guide "
+        "(2023): 8 x 400 Gb/s NDR InfiniBand",
+        aliases=("h100",),
+        pattern=r"\bH100\b",
+    ),
+    Gpu(
+        key="h200-nvl",
+        name="H200-NVL-141GB",
+        dense_flops=_NVL,
+        memory_bandwidth_gbs=4800.0,
+        memory_gib=141.0,
+        link="PCIe Gen5 x16",
+        link_gbs=PCIE5_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE5_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source="NVIDIA H200 Tensor Core GPU datasheet (2024), H200 NVL: 1,671 TFLOP/s bf16, "
-               "3,341 fp8, 835 tf32 sparse (halved), 60 fp32, 141 GB 4.8 TB/s; "
-               f"{_PCIE_NODE_SRC}; NVLink bridges join 2 or 4 only",
-        pattern=r"H200.*NVL"),
-    Gpu(key="h200-sxm", name="H200-SXM-141GB", dense_flops=_H100_SXM,
-        memory_bandwidth_gbs=4800.0, memory_gib=141.0, link="NVLink 4 (NVSwitch)",
-        link_gbs=450.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0, devices_per_node=8,
+        "3,341 fp8, 835 tf32 sparse (halved), 60 fp32, 141 GB 4.8 TB/s; "
+        f"{_PCIE_NODE_SRC}; NVLink bridges join 2 or 4 only",
+        pattern=r"H200.*NVL",
+    ),
+    Gpu(
+        key="h200-sxm",
+        name="H200-SXM-141GB",
+        dense_flops=_H100_SXM,
+        memory_bandwidth_gbs=4800.0,
+        memory_gib=141.0,
+        link="NVLink 4 (NVSwitch)",
+        link_gbs=450.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: the H100 SXM's compute "
-               "(1,979 TFLOP/s bf16 sparse = 989.4 dense), 141 GB HBM3e 4.8 TB/s, NVLink "
-               "900 GB/s bidirectional; DGX H200 user guide (2024): 8 x 400 Gb/s NDR",
-        aliases=("h200",), pattern=r"\bH200\b"),
-    Gpu(key="h20", name="H20-96GB", dense_flops=_dense(148, 296, 74, 44),
-        memory_bandwidth_gbs=4000.0, memory_gib=96.0, link="NVLink 4 (NVSwitch)",
-        link_gbs=450.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0, devices_per_node=8,
+        "(1,979 TFLOP/s bf16 sparse = 989.4 dense), 141 GB HBM3e 4.8 TB/s, NVLink "
+        "900 GB/s bidirectional; DGX H200 user guide (2024): 8 x 400 Gb/s NDR",
+        aliases=("h200",),
+        pattern=r"\bH200\b",
+    ),
+    Gpu(
+        key="h20",
+        name="H20-96GB",
+        dense_flops=_dense(148, 296, 74, 44),
+        memory_bandwidth_gbs=4000.0,
+        memory_gib=96.0,
+        link="NVLink 4 (NVSwitch)",
+        link_gbs=450.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 450.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="NVIDIA HGX H20 product brief (2023): 148 TFLOP/s bf16/fp16, 296 fp8, 74 tf32, "
-               "44 fp32 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidirectional; network "
-               "as DGX H100 (8 x 400 Gb/s), assumed",
-        pattern=r"\bH20\b"),
+        "44 fp32 dense, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s bidirectional; network "
+        "as DGX H100 (8 x 400 Gb/s), assumed",
+        pattern=r"\bH20\b",
+    ),
     # ---- NVIDIA Blackwell -------------------------------------------------------------------
-    Gpu(key="b200", name="B200-180GB", dense_flops=_dense(2250, 4500, 1100, 75),
-        memory_bandwidth_gbs=7700.0, memory_gib=180.0, link="NVLink 5 (NVSwitch)",
-        link_gbs=900.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 900.0, devices_per_node=8,
+    Gpu(
+        key="b200",
+        name="B200-180GB",
+        dense_flops=_dense(2250, 4500, 1100, 75),
+        memory_bandwidth_gbs=7700.0,
+        memory_gib=180.0,
+        link="NVLink 5 (NVSwitch)",
+        link_gbs=900.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 900.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="NVIDIA Blackwell datasheet (2025), HGX B200 per GPU: 4.5 PFLOP/s bf16/fp16, "
-               "9 fp8, 2.2 tf32 sparse (halved), 75 TFLOP/s fp32, 180 GB HBM3e 7.7 TB/s, "
-               "NVLink 5 1.8 TB/s bidirectional; DGX B200 user guide (2024): 8 x 400 Gb/s "
-               "ConnectX-7",
-        aliases=("hgx-b200", "b200-sxm"), pattern=r"\bB200\b"),
-    Gpu(key="gb200-nvl72", name="GB200-186GB", dense_flops=_dense(2500, 5000, 1250, 80),
-        memory_bandwidth_gbs=8000.0, memory_gib=186.0, link="NVLink 5 (NVL72 switch trays)",
-        link_gbs=900.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 900.0, devices_per_node=72,
+        "9 fp8, 2.2 tf32 sparse (halved), 75 TFLOP/s fp32, 180 GB HBM3e 7.7 TB/s, "
+        "NVLink 5 1.8 TB/s bidirectional; DGX B200 user guide (2024): 8 x 400 Gb/s "
+        "ConnectX-7",
+        aliases=("hgx-b200", "b200-sxm"),
+        pattern=r"\bB200\b",
+    ),
+    Gpu(
+        key="gb200-nvl72",
+        name="GB200-186GB",
+        dense_flops=_dense(2500, 5000, 1250, 80),
+        memory_bandwidth_gbs=8000.0,
+        memory_gib=186.0,
+        link="NVLink 5 (NVL72 switch trays)",
+        link_gbs=900.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 900.0,
+        devices_per_node=72,
         nic_gbits=72 * 400.0,
         source="NVIDIA Blackwell datasheet (2025), GB200 NVL72 per GPU: 5 PFLOP/s bf16/fp16, "
-               "10 fp8, 2.5 tf32 sparse (halved), 80 TFLOP/s fp32, 186 GB HBM3e 8 TB/s, "
-               "NVLink 5 1.8 TB/s bidirectional, 72 GPUs per NVLink domain (one 'node'); "
-               "DGX GB200 (2024): one 400 Gb/s ConnectX-7 per GPU",
-        aliases=("gb200",), pattern=r"\bGB200\b"),
+        "10 fp8, 2.5 tf32 sparse (halved), 80 TFLOP/s fp32, 186 GB HBM3e 8 TB/s, "
+        "NVLink 5 1.8 TB/s bidirectional, 72 GPUs per NVLink domain (one 'node'); "
+        "DGX GB200 (2024): one 400 Gb/s ConnectX-7 per GPU",
+        aliases=("gb200",),
+        pattern=r"\bGB200\b",
+    ),
     # ---- NVIDIA Ada (PCIe cards) ------------------------------------------------------------
-    Gpu(key="l40s", name="L40S-48GB", dense_flops=_dense(362.05, 733, 183, 91.6),
-        memory_bandwidth_gbs=864.0, memory_gib=48.0, link="PCIe Gen4 x16",
-        link_gbs=PCIE4_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
-        devices_per_node=8, nic_gbits=_PCIE_NODE_NICS,
+    Gpu(
+        key="l40s",
+        name="L40S-48GB",
+        dense_flops=_dense(362.05, 733, 183, 91.6),
+        memory_bandwidth_gbs=864.0,
+        memory_gib=48.0,
+        link="PCIe Gen4 x16",
+        link_gbs=PCIE4_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
+        devices_per_node=8,
+        nic_gbits=_PCIE_NODE_NICS,
         source="NVIDIA L40S datasheet (2023): 362.05 TFLOP/s bf16/fp16 (FP32 accumulate), "
-               "733 fp8, 183 tf32 dense, 91.6 fp32, 48 GB GDDR6 864 GB/s, PCIe Gen4 x16, no "
-               f"NVLink; {_PCIE_NODE_SRC}",
-        pattern=r"\bL40S\b"),
-    Gpu(key="l4", name="L4-24GB", dense_flops=_dense(121, 242.5, 60, 30.3),
-        memory_bandwidth_gbs=300.0, memory_gib=24.0, link="PCIe Gen4 x16",
-        link_gbs=PCIE4_GBS, allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
-        devices_per_node=8, nic_gbits=100.0,
+        "733 fp8, 183 tf32 dense, 91.6 fp32, 48 GB GDDR6 864 GB/s, PCIe Gen4 x16, no "
+        f"NVLink; {_PCIE_NODE_SRC}",
+        pattern=r"\bL40S\b",
+    ),
+    Gpu(
+        key="l4",
+        name="L4-24GB",
+        dense_flops=_dense(121, 242.5, 60, 30.3),
+        memory_bandwidth_gbs=300.0,
+        memory_gib=24.0,
+        link="PCIe Gen4 x16",
+        link_gbs=PCIE4_GBS,
+        allreduce_busbw_gbs=PCIE_RING_SHARE * PCIE4_GBS,
+        devices_per_node=8,
+        nic_gbits=100.0,
         source="NVIDIA L4 datasheet (2023): 242 TFLOP/s bf16/fp16, 485 fp8, 120 tf32 sparse "
-               "(halved), 30.3 fp32, 24 GB GDDR6 300 GB/s, PCIe Gen4 x16; Google Cloud "
-               "g2-standard-96 (8 x L4, 2023): 100 Gb/s per node",
-        pattern=r"\bL4\b"),
+        "(halved), 30.3 fp32, 24 GB GDDR6 300 GB/s, PCIe Gen4 x16; Google Cloud "
+        "g2-standard-96 (8 x L4, 2023): 100 Gb/s per node",
+        pattern=r"\bL4\b",
+    ),
     # ---- AMD CDNA 3 -------------------------------------------------------------------------
-    Gpu(key="mi300x", name="MI300X-192GB", dense_flops=_MI300,
-        memory_bandwidth_gbs=5300.0, memory_gib=192.0, link="Infinity Fabric (7 links, mesh)",
-        link_gbs=448.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 448.0, devices_per_node=8,
+    Gpu(
+        key="mi300x",
+        name="MI300X-192GB",
+        dense_flops=_MI300,
+        memory_bandwidth_gbs=5300.0,
+        memory_gib=192.0,
+        link="Infinity Fabric (7 links, mesh)",
+        link_gbs=448.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 448.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="AMD Instinct MI300X data sheet (2023): 1,307.4 TFLOP/s bf16/fp16, 2,614.9 "
-               "fp8, 653.7 tf32, 163.4 fp32 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric "
-               "links 896 GB/s aggregate (bidirectional); Microsoft Azure ND MI300X v5 "
-               "(2024): 8 x 400 Gb/s NDR InfiniBand",
-        pattern=r"MI300X"),
-    Gpu(key="mi325x", name="MI325X-256GB", dense_flops=_MI300,
-        memory_bandwidth_gbs=6000.0, memory_gib=256.0, link="Infinity Fabric (7 links, mesh)",
-        link_gbs=448.0, allreduce_busbw_gbs=NVLINK_RING_SHARE * 448.0, devices_per_node=8,
+        "fp8, 653.7 tf32, 163.4 fp32 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric "
+        "links 896 GB/s aggregate (bidirectional); Microsoft Azure ND MI300X v5 "
+        "(2024): 8 x 400 Gb/s NDR InfiniBand",
+        pattern=r"MI300X",
+    ),
+    Gpu(
+        key="mi325x",
+        name="MI325X-256GB",
+        dense_flops=_MI300,
+        memory_bandwidth_gbs=6000.0,
+        memory_gib=256.0,
+        link="Infinity Fabric (7 links, mesh)",
+        link_gbs=448.0,
+        allreduce_busbw_gbs=NVLINK_RING_SHARE * 448.0,
+        devices_per_node=8,
         nic_gbits=_HGX_NICS,
         source="AMD Instinct MI325X data sheet (2024): the MI300X's compute (1,307.4 "
-               "TFLOP/s bf16 dense), 256 GB HBM3E 6 TB/s, 896 GB/s Infinity Fabric; network "
-               "as the MI300X platform (8 x 400 Gb/s), assumed",
-        pattern=r"MI325X"),
+        "TFLOP/s bf16 dense), 256 GB HBM3E 6 TB/s, 896 GB/s Infinity Fabric; network "
+        "as the MI300X platform (8 x 400 Gb/s), assumed",
+        pattern=r"MI325X",
+    ),
 )
 """Every known GPU. Order matters for ``gpu_by_name``: a more specific pattern comes first
 (A100 PCIe before A100 SXM, H100 NVL and PCIe before H100 SXM)."""

@@ -35,8 +35,9 @@ def import_transformers():
     try:
         import transformers
     except ImportError:
-        raise WorkloadError("Hugging Face models need the transformers library: "
-                            f"{INSTALL_HINT}") from None
+        raise WorkloadError(
+            f"Hugging Face models need the transformers library: {INSTALL_HINT}"
+        ) from None
     # autotune reports problems itself, one line each; transformers' advice on token ids and
     # generation settings is about inference.
     transformers.logging.set_verbosity_error()
@@ -51,18 +52,24 @@ def _looks_like_path(ref: str) -> bool:
 def config_path(ref: str) -> Path:
     """The config.json of a folder, a file, or a model id in the local Hugging Face cache."""
     if not ref:
-        raise ConfigError("hf: needs a model folder, its config.json, or a model id "
-                          "(e.g. hf:./my-model or hf:meta-llama/Llama-3.1-8B)")
+        raise ConfigError(
+            "hf: needs a model folder, its config.json, or a model id "
+            "(e.g. hf:./my-model or hf:meta-llama/Llama-3.1-8B)"
+        )
     if _looks_like_path(ref):
         path = Path(ref).expanduser()
         if path.is_dir():
             path = path / "config.json"
             if not path.is_file():
-                raise ConfigError(f"'{ref}' has no config.json; give the folder of a Hugging "
-                                  "Face model (with its config.json) or the file itself")
+                raise ConfigError(
+                    f"'{ref}' has no config.json; give the folder of a Hugging "
+                    "Face model (with its config.json) or the file itself"
+                )
         elif not path.is_file():
-            raise ConfigError(f"'{ref}' does not exist; give a model folder with config.json, "
-                              "the file itself, or a model id in the Hugging Face cache")
+            raise ConfigError(
+                f"'{ref}' does not exist; give a model folder with config.json, "
+                "the file itself, or a model id in the Hugging Face cache"
+            )
         return path
     import_transformers()
     from huggingface_hub import try_to_load_from_cache
@@ -70,12 +77,15 @@ def config_path(ref: str) -> Path:
     try:
         found = try_to_load_from_cache(ref, "config.json")
     except Exception as e:  # an invalid repo id raises its own validation error
-        raise ConfigError(f"'{ref}' is neither a folder with config.json nor a model id: "
-                          f"{e}") from None
+        raise ConfigError(
+            f"'{ref}' is neither a folder with config.json nor a model id: {e}"
+        ) from None
     if not isinstance(found, str):
-        raise ConfigError(f"model '{ref}' is not in the local Hugging Face cache (autotune "
-                          f"never downloads); fetch its config first: hf download {ref} "
-                          "config.json")
+        raise ConfigError(
+            f"model '{ref}' is not in the local Hugging Face cache (autotune "
+            f"never downloads); fetch its config first: hf download {ref} "
+            "config.json"
+        )
     return Path(found)
 
 
@@ -96,13 +106,17 @@ def load_config(ref: str) -> Any:
     try:
         config = transformers.AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as e:
-        raise ConfigError(f"'{path}': transformers does not know model_type "
-                          f"'{model_type}' ({e}); upgrade transformers or check the config"
-                          ) from None
+        raise ConfigError(
+            f"'{path}': transformers does not know model_type "
+            f"'{model_type}' ({e}); upgrade transformers or check the config"
+        ) from None
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING or getattr(
-            config, "is_encoder_decoder", False):
-        raise ConfigError(f"'{ref}' is a {model_type} config, not a causal language model; "
-                          "autotune trains decoder-only causal LMs (AutoModelForCausalLM)")
+        config, "is_encoder_decoder", False
+    ):
+        raise ConfigError(
+            f"'{ref}' is a {model_type} config, not a causal language model; "
+            "autotune trains decoder-only causal LMs (AutoModelForCausalLM)"
+        )
     check_supported(config, ref)
     return config
 
@@ -112,13 +126,17 @@ def check_supported(config: Any, ref: str) -> None:
     for key in MOE_KEYS:
         experts = getattr(config, key, None)
         if isinstance(experts, int) and experts > 1:
-            raise ConfigError(f"'{ref}' is a mixture of experts ({key} {experts}): experts "
-                              "have no tensor- or pipeline-parallel plan in autotune; use a "
-                              "dense model")
+            raise ConfigError(
+                f"'{ref}' is a mixture of experts ({key} {experts}): experts "
+                "have no tensor- or pipeline-parallel plan in autotune; use a "
+                "dense model"
+            )
     if config.model_type not in SUPPORTED:
-        raise ConfigError(f"model_type '{config.model_type}' of '{ref}' is not supported: "
-                          f"autotune runs {', '.join(SUPPORTED)}; write a build() workload "
-                          "for it (README, 'Your own model')")
+        raise ConfigError(
+            f"model_type '{config.model_type}' of '{ref}' is not supported: "
+            f"autotune runs {', '.join(SUPPORTED)}; write a build() workload "
+            "for it (README, 'Your own model')"
+        )
 
 
 # ---- the shape for the memory and performance models -----------------------------------------
@@ -134,11 +152,15 @@ def hf_shape(ref: str) -> ModelShape:
     ffn = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
     return ModelShape(
         family="gpt" if c.model_type == "gpt2" else "llama",
-        num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_heads=heads,
+        num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        num_heads=heads,
         num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-        ffn_hidden_size=ffn, vocab_size=c.vocab_size,
+        ffn_hidden_size=ffn,
+        vocab_size=c.vocab_size,
         max_seq_len=c.max_position_embeddings,
-        tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)))
+        tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+    )
 
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
@@ -155,13 +177,16 @@ def tp_plan_names(config: Any, layer_indices: range) -> dict[str, str] | None:
     out: dict[str, str] = {}
     for pattern, style in plan.items():
         if style not in TP_STYLES:
-            raise ConfigError(f"tp plan entry '{pattern}': '{style}' has no torch "
-                              f"equivalent in autotune (it runs {', '.join(TP_STYLES)}); use "
-                              "tp_degree 1")
+            raise ConfigError(
+                f"tp plan entry '{pattern}': '{style}' has no torch "
+                f"equivalent in autotune (it runs {', '.join(TP_STYLES)}); use "
+                "tp_degree 1"
+            )
         head, star, tail = pattern.partition(".*.")
         if not star or head not in ("layers", "h"):
-            raise ConfigError(f"tp plan entry '{pattern}' is outside the decoder layers; "
-                              "use tp_degree 1")
+            raise ConfigError(
+                f"tp plan entry '{pattern}' is outside the decoder layers; use tp_degree 1"
+            )
         for i in layer_indices:
             out[f"layers.{i}.{tail}"] = style
     return out
@@ -183,10 +208,14 @@ def check_layout(config: Any, trial: Any) -> None:
     ref = trial.workload.hf_model
     if trial.tp_degree > 1:
         if not getattr(config, "base_model_tp_plan", None):
-            raise ConfigError(f"'{ref}' ({config.model_type}) has no base_model_tp_plan in its "
-                              "config, so it has no tensor parallelism; use tp_degree 1")
+            raise ConfigError(
+                f"'{ref}' ({config.model_type}) has no base_model_tp_plan in its "
+                "config, so it has no tensor parallelism; use tp_degree 1"
+            )
         tp_plan_names(config, range(1))  # raises naming an entry torch cannot express
     if trial.pp_degree > 1 and getattr(config, "tie_word_embeddings", False):
-        raise ConfigError(f"'{ref}' ties its input and output embeddings (tie_word_embeddings), "
-                          "which pipeline stages would train apart; use pp_degree 1 or set "
-                          "tie_word_embeddings false in config.json")
+        raise ConfigError(
+            f"'{ref}' ties its input and output embeddings (tie_word_embeddings), "
+            "which pipeline stages would train apart; use pp_degree 1 or set "
+            "tie_word_embeddings false in config.json"
+        )

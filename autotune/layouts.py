@@ -15,12 +15,24 @@ from collections.abc import Iterator, Sequence
 from autotune.config import CHECKPOINTING_MODES, PP_SCHEDULES, ZERO_STAGES, TrialConfig
 from autotune.errors import ConfigError
 
-
 DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
 """``TrialConfig``'s default gradient bucket (a name omits it; the baselines prefer it)."""
-KNOB_ORDER = ("tp_degree", "pp_degree", "pp_schedule", "zero_stage", "overlap_enabled",
-              "micro_batch_size", "activation_checkpointing", "bucket_mb", "sequence_parallel",
-              "cp_degree", "dp_replicate", "virtual_stages", "compile", "float8")
+KNOB_ORDER = (
+    "tp_degree",
+    "pp_degree",
+    "pp_schedule",
+    "zero_stage",
+    "overlap_enabled",
+    "micro_batch_size",
+    "activation_checkpointing",
+    "bucket_mb",
+    "sequence_parallel",
+    "cp_degree",
+    "dp_replicate",
+    "virtual_stages",
+    "compile",
+    "float8",
+)
 """The knobs a search chooses, in the order it asks them and a report lists them (a knob whose
 reachable configurations all share one value is not asked, so the later knobs add no question
 to a space that does not vary them)."""
@@ -60,8 +72,9 @@ def enumerate_configs(
     world = base.world_size
     global_batch = base.workload.global_batch_size
     newer = {**SEARCHED_BY_DEFAULT, **(extra or {})}
-    for tp, pp, cp in itertools.product(tp_degrees or divisors(world),
-                                        pp_degrees or divisors(world), newer["cp_degree"]):
+    for tp, pp, cp in itertools.product(
+        tp_degrees or divisors(world), pp_degrees or divisors(world), newer["cp_degree"]
+    ):
         if world % (tp * pp * cp):
             continue
         dp = world // (tp * pp * cp)
@@ -70,12 +83,19 @@ def enumerate_configs(
         schedules = pp_schedules if pp > 1 else (base.pp_schedule,)
         stages = (0,) if dp == 1 and dedupe_zero_at_dp1 else zero_stages
         for micro, zero, ac, schedule, ov in itertools.product(
-                divisors(global_batch // dp), stages, activation_checkpointing, schedules,
-                overlap):
+            divisors(global_batch // dp), stages, activation_checkpointing, schedules, overlap
+        ):
             config = dataclasses.replace(
-                base, tp_degree=tp, pp_degree=pp, cp_degree=cp, micro_batch_size=micro,
-                zero_stage=zero, activation_checkpointing=ac, pp_schedule=schedule,
-                overlap_enabled=ov)
+                base,
+                tp_degree=tp,
+                pp_degree=pp,
+                cp_degree=cp,
+                micro_batch_size=micro,
+                zero_stage=zero,
+                activation_checkpointing=ac,
+                pp_schedule=schedule,
+                overlap_enabled=ov,
+            )
             yield from _newer_knobs(config, newer)
 
 
@@ -86,10 +106,17 @@ def _newer_knobs(config: TrialConfig, newer: dict[str, Sequence]) -> Iterator[Tr
     replicate = newer["dp_replicate"] if config.dp_degree > 1 else (1,)
     interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
     virtual = newer["virtual_stages"] if interleaved else (config.virtual_stages,)
-    for seq_par, rep, v, comp, f8 in itertools.product(sp, replicate, virtual, newer["compile"],
-                                                       newer["float8"]):
-        candidate = dataclasses.replace(config, sequence_parallel=seq_par, dp_replicate=rep,
-                                        virtual_stages=v, compile=comp, float8=f8)
+    for seq_par, rep, v, comp, f8 in itertools.product(
+        sp, replicate, virtual, newer["compile"], newer["float8"]
+    ):
+        candidate = dataclasses.replace(
+            config,
+            sequence_parallel=seq_par,
+            dp_replicate=rep,
+            virtual_stages=v,
+            compile=comp,
+            float8=f8,
+        )
         try:
             candidate.validate()
         except ConfigError:
@@ -102,8 +129,10 @@ def short_name(c: TrialConfig) -> str:
     there is a gradient sync and it is not the default), then the newer knobs where they are
     not their defaults: [-v4] virtual stages, [-sp], [-cp2], [-hsdp2] replica groups, [-l2]
     checkpointed blocks, [-compile], [-fp8]."""
-    name = (f"w{c.world_size}-tp{c.tp_degree}-pp{c.pp_degree}-dp{c.dp_degree}-z{c.zero_stage}"
-            f"-mb{c.micro_batch_size}x{c.grad_accum_steps}-ac_{c.activation_checkpointing}")
+    name = (
+        f"w{c.world_size}-tp{c.tp_degree}-pp{c.pp_degree}-dp{c.dp_degree}-z{c.zero_stage}"
+        f"-mb{c.micro_batch_size}x{c.grad_accum_steps}-ac_{c.activation_checkpointing}"
+    )
     if c.ac_layers is not None:
         name += f"-l{c.ac_layers}"
     if c.pp_degree > 1:
@@ -114,9 +143,13 @@ def short_name(c: TrialConfig) -> str:
         name += "-noov"
     if c.dp_degree > 1 and c.bucket_mb != DEFAULT_BUCKET_MB:
         name += f"-b{c.bucket_mb:g}"
-    for flag, text in ((c.sequence_parallel, "-sp"), (c.cp_degree > 1, f"-cp{c.cp_degree}"),
-                       (c.dp_replicate > 1, f"-hsdp{c.dp_replicate}"),
-                       (c.compile, "-compile"), (c.float8, "-fp8")):
+    for flag, text in (
+        (c.sequence_parallel, "-sp"),
+        (c.cp_degree > 1, f"-cp{c.cp_degree}"),
+        (c.dp_replicate > 1, f"-hsdp{c.dp_replicate}"),
+        (c.compile, "-compile"),
+        (c.float8, "-fp8"),
+    ):
         if flag:
             name += text
     return name

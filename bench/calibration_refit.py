@@ -39,21 +39,27 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
-from autotune.model.cluster import local_cpu_cluster  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
+from autotune.model.cluster import local_cpu_cluster  # noqa: E402
 from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
+from autotune.model.span_fit import summarize  # noqa: E402
 from autotune.search.search import SearchSpec, base_config  # noqa: E402
 from autotune.search.space import SearchSpace  # noqa: E402
-from autotune.model.span_fit import summarize  # noqa: E402
 from autotune.search.study_calibration import StudyCalibration, fit_study  # noqa: E402
 from db import Database, SpanRecord, TrialRecord  # noqa: E402
 
-TRUE = Calibration(compute_efficiency=0.3, half_efficiency_rows=2e6, layer_overhead_s=3e-4,
-                   step_overhead_s=2e-3, comm_efficiency=0.4)
+TRUE = Calibration(
+    compute_efficiency=0.3,
+    half_efficiency_rows=2e6,
+    layer_overhead_s=3e-4,
+    step_overhead_s=2e-3,
+    comm_efficiency=0.4,
+)
 
 
-def make_spans(config: TrialConfig, step_s: float, ops: int, rng: random.Random
-               ) -> list[SpanRecord]:
+def make_spans(
+    config: TrialConfig, step_s: float, ops: int, rng: random.Random
+) -> list[SpanRecord]:
     nbytes = 4 * config.workload.shape.num_params()
     spans, origin = [], 1_764_000_000_000_000_000
     for rank in range(config.world_size):
@@ -62,13 +68,24 @@ def make_spans(config: TrialConfig, step_s: float, ops: int, rng: random.Random
             start = clock
             op_ns = int(step_s * 0.8e9 / ops)
             for i in range(ops):
-                category = "forward" if i < ops // 3 else (
-                    "backward" if i < 0.9 * ops else "optimizer")
-                spans.append(SpanRecord(rank, step, "compute", "aten::mm", category, clock,
-                                        op_ns))
+                category = (
+                    "forward" if i < ops // 3 else ("backward" if i < 0.9 * ops else "optimizer")
+                )
+                spans.append(SpanRecord(rank, step, "compute", "aten::mm", category, clock, op_ns))
                 clock += op_ns
-            spans.append(SpanRecord(rank, step, "comm", "all_reduce", "", clock,
-                                    rng.randint(1_000_000, 3_000_000), nbytes, "dp"))
+            spans.append(
+                SpanRecord(
+                    rank,
+                    step,
+                    "comm",
+                    "all_reduce",
+                    "",
+                    clock,
+                    rng.randint(1_000_000, 3_000_000),
+                    nbytes,
+                    "dp",
+                )
+            )
             clock += 3_000_000
             spans.append(SpanRecord(rank, step, "step", "step", "", start, clock - start))
     return spans
@@ -82,12 +99,23 @@ def build(path: str, configs: list[TrialConfig], ops: int) -> tuple[Database, in
     spans_of = {}
     for number, config in enumerate(configs):
         step = predict_step_time(config, cluster, TRUE).step_time_s * (
-            1 + 0.1 * math.sin(1.3 * number))
+            1 + 0.1 * math.sin(1.3 * number)
+        )
         spans = make_spans(config, step, ops, rng)
-        trial_id = database.add_trial(TrialRecord(
-            id=None, study_id=study.id, number=number, status="complete",
-            config=config.resolved(), metrics={"step_time_s": step}, env={}, error=None,
-            created_at=datetime.now(UTC)), spans)
+        trial_id = database.add_trial(
+            TrialRecord(
+                id=None,
+                study_id=study.id,
+                number=number,
+                status="complete",
+                config=config.resolved(),
+                metrics={"step_time_s": step},
+                env={},
+                error=None,
+                created_at=datetime.now(UTC),
+            ),
+            spans,
+        )
         spans_of[trial_id] = (config, spans)
     return database, study.id, spans_of
 
@@ -116,24 +144,28 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.trials:
-            database, study_id, spans_of = build(os.path.join(tmp, f"n{n}.db"),
-                                                 configs[:n], args.ops)
+            database, study_id, spans_of = build(
+                os.path.join(tmp, f"n{n}.db"), configs[:n], args.ops
+            )
             calibration = StudyCalibration(database, study_id, cluster, Calibration())
             for trial_id, (config, spans) in spans_of.items():
                 calibration.remember_spans(trial_id, config, spans)
             calibration.refit()  # first call imports scipy
             refit = median_time(calibration.refit, args.repeats)
             config, spans = next(iter(spans_of.values()))
-            summary = median_time(lambda: summarize(spans, config, cluster), args.repeats)
-            cold = median_time(lambda: fit_study(database, study_id, cluster), args.repeats)
+            summary = median_time(lambda s=spans, c=config: summarize(s, c, cluster), args.repeats)
+            cold = median_time(
+                lambda db=database, i=study_id: fit_study(db, i, cluster), args.repeats
+            )
             fit = calibration.refit()
             rows.append((n, refit, summary, cold, fit.report.mape, len(spans)))
             database.close()
-    print(f"{'trials':>6} {'refit in a search s':>20} {'summary of 1 trial s':>21} "
-          f"{'cold fit s':>11} {'MAPE':>6} {'spans/trial':>12}")
+    print(
+        f"{'trials':>6} {'refit in a search s':>20} {'summary of 1 trial s':>21} "
+        f"{'cold fit s':>11} {'MAPE':>6} {'spans/trial':>12}"
+    )
     for n, refit, summary, cold, mape, num_spans in rows:
-        print(f"{n:>6} {refit:>20.3f} {summary:>21.3f} {cold:>11.3f} {mape:>6.1%} "
-              f"{num_spans:>12,}")
+        print(f"{n:>6} {refit:>20.3f} {summary:>21.3f} {cold:>11.3f} {mape:>6.1%} {num_spans:>12,}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 DATA = BENCH / "data"
 """The measured tables the benches replay (``cpu_sweep_*.json``)."""
-SHARED_A100 = next((p / "shared/data/a100-megatron/single_node.csv" for p in ROOT.parents
-                    if (p / "shared/data/a100-megatron/single_node.csv").exists()), None)
+SHARED_A100 = next(
+    (
+        p / "shared/data/a100-megatron/single_node.csv"
+        for p in ROOT.parents
+        if (p / "shared/data/a100-megatron/single_node.csv").exists()
+    ),
+    None,
+)
 """The shared A100 table (Megatron-LM runs) in a ``shared/`` above the checkout, or None (CI
 has none: tests never read it)."""
 
@@ -36,8 +42,9 @@ def logger(tag: str) -> Callable[[str], None]:
     return log
 
 
-def spearman(xs: list[float], ys: list[float], *, constant: float | None = None,
-             min_points: int = 0) -> float | None:
+def spearman(
+    xs: list[float], ys: list[float], *, constant: float | None = None, min_points: int = 0
+) -> float | None:
     """Spearman's rank correlation (``scipy.stats.spearmanr``); ``constant`` when either input
     is constant (no order to compare: scipy gives NaN), None with fewer than ``min_points``."""
     from scipy.stats import spearmanr

@@ -32,7 +32,8 @@ size; the order of the two alternates between rounds, the order inside a group i
 round). The table is written after every round.
 
 ``evaluate`` calibrates the model (``autotune.model.calibration.fit_calibration``, cluster
-``autotune.model.cluster.local_cpu_cluster``, autotune's engine) on ``--calibrate-count`` rows chosen
+``autotune.model.cluster.local_cpu_cluster``, autotune's engine) on ``--calibrate-count`` rows
+chosen
 by seed, split evenly over world sizes, predicts every other row and prints each prediction,
 the mean absolute percentage error (MAPE), Spearman's ρ over all predicted rows and within
 each world size, the signed error by knob value, and the machine's NOISE FLOOR: the median
@@ -111,26 +112,36 @@ class Scope:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Scope:
-        return cls(families=(args.family,) if args.family else FAMILIES,
-                   seq_lens=(args.seq_len,) if args.seq_len else SEQ_LENS,
-                   global_batches=(args.global_batch,) if args.global_batch else GLOBAL_BATCHES,
-                   buckets_mb=args.bucket_mb)
+        return cls(
+            families=(args.family,) if args.family else FAMILIES,
+            seq_lens=(args.seq_len,) if args.seq_len else SEQ_LENS,
+            global_batches=(args.global_batch,) if args.global_batch else GLOBAL_BATCHES,
+            buckets_mb=args.bucket_mb,
+        )
 
     def describe(self) -> str:
-        return (f"{'/'.join(self.families)}, seq_len {'/'.join(map(str, self.seq_lens))}, "
-                f"global batch {'/'.join(map(str, self.global_batches))}, bucket "
-                f"{'/'.join(f'{b:g}' for b in self.buckets_mb)} MB")
+        return (
+            f"{'/'.join(self.families)}, seq_len {'/'.join(map(str, self.seq_lens))}, "
+            f"global batch {'/'.join(map(str, self.global_batches))}, bucket "
+            f"{'/'.join(f'{b:g}' for b in self.buckets_mb)} MB"
+        )
 
 
 def knob_values(c: TrialConfig) -> dict[str, object]:
     """The knobs the choice spreads over; a knob without effect in a layout is left out (the
     schedule without a pipeline, ZeRO, overlap and bucket size without data parallelism)."""
     knobs: dict[str, object] = {
-        "world_size": c.world_size, "family": c.workload.family,
-        "seq_len": c.workload.seq_len, "global_batch": c.workload.global_batch_size,
-        "tp": c.tp_degree, "pp": c.pp_degree, "dp": c.dp_degree,
-        "micro_batch": c.micro_batch_size, "grad_accum": c.grad_accum_steps,
-        "ac": c.activation_checkpointing}
+        "world_size": c.world_size,
+        "family": c.workload.family,
+        "seq_len": c.workload.seq_len,
+        "global_batch": c.workload.global_batch_size,
+        "tp": c.tp_degree,
+        "pp": c.pp_degree,
+        "dp": c.dp_degree,
+        "micro_batch": c.micro_batch_size,
+        "grad_accum": c.grad_accum_steps,
+        "ac": c.activation_checkpointing,
+    }
     if c.pp_degree > 1:
         knobs["schedule"] = c.pp_schedule
     if c.dp_degree > 1:
@@ -160,10 +171,15 @@ def candidate_pool(world_size: int, family: str, scope: Scope = Scope()) -> list
     pool = []
     for seq_len, global_batch in itertools.product(scope.seq_lens, scope.global_batches):
         base = TrialConfig(
-            workload=WorkloadSpec(family=family, size="tiny", seq_len=seq_len,
-                                  global_batch_size=global_batch),
-            world_size=world_size, device="cpu", num_warmup_steps=NUM_WARMUP_STEPS,
-            num_timed_steps=NUM_TIMED_STEPS, num_profiled_steps=0)
+            workload=WorkloadSpec(
+                family=family, size="tiny", seq_len=seq_len, global_batch_size=global_batch
+            ),
+            world_size=world_size,
+            device="cpu",
+            num_warmup_steps=NUM_WARMUP_STEPS,
+            num_timed_steps=NUM_TIMED_STEPS,
+            num_profiled_steps=0,
+        )
         try:
             pool += SearchSpace(base, buckets_mb=scope.buckets_mb).configs
         except ConfigError:
@@ -195,7 +211,8 @@ def select_configs(count: int, seed: int, scope: Scope = Scope()) -> list[TrialC
             raise ConfigError(
                 f"only {len(pool)} valid layouts of tiny {family} at world size {world} "
                 f"({scope.describe()}), fewer than the {n} asked; lower --count or widen "
-                "the workload")
+                "the workload"
+            )
         rng.shuffle(pool)
         pools[world, family] = pool
         values: dict[str, set] = defaultdict(set)
@@ -203,7 +220,9 @@ def select_configs(count: int, seed: int, scope: Scope = Scope()) -> list[TrialC
             for k, v in knob_values(c).items():
                 values[k].add(v)
         varying[world, family] = {k for k, vs in values.items() if len(vs) > 1} - {
-            "world_size", "family"}
+            "world_size",
+            "family",
+        }
     quota = {(w, f): n for w, f, n in strata}
     chosen: list[TrialConfig] = []
     # Round-robin over the strata, so that each stratum's picks see the others' counts.
@@ -213,12 +232,15 @@ def select_configs(count: int, seed: int, scope: Scope = Scope()) -> list[TrialC
                 continue
             pool = pools[world, family]
 
-            def score(c: TrialConfig) -> float:
+            def score(c: TrialConfig, world=world, family=family) -> float:
                 # Mean count of its knobs' values (a mean, not a sum: a layout with more
                 # knobs in effect, such as ZeRO and overlap with data parallelism, is not
                 # penalised for them).
-                cs = [counts[world, k][v] for k, v in knob_values(c).items()
-                      if k in varying[world, family]]
+                cs = [
+                    counts[world, k][v]
+                    for k, v in knob_values(c).items()
+                    if k in varying[world, family]
+                ]
                 return sum(cs) / len(cs) if cs else 0.0
 
             best = min(range(len(pool)), key=lambda i: score(pool[i]))
@@ -240,8 +262,9 @@ def coverage(configs: list[TrialConfig]) -> dict[str, dict[str, int]]:
 
 def missing_values(configs: list[TrialConfig], scope: Scope = Scope()) -> list[str]:
     """Knob values that some valid layout in scope has and none of ``configs`` has."""
-    every = coverage([c for w in WORLD_SIZES for f in scope.families
-                      for c in candidate_pool(w, f, scope)])
+    every = coverage(
+        [c for w in WORLD_SIZES for f in scope.families for c in candidate_pool(w, f, scope)]
+    )
     have = coverage(configs)
     return [f"{k}={v}" for k, vals in every.items() for v in vals if v not in have.get(k, {})]
 
@@ -259,9 +282,14 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    return {"cores": os.cpu_count(), "cpu_model": cpu_model, "torch": torch.__version__,
-            "ray": ray.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def round_order(configs: list[TrialConfig], round_index: int, seed: int) -> list[int]:
@@ -286,31 +314,46 @@ def write_table(path: Path, table: dict) -> None:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from autotune.trial.executor import ExecutorSettings, RayExecutor
     from autotune.errors import TrialFailed, WorkloadError
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     scope = Scope.from_args(args)
     configs = select_configs(args.count, args.seed, scope)
     if args.limit:
-        configs = configs[:args.limit]
+        configs = configs[: args.limit]
     gaps = missing_values(configs, scope)
-    log(f"{len(configs)} layouts of {scope.describe()} "
+    log(
+        f"{len(configs)} layouts of {scope.describe()} "
         f"({sum(c.world_size == 2 for c in configs)} at world 2, "
         f"{sum(c.world_size == 4 for c in configs)} at world 4); knob values never picked: "
-        f"{', '.join(gaps) or 'none'}")
+        f"{', '.join(gaps) or 'none'}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = {
         "machine": machine_info(),
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"),
-        "settings": {"rounds": args.rounds, "rounds_done": 0, "count": len(configs),
-                     "seed": args.seed, "num_warmup_steps": NUM_WARMUP_STEPS,
-                     "num_timed_steps": NUM_TIMED_STEPS, "trial_timeout_s": TRIAL_TIMEOUT_S},
+        "measured_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "settings": {
+            "rounds": args.rounds,
+            "rounds_done": 0,
+            "count": len(configs),
+            "seed": args.seed,
+            "num_warmup_steps": NUM_WARMUP_STEPS,
+            "num_timed_steps": NUM_TIMED_STEPS,
+            "trial_timeout_s": TRIAL_TIMEOUT_S,
+        },
         "rounds_info": [],
-        "rows": [{"config": c.to_dict(), "step_time_s": None, "rounds": [],
-                  "peak_memory_bytes": None, "status": "failed", "_memory": []}
-                 for c in configs],
+        "rows": [
+            {
+                "config": c.to_dict(),
+                "step_time_s": None,
+                "rounds": [],
+                "peak_memory_bytes": None,
+                "status": "failed",
+                "_memory": [],
+            }
+            for c in configs
+        ],
     }
     settings = ExecutorSettings(trial_timeout_s=TRIAL_TIMEOUT_S)
     start = time.perf_counter()
@@ -334,15 +377,19 @@ def measure(args: argparse.Namespace) -> int:
                     row["rounds"].append(None)
                     row["error"] = f"{type(e).__name__}: {e}"
                     row["_invalid"] = isinstance(e, (ConfigError, WorkloadError))
-                    log(f"round {r + 1}/{args.rounds} trial {n}/{len(order)} "
-                        f"{row_name(config)}: FAILED {row['error']}")
+                    log(
+                        f"round {r + 1}/{args.rounds} trial {n}/{len(order)} "
+                        f"{row_name(config)}: FAILED {row['error']}"
+                    )
                     continue
                 row["rounds"].append(result.step_time_s)
                 row["_memory"].append(result.peak_memory_bytes)
                 threads[str(config.world_size)] = result.env.get("threads_per_rank")
-                log(f"round {r + 1}/{args.rounds} trial {n}/{len(order)} {row_name(config)}: "
+                log(
+                    f"round {r + 1}/{args.rounds} trial {n}/{len(order)} {row_name(config)}: "
                     f"{result.step_time_s * 1e3:.1f} ms (trial {time.perf_counter() - t0:.1f} s, "
-                    f"elapsed {time.perf_counter() - start:.0f} s)")
+                    f"elapsed {time.perf_counter() - start:.0f} s)"
+                )
             for row in table["rows"]:
                 memory = [m for m in row["_memory"] if m is not None]
                 done = [s for s in row["rounds"] if s is not None]
@@ -351,16 +398,23 @@ def measure(args: argparse.Namespace) -> int:
                 row["status"] = "complete" if done else "failed"
             table["machine"]["threads_per_rank"] = threads
             table["settings"]["rounds_done"] = r + 1
-            table["rounds_info"].append({"round": r + 1, "wall_s": round(
-                time.perf_counter() - t_round, 1), "loadavg_start": load})
+            table["rounds_info"].append(
+                {
+                    "round": r + 1,
+                    "wall_s": round(time.perf_counter() - t_round, 1),
+                    "loadavg_start": load,
+                }
+            )
             write_table(out, table)
             log(f"round {r + 1} done in {time.perf_counter() - t_round:.0f} s; wrote {out}")
     total = time.perf_counter() - start
     table["settings"]["wall_s"] = round(total, 1)
     write_table(out, table)
     failed = sum(r["status"] == "failed" for r in table["rows"])
-    print(f"measured {len(configs)} layouts × {args.rounds} rounds in {total:.0f} s "
-          f"({failed} failed); wrote {out}")
+    print(
+        f"measured {len(configs)} layouts × {args.rounds} rounds in {total:.0f} s "
+        f"({failed} failed); wrote {out}"
+    )
     return 0
 
 
@@ -373,10 +427,14 @@ def load_table(path: str) -> tuple[dict, list[tuple[TrialConfig, dict]]]:
     except json.JSONDecodeError as e:
         raise ConfigError(f"table '{path}' is not valid JSON: {e}") from None
     if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
-        raise ConfigError(f"table '{path}' has no 'rows' list; write it with "
-                          "'cpu_sweep.py measure'")
-    rows = [(TrialConfig.from_dict(r["config"]), r) for r in table["rows"]
-            if r.get("status") == "complete" and r.get("step_time_s")]
+        raise ConfigError(
+            f"table '{path}' has no 'rows' list; write it with 'cpu_sweep.py measure'"
+        )
+    rows = [
+        (TrialConfig.from_dict(r["config"]), r)
+        for r in table["rows"]
+        if r.get("status") == "complete" and r.get("step_time_s")
+    ]
     if not rows:
         raise ConfigError(f"table '{path}' has no completed rows")
     return table, rows
@@ -411,10 +469,13 @@ def noise_floor(rows: list[tuple[TrialConfig, dict]]) -> dict:
             continue
         cvs.append(statistics.stdev(rounds) / statistics.mean(rounds))
         for j, s in enumerate(rounds):
-            others = rounds[:j] + rounds[j + 1:]
+            others = rounds[:j] + rounds[j + 1 :]
             loo.append(abs(statistics.median(others) / s - 1))
-    return {"rows": len(cvs), "median_cv": statistics.median(cvs) if cvs else None,
-            "leave_one_out_mape": statistics.mean(loo) if loo else None}
+    return {
+        "rows": len(cvs),
+        "median_cv": statistics.median(cvs) if cvs else None,
+        "leave_one_out_mape": statistics.mean(loo) if loo else None,
+    }
 
 
 def choose_clusters(rows: list[tuple[TrialConfig, dict]], cores: int | None) -> dict:
@@ -429,8 +490,10 @@ def run_seed(rows, clusters: dict, count: int, seed: int) -> dict:
     from autotune.model.perf_model import AUTOTUNE_ENGINE, predict_step_time
 
     calib = calibration_rows(rows, count, seed)
-    samples = [Sample(rows[i][0], rows[i][1]["step_time_s"],
-                      cluster=clusters[rows[i][0].world_size]) for i in calib]
+    samples = [
+        Sample(rows[i][0], rows[i][1]["step_time_s"], cluster=clusters[rows[i][0].world_size])
+        for i in calib
+    ]
     t0 = time.perf_counter()
     report = fit_calibration(samples, next(iter(clusters.values())), engine=AUTOTUNE_ENGINE)
     fit_s = time.perf_counter() - t0
@@ -438,27 +501,45 @@ def run_seed(rows, clusters: dict, count: int, seed: int) -> dict:
     for i, (c, r) in enumerate(rows):
         if i in calib:
             continue
-        est = predict_step_time(c, clusters[c.world_size], report.calibration,
-                                engine=AUTOTUNE_ENGINE)
+        est = predict_step_time(
+            c, clusters[c.world_size], report.calibration, engine=AUTOTUNE_ENGINE
+        )
         top = max(est.breakdown, key=est.breakdown.get)
-        predictions.append({"index": i, "name": layout_name(c), "family": c.workload.family,
-                            "seq_len": c.workload.seq_len,
-                            "global_batch": c.workload.global_batch_size,
-                            "world_size": c.world_size, "measured_s": r["step_time_s"],
-                            "predicted_s": est.step_time_s,
-                            "error": est.step_time_s / r["step_time_s"] - 1, "top_term": top})
+        predictions.append(
+            {
+                "index": i,
+                "name": layout_name(c),
+                "family": c.workload.family,
+                "seq_len": c.workload.seq_len,
+                "global_batch": c.workload.global_batch_size,
+                "world_size": c.world_size,
+                "measured_s": r["step_time_s"],
+                "predicted_s": est.step_time_s,
+                "error": est.step_time_s / r["step_time_s"] - 1,
+                "top_term": top,
+            }
+        )
     err = [abs(p["error"]) for p in predictions]
-    out = {"seed": seed, "calibrated_on": [row_name(rows[i][0]) for i in calib],
-           "calibration": report.calibration.to_dict(), "fit_mape": report.mape,
-           "fit_s": fit_s, "fit_table": report.table(), "predictions": predictions,
-           "mape": statistics.mean(err), "median_ape": statistics.median(err),
-           "spearman": spearman([p["predicted_s"] for p in predictions],
-                                [p["measured_s"] for p in predictions]),
-           "spearman_by_world": {}}
+    out = {
+        "seed": seed,
+        "calibrated_on": [row_name(rows[i][0]) for i in calib],
+        "calibration": report.calibration.to_dict(),
+        "fit_mape": report.mape,
+        "fit_s": fit_s,
+        "fit_table": report.table(),
+        "predictions": predictions,
+        "mape": statistics.mean(err),
+        "median_ape": statistics.median(err),
+        "spearman": spearman(
+            [p["predicted_s"] for p in predictions], [p["measured_s"] for p in predictions]
+        ),
+        "spearman_by_world": {},
+    }
     for w in sorted({p["world_size"] for p in predictions}):
         ps = [p for p in predictions if p["world_size"] == w]
-        out["spearman_by_world"][str(w)] = spearman([p["predicted_s"] for p in ps],
-                                                    [p["measured_s"] for p in ps])
+        out["spearman_by_world"][str(w)] = spearman(
+            [p["predicted_s"] for p in ps], [p["measured_s"] for p in ps]
+        )
     return out
 
 
@@ -466,7 +547,8 @@ def residuals_by_knob(rows, runs: list[dict]) -> dict[str, dict[str, dict]]:
     """Signed error (predicted / measured − 1) by knob value, pooled over every seed's
     predictions: mean, mean |error| and count, over all world sizes and within each."""
     acc: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(list)))
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
     for run in runs:
         for p in run["predictions"]:
             values = {**knob_values(rows[p["index"]][0]), "top_term": p["top_term"]}
@@ -475,12 +557,15 @@ def residuals_by_knob(rows, runs: list[dict]) -> dict[str, dict[str, dict]]:
                     acc[k][str(v)][where].append(p["error"])
 
     def stats(e: list[float]) -> dict:
-        return {"n": len(e), "mean_error": statistics.mean(e),
-                "mape": statistics.mean(map(abs, e))}
+        return {"n": len(e), "mean_error": statistics.mean(e), "mape": statistics.mean(map(abs, e))}
 
-    return {k: {v: {where: stats(e) for where, e in sorted(by_world.items())}
-                for v, by_world in sorted(vals.items(), key=lambda kv: _sort_key(kv[0]))}
-            for k, vals in acc.items()}
+    return {
+        k: {
+            v: {where: stats(e) for where, e in sorted(by_world.items())}
+            for v, by_world in sorted(vals.items(), key=lambda kv: _sort_key(kv[0]))
+        }
+        for k, vals in acc.items()
+    }
 
 
 def _sort_key(value: str):
@@ -494,105 +579,158 @@ def _mean_sd(values: list[float | None]) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"mean": None, "sd": None, "min": None, "max": None}
-    return {"mean": statistics.mean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "min": min(vals), "max": max(vals)}
+    return {
+        "mean": statistics.mean(vals),
+        "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+        "min": min(vals),
+        "max": max(vals),
+    }
 
 
 def evaluate(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     table, rows = load_table(args.table)
     if args.calibrate_count < 1 or args.calibrate_count >= len(rows):
-        raise ConfigError(f"--calibrate-count must be between 1 and {len(rows) - 1} (the table "
-                          f"has {len(rows)} completed rows)")
+        raise ConfigError(
+            f"--calibrate-count must be between 1 and {len(rows) - 1} (the table "
+            f"has {len(rows)} completed rows)"
+        )
     cores = table.get("machine", {}).get("cores")
     clusters = choose_clusters(rows, cores)
-    runs = [run_seed(rows, clusters, args.calibrate_count, s)
-            for s in range(args.seed, args.seed + args.seeds)]
+    runs = [
+        run_seed(rows, clusters, args.calibrate_count, s)
+        for s in range(args.seed, args.seed + args.seeds)
+    ]
     noise = noise_floor(rows)
     knobs = residuals_by_knob(rows, runs)
-    summary = {"mape": _mean_sd([r["mape"] for r in runs]),
-               "spearman": _mean_sd([r["spearman"] for r in runs]),
-               **{f"spearman_world_{w}": _mean_sd([r["spearman_by_world"].get(w) for r in runs])
-                  for w in sorted({str(c.world_size) for c, _ in rows})}}
+    summary = {
+        "mape": _mean_sd([r["mape"] for r in runs]),
+        "spearman": _mean_sd([r["spearman"] for r in runs]),
+        **{
+            f"spearman_world_{w}": _mean_sd([r["spearman_by_world"].get(w) for r in runs])
+            for w in sorted({str(c.world_size) for c, _ in rows})
+        },
+    }
     wall = time.perf_counter() - t_start
     if args.json:
-        print(json.dumps({"table": args.table, "rows": len(rows),
-                          "clusters": {w: c.to_dict() for w, c in clusters.items()},
-                          "noise_floor": noise,
-                          "seeds": [{k: v for k, v in r.items() if k != "fit_table"}
-                                    for r in runs],
-                          "summary": summary, "residuals_by_knob": knobs, "wall_s": wall},
-                         indent=1))
+        print(
+            json.dumps(
+                {
+                    "table": args.table,
+                    "rows": len(rows),
+                    "clusters": {w: c.to_dict() for w, c in clusters.items()},
+                    "noise_floor": noise,
+                    "seeds": [{k: v for k, v in r.items() if k != "fit_table"} for r in runs],
+                    "summary": summary,
+                    "residuals_by_knob": knobs,
+                    "wall_s": wall,
+                },
+                indent=1,
+            )
+        )
         return 0
     first = runs[0]
     m = table.get("machine", {})
     st = table.get("settings", {})
-    print(f"table {args.table}: {len(rows)} completed rows of {len(table['rows'])}, measured "
-          f"{table.get('measured_at', '?')} on {m.get('cores', '?')} cores "
-          f"({m.get('cpu_model', '')}), torch {m.get('torch', '?')}, "
-          f"{st.get('rounds_done', '?')} rounds of {st.get('num_warmup_steps', '?')} warm-up + "
-          f"{st.get('num_timed_steps', '?')} timed steps")
-    print(f"clusters: local_cpu_cluster(world, cores={cores}) per world size "
-          f"({', '.join(str(w) for w in clusters)}): the ranks share the cores")
+    print(
+        f"table {args.table}: {len(rows)} completed rows of {len(table['rows'])}, measured "
+        f"{table.get('measured_at', '?')} on {m.get('cores', '?')} cores "
+        f"({m.get('cpu_model', '')}), torch {m.get('torch', '?')}, "
+        f"{st.get('rounds_done', '?')} rounds of {st.get('num_warmup_steps', '?')} warm-up + "
+        f"{st.get('num_timed_steps', '?')} timed steps"
+    )
+    print(
+        f"clusters: local_cpu_cluster(world, cores={cores}) per world size "
+        f"({', '.join(str(w) for w in clusters)}): the ranks share the cores"
+    )
     print()
     print(f"seed {first['seed']}: calibrated on {len(first['calibrated_on'])} rows:")
     for name in first["calibrated_on"]:
         print(f"  {name}")
     print(first["fit_table"])
     print()
-    print(f"{'layout':<54} {'model':<16} {'measured ms':>11} {'predicted ms':>12} "
-          f"{'error':>8}  top term")
+    print(
+        f"{'layout':<54} {'model':<16} {'measured ms':>11} {'predicted ms':>12} "
+        f"{'error':>8}  top term"
+    )
     for p in sorted(first["predictions"], key=lambda p: (p["world_size"], p["measured_s"])):
         model = f"{p['family']}-s{p['seq_len']}-gb{p['global_batch']}"
-        print(f"{p['name']:<54} {model:<16} {p['measured_s'] * 1e3:>11.1f} "
-              f"{p['predicted_s'] * 1e3:>12.1f} "
-              f"{100 * p['error']:>+7.1f}%  {p['top_term']}")
+        print(
+            f"{p['name']:<54} {model:<16} {p['measured_s'] * 1e3:>11.1f} "
+            f"{p['predicted_s'] * 1e3:>12.1f} "
+            f"{100 * p['error']:>+7.1f}%  {p['top_term']}"
+        )
     print()
 
     def fmt_rho(x):
         return "n/a" if x is None else f"{x:.3f}"
 
-    print(f"seed {first['seed']}: {len(first['predictions'])} predicted rows: MAPE "
-          f"{100 * first['mape']:.1f}% (median {100 * first['median_ape']:.1f}%), Spearman ρ "
-          f"{fmt_rho(first['spearman'])}; within world size: "
-          + ", ".join(f"w{w} {fmt_rho(v)}" for w, v in first["spearman_by_world"].items()))
-    print(f"NOISE FLOOR ({noise['rows']} rows with ≥ 2 rounds): median CV of the rounds "
-          f"{100 * noise['median_cv']:.1f}%; predicting each round from the median of the "
-          f"others: MAPE {100 * noise['leave_one_out_mape']:.1f}%")
+    print(
+        f"seed {first['seed']}: {len(first['predictions'])} predicted rows: MAPE "
+        f"{100 * first['mape']:.1f}% (median {100 * first['median_ape']:.1f}%), Spearman ρ "
+        f"{fmt_rho(first['spearman'])}; within world size: "
+        + ", ".join(f"w{w} {fmt_rho(v)}" for w, v in first["spearman_by_world"].items())
+    )
+    print(
+        f"NOISE FLOOR ({noise['rows']} rows with ≥ 2 rounds): median CV of the rounds "
+        f"{100 * noise['median_cv']:.1f}%; predicting each round from the median of the "
+        f"others: MAPE {100 * noise['leave_one_out_mape']:.1f}%"
+    )
     print()
-    print(f"{'seed':>4} {'MAPE':>7} {'ρ':>7} " + " ".join(
-        f"{'ρ w' + w:>7}" for w in first["spearman_by_world"]) + f" {'fit MAPE':>9} {'fit s':>6}")
+    print(
+        f"{'seed':>4} {'MAPE':>7} {'ρ':>7} "
+        + " ".join(f"{'ρ w' + w:>7}" for w in first["spearman_by_world"])
+        + f" {'fit MAPE':>9} {'fit s':>6}"
+    )
     for r in runs:
-        print(f"{r['seed']:>4} {100 * r['mape']:>6.1f}% {fmt_rho(r['spearman']):>7} "
-              + " ".join(f"{fmt_rho(v):>7}" for v in r["spearman_by_world"].values())
-              + f" {100 * r['fit_mape']:>8.1f}% {r['fit_s']:>6.1f}")
+        print(
+            f"{r['seed']:>4} {100 * r['mape']:>6.1f}% {fmt_rho(r['spearman']):>7} "
+            + " ".join(f"{fmt_rho(v):>7}" for v in r["spearman_by_world"].values())
+            + f" {100 * r['fit_mape']:>8.1f}% {r['fit_s']:>6.1f}"
+        )
 
     def fmt(s, pct=False):
         if s["mean"] is None:
             return "n/a"
         k = 100 if pct else 1
         unit = "%" if pct else ""
-        return (f"{k * s['mean']:.{1 if pct else 3}f}{unit} ± {k * s['sd']:.{1 if pct else 3}f}"
-                f" (range {k * s['min']:.{1 if pct else 3}f}–{k * s['max']:.{1 if pct else 3}f})")
+        return (
+            f"{k * s['mean']:.{1 if pct else 3}f}{unit} ± {k * s['sd']:.{1 if pct else 3}f}"
+            f" (range {k * s['min']:.{1 if pct else 3}f}–{k * s['max']:.{1 if pct else 3}f})"
+        )
 
-    print(f"over {len(runs)} seeds: MAPE {fmt(summary['mape'], True)}; ρ "
-          f"{fmt(summary['spearman'])}; "
-          + "; ".join(f"ρ w{k.rsplit('_', 1)[1]} {fmt(v)}" for k, v in summary.items()
-                      if k.startswith("spearman_world")))
-    print(f"targets: MAPE ≤ 15%, ρ ≥ 0.8 — beside a noise floor of "
-          f"{100 * noise['leave_one_out_mape']:.1f}% (leave-one-round-out MAPE)")
+    print(
+        f"over {len(runs)} seeds: MAPE {fmt(summary['mape'], True)}; ρ "
+        f"{fmt(summary['spearman'])}; "
+        + "; ".join(
+            f"ρ w{k.rsplit('_', 1)[1]} {fmt(v)}"
+            for k, v in summary.items()
+            if k.startswith("spearman_world")
+        )
+    )
+    print(
+        f"targets: MAPE ≤ 15%, ρ ≥ 0.8 — beside a noise floor of "
+        f"{100 * noise['leave_one_out_mape']:.1f}% (leave-one-round-out MAPE)"
+    )
     print()
-    print(f"signed error by knob value, pooled over the {len(runs)} seeds' predictions "
-          "(+ over-predicts):")
+    print(
+        f"signed error by knob value, pooled over the {len(runs)} seeds' predictions "
+        "(+ over-predicts):"
+    )
     print("  knob value: mean signed error (mean |error|, predictions) [by world size]")
     for k, vals in knobs.items():
         print(f"  {k}")
         for v, by in vals.items():
             a = by["all"]
-            worlds = ", ".join(f"{w} {100 * st['mean_error']:+.0f}% n {st['n']}"
-                               for w, st in by.items() if w != "all")
-            print(f"    {v:<17} {100 * a['mean_error']:+5.0f}% (|{100 * a['mape']:.0f}%|, "
-                  f"n {a['n']}) [{worlds}]")
+            worlds = ", ".join(
+                f"{w} {100 * st['mean_error']:+.0f}% n {st['n']}"
+                for w, st in by.items()
+                if w != "all"
+            )
+            print(
+                f"    {v:<17} {100 * a['mean_error']:+5.0f}% (|{100 * a['mape']:.0f}%|, "
+                f"n {a['n']}) [{worlds}]"
+            )
     print(f"(evaluate took {wall:.1f} s)")
     return 0
 
@@ -604,40 +742,65 @@ def bucket_list(text: str) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"'{text}' is not a comma-separated list of sizes in MB, e.g. 5,25,100") from None
+            f"'{text}' is not a comma-separated list of sizes in MB, e.g. 5,25,100"
+        ) from None
     if not values or any(not v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"bucket sizes must be > 0 MB, not '{text}'")
     return values
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="run the trials and write the table")
     m.add_argument("--out", required=True, help="table to write (JSON)")
     m.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    m.add_argument("--count", type=int, default=DEFAULT_COUNT,
-                   help=f"layouts, half per world size (default {DEFAULT_COUNT})")
+    m.add_argument(
+        "--count",
+        type=int,
+        default=DEFAULT_COUNT,
+        help=f"layouts, half per world size (default {DEFAULT_COUNT})",
+    )
     m.add_argument("--seed", type=int, default=0, help="seed of the layout choice (default 0)")
-    m.add_argument("--family", choices=FAMILIES, default=None,
-                   help="measure only this tiny model (default: both, a quarter Llama)")
-    m.add_argument("--seq-len", type=int, default=None,
-                   help=f"fix the sequence length (default: each of {SEQ_LENS})")
-    m.add_argument("--global-batch", type=int, default=None,
-                   help=f"fix the global batch (default: each of {GLOBAL_BATCHES})")
-    m.add_argument("--bucket-mb", type=bucket_list, default=DEFAULT_BUCKETS_MB,
-                   help="gradient bucket sizes in MB, comma-separated, where dp > 1 (default "
-                        f"{','.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)}; sweep A: 25)")
-    m.add_argument("--limit", type=int, default=0,
-                   help="measure only the first N chosen layouts (a smoke run)")
+    m.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default=None,
+        help="measure only this tiny model (default: both, a quarter Llama)",
+    )
+    m.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help=f"fix the sequence length (default: each of {SEQ_LENS})",
+    )
+    m.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help=f"fix the global batch (default: each of {GLOBAL_BATCHES})",
+    )
+    m.add_argument(
+        "--bucket-mb",
+        type=bucket_list,
+        default=DEFAULT_BUCKETS_MB,
+        help="gradient bucket sizes in MB, comma-separated, where dp > 1 (default "
+        f"{','.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)}; sweep A: 25)",
+    )
+    m.add_argument(
+        "--limit", type=int, default=0, help="measure only the first N chosen layouts (a smoke run)"
+    )
     e = sub.add_parser("evaluate", help="calibrate on some rows, predict the rest")
     e.add_argument("--table", required=True, help="a table written by 'measure'")
-    e.add_argument("--calibrate-count", type=int, default=8,
-                   help="rows the model is calibrated on (default 8)")
+    e.add_argument(
+        "--calibrate-count", type=int, default=8, help="rows the model is calibrated on (default 8)"
+    )
     e.add_argument("--seed", type=int, default=0, help="first seed of the choice (default 0)")
-    e.add_argument("--seeds", type=int, default=5,
-                   help="consecutive seeds to repeat the split for (default 5)")
+    e.add_argument(
+        "--seeds", type=int, default=5, help="consecutive seeds to repeat the split for (default 5)"
+    )
     e.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     for name in ("rounds", "count", "seeds"):

@@ -100,8 +100,13 @@ from gpu_table import (  # noqa: E402
     summary_line,
 )
 
-TOLERANCES = {"parameters": 0.05, "gradients": 0.10, "optimizer_state": 0.10,
-              "activations": 0.50, "peak": 0.25}
+TOLERANCES = {
+    "parameters": 0.05,
+    "gradients": 0.10,
+    "optimizer_state": 0.10,
+    "activations": 0.50,
+    "peak": 0.25,
+}
 """Largest |measured / predicted − 1| accepted per category. Model states are counted exactly
 by the model (allocator blocks round to 512 bytes); the rest of the peak is the model's
 estimate of activations, buffers and temporaries (docs/architecture.md gives its accuracy)."""
@@ -120,7 +125,8 @@ MASTER_STEPS = 32
 """Steps of the master-weight check: lost updates add up, kept ones do not drift."""
 MASTER_ATOL = 1e-3
 """Largest |mean of (loss − 32-true loss)| over the last half of the steps. Measured on CPU
-(GPT-tiny, seq 64, batch 4; ``tests/bench/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its per-step
+(GPT-tiny, seq 64, batch 4; ``tests/bench/test_gpu_check.py``): bf16-mixed 3e-5 to 1e-4 (its
+per-step
 differences, bf16-rounded matmul inputs, stay within ±4e-4 and average out), bf16-true 4e-3
 to 6e-3 (it falls further behind with every step)."""
 OOM_FACTOR = gpu_rows.OOM_FACTOR
@@ -132,18 +138,35 @@ def memory_checks(label: str, measured: dict, predicted: dict) -> list[Check]:
 
     ``predicted`` holds ``MemoryEstimate`` fields: its comm buffers and 'other' are part of
     what the measurement calls activations (all of the peak above the model states)."""
-    wanted = {"parameters": predicted["parameters"], "gradients": predicted["gradients"],
-              "optimizer_state": predicted["optimizer_state"],
-              "activations": (predicted["activations"] + predicted["comm_buffers"]
-                              + predicted["other"]),
-              "peak": sum(predicted[k] for k in ("parameters", "gradients", "optimizer_state",
-                                                 "activations", "comm_buffers", "other"))}
+    wanted = {
+        "parameters": predicted["parameters"],
+        "gradients": predicted["gradients"],
+        "optimizer_state": predicted["optimizer_state"],
+        "activations": (predicted["activations"] + predicted["comm_buffers"] + predicted["other"]),
+        "peak": sum(
+            predicted[k]
+            for k in (
+                "parameters",
+                "gradients",
+                "optimizer_state",
+                "activations",
+                "comm_buffers",
+                "other",
+            )
+        ),
+    }
     checks = []
     for category, tolerance in TOLERANCES.items():
         want, got = wanted[category], measured[category]
         error = relative_error(got, want)
-        checks.append(Check.judged(f"{label} memory {category}", f"{mib(want)} ±{tolerance:.0%}",
-                                   f"{mib(got)} ({error:+.1%})", abs(error) <= tolerance))
+        checks.append(
+            Check.judged(
+                f"{label} memory {category}",
+                f"{mib(want)} ±{tolerance:.0%}",
+                f"{mib(got)} ({error:+.1%})",
+                abs(error) <= tolerance,
+            )
+        )
     return checks
 
 
@@ -151,10 +174,17 @@ def kernel_check(label: str, spans: list) -> Check:
     """CUDA kernel spans, some of them inside a profiled step."""
     steps = [s for s in spans if s.kind == "step"]
     kernels = gpu_rows.cuda_kernels(spans)
-    inside = [k for k in kernels if any(
-        st.start_ns <= k.start_ns <= st.start_ns + st.dur_ns for st in steps)]
-    return Check.judged(f"{label} CUDA kernel spans", "> 0, inside a profiled step",
-                        f"{len(kernels)} ({len(inside)} inside)", bool(kernels) and bool(inside))
+    inside = [
+        k
+        for k in kernels
+        if any(st.start_ns <= k.start_ns <= st.start_ns + st.dur_ns for st in steps)
+    ]
+    return Check.judged(
+        f"{label} CUDA kernel spans",
+        "> 0, inside a profiled step",
+        f"{len(kernels)} ({len(inside)} inside)",
+        bool(kernels) and bool(inside),
+    )
 
 
 def expected_gradient_sync(config, device_type: str = "cuda") -> tuple[str, int]:
@@ -172,9 +202,11 @@ def expected_gradient_sync(config, device_type: str = "cuda") -> tuple[str, int]
     from autotune.model.memory import state_bytes
 
     if config.tp_degree > 1 or config.pp_degree > 1 or config.dp_degree < 2:
-        raise ValueError("expected_gradient_sync covers pure data parallelism (dp ≥ 2, tp 1, "
-                         f"pp 1), not dp {config.dp_degree} × tp {config.tp_degree} × "
-                         f"pp {config.pp_degree}")
+        raise ValueError(
+            "expected_gradient_sync covers pure data parallelism (dp ≥ 2, tp 1, "
+            f"pp 1), not dp {config.dp_degree} × tp {config.tp_degree} × "
+            f"pp {config.pp_degree}"
+        )
     spec = config.workload
     numel = spec.shape.num_params(spec.resolved_vocab_size)
     fsdp = config.zero_stage >= 2
@@ -192,20 +224,26 @@ def payload_check(label: str, config, spans: list, device_type: str = "cuda") ->
     name, want = expected_gradient_sync(config, device_type)
     expected = f"{name} {mib(want)}/step ±{PAYLOAD_RTOL:.0%} on each of {config.world_size}"
     per_step = bytes_per_step(spans)
-    measured = {r: sum(v for (kind, op, _), v in per_step.get(r, {}).items()
-                       if kind == "comm" and op == name)
-                for r in sorted({s.rank for s in spans})}
+    measured = {
+        r: sum(
+            v for (kind, op, _), v in per_step.get(r, {}).items() if kind == "comm" and op == name
+        )
+        for r in sorted({s.rank for s in spans})
+    }
     if not measured:
         return Check.judged(f"{label} NCCL gradient payload", expected, "no spans", False)
     errors = {r: relative_error(got, want) for r, got in measured.items()}
     worst = max(errors, key=lambda r: abs(errors[r]))
     calls = sum(1 for s in spans if s.rank == worst and s.kind == "comm" and s.name == name)
     steps = len({s.step for s in spans if s.rank == worst and s.kind == "step"})
-    ok = len(measured) == config.world_size and all(abs(e) <= PAYLOAD_RTOL
-                                                    for e in errors.values())
-    return Check.judged(f"{label} NCCL gradient payload", expected,
-                        f"rank {worst}: {mib(measured[worst])} in {calls / max(1, steps):g} "
-                        f"calls ({errors[worst]:+.1%}); {len(measured)} ranks", ok)
+    ok = len(measured) == config.world_size and all(abs(e) <= PAYLOAD_RTOL for e in errors.values())
+    return Check.judged(
+        f"{label} NCCL gradient payload",
+        expected,
+        f"rank {worst}: {mib(measured[worst])} in {calls / max(1, steps):g} "
+        f"calls ({errors[worst]:+.1%}); {len(measured)} ranks",
+        ok,
+    )
 
 
 def loss_checks(label: str, losses_by_stage: dict[int, list[float]]) -> list[Check]:
@@ -216,12 +254,15 @@ def loss_checks(label: str, losses_by_stage: dict[int, list[float]]) -> list[Che
     for stage in stages:
         losses = losses_by_stage[stage]
         finite = all(math.isfinite(x) for x in losses)
-        worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, base)),
-                    default=0.0)
-        checks.append(Check.judged(
-            f"{label} ZeRO-{stage} losses", f"finite, = ZeRO-{stages[0]} ±{LOSS_RTOL:g}",
-            f"{losses[-1]:.5f} (rel {worst:.1e})",
-            finite and len(losses) == len(base) and worst <= LOSS_RTOL))
+        worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, base)), default=0.0)
+        checks.append(
+            Check.judged(
+                f"{label} ZeRO-{stage} losses",
+                f"finite, = ZeRO-{stages[0]} ±{LOSS_RTOL:g}",
+                f"{losses[-1]:.5f} (rel {worst:.1e})",
+                finite and len(losses) == len(base) and worst <= LOSS_RTOL,
+            )
+        )
     return checks
 
 
@@ -230,11 +271,23 @@ def skipped_multi_gpu_checks(num_gpus: int) -> list[Check]:
     why = f"SKIP: {num_gpus} GPU visible, needs 2"
     rows = []
     for stage in (0, 1, 2, 3):
-        rows.append(Check(f"w2 ZeRO-{stage} NCCL gradient payload", "dp 2, bytes the layout "
-                          "implies", f"{why} (no collective at world size 1)", Status.SKIP))
+        rows.append(
+            Check(
+                f"w2 ZeRO-{stage} NCCL gradient payload",
+                "dp 2, bytes the layout implies",
+                f"{why} (no collective at world size 1)",
+                Status.SKIP,
+            )
+        )
     for stage in (0, 1, 2, 3):
-        rows.append(Check(f"w2 ZeRO-{stage} losses", f"finite, = ZeRO-0 ±{LOSS_RTOL:g} at dp 2",
-                          f"{why} (at world size 1 every stage is plain AdamW)", Status.SKIP))
+        rows.append(
+            Check(
+                f"w2 ZeRO-{stage} losses",
+                f"finite, = ZeRO-0 ±{LOSS_RTOL:g} at dp 2",
+                f"{why} (at world size 1 every stage is plain AdamW)",
+                Status.SKIP,
+            )
+        )
     return rows
 
 
@@ -253,19 +306,26 @@ def master_weight_checks(losses: dict[str, list[float]]) -> list[Check]:
     """The master-weight check on the bf16-mixed run, and its negative control on bf16-true:
     ``losses`` holds each precision's losses ('32-true', 'bf16-mixed', 'bf16-true')."""
     reference = losses["32-true"]
-    expected = (f"|mean Δloss vs 32-true| ≤ {MASTER_ATOL:g} over the last {MASTER_STEPS // 2} "
-                f"of {MASTER_STEPS} steps, lr {MASTER_LR:g}")
+    expected = (
+        f"|mean Δloss vs 32-true| ≤ {MASTER_ATOL:g} over the last {MASTER_STEPS // 2} "
+        f"of {MASTER_STEPS} steps, lr {MASTER_LR:g}"
+    )
     mixed = master_weight_gap(losses["bf16-mixed"], reference)
     control = master_weight_gap(losses["bf16-true"], reference)
     check_passes = abs(control) <= MASTER_ATOL  # NaN compares False: a diverged run fails
     # A masterless run that diverged fails the check for another reason: it proves nothing
     # about the check's power to tell master weights from none, so the control wants a number.
-    return [Check.judged("bf16-mixed fp32 master weights", expected, f"{mixed:+.1e}",
-                         abs(mixed) <= MASTER_ATOL),
-            Check.judged("negative control: bf16-true fails it",
-                         "the same check FAILs, on finite losses",
-                         f"{control:+.1e} (check {'PASS' if check_passes else 'FAIL'})",
-                         math.isfinite(control) and not check_passes)]
+    return [
+        Check.judged(
+            "bf16-mixed fp32 master weights", expected, f"{mixed:+.1e}", abs(mixed) <= MASTER_ATOL
+        ),
+        Check.judged(
+            "negative control: bf16-true fails it",
+            "the same check FAILs, on finite losses",
+            f"{control:+.1e} (check {'PASS' if check_passes else 'FAIL'})",
+            math.isfinite(control) and not check_passes,
+        ),
+    ]
 
 
 def master_weight_config(precision: str, device: str):
@@ -273,10 +333,14 @@ def master_weight_config(precision: str, device: str):
     MasterWeightAdamW under mixed precision, ``parallel/precision.optimizer_class``)."""
     from autotune.config import TrialConfig, WorkloadSpec
 
-    return TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
-                                             global_batch_size=4),
-                       world_size=1, micro_batch_size=4, device=device, precision=precision,
-                       activation_checkpointing="none")
+    return TrialConfig(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=4),
+        world_size=1,
+        micro_batch_size=4,
+        device=device,
+        precision=precision,
+        activation_checkpointing="none",
+    )
 
 
 def _precision_losses(device: str, precisions: tuple[str, ...]) -> dict[str, list[float]]:
@@ -304,8 +368,9 @@ def _precision_losses(device: str, precisions: tuple[str, ...]) -> dict[str, lis
         for precision in precisions:
             config = master_weight_config(precision, device)
             where = resolve_device(config)
-            workload = build_workload(config.workload, attention=config.attention,
-                                      seed=config.seed, device=where)
+            workload = build_workload(
+                config.workload, attention=config.attention, seed=config.seed, device=where
+            )
             pm = parallelize(workload, config, build_mesh(config, where.type), where)
             params = [p for m in pm.parts for p in m.parameters()]
             pm.dp.optimizer = optimizer_class(config)(params, lr=MASTER_LR, weight_decay=0.0)
@@ -325,8 +390,9 @@ def precision_losses(device: str) -> dict[str, list[float]]:
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_precision_losses, device,
-                           ("32-true", "bf16-mixed", "bf16-true")).result()
+        return pool.submit(
+            _precision_losses, device, ("32-true", "bf16-mixed", "bf16-true")
+        ).result()
 
 
 def precision_checks(device: str) -> list[Check]:
@@ -334,20 +400,28 @@ def precision_checks(device: str) -> list[Check]:
         return master_weight_checks(precision_losses(device))
     except Exception as e:  # noqa: BLE001 - reported in the table
         why = f"{type(e).__name__}: {e}"[:120]
-        return [Check.judged("bf16-mixed fp32 master weights", "the check runs", why, False),
-                Check.judged("negative control: bf16-true fails it", "the check runs", why,
-                             False)]
+        return [
+            Check.judged("bf16-mixed fp32 master weights", "the check runs", why, False),
+            Check.judged("negative control: bf16-true fails it", "the check runs", why, False),
+        ]
 
 
 # ---- the runs ----------------------------------------------------------------------------------
 def base_config(world_size: int):
     from autotune.config import TrialConfig, WorkloadSpec
 
-    return TrialConfig(workload=WorkloadSpec(family="gpt", size="small", seq_len=512,
-                                             global_batch_size=8 * world_size),
-                       world_size=world_size, micro_batch_size=8, device="cuda",
-                       activation_checkpointing="none", num_warmup_steps=1,
-                       num_timed_steps=2, num_profiled_steps=1)
+    return TrialConfig(
+        workload=WorkloadSpec(
+            family="gpt", size="small", seq_len=512, global_batch_size=8 * world_size
+        ),
+        world_size=world_size,
+        micro_batch_size=8,
+        device="cuda",
+        activation_checkpointing="none",
+        num_warmup_steps=1,
+        num_timed_steps=2,
+        num_profiled_steps=1,
+    )
 
 
 def trial_plan(num_gpus: int) -> list[tuple[int, tuple[int, ...]]]:
@@ -364,8 +438,8 @@ def trial_checks(world_size: int, stages: tuple[int, ...], timeout_s: float) -> 
     """These ZeRO stages at this world size, on one local Ray cluster; with more than one rank
     the gradient sync's payload per stage and the stages' losses against each other."""
     from autotune.errors import AutotuneError
-    from autotune.trial.executor import ExecutorSettings, RayExecutor
     from autotune.model.memory import estimate_all_stages
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     label = f"w{world_size}"
     checks, losses = [], {}
@@ -377,20 +451,31 @@ def trial_checks(world_size: int, stages: tuple[int, ...], timeout_s: float) -> 
             try:
                 result = executor.run(config)
             except AutotuneError as e:
-                checks.append(Check.judged(f"{name} trial", "completes on CUDA", str(e)[:120],
-                                           False))
+                checks.append(
+                    Check.judged(f"{name} trial", "completes on CUDA", str(e)[:120], False)
+                )
                 continue
             rank0 = result.ranks[0]
-            on_cuda = (rank0.device.startswith("cuda") and rank0.backend == "nccl"
-                       and rank0.memory.source == "cuda_allocator")
-            checks.append(Check.judged(f"{name} trial", "cuda, nccl, cuda_allocator",
-                                       f"{rank0.device}, {rank0.backend}, "
-                                       f"{rank0.memory.source}, "
-                                       f"{result.step_time_s * 1e3:.1f} ms/step, "
-                                       f"{time.monotonic() - start:.0f}s", on_cuda))
+            on_cuda = (
+                rank0.device.startswith("cuda")
+                and rank0.backend == "nccl"
+                and rank0.memory.source == "cuda_allocator"
+            )
+            checks.append(
+                Check.judged(
+                    f"{name} trial",
+                    "cuda, nccl, cuda_allocator",
+                    f"{rank0.device}, {rank0.backend}, "
+                    f"{rank0.memory.source}, "
+                    f"{result.step_time_s * 1e3:.1f} ms/step, "
+                    f"{time.monotonic() - start:.0f}s",
+                    on_cuda,
+                )
+            )
             predicted = estimate_all_stages(config, device_type="cuda")[0]
-            checks += memory_checks(name, dataclasses.asdict(rank0.memory),
-                                    dataclasses.asdict(predicted))
+            checks += memory_checks(
+                name, dataclasses.asdict(rank0.memory), dataclasses.asdict(predicted)
+            )
             spans = [s for r in result.ranks for s in r.spans]
             checks.append(kernel_check(name, spans))
             if world_size > 1:
@@ -407,17 +492,41 @@ def oom_config_args(device_bytes: int) -> tuple[int, list[str]]:
     from autotune.config import TrialConfig, WorkloadSpec
 
     def config_at(batch: int) -> TrialConfig:
-        return TrialConfig(workload=WorkloadSpec(family="gpt", size="small", seq_len=1024,
-                                                 global_batch_size=batch),
-                           world_size=1, micro_batch_size=batch, device="cuda",
-                           activation_checkpointing="none")
+        return TrialConfig(
+            workload=WorkloadSpec(
+                family="gpt", size="small", seq_len=1024, global_batch_size=batch
+            ),
+            world_size=1,
+            micro_batch_size=batch,
+            device="cuda",
+            activation_checkpointing="none",
+        )
 
     batch = gpu_rows.batch_beyond_device(config_at, device_bytes, start=8)
-    return batch, ["--model", "gpt-small", "--seq-len", "1024", "--global-batch", str(batch),
-                   "--world-size", "1", "--fix", f"micro_batch_size={batch}",
-                   "--fix", "zero_stage=0", "--fix", "activation_checkpointing=none",
-                   "--fix", "device=cuda", "--fix", "num_warmup_steps=0",
-                   "--fix", "num_profiled_steps=0", "--strategy", "random"]
+    return batch, [
+        "--model",
+        "gpt-small",
+        "--seq-len",
+        "1024",
+        "--global-batch",
+        str(batch),
+        "--world-size",
+        "1",
+        "--fix",
+        f"micro_batch_size={batch}",
+        "--fix",
+        "zero_stage=0",
+        "--fix",
+        "activation_checkpointing=none",
+        "--fix",
+        "device=cuda",
+        "--fix",
+        "num_warmup_steps=0",
+        "--fix",
+        "num_profiled_steps=0",
+        "--strategy",
+        "random",
+    ]
 
 
 def oom_check(device_bytes: int, timeout_s: float) -> Check:
@@ -429,37 +538,72 @@ def oom_check(device_bytes: int, timeout_s: float) -> Check:
         url = f"sqlite:///{tmp}/oom.db"
         # The limit is raised far above the device so the memory screen lets the trial run.
         proc = subprocess.run(
-            [sys.executable, "-m", "autotune", "search", *args, "--trials", "1",
-             "--remeasure", "0", "--memory-limit", "1000000", "--timeout", str(timeout_s),
-             "--db", url, "--out", tmp], capture_output=True, text=True, cwd=REPO_ROOT,
-            timeout=timeout_s + 120)
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                "search",
+                *args,
+                "--trials",
+                "1",
+                "--remeasure",
+                "0",
+                "--memory-limit",
+                "1000000",
+                "--timeout",
+                str(timeout_s),
+                "--db",
+                url,
+                "--out",
+                tmp,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            timeout=timeout_s + 120,
+        )
         try:
             with Database.open(url, create=False) as database:
                 trials = database.list_trials(database.list_studies()[0].id)
         except Exception as e:  # noqa: BLE001 - reported in the table
-            return Check.judged("out of memory", "infeasible_measured", f"no study stored: {e}; "
-                                f"{proc.stderr.strip().splitlines()[-1:]}", False)
+            return Check.judged(
+                "out of memory",
+                "infeasible_measured",
+                f"no study stored: {e}; {proc.stderr.strip().splitlines()[-1:]}",
+                False,
+            )
     trial = trials[0] if trials else None
     status = trial.status if trial else "nothing stored"
     error = (trial.error or "") if trial else ""
     ok = status == "infeasible_measured" and "OutOfMemoryError" in error
-    return Check.judged(f"out of memory (micro-batch {batch})", "infeasible_measured, "
-                        "OutOfMemoryError", f"{status}: {error[:80]}", ok)
+    return Check.judged(
+        f"out of memory (micro-batch {batch})",
+        "infeasible_measured, OutOfMemoryError",
+        f"{status}: {error[:80]}",
+        ok,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timeout", type=float, default=240.0,
-                        help="per-trial timeout in seconds (default 240)")
+    parser.add_argument(
+        "--timeout", type=float, default=240.0, help="per-trial timeout in seconds (default 240)"
+    )
     parser.add_argument("--skip-oom", action="store_true", help="skip the out-of-memory checks")
-    parser.add_argument("--skip-search", action="store_true",
-                        help="skip the default search and its exports")
-    parser.add_argument("--only", metavar="STAGE[,STAGE]",
-                        help="run only these stages, in this order: search, rows, zero, "
-                             "master, oom (default: all)")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="run the rows' code paths on CPU with a tiny model (the figures "
-                             "judge nothing there; for checking the script before a GPU run)")
+    parser.add_argument(
+        "--skip-search", action="store_true", help="skip the default search and its exports"
+    )
+    parser.add_argument(
+        "--only",
+        metavar="STAGE[,STAGE]",
+        help="run only these stages, in this order: search, rows, zero, master, oom (default: all)",
+    )
+    parser.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="run the rows' code paths on CPU with a tiny model (the figures "
+        "judge nothing there; for checking the script before a GPU run)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -467,25 +611,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_dry_run:
         return _cpu_dry_run(args)
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); run it "
-              "on a machine with a GPU and a CUDA build of torch", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device visible (torch.cuda.is_available() is False); run it "
+            "on a machine with a GPU and a CUDA build of torch",
+            file=sys.stderr,
+        )
         return EXIT_NO_CUDA
     num_gpus = torch.cuda.device_count()
     props = torch.cuda.get_device_properties(0)
-    print(f"{num_gpus} × {props.name}, {props.total_memory / 2**30:.0f} GiB; torch "
-          f"{torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    print(
+        f"{num_gpus} × {props.name}, {props.total_memory / 2**30:.0f} GiB; torch "
+        f"{torch.__version__}, CUDA {torch.version.cuda}",
+        flush=True,
+    )
     start = time.monotonic()
     checks: list[Check] = []
-    stages = {"search": ("default search", lambda: [] if args.skip_search else
-               gpu_search.run_default_search(REPO_ROOT, timeout_s=args.timeout)),
-              "rows": ("1B rows", lambda: gpu_rows.run_rows(
-                  gpu_rows.Scale(), props.total_memory, args.timeout, oom=not args.skip_oom)),
-              "zero": ("ZeRO trials", lambda: [c for ws, st in trial_plan(num_gpus)
-                                               for c in trial_checks(ws, st, args.timeout)]
-                       + (skipped_multi_gpu_checks(num_gpus) if num_gpus < 2 else [])),
-              "master": ("master weights", lambda: precision_checks("cuda")),
-              "oom": ("search OOM", lambda: [] if args.skip_oom else
-                      [oom_check(props.total_memory, args.timeout)])}
+    stages = {
+        "search": (
+            "default search",
+            lambda: (
+                []
+                if args.skip_search
+                else gpu_search.run_default_search(REPO_ROOT, timeout_s=args.timeout)
+            ),
+        ),
+        "rows": (
+            "1B rows",
+            lambda: gpu_rows.run_rows(
+                gpu_rows.Scale(), props.total_memory, args.timeout, oom=not args.skip_oom
+            ),
+        ),
+        "zero": (
+            "ZeRO trials",
+            lambda: (
+                [c for ws, st in trial_plan(num_gpus) for c in trial_checks(ws, st, args.timeout)]
+                + (skipped_multi_gpu_checks(num_gpus) if num_gpus < 2 else [])
+            ),
+        ),
+        "master": ("master weights", lambda: precision_checks("cuda")),
+        "oom": (
+            "search OOM",
+            lambda: [] if args.skip_oom else [oom_check(props.total_memory, args.timeout)],
+        ),
+    }
     order = args.only.split(",") if args.only else list(stages)
     unknown = [s for s in order if s not in stages]
     if unknown:
@@ -517,10 +685,18 @@ def _cpu_dry_run(args) -> int:
     """The stages on CPU: a default search (gloo) and the rows on a tiny Llama."""
     start = time.monotonic()
     checks: list[Check] = []
-    checks += _run_stage("default search (cpu)", lambda: gpu_search.run_default_search(
-        REPO_ROOT, args.timeout, ("--trials", "3", "--remeasure", "0"), device="cpu"), start)
-    checks += _run_stage("rows (cpu, tiny)", lambda: gpu_rows.run_rows(
-        gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False), start)
+    checks += _run_stage(
+        "default search (cpu)",
+        lambda: gpu_search.run_default_search(
+            REPO_ROOT, args.timeout, ("--trials", "3", "--remeasure", "0"), device="cpu"
+        ),
+        start,
+    )
+    checks += _run_stage(
+        "rows (cpu, tiny)",
+        lambda: gpu_rows.run_rows(gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False),
+        start,
+    )
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)

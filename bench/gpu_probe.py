@@ -60,16 +60,23 @@ def trial_rows(timeout_s: float) -> list[tuple[str, str]]:
     from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     def config(size: str, family: str, seq: int, mb: int, ac: str, profiled: int):
-        return TrialConfig(workload=WorkloadSpec(family=family, size=size, seq_len=seq,
-                                                 global_batch_size=mb),
-                           world_size=1, micro_batch_size=mb, device="cuda",
-                           activation_checkpointing=ac, num_warmup_steps=1,
-                           num_timed_steps=3, num_profiled_steps=profiled)
+        return TrialConfig(
+            workload=WorkloadSpec(family=family, size=size, seq_len=seq, global_batch_size=mb),
+            world_size=1,
+            micro_batch_size=mb,
+            device="cuda",
+            activation_checkpointing=ac,
+            num_warmup_steps=1,
+            num_timed_steps=3,
+            num_profiled_steps=profiled,
+        )
 
-    plan = [("gpt-tiny, not profiled", config("tiny", "gpt", 64, 4, "none", 0)),
-            ("gpt-tiny, 1 profiled step", config("tiny", "gpt", 64, 4, "none", 1)),
-            ("llama-1b seq 4096 ac none", config("1b", "llama", 4096, 1, "none", 0)),
-            ("llama-1b seq 4096 ac full mb 2", config("1b", "llama", 4096, 2, "full", 0))]
+    plan = [
+        ("gpt-tiny, not profiled", config("tiny", "gpt", 64, 4, "none", 0)),
+        ("gpt-tiny, 1 profiled step", config("tiny", "gpt", 64, 4, "none", 1)),
+        ("llama-1b seq 4096 ac none", config("1b", "llama", 4096, 1, "none", 0)),
+        ("llama-1b seq 4096 ac full mb 2", config("1b", "llama", 4096, 2, "full", 0)),
+    ]
     rows = []
     with RayExecutor(ExecutorSettings(trial_timeout_s=timeout_s)) as executor:
         for label, cfg in plan:
@@ -82,16 +89,26 @@ def trial_rows(timeout_s: float) -> list[tuple[str, str]]:
                 continue
             r0 = result.ranks[0]
             m = dataclasses.asdict(r0.memory)
-            rows.append((label, f"{r0.device} {r0.backend}; {result.step_time_s * 1e3:.1f} "
-                                f"ms/step, MFU {result.mfu or 0:.1%}; setup {r0.setup_s:.1f}s, "
-                                f"wall {time.monotonic() - start:.0f}s"))
-            rows.append((f"  {label} memory", ", ".join(
-                f"{k} {v / 2**20:,.0f}" for k, v in m.items() if isinstance(v, int))
-                + f" MiB; predicted total {predicted.total / 2**20:,.0f} MiB "
-                  f"(activations {predicted.activations / 2**20:,.0f}, other "
-                  f"{predicted.other / 2**20:,.0f})"))
-            rows.append((f"  {label} extra", str({k: v for k, v in r0.extra.items()
-                                                  if k != 'pid'})[:200]))
+            rows.append(
+                (
+                    label,
+                    f"{r0.device} {r0.backend}; {result.step_time_s * 1e3:.1f} "
+                    f"ms/step, MFU {result.mfu or 0:.1%}; setup {r0.setup_s:.1f}s, "
+                    f"wall {time.monotonic() - start:.0f}s",
+                )
+            )
+            rows.append(
+                (
+                    f"  {label} memory",
+                    ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in m.items() if isinstance(v, int))
+                    + f" MiB; predicted total {predicted.total / 2**20:,.0f} MiB "
+                    f"(activations {predicted.activations / 2**20:,.0f}, other "
+                    f"{predicted.other / 2**20:,.0f})",
+                )
+            )
+            rows.append(
+                (f"  {label} extra", str({k: v for k, v in r0.extra.items() if k != "pid"})[:200])
+            )
     return rows
 
 
@@ -99,9 +116,14 @@ def main() -> int:
     import torch
 
     start = time.monotonic()
-    rows = [("torch", f"{torch.__version__}, CUDA {torch.version.cuda}, "
-                      f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-'}"),
-            ("python", sys.version.split()[0])]
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
+    rows = [
+        (
+            "torch",
+            f"{torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}",
+        ),
+        ("python", sys.version.split()[0]),
+    ]
     try:
         import ray
 
@@ -111,9 +133,14 @@ def main() -> int:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
-        rows.append(("device", f"{torch.cuda.device_count()} × {p.name}, sm {p.major}.{p.minor}, "
-                               f"{p.multi_processor_count} SMs, {total / 2**30:.1f} GiB "
-                               f"({free / 2**30:.1f} free)"))
+        rows.append(
+            (
+                "device",
+                f"{torch.cuda.device_count()} × {p.name}, sm {p.major}.{p.minor}, "
+                f"{p.multi_processor_count} SMs, {total / 2**30:.1f} GiB "
+                f"({free / 2**30:.1f} free)",
+            )
+        )
     rows += api_rows()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if torch.cuda.is_available():

@@ -84,13 +84,23 @@ class Scale:
 
         precision = row.precision if self.device == "cuda" else "32-true"
         return TrialConfig(
-            workload=WorkloadSpec(family=self.family, size=self.size,
-                                  seq_len=row.seq_len // self.seq_divisor,
-                                  global_batch_size=row.micro_batch),
-            world_size=1, micro_batch_size=row.micro_batch, device=self.device,
-            precision=precision, activation_checkpointing=row.activation_checkpointing,
-            zero_stage=row.zero_stage, optimizer_offload_enabled=row.offload,
-            num_warmup_steps=2, num_timed_steps=3, num_profiled_steps=profiled_steps)
+            workload=WorkloadSpec(
+                family=self.family,
+                size=self.size,
+                seq_len=row.seq_len // self.seq_divisor,
+                global_batch_size=row.micro_batch,
+            ),
+            world_size=1,
+            micro_batch_size=row.micro_batch,
+            device=self.device,
+            precision=precision,
+            activation_checkpointing=row.activation_checkpointing,
+            zero_stage=row.zero_stage,
+            optimizer_offload_enabled=row.offload,
+            num_warmup_steps=2,
+            num_timed_steps=3,
+            num_profiled_steps=profiled_steps,
+        )
 
 
 CPU_DRY_RUN = Scale(size="tiny", device="cpu", seq_divisor=32)
@@ -114,19 +124,35 @@ def memory_row_checks(m: Measured, predicted_peak: int, predicted_device: int) -
     what lies outside the allocator against the model's device figure."""
     label = f"1B {m.row.name}"
     error = relative_error(m.allocated_peak, predicted_peak)
-    checks = [Check.judged(f"{label} allocated peak", f"{mib(predicted_peak)} ±{PEAK_RTOL:.0%}",
-                           f"{mib(m.allocated_peak)} ({error:+.1%})", abs(error) <= PEAK_RTOL)]
+    checks = [
+        Check.judged(
+            f"{label} allocated peak",
+            f"{mib(predicted_peak)} ±{PEAK_RTOL:.0%}",
+            f"{mib(m.allocated_peak)} ({error:+.1%})",
+            abs(error) <= PEAK_RTOL,
+        )
+    ]
     if m.reserved_peak is None:
-        checks.append(Check(f"{label} reserved + outside", "the allocator's reserved peak",
-                            "not reported by the trial", Status.FAIL))
+        checks.append(
+            Check(
+                f"{label} reserved + outside",
+                "the allocator's reserved peak",
+                "not reported by the trial",
+                Status.FAIL,
+            )
+        )
         return checks
     device = m.reserved_peak + (m.outside_allocator or 0)
     error = relative_error(device, predicted_device)
-    checks.append(Check.judged(
-        f"{label} reserved + outside", f"{mib(predicted_device)} ±{RESERVED_RTOL:.0%}",
-        f"{mib(m.reserved_peak)} + {mib(m.outside_allocator or 0)} ({error:+.1%}); reserved "
-        f"/ allocated {m.reserved_peak / max(1, m.allocated_peak):.3f}",
-        abs(error) <= RESERVED_RTOL))
+    checks.append(
+        Check.judged(
+            f"{label} reserved + outside",
+            f"{mib(predicted_device)} ±{RESERVED_RTOL:.0%}",
+            f"{mib(m.reserved_peak)} + {mib(m.outside_allocator or 0)} ({error:+.1%}); reserved "
+            f"/ allocated {m.reserved_peak / max(1, m.allocated_peak):.3f}",
+            abs(error) <= RESERVED_RTOL,
+        )
+    )
     return checks
 
 
@@ -139,17 +165,26 @@ def time_checks(measured: list[Measured], predicted_s: dict[str, float]) -> list
         fitted = m.row.name in CALIBRATE_ON
         if not fitted:
             held_out.append(error)
-        checks.append(Check(
-            f"1B {m.row.name} step time", "calibrated on this row" if fitted
-            else f"within ±{TIME_RTOL:.0%}",
-            f"{m.step_time_s * 1e3:.1f} ms, predicted {predicted_s[m.row.name] * 1e3:.1f} "
-            f"({error:+.1%})",
-            Status.SKIP if fitted else (Status.PASS if abs(error) <= TIME_RTOL
-                                        else Status.FAIL)))
+        checks.append(
+            Check(
+                f"1B {m.row.name} step time",
+                "calibrated on this row" if fitted else f"within ±{TIME_RTOL:.0%}",
+                f"{m.step_time_s * 1e3:.1f} ms, predicted {predicted_s[m.row.name] * 1e3:.1f} "
+                f"({error:+.1%})",
+                Status.SKIP
+                if fitted
+                else (Status.PASS if abs(error) <= TIME_RTOL else Status.FAIL),
+            )
+        )
     mape = sum(map(abs, held_out)) / len(held_out) if held_out else math.nan
-    checks.append(Check.judged("1B step-time model, held-out rows",
-                               f"MAPE ≤ {TIME_MAPE:.0%}, calibrated on {' + '.join(CALIBRATE_ON)}",
-                               f"{mape:.1%} over {len(held_out)} rows", mape <= TIME_MAPE))
+    checks.append(
+        Check.judged(
+            "1B step-time model, held-out rows",
+            f"MAPE ≤ {TIME_MAPE:.0%}, calibrated on {' + '.join(CALIBRATE_ON)}",
+            f"{mape:.1%} over {len(held_out)} rows",
+            mape <= TIME_MAPE,
+        )
+    )
     return checks
 
 
@@ -165,27 +200,40 @@ def profile_checks(config, spans: list) -> list[Check]:
     rows = breakdown(rank0)
     share = rows[0].compute_ns / rows[0].window_ns if rows and rows[0].window_ns else 0.0
     return [
-        Check.judged("1B profile: steps", f"{config.num_profiled_steps} profiled steps",
-                     f"{len(steps)} ({rows[0].num_steps if rows else 0} in the breakdown)",
-                     len(steps) == config.num_profiled_steps),
-        Check.judged("1B profile: CUDA kernels", "> 0, in forward, backward and optimizer",
-                     f"{len(kernels)}; phases {', '.join(sorted(phases)) or 'none'}",
-                     bool(kernels) and {"forward", "backward", "optimizer"} <= phases),
-        Check.judged("1B profile: compute share", f"≥ {COMPUTE_SHARE:.0%} of the step window",
-                     f"{share:.1%}", share >= COMPUTE_SHARE),
+        Check.judged(
+            "1B profile: steps",
+            f"{config.num_profiled_steps} profiled steps",
+            f"{len(steps)} ({rows[0].num_steps if rows else 0} in the breakdown)",
+            len(steps) == config.num_profiled_steps,
+        ),
+        Check.judged(
+            "1B profile: CUDA kernels",
+            "> 0, in forward, backward and optimizer",
+            f"{len(kernels)}; phases {', '.join(sorted(phases)) or 'none'}",
+            bool(kernels) and {"forward", "backward", "optimizer"} <= phases,
+        ),
+        Check.judged(
+            "1B profile: compute share",
+            f"≥ {COMPUTE_SHARE:.0%} of the step window",
+            f"{share:.1%}",
+            share >= COMPUTE_SHARE,
+        ),
     ]
 
 
 # ---- the runs --------------------------------------------------------------------------------
-def batch_beyond_device(config_at, device_bytes: int, start: int = 1,
-                        device_type: str = "cuda") -> int:
+def batch_beyond_device(
+    config_at, device_bytes: int, start: int = 1, device_type: str = "cuda"
+) -> int:
     """The smallest micro-batch, ``start`` doubled, whose configuration (``config_at(batch)``)
     the memory model puts beyond OOM_FACTOR × the device's memory."""
     from autotune.model.memory import estimate_memory
 
     batch = start
-    while estimate_memory(config_at(batch), device_type=device_type).total \
-            <= OOM_FACTOR * device_bytes:
+    while (
+        estimate_memory(config_at(batch), device_type=device_type).total
+        <= OOM_FACTOR * device_bytes
+    ):
         batch *= 2
     return batch
 
@@ -195,8 +243,10 @@ def oom_row(scale: Scale, device_bytes: int) -> Row:
     device's memory."""
     row = Row("out of memory", ROWS[0].seq_len, 1, "none", "bf16-mixed")
     batch = batch_beyond_device(
-        lambda b: scale.config(dataclasses.replace(row, micro_batch=b)), device_bytes,
-        device_type=scale.device)
+        lambda b: scale.config(dataclasses.replace(row, micro_batch=b)),
+        device_bytes,
+        device_type=scale.device,
+    )
     return dataclasses.replace(row, micro_batch=batch)
 
 
@@ -224,8 +274,7 @@ def _measured(row: Row, config, result) -> Measured:
     return Measured(row, config, result.step_time_s, rank0.memory.peak, reserved, outside)
 
 
-def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = True
-             ) -> list[Check]:
+def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = True) -> list[Check]:
     """Every row in one worker group, then the out-of-memory row and one more trial in the
     same group; then the memory, profile and step-time judgements."""
     from autotune.errors import AutotuneError
@@ -242,20 +291,35 @@ def run_rows(scale: Scale, device_bytes: int, timeout_s: float, *, oom: bool = T
             config = scale.config(row, profiled_steps=2 if row.name == PROFILED_ROW else 1)
             refused = _refusal(config)
             if refused:
-                checks.append(Check(f"1B {row.name} trial", "runs where the runtime allows it",
-                                    f"refused: {refused}"[:140], Status.SKIP))
+                checks.append(
+                    Check(
+                        f"1B {row.name} trial",
+                        "runs where the runtime allows it",
+                        f"refused: {refused}"[:140],
+                        Status.SKIP,
+                    )
+                )
                 continue
             try:
                 result = executor.run(config)
             except AutotuneError as e:
-                checks.append(Check.judged(f"1B {row.name} trial", "completes",
-                                           f"{type(e).__name__}: {e}"[:140], False))
+                checks.append(
+                    Check.judged(
+                        f"1B {row.name} trial", "completes", f"{type(e).__name__}: {e}"[:140], False
+                    )
+                )
                 continue
             m = _measured(row, config, result)
             measured.append(m)
-            checks.append(Check.judged(f"1B {row.name} trial", f"{scale.device} trial completes",
-                                       f"{result.ranks[0].device}, {result.ranks[0].backend}, "
-                                       f"{result.step_time_s * 1e3:.1f} ms/step", True))
+            checks.append(
+                Check.judged(
+                    f"1B {row.name} trial",
+                    f"{scale.device} trial completes",
+                    f"{result.ranks[0].device}, {result.ranks[0].backend}, "
+                    f"{result.step_time_s * 1e3:.1f} ms/step",
+                    True,
+                )
+            )
             checks += memory_row_checks(m, *predicted_memory(config, scale.device))
             if row.name == PROFILED_ROW:
                 checks += profile_checks(config, result.ranks[0].spans)
@@ -290,16 +354,34 @@ def _oom_then_next(executor, scale: Scale, device_bytes: int) -> list[Check]:
         verdict, ok = f"{e.kind}: {str(e)[:80]}", e.kind == FailureKind.OOM
     except AutotuneError as e:
         verdict, ok = f"{type(e).__name__}: {str(e)[:80]}", False
-    checks = [Check.judged(f"1B out of memory (micro-batch {row.micro_batch})",
-                           "fails as out of memory", verdict, ok)]
+    checks = [
+        Check.judged(
+            f"1B out of memory (micro-batch {row.micro_batch})",
+            "fails as out of memory",
+            verdict,
+            ok,
+        )
+    ]
     after = scale.config(ROWS[2])
     try:
         result = executor.run(after)
-        checks.append(Check.judged("1B trial after the OOM", "completes in the same executor",
-                                   f"{result.step_time_s * 1e3:.1f} ms/step", True))
+        checks.append(
+            Check.judged(
+                "1B trial after the OOM",
+                "completes in the same executor",
+                f"{result.step_time_s * 1e3:.1f} ms/step",
+                True,
+            )
+        )
     except AutotuneError as e:
-        checks.append(Check.judged("1B trial after the OOM", "completes in the same executor",
-                                   f"{type(e).__name__}: {e}"[:140], False))
+        checks.append(
+            Check.judged(
+                "1B trial after the OOM",
+                "completes in the same executor",
+                f"{type(e).__name__}: {e}"[:140],
+                False,
+            )
+        )
     return checks
 
 
@@ -311,10 +393,18 @@ def _step_time_checks(scale: Scale, measured: list[Measured]) -> list[Check]:
 
     fit_rows = [m for m in measured if m.row.name in CALIBRATE_ON]
     if len(fit_rows) < len(CALIBRATE_ON):
-        return [Check("1B step-time model", "calibrated on " + " + ".join(CALIBRATE_ON),
-                      "a calibration row did not complete", Status.FAIL)]
+        return [
+            Check(
+                "1B step-time model",
+                "calibrated on " + " + ".join(CALIBRATE_ON),
+                "a calibration row did not complete",
+                Status.FAIL,
+            )
+        ]
     cluster = describe_cluster(1, scale.device)
     report = fit_calibration([Sample(m.config, m.step_time_s) for m in fit_rows], cluster)
-    predicted = {m.row.name: predict_step_time(m.config, cluster, report.calibration).step_time_s
-                 for m in measured}
+    predicted = {
+        m.row.name: predict_step_time(m.config, cluster, report.calibration).step_time_s
+        for m in measured
+    }
     return time_checks(measured, predicted)

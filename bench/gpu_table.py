@@ -48,8 +48,10 @@ def format_table(checks: list[Check]) -> str:
 def summary_line(checks: list[Check], seconds: float) -> str:
     """'7 passed, 1 failed, 8 skipped of 16 checks in 212s': skips counted on their own."""
     counts = {s: sum(1 for c in checks if c.status is s) for s in Status}
-    return (f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, "
-            f"{counts[Status.SKIP]} skipped of {len(checks)} checks in {seconds:.0f}s")
+    return (
+        f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, "
+        f"{counts[Status.SKIP]} skipped of {len(checks)} checks in {seconds:.0f}s"
+    )
 
 
 def exit_status(checks: list[Check]) -> int:

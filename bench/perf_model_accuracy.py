@@ -42,11 +42,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import common  # noqa: E402,F401  (the repository on the path)
-
-from autotune.model.calibration import Sample, fit_calibration  # noqa: E402
-from autotune.model.cluster import load_cluster  # noqa: E402
-from autotune.errors import ConfigError  # noqa: E402
-from autotune.model.perf_model import ENGINES, layer_shape_key, predict_step_time  # noqa: E402
 from replay_table import (  # noqa: E402
     CSV_COLUMNS,
     TableTraining,
@@ -54,6 +49,11 @@ from replay_table import (  # noqa: E402
     csv_row,
     read_csv_rows,
 )
+
+from autotune.errors import ConfigError  # noqa: E402
+from autotune.model.calibration import Sample, fit_calibration  # noqa: E402
+from autotune.model.cluster import load_cluster  # noqa: E402
+from autotune.model.perf_model import ENGINES, layer_shape_key, predict_step_time  # noqa: E402
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
 COLUMNS = CSV_COLUMNS
@@ -67,10 +67,15 @@ def read_table(path: str) -> list[dict[str, float]]:
 
 def training_of(args: argparse.Namespace) -> TableTraining:
     """How the table's code trained, from the command line (defaults: the shared table's)."""
-    return TableTraining(dtype=args.dtype, activation_checkpointing=args.ac,
-                         pp_schedule=args.schedule, attention=args.attention,
-                         zero_stage=args.zero, overlap_enabled=args.overlap,
-                         vocab_size=args.vocab_size)
+    return TableTraining(
+        dtype=args.dtype,
+        activation_checkpointing=args.ac,
+        pp_schedule=args.schedule,
+        attention=args.attention,
+        zero_stage=args.zero,
+        overlap_enabled=args.overlap,
+        vocab_size=args.vocab_size,
+    )
 
 
 def row_sample(row: dict[str, float], args: argparse.Namespace) -> Sample:
@@ -102,12 +107,16 @@ def evaluate(rows, predicted_s: list[float], min_layouts: int = 3) -> dict:
         gap = measured[pick] / best - 1
         gaps.append(gap)
         hits += gap <= WITHIN
-    return {"rows": len(rows), "mape": statistics.mean(ape),
-            "median_ape": statistics.median(ape), "groups": len(ranked),
-            "median_group_spearman": statistics.median(rhos) if rhos else None,
-            "mean_group_spearman": statistics.mean(rhos) if rhos else None,
-            "best_within_3pct": hits / len(ranked) if ranked else None,
-            "mean_best_gap": statistics.mean(gaps) if gaps else None}
+    return {
+        "rows": len(rows),
+        "mape": statistics.mean(ape),
+        "median_ape": statistics.median(ape),
+        "groups": len(ranked),
+        "median_group_spearman": statistics.median(rhos) if rhos else None,
+        "mean_group_spearman": statistics.mean(rhos) if rhos else None,
+        "best_within_3pct": hits / len(ranked) if ranked else None,
+        "mean_best_gap": statistics.mean(gaps) if gaps else None,
+    }
 
 
 def shape_of(row: dict[str, float], args: argparse.Namespace) -> tuple[tuple, str]:
@@ -115,8 +124,11 @@ def shape_of(row: dict[str, float], args: argparse.Namespace) -> tuple[tuple, st
     and ``layer_shape_key``, the key its per-shape correction is stored under."""
     smp = row_sample(row, args)
     c, s = smp.config, smp.shape
-    order = ((s.hidden_size, s.num_heads, s.ffn_hidden_size),
-             c.micro_batch_size * c.workload.seq_len, c.tp_degree)
+    order = (
+        (s.hidden_size, s.num_heads, s.ffn_hidden_size),
+        c.micro_batch_size * c.workload.seq_len,
+        c.tp_degree,
+    )
     return order, layer_shape_key(c, s, c.device)
 
 
@@ -127,8 +139,10 @@ def shape_folds(shapes: list[tuple[tuple, str]], num_folds: int) -> dict[str, in
     size (not all of tp 1, say) and a held-out shape's neighbours along each coordinate (one
     step in one of them) are in other folds, measured."""
     values = [sorted({order[d] for order, _ in shapes}) for d in range(len(shapes[0][0]))]
-    return {key: sum(values[d].index(v) for d, v in enumerate(order)) % num_folds
-            for order, key in shapes}
+    return {
+        key: sum(values[d].index(v) for d, v in enumerate(order)) % num_folds
+        for order, key in shapes
+    }
 
 
 def split(args: argparse.Namespace) -> int:
@@ -145,10 +159,12 @@ def split(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"cannot read table '{path}': {e.strerror}") from None
     order = sorted(range(len(rows)), key=lambda i: [float(x) for x in rows[i][:-1]])
-    how = (f"every {args.every}th row from row {args.offset} of the table sorted by its "
-           "configuration columns")
+    how = (
+        f"every {args.every}th row from row {args.offset} of the table sorted by its "
+        "configuration columns"
+    )
     if args.hold_out_shapes is None:
-        chosen = set(order[args.offset::args.every])
+        chosen = set(order[args.offset :: args.every])
         predicted = set(range(len(rows))) - chosen
     else:
         shapes = [shape_of(r, args) for r in read_table(str(path))]
@@ -159,9 +175,11 @@ def split(args: argparse.Namespace) -> int:
         # As many calibrating rows as the row split has, spread evenly over the other shapes'.
         count = min(len(seen), max(1, len(rows) // args.every))
         chosen = {seen[int(j * len(seen) / count)] for j in range(count)}
-        how = (f"fold {fold} of {args.hold_out_shapes}: {sum(f == fold for f in folds.values())}"
-               f" of {len(folds)} layer shapes held out, all their rows predicted; "
-               f"{len(chosen)} rows spread evenly over the other shapes' calibrate")
+        how = (
+            f"fold {fold} of {args.hold_out_shapes}: {sum(f == fold for f in folds.values())}"
+            f" of {len(folds)} layer shapes held out, all their rows predicted; "
+            f"{len(chosen)} rows spread evenly over the other shapes' calibrate"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, keep in (("calibrate.csv", True), ("predict.csv", False)):
@@ -169,8 +187,10 @@ def split(args: argparse.Namespace) -> int:
             w = csv.writer(f)
             w.writerow(header)
             w.writerows(r for i, r in enumerate(rows) if i in (chosen if keep else predicted))
-    print(f"{len(chosen)} rows → {out / 'calibrate.csv'}, {len(predicted)} → "
-          f"{out / 'predict.csv'} ({how})")
+    print(
+        f"{len(chosen)} rows → {out / 'calibrate.csv'}, {len(predicted)} → "
+        f"{out / 'predict.csv'} ({how})"
+    )
     return 0
 
 
@@ -182,25 +202,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the predictions as JSON only")
     p.add_argument("--split", metavar="TABLE", help="write a calibrate/predict split instead")
     p.add_argument("--every", type=int, default=10, help="--split: every k-th row calibrates")
-    p.add_argument("--offset", type=int, default=0,
-                   help="--split: first calibrating row (with --hold-out-shapes: the "
-                        "held-out fold)")
-    p.add_argument("--hold-out-shapes", type=int, metavar="K",
-                   help="--split: put the layer shapes in K folds and hold out fold --offset "
-                        "whole (predict all its rows)")
+    p.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="--split: first calibrating row (with --hold-out-shapes: the held-out fold)",
+    )
+    p.add_argument(
+        "--hold-out-shapes",
+        type=int,
+        metavar="K",
+        help="--split: put the layer shapes in K folds and hold out fold --offset "
+        "whole (predict all its rows)",
+    )
     p.add_argument("--out", default="split", help="--split: output folder")
     train = p.add_argument_group("how the table's code trained (defaults: the shared table's)")
-    train.add_argument("--engine", choices=sorted(ENGINES), default="megatron-legacy",
-                       help="megatron-legacy: Megatron's TP plan on the calibrated size curve, "
-                       "as these figures were first made")
+    train.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="megatron-legacy",
+        help="megatron-legacy: Megatron's TP plan on the calibrated size curve, "
+        "as these figures were first made",
+    )
     train.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     train.add_argument("--ac", default="full", choices=("none", "selective", "full"))
     train.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved_1f1b"))
     train.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
     train.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    train.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
-                       help="whether the runs overlapped gradient sync with the backward "
-                            "(default --no-overlap: the shared table's code synced after it)")
+    train.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="whether the runs overlapped gradient sync with the backward "
+        "(default --no-overlap: the shared table's code synced after it)",
+    )
     train.add_argument("--vocab-size", type=int, default=50257)
     return p
 
@@ -230,49 +265,69 @@ def run(args: argparse.Namespace) -> int:
     fit_s = time.perf_counter() - t0
     # The same fit less its per-shape corrections: what the formulas and fitted parameters
     # alone predict (the parameters are fitted before the shapes, so no refit is needed).
-    bare = dataclasses.replace(report.calibration, layer_shape_factors={},
-                               host_shape_factors={})
+    bare = dataclasses.replace(report.calibration, layer_shape_factors={}, host_shape_factors={})
     corrected = set(report.calibration.layer_shape_factors) | set(
-        report.calibration.host_shape_factors)
+        report.calibration.host_shape_factors
+    )
     predicted, predicted_bare, num_measured_shape = [], [], 0
     for r in predict_rows:
         smp = row_sample(r, args)
         for cal, out in ((report.calibration, predicted), (bare, predicted_bare)):
-            out.append(predict_step_time(smp.config, base, cal, shape=smp.shape,
-                                         engine=engine).step_time_s)
+            out.append(
+                predict_step_time(smp.config, base, cal, shape=smp.shape, engine=engine).step_time_s
+            )
         num_measured_shape += shape_of(r, args)[1] in corrected
     if args.json:
-        print(json.dumps([{"predicted_ms": round(t * 1000, 4),
-                           "predicted_without_shape_factors_ms": round(u * 1000, 4)}
-                          for t, u in zip(predicted, predicted_bare)]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "predicted_ms": round(t * 1000, 4),
+                        "predicted_without_shape_factors_ms": round(u * 1000, 4),
+                    }
+                    for t, u in zip(predicted, predicted_bare)
+                ]
+            )
+        )
         return 0
-    print(f"calibrated on {len(calib_rows)} rows of {args.calibrate_on} in {fit_s:.1f} s "
-          f"(engine {engine.name}, cluster {base.name}):")
+    print(
+        f"calibrated on {len(calib_rows)} rows of {args.calibrate_on} in {fit_s:.1f} s "
+        f"(engine {engine.name}, cluster {base.name}):"
+    )
     print(report.table())
     print()
-    print(f"{'#':>5} {'GPUs':>4} {'h':>5} {'L':>3} {'gb':>4} {'mb':>3} {'tp':>3} {'dp':>3} "
-          f"{'pp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>7}")
+    print(
+        f"{'#':>5} {'GPUs':>4} {'h':>5} {'L':>3} {'gb':>4} {'mb':>3} {'tp':>3} {'dp':>3} "
+        f"{'pp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>7}"
+    )
     for i, (r, t) in enumerate(zip(predict_rows, predicted)):
         m = r["iteration time (ms)"]
-        print(f"{i:>5} {r['# GPUs']:>4.0f} {r['hidden size']:>5.0f} {r['# layers']:>3.0f} "
-              f"{r['global batch']:>4.0f} {r['micro batch']:>3.0f} "
-              f"{r['tensor parallelism']:>3.0f} {r['data parallelism']:>3.0f} "
-              f"{r['pipeline parallelism']:>3.0f} {m:>12.1f} {t * 1000:>13.1f} "
-              f"{100 * (t * 1000 / m - 1):>+6.1f}%")
+        print(
+            f"{i:>5} {r['# GPUs']:>4.0f} {r['hidden size']:>5.0f} {r['# layers']:>3.0f} "
+            f"{r['global batch']:>4.0f} {r['micro batch']:>3.0f} "
+            f"{r['tensor parallelism']:>3.0f} {r['data parallelism']:>3.0f} "
+            f"{r['pipeline parallelism']:>3.0f} {m:>12.1f} {t * 1000:>13.1f} "
+            f"{100 * (t * 1000 / m - 1):>+6.1f}%"
+        )
     print()
-    print(f"predicted {len(predict_rows)} rows of {args.predict}; {num_measured_shape} of them "
-          f"have a layer shape the calibration rows measured ({len(corrected)} shapes corrected)")
+    print(
+        f"predicted {len(predict_rows)} rows of {args.predict}; {num_measured_shape} of them "
+        f"have a layer shape the calibration rows measured ({len(corrected)} shapes corrected)"
+    )
     print(f"  {'':<31} {'with per-shape factors':>24} {'without (same fit)':>20}")
-    for label, figures in summary_lines(evaluate(predict_rows, predicted),
-                                        evaluate(predict_rows, predicted_bare),
-                                        evaluate(predict_rows, predicted, min_layouts=8),
-                                        evaluate(predict_rows, predicted_bare, min_layouts=8)):
+    for label, figures in summary_lines(
+        evaluate(predict_rows, predicted),
+        evaluate(predict_rows, predicted_bare),
+        evaluate(predict_rows, predicted, min_layouts=8),
+        evaluate(predict_rows, predicted_bare, min_layouts=8),
+    ):
         print(f"  {label:<31} {figures[0]:>24} {figures[1]:>20}")
     return 0
 
 
 def summary_lines(stats: dict, bare: dict, big: dict, big_bare: dict):
     """(label, (with factors, without)) rows of the printed summary."""
+
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.2f}%"
 
@@ -282,18 +337,28 @@ def summary_lines(stats: dict, bare: dict, big: dict, big_bare: dict):
     yield "MAPE", (pct(stats["mape"]), pct(bare["mape"]))
     yield "median |error|", (pct(stats["median_ape"]), pct(bare["median_ape"]))
     if stats["groups"]:
-        yield f"groups of ≥ 3 layouts ({stats['groups']}): ρ median", (
-            rho(stats["median_group_spearman"]), rho(bare["median_group_spearman"]))
+        yield (
+            f"groups of ≥ 3 layouts ({stats['groups']}): ρ median",
+            (rho(stats["median_group_spearman"]), rho(bare["median_group_spearman"])),
+        )
         yield "  ρ mean", (rho(stats["mean_group_spearman"]), rho(bare["mean_group_spearman"]))
-        yield "  predicted best within 3%", (pct(stats["best_within_3pct"]),
-                                            pct(bare["best_within_3pct"]))
-        yield "  mean gap of the predicted best", (pct(stats["mean_best_gap"]),
-                                                  pct(bare["mean_best_gap"]))
+        yield (
+            "  predicted best within 3%",
+            (pct(stats["best_within_3pct"]), pct(bare["best_within_3pct"])),
+        )
+        yield (
+            "  mean gap of the predicted best",
+            (pct(stats["mean_best_gap"]), pct(bare["mean_best_gap"])),
+        )
     if big["groups"]:
-        yield f"groups of ≥ 8 layouts ({big['groups']}): ρ median", (
-            rho(big["median_group_spearman"]), rho(big_bare["median_group_spearman"]))
-        yield "  predicted best within 3%", (pct(big["best_within_3pct"]),
-                                            pct(big_bare["best_within_3pct"]))
+        yield (
+            f"groups of ≥ 8 layouts ({big['groups']}): ρ median",
+            (rho(big["median_group_spearman"]), rho(big_bare["median_group_spearman"])),
+        )
+        yield (
+            "  predicted best within 3%",
+            (pct(big["best_within_3pct"]), pct(big_bare["best_within_3pct"])),
+        )
 
 
 if __name__ == "__main__":

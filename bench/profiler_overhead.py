@@ -49,8 +49,14 @@ def main() -> None:
     with RayExecutor() as ex:
         ex.start()
         for name, layout in LAYOUTS.items():
-            base = TrialConfig(world_size=2, device="cpu", num_warmup_steps=2,
-                               num_timed_steps=args.timed, num_profiled_steps=2, **layout)
+            base = TrialConfig(
+                world_size=2,
+                device="cpu",
+                num_warmup_steps=2,
+                num_timed_steps=args.timed,
+                num_profiled_steps=2,
+                **layout,
+            )
             off = dataclasses.replace(base, num_profiled_steps=0)
             ex.run(base)  # warm the group and the layout's mesh
             timed_on, timed_off, profiled, spans = [], [], [], []
@@ -60,26 +66,37 @@ def main() -> None:
                 profiled.append(profiled_step_time(on_result, base))
                 spans.append(sum(len(r.spans) for r in on_result.ranks))
                 timed_off.append(ex.run(off).step_time_s)
-            rows.append({
-                "layout": name, "timed_ms": statistics.median(timed_on) * 1e3,
-                "profiled_ms": statistics.median(profiled) * 1e3,
-                "profiled_over_timed": statistics.median(profiled) / statistics.median(timed_on),
-                "timed_without_profiler_ms": statistics.median(timed_off) * 1e3,
-                "timed_ratio_on_off": statistics.median(
-                    a / b for a, b in zip(timed_on, timed_off)),
-                "spans_per_step": statistics.median(spans) / (2 * 2),
-            })
+            rows.append(
+                {
+                    "layout": name,
+                    "timed_ms": statistics.median(timed_on) * 1e3,
+                    "profiled_ms": statistics.median(profiled) * 1e3,
+                    "profiled_over_timed": statistics.median(profiled)
+                    / statistics.median(timed_on),
+                    "timed_without_profiler_ms": statistics.median(timed_off) * 1e3,
+                    "timed_ratio_on_off": statistics.median(
+                        a / b for a, b in zip(timed_on, timed_off)
+                    ),
+                    "spans_per_step": statistics.median(spans) / (2 * 2),
+                }
+            )
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"profiler overhead (tiny gpt, world 2, CPU/gloo; {args.timed} timed steps, "
-          f"2 profiled, {args.rounds} rounds)")
-    print(f"{'layout':<12}{'timed ms':>10}{'profiled ms':>13}{'prof/timed':>12}"
-          f"{'timed ms (prof off)':>21}{'timed on/off':>14}{'spans/rank/step':>17}")
+    print(
+        f"profiler overhead (tiny gpt, world 2, CPU/gloo; {args.timed} timed steps, "
+        f"2 profiled, {args.rounds} rounds)"
+    )
+    print(
+        f"{'layout':<12}{'timed ms':>10}{'profiled ms':>13}{'prof/timed':>12}"
+        f"{'timed ms (prof off)':>21}{'timed on/off':>14}{'spans/rank/step':>17}"
+    )
     for r in rows:
-        print(f"{r['layout']:<12}{r['timed_ms']:>10.2f}{r['profiled_ms']:>13.2f}"
-              f"{r['profiled_over_timed']:>12.2f}{r['timed_without_profiler_ms']:>21.2f}"
-              f"{r['timed_ratio_on_off']:>14.3f}{r['spans_per_step']:>17.0f}")
+        print(
+            f"{r['layout']:<12}{r['timed_ms']:>10.2f}{r['profiled_ms']:>13.2f}"
+            f"{r['profiled_over_timed']:>12.2f}{r['timed_without_profiler_ms']:>21.2f}"
+            f"{r['timed_ratio_on_off']:>14.3f}{r['spans_per_step']:>17.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,12 @@ LLAMA_SHAPES = {  # layers, hidden, heads, KV heads, MLP width, vocabulary (the 
     "Llama 2 13B": (40, 5120, 40, 40, 13824, 32000),
     "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000),
 }
-TORCHTITAN_AC = {"no": ("none", "op"), "full": ("full", "op"),
-                 "selective op": ("selective", "op"), "selective layer": ("selective", "layer")}
+TORCHTITAN_AC = {
+    "no": ("none", "op"),
+    "full": ("full", "op"),
+    "selective op": ("selective", "op"),
+    "selective layer": ("selective", "layer"),
+}
 """torchtitan's AC names → (the config's mode, what 'selective' means for the engine)."""
 BLOOM_VOCAB = 250_880
 """BLOOM's vocabulary as trained (250,680 tokens padded to 250,880; the sweep writes '250k')."""
@@ -112,8 +116,9 @@ def bigscience_rows(path: Path = SWEEP) -> list[MemoryRow]:
         for i, r in enumerate(csv.DictReader(f)):
             if r["status"] not in ("ok", "OOM"):
                 continue
-            dp, tp, pp = (int(r[k]) for k in ("data_parallel", "tensor_parallel",
-                                              "pipeline_parallel"))
+            dp, tp, pp = (
+                int(r[k]) for k in ("data_parallel", "tensor_parallel", "pipeline_parallel")
+            )
             if dp * tp * pp != int(r["num_gpus"]):
                 continue
             mem = r["max_mem_per_gpu"].removesuffix("GB")
@@ -122,24 +127,49 @@ def bigscience_rows(path: Path = SWEEP) -> list[MemoryRow]:
                 continue
             h, layers = int(r["hidden_size"]), int(r["num_layers"])
             heads, seq = int(r["attention_heads"]), int(r["seq_len"])
-            shape = ModelShape(family="gpt", num_layers=layers, hidden_size=h, num_heads=heads,
-                               num_kv_heads=heads, ffn_hidden_size=4 * h,
-                               vocab_size=BLOOM_VOCAB, max_seq_len=seq, tied_embeddings=True)
+            shape = ModelShape(
+                family="gpt",
+                num_layers=layers,
+                hidden_size=h,
+                num_heads=heads,
+                num_kv_heads=heads,
+                ffn_hidden_size=4 * h,
+                vocab_size=BLOOM_VOCAB,
+                max_seq_len=seq,
+                tied_embeddings=True,
+            )
             bf16 = r["precision"].startswith("bf16")
             config = TrialConfig(
-                workload=WorkloadSpec(workload="explicit:bigscience", seq_len=seq,
-                                      global_batch_size=int(r["global_batch_size"])),
-                world_size=dp * tp * pp, tp_degree=tp, pp_degree=pp,
-                zero_stage=int(r["zero_stage"]), micro_batch_size=int(r["micro_batch_size"]),
-                activation_checkpointing="full", pp_schedule="1f1b", device="cuda",
-                precision="bf16-mixed" if bf16 else "16-mixed")
-            optimizer = ("deepspeed-bf16" if r["precision"].startswith("bf16 (BF16 optimizer")
-                         else "deepspeed-fp16")
+                workload=WorkloadSpec(
+                    workload="explicit:bigscience",
+                    seq_len=seq,
+                    global_batch_size=int(r["global_batch_size"]),
+                ),
+                world_size=dp * tp * pp,
+                tp_degree=tp,
+                pp_degree=pp,
+                zero_stage=int(r["zero_stage"]),
+                micro_batch_size=int(r["micro_batch_size"]),
+                activation_checkpointing="full",
+                pp_schedule="1f1b",
+                device="cuda",
+                precision="bf16-mixed" if bf16 else "16-mixed",
+            )
+            optimizer = (
+                "deepspeed-bf16"
+                if r["precision"].startswith("bf16 (BF16 optimizer")
+                else "deepspeed-fp16"
+            )
             traits = dataclasses.replace(
-                BIGSCIENCE, optimizer=optimizer,
-                embedding_counts_as_layer="transformer|embed" in r["notes"])
-            rows.append(MemoryRow(i, "bigscience", config, shape, traits, stated,
-                                  r["status"] == "OOM", A100_BYTES))
+                BIGSCIENCE,
+                optimizer=optimizer,
+                embedding_counts_as_layer="transformer|embed" in r["notes"],
+            )
+            rows.append(
+                MemoryRow(
+                    i, "bigscience", config, shape, traits, stated, r["status"] == "OOM", A100_BYTES
+                )
+            )
     return rows
 
 
@@ -151,29 +181,45 @@ def torchtitan_rows(path: Path = TORCHTITAN_A100) -> list[MemoryRow]:
             layers, h, heads, kv, ffn, vocab = LLAMA_SHAPES[r["model"]]
             seq = int(r["seq_len"].split()[0])
             batch, gpus = int(r["local_batch_size"]), int(r["num_gpus"])
-            shape = ModelShape(family="llama", num_layers=layers, hidden_size=h,
-                               num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn,
-                               vocab_size=vocab, max_seq_len=seq)
+            shape = ModelShape(
+                family="llama",
+                num_layers=layers,
+                hidden_size=h,
+                num_heads=heads,
+                num_kv_heads=kv,
+                ffn_hidden_size=ffn,
+                vocab_size=vocab,
+                max_seq_len=seq,
+            )
             ac, selective = TORCHTITAN_AC[r["activation_checkpointing"]]
             config = TrialConfig(
-                workload=WorkloadSpec(workload="explicit:torchtitan", seq_len=seq,
-                                      global_batch_size=batch * gpus),
-                world_size=gpus, zero_stage=3, micro_batch_size=batch,
-                activation_checkpointing=ac, device="cuda", precision="bf16-mixed")
+                workload=WorkloadSpec(
+                    workload="explicit:torchtitan", seq_len=seq, global_batch_size=batch * gpus
+                ),
+                world_size=gpus,
+                zero_stage=3,
+                micro_batch_size=batch,
+                activation_checkpointing=ac,
+                device="cuda",
+                precision="bf16-mixed",
+            )
             traits = dataclasses.replace(TORCHTITAN_MULTINODE, selective_mode=selective)
-            rows.append(MemoryRow(i, "torchtitan", config, shape, traits, None,
-                                  r["mfu"] == "OOM", A100_BYTES))
+            rows.append(
+                MemoryRow(
+                    i, "torchtitan", config, shape, traits, None, r["mfu"] == "OOM", A100_BYTES
+                )
+            )
     return rows
 
 
-def predict(rows: list[MemoryRow], traits_override: dict | None = None
-            ) -> list[MemoryPrediction]:
+def predict(rows: list[MemoryRow], traits_override: dict | None = None) -> list[MemoryPrediction]:
     out = []
     for row in rows:
         traits = dataclasses.replace(row.traits, **(traits_override or {}))
         # the layout as the engine runs it (sequence parallelism with TP where it turns it on)
-        est = estimate_engine_memory(engine_layout(row.config, traits), row.shape, traits,
-                                     device_type="cuda")
+        est = estimate_engine_memory(
+            engine_layout(row.config, traits), row.shape, traits, device_type="cuda"
+        )
         out.append(MemoryPrediction(row, est.total))
     return out
 
@@ -189,11 +235,14 @@ def fit_allocator(rows: list[MemoryRow]) -> tuple[float, float]:
     """(fragmentation, context GiB): least squares of stated = f · allocated + c over the
     even-numbered rows with a stated peak, allocated predicted with neither."""
     raw = predict(rows, {"fragmentation": 1.0, "context_bytes": 0})
-    pairs = [(p.predicted_bytes / GIB, p.row.stated_bytes / GIB)
-             for p in raw if p.row.stated_bytes is not None][::2]
+    pairs = [
+        (p.predicted_bytes / GIB, p.row.stated_bytes / GIB)
+        for p in raw
+        if p.row.stated_bytes is not None
+    ][::2]
     mx = statistics.fmean(x for x, _ in pairs)
     my = statistics.fmean(y for _, y in pairs)
-    f = (sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs))
+    f = sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs)
     return f, my - f * mx
 
 
@@ -205,8 +254,11 @@ def mape(predictions: list[MemoryPrediction]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--fit", action="store_true",
-                    help="print the allocator factor fitted on the even-numbered rows")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="print the allocator factor fitted on the even-numbered rows",
+    )
     args = ap.parse_args(argv)
     if args.fit:
         f, c = fit_allocator(bigscience_rows())
@@ -214,40 +266,60 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     predictions = predict_memory_rows()
     if args.json:
-        print(json.dumps([{"table": p.row.table, "row": p.row.index,
-                           "stated_bytes": p.row.stated_bytes,
-                           "oom": p.row.oom, "predicted_bytes": p.predicted_bytes,
-                           "fits": p.fits} for p in predictions], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "table": p.row.table,
+                        "row": p.row.index,
+                        "stated_bytes": p.row.stated_bytes,
+                        "oom": p.row.oom,
+                        "predicted_bytes": p.predicted_bytes,
+                        "fits": p.fits,
+                    }
+                    for p in predictions
+                ],
+                indent=1,
+            )
+        )
         return 0
     bigscience = [p for p in predictions if p.row.table == "bigscience"]
-    print(f"{'row':>4} {'h':>6} {'L':>4} {'a':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'mb':>3} "
-          f"{'optimizer':<15} {'stated':>7} {'pred':>7} {'err':>7}  verdict")
+    print(
+        f"{'row':>4} {'h':>6} {'L':>4} {'a':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'mb':>3} "
+        f"{'optimizer':<15} {'stated':>7} {'pred':>7} {'err':>7}  verdict"
+    )
     for p in bigscience:
         c, s = p.row.config, p.row.shape
         stated = "OOM" if p.row.oom else f"{p.row.stated_bytes / GIB:.0f}"
         err = f"{p.error:+.1%}" if p.error is not None else "-"
         right = p.fits != p.row.oom
-        print(f"{p.row.index:>4} {s.hidden_size:>6} {s.num_layers:>4} {s.num_heads:>4} "
-              f"{c.dp_degree:>3} {c.tp_degree:>3} {c.pp_degree:>3} {c.micro_batch_size:>3} "
-              f"{p.row.traits.optimizer:<15} {stated:>7} {p.predicted_bytes / GIB:>7.1f} "
-              f"{err:>7}  {'fits' if p.fits else 'OOM'}{'' if right else '  WRONG'}")
+        print(
+            f"{p.row.index:>4} {s.hidden_size:>6} {s.num_layers:>4} {s.num_heads:>4} "
+            f"{c.dp_degree:>3} {c.tp_degree:>3} {c.pp_degree:>3} {c.micro_batch_size:>3} "
+            f"{p.row.traits.optimizer:<15} {stated:>7} {p.predicted_bytes / GIB:>7.1f} "
+            f"{err:>7}  {'fits' if p.fits else 'OOM'}{'' if right else '  WRONG'}"
+        )
     stated = [p for p in bigscience if p.error is not None]
     wrong = [p for p in bigscience if p.fits == p.row.oom]
-    print(f"BigScience: {len(stated)} rows with a stated peak, MAPE {mape(bigscience):.1%} "
-          f"(odd-numbered, not fitted: {mape(stated[1::2]):.1%}), worst "
-          f"{max(abs(p.error) for p in stated):.1%}; verdicts wrong on {len(wrong)} of "
-          f"{len(bigscience)} (OOM rows {sum(p.row.oom for p in bigscience)})")
+    print(
+        f"BigScience: {len(stated)} rows with a stated peak, MAPE {mape(bigscience):.1%} "
+        f"(odd-numbered, not fitted: {mape(stated[1::2]):.1%}), worst "
+        f"{max(abs(p.error) for p in stated):.1%}; verdicts wrong on {len(wrong)} of "
+        f"{len(bigscience)} (OOM rows {sum(p.row.oom for p in bigscience)})"
+    )
     titan = [p for p in predictions if p.row.table == "torchtitan"]
     for p in titan:
         c, s = p.row.config, p.row.shape
         ac = c.activation_checkpointing
         if ac == "selective":
             ac += "/" + p.row.traits.selective_mode
-        print(f"torchtitan {p.row.index:>2}: L{s.num_layers} h{s.hidden_size} V{s.vocab_size} "
-              f"FSDP {c.dp_degree}, local batch {c.micro_batch_size} × seq "
-              f"{c.workload.seq_len}, AC {ac}: {'OOM' if p.row.oom else 'ran'}, predicted "
-              f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'})"
-              f"{'' if p.fits != p.row.oom else '  WRONG'}")
+        print(
+            f"torchtitan {p.row.index:>2}: L{s.num_layers} h{s.hidden_size} V{s.vocab_size} "
+            f"FSDP {c.dp_degree}, local batch {c.micro_batch_size} × seq "
+            f"{c.workload.seq_len}, AC {ac}: {'OOM' if p.row.oom else 'ran'}, predicted "
+            f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'})"
+            f"{'' if p.fits != p.row.oom else '  WRONG'}"
+        )
     return 0
 
 

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from published_rows import sc21_table1  # noqa: E402
+
 from autotune.cli.rank import (  # noqa: E402
     compare_to_top,
     enumerate_layouts,
@@ -35,7 +37,6 @@ from autotune.config import GIB  # noqa: E402
 from autotune.model.cluster import load_cluster  # noqa: E402
 from autotune.model.engine_memory import MEMORY_TRAITS  # noqa: E402
 from autotune.model.engines import engine_traits  # noqa: E402
-from published_rows import sc21_table1  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_traits(args.engine)
     rows = sc21_table1()
     chosen = [int(i) for i in args.rows.split(",")] if args.rows else range(len(rows))
-    print(f"{'row':<14} {'published':<34} {'place':>14} {'pct':>6} {'pct/AC':>7} {'scored':>8}  "
-          "top pick and the term it gains in")
+    print(
+        f"{'row':<14} {'published':<34} {'place':>14} {'pct':>6} {'pct/AC':>7} {'scored':>8}  "
+        "top pick and the term it gains in"
+    )
     for i in chosen:
         r = rows[i]
         t0 = time.perf_counter()
@@ -56,27 +59,42 @@ def main(argv: list[str] | None = None) -> int:
         base = dataclasses.replace(r.config, precision="bf16-mixed", attention="sdpa")
         reference = dataclasses.replace(base, zero_stage=1 if base.dp_degree > 1 else 0)
         layouts = enumerate_layouts(base, r.shape)
-        ranking = rank_layouts(layouts, cluster, shape=r.shape, limit_bytes=int(80 * GIB),
-                               engine=engine, memory_traits=MEMORY_TRAITS[engine.name])
+        ranking = rank_layouts(
+            layouts,
+            cluster,
+            shape=r.shape,
+            limit_bytes=int(80 * GIB),
+            engine=engine,
+            memory_traits=MEMORY_TRAITS[engine.name],
+        )
         if not ranking.fitting:
             print(f"{r.label:<14} no layout predicted to fit")
             continue
         c = compare_to_top(ranking, reference, cluster, r.shape, engine)
         ref = reference
         v = ref.num_pp_stages // ref.pp_degree
-        name = (f"tp{ref.tp_degree} pp{ref.pp_degree} dp{ref.dp_degree} mb"
-                f"{ref.micro_batch_size} v{v} {c.time.step_time_s:.2f}s")
+        name = (
+            f"tp{ref.tp_degree} pp{ref.pp_degree} dp{ref.dp_degree} mb"
+            f"{ref.micro_batch_size} v{v} {c.time.step_time_s:.2f}s"
+        )
         top = c.top.config
-        pick = (f"tp{top.tp_degree} pp{top.pp_degree} dp{top.dp_degree} mb{top.micro_batch_size}"
-                f" z{top.zero_stage} {top.activation_checkpointing} "
-                f"{c.top.time.step_time_s:.2f}s")
+        pick = (
+            f"tp{top.tp_degree} pp{top.pp_degree} dp{top.dp_degree} mb{top.micro_batch_size}"
+            f" z{top.zero_stage} {top.activation_checkpointing} "
+            f"{c.top.time.step_time_s:.2f}s"
+        )
         gain = "" if c.position == 1 else f"; gains {c.gain_s:.2f}s in {c.term}"
-        same_ac = [s for s in ranking.fitting
-                   if s.config.activation_checkpointing == ref.activation_checkpointing]
+        same_ac = [
+            s
+            for s in ranking.fitting
+            if s.config.activation_checkpointing == ref.activation_checkpointing
+        ]
         faster = sum(s.time.step_time_s < c.time.step_time_s for s in same_ac)
-        print(f"{r.label:<14} {name:<34} {c.position:>6,}/{len(ranking.fitting):<7,} "
-              f"{c.percentile:>6.1%} {faster / max(len(same_ac), 1):>7.1%} "
-              f"{ranking.scored:>8,}  {pick}{gain} ({time.perf_counter() - t0:.0f} s)")
+        print(
+            f"{r.label:<14} {name:<34} {c.position:>6,}/{len(ranking.fitting):<7,} "
+            f"{c.percentile:>6.1%} {faster / max(len(same_ac), 1):>7.1%} "
+            f"{ranking.scored:>8,}  {pick}{gain} ({time.perf_counter() - t0:.0f} s)"
+        )
     return 0
 
 

@@ -28,13 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from autotune.model.cluster import SHIPPED_CALIBRATION, ClusterSpec, load_cluster  # noqa: E402
-from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
 from published_rows import TimeRow, all_rows  # noqa: E402
 
-FITTED = {"compute_efficiency": (0.3, 1.0), "gemm_half_dim": (8.0, 2000.0),
-          "flash_efficiency": (0.3, 0.73), "ring_step_latency_s": (0.0, 1e-4),
-          "overlap_efficiency": (0.5, 1.0)}
+from autotune.model.cluster import SHIPPED_CALIBRATION, ClusterSpec, load_cluster  # noqa: E402
+from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
+
+FITTED = {
+    "compute_efficiency": (0.3, 1.0),
+    "gemm_half_dim": (8.0, 2000.0),
+    "flash_efficiency": (0.3, 0.73),
+    "ring_step_latency_s": (0.0, 1e-4),
+    "overlap_efficiency": (0.5, 1.0),
+}
 """Fitted parameters and their bounds (flash: FlashAttention-2's forward reaches up to 73% of
 an A100's peak, Dao 2023 §4.1)."""
 FIXED = {"elementwise_bytes": 22.0, "elementwise_sharded_bytes": 16.0, "score_bytes": 8.0}
@@ -75,8 +80,15 @@ def predict(rows: list[TimeRow], cal: Calibration | None = None) -> list[float]:
     out = []
     for r in rows:
         cluster = cluster_for(r.config.world_size, cache)
-        out.append(predict_step_time(r.config, cluster, cal or Calibration.for_cluster(cluster),
-                                     shape=r.shape, engine=r.engine).step_time_s)
+        out.append(
+            predict_step_time(
+                r.config,
+                cluster,
+                cal or Calibration.for_cluster(cluster),
+                shape=r.shape,
+                engine=r.engine,
+            ).step_time_s
+        )
     return out
 
 
@@ -108,31 +120,54 @@ def main(argv: list[str] | None = None) -> int:
     is_fit = split(rows)
     if args.fit:
         params = fit([r for r, f in zip(rows, is_fit) if f])
-        SHIPPED_CALIBRATION.write_text(json.dumps({
-            "source": "bench/published_runs.py --fit: least squares of log step time over the "
-                      "even-numbered rows of each table of tests/data/published-a100 (SC21 "
-                      "Tables 1-2, Korthikanti et al. Tables 3/5, torchtitan A100); held: "
-                      f"{', '.join(FIXED)}", "calibration": params}, indent=1) + "\n")
+        SHIPPED_CALIBRATION.write_text(
+            json.dumps(
+                {
+                    "source": "bench/published_runs.py --fit: least squares of log step time "
+                    "over the even-numbered rows of each table of tests/data/published-a100 (SC21 "
+                    "Tables 1-2, Korthikanti et al. Tables 3/5, torchtitan A100); held: "
+                    f"{', '.join(FIXED)}",
+                    "calibration": params,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {SHIPPED_CALIBRATION.relative_to(ROOT)}: {params}")
     predicted = predict(rows)
     if args.json:
-        print(json.dumps([{"table": r.table, "row": r.label, "measured_s": r.measured_s,
-                           "predicted_s": p, "fitted": f}
-                          for r, p, f in zip(rows, predicted, is_fit)], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "table": r.table,
+                        "row": r.label,
+                        "measured_s": r.measured_s,
+                        "predicted_s": p,
+                        "fitted": f,
+                    }
+                    for r, p, f in zip(rows, predicted, is_fit)
+                ],
+                indent=1,
+            )
+        )
         return 0
-    print(f"{'table':<12} {'row':<32} {'engine':<14} {'measured':>9} {'predicted':>9} "
-          f"{'error':>7}")
+    print(f"{'table':<12} {'row':<32} {'engine':<14} {'measured':>9} {'predicted':>9} {'error':>7}")
     errors: dict[str, list[tuple[float, bool]]] = {}
     for r, p, f in zip(rows, predicted, is_fit):
         err = p / r.measured_s - 1
         errors.setdefault(r.table, []).append((abs(err), f))
-        print(f"{r.table:<12} {r.label:<32} {r.engine.name:<14} {r.measured_s:>8.2f}s "
-              f"{p:>8.2f}s {err:>+7.1%} {'F' if f else 'P'}")
+        print(
+            f"{r.table:<12} {r.label:<32} {r.engine.name:<14} {r.measured_s:>8.2f}s "
+            f"{p:>8.2f}s {err:>+7.1%} {'F' if f else 'P'}"
+        )
     for table, errs in errors.items():
         held = [e for e, f in errs if not f]
-        print(f"{table}: step-time MAPE {statistics.fmean(held):.1%} over its {len(held)} "
-              f"predicted rows (not fitted), {statistics.fmean(e for e, _ in errs):.1%} over "
-              f"all {len(errs)}; worst predicted {max(held):.1%}")
+        print(
+            f"{table}: step-time MAPE {statistics.fmean(held):.1%} over its {len(held)} "
+            f"predicted rows (not fitted), {statistics.fmean(e for e, _ in errs):.1%} over "
+            f"all {len(errs)}; worst predicted {max(held):.1%}"
+        )
     if not args.no_memory:
         _memory()
     return 0
@@ -145,10 +180,12 @@ def _memory() -> None:
     big = [p for p in preds if p.row.table == "bigscience"]
     stated = [p for p in big if p.error is not None]
     wrong = [p for p in preds if p.fits == p.row.oom]
-    print(f"memory (engine_memory, bench/published_memory.py for rows): BigScience MAPE "
-          f"{mape(big):.1%} over {len(stated)} stated peaks (odd rows, not fitted: "
-          f"{mape(stated[1::2]):.1%}); OOM verdicts wrong on {len(wrong)} of {len(preds)} rows "
-          f"(BigScience and torchtitan)")
+    print(
+        f"memory (engine_memory, bench/published_memory.py for rows): BigScience MAPE "
+        f"{mape(big):.1%} over {len(stated)} stated peaks (odd rows, not fitted: "
+        f"{mape(stated[1::2]):.1%}); OOM verdicts wrong on {len(wrong)} of {len(preds)} rows "
+        f"(BigScience and torchtitan)"
+    )
 
 
 if __name__ == "__main__":

@@ -29,13 +29,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cli.main import main as autotune_main  # noqa: E402
 
-
 CASES = {
-    "sc21": ["--num-layers", "80", "--hidden-size", "12288", "--num-heads", "96",
-             "--vocab-size", "51200", "--cluster", "a100-sxm4-80gb", "--nodes", "192",
-             "--global-batch", "2304", "--seq-len", "2048"],
-    "405b": ["--model", "llama-405b", "--cluster", "h100-sxm", "--nodes", "128",
-             "--global-batch", "2048", "--seq-len", "8192"],
+    "sc21": [
+        "--num-layers",
+        "80",
+        "--hidden-size",
+        "12288",
+        "--num-heads",
+        "96",
+        "--vocab-size",
+        "51200",
+        "--cluster",
+        "a100-sxm4-80gb",
+        "--nodes",
+        "192",
+        "--global-batch",
+        "2304",
+        "--seq-len",
+        "2048",
+    ],
+    "405b": [
+        "--model",
+        "llama-405b",
+        "--cluster",
+        "h100-sxm",
+        "--nodes",
+        "128",
+        "--global-batch",
+        "2048",
+        "--seq-len",
+        "8192",
+    ],
 }
 
 
@@ -49,11 +73,13 @@ def run_case(name: str) -> str:
     progress = err.getvalue().strip().splitlines()[-1]  # "scored N layouts in T s; ..."
     scoring_s = float(progress.split(" in ")[1].split(" s")[0])
     data = json.loads(out.getvalue()) if code == 0 else {}
-    return (f"{name}: exit {code}: {data.get('scored', 0):,} layouts scored, "
-            f"{data.get('fit', 0):,} fit; screened before scoring: "
-            f"{data.get('screened_groups', 0):,} groups, {data.get('screened_branches', 0):,} "
-            f"branches; scoring {scoring_s:.1f} s; whole command {wall:.1f} s wall, "
-            f"{cpu:.1f} s CPU")
+    return (
+        f"{name}: exit {code}: {data.get('scored', 0):,} layouts scored, "
+        f"{data.get('fit', 0):,} fit; screened before scoring: "
+        f"{data.get('screened_groups', 0):,} groups, {data.get('screened_branches', 0):,} "
+        f"branches; scoring {scoring_s:.1f} s; whole command {wall:.1f} s wall, "
+        f"{cpu:.1f} s CPU"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args(argv)
     for _ in range(args.repeat):
-        for name in (CASES if args.case == "both" else (args.case,)):
+        for name in CASES if args.case == "both" else (args.case,):
             print(run_case(name), flush=True)
     return 0
 

@@ -45,9 +45,9 @@ from pathlib import Path  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
-from autotune.study.leaderboard import build_leaderboard, declare_best  # noqa: E402
 from autotune.model.noise import paired_ratio_interval  # noqa: E402
 from autotune.status import TrialStatus  # noqa: E402
+from autotune.study.leaderboard import build_leaderboard, declare_best  # noqa: E402
 from db import Database  # noqa: E402
 
 WITHIN = 0.03
@@ -66,11 +66,25 @@ def run_search(workdir: Path, i: int, strategy: str | None = None) -> dict:
     start, load = time.monotonic(), load_avg()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for attempt in range(2):  # a loaded machine can time Ray's own start-up out: once more
-        proc = subprocess.run([sys.executable, "-m", "autotune", "search", "--db", db_url,
-                               "--study", f"run{i}" + ("" if attempt == 0 else "-again"),
-                               "--out", str(out),
-                               *(["--strategy", strategy] if strategy else [])],
-                              env=env, capture_output=True, text=True, cwd=workdir)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                "search",
+                "--db",
+                db_url,
+                "--study",
+                f"run{i}" + ("" if attempt == 0 else "-again"),
+                "--out",
+                str(out),
+                *(["--strategy", strategy] if strategy else []),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=workdir,
+        )
         if proc.returncode == 0 or "timed out during startup" not in proc.stderr:
             break
     study = f"run{i}" + ("" if attempt == 0 else "-again")
@@ -84,15 +98,20 @@ def run_search(workdir: Path, i: int, strategy: str | None = None) -> dict:
     verdict = declare_best(board)
     remeasured = [e for e in board if e.status == TrialStatus.COMPLETE and e.rounds]
     interval = verdict.pick.interval
-    return {"run": i, "seconds": time.monotonic() - start, "load_before": load,
-            "trials": sum(1 for e in board if e.status == TrialStatus.COMPLETE),
-            "rounds": max((len(e.rounds) for e in remeasured), default=0),
-            "pick": verdict.pick.config, "fastest": verdict.fastest.config,
-            "runner_up": verdict.runner_up.config if verdict.runner_up else None,
-            "pick_tok_s": verdict.pick.throughput,
-            "pick_ci": (interval.low, interval.high) if interval else None,
-            "tie": verdict.is_tie,
-            "remeasured": [e.config for e in remeasured]}
+    return {
+        "run": i,
+        "seconds": time.monotonic() - start,
+        "load_before": load,
+        "trials": sum(1 for e in board if e.status == TrialStatus.COMPLETE),
+        "rounds": max((len(e.rounds) for e in remeasured), default=0),
+        "pick": verdict.pick.config,
+        "fastest": verdict.fastest.config,
+        "runner_up": verdict.runner_up.config if verdict.runner_up else None,
+        "pick_tok_s": verdict.pick.throughput,
+        "pick_ci": (interval.low, interval.high) if interval else None,
+        "tie": verdict.is_tie,
+        "remeasured": [e.config for e in remeasured],
+    }
 
 
 def measure_truth(candidates: list[TrialConfig], rounds: int) -> dict[TrialConfig, list[float]]:
@@ -106,8 +125,9 @@ def measure_truth(candidates: list[TrialConfig], rounds: int) -> dict[TrialConfi
             shift = r % len(candidates)
             for c in candidates[shift:] + candidates[:shift]:
                 figures[c].append(ex.run(c).throughput_tokens_per_s)
-            print(f"truth round {r + 1}/{rounds}: load {load_avg():.1f}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"truth round {r + 1}/{rounds}: load {load_avg():.1f}", file=sys.stderr, flush=True
+            )
     return figures
 
 
@@ -129,24 +149,32 @@ def main() -> None:
         for i in range(1, args.runs + 1):
             runs.append(run_search(Path(tmp), i, args.strategy))
             r = runs[-1]
-            print(f"run {i}: {short_name(r['pick'])} {r['pick_tok_s']:,.0f} tok/s, "
-                  f"tie {r['tie']}, {r['rounds']} rounds, {r['seconds']:.0f}s, "
-                  f"load {r['load_before']:.1f}", file=sys.stderr, flush=True)
+            print(
+                f"run {i}: {short_name(r['pick'])} {r['pick_tok_s']:,.0f} tok/s, "
+                f"tie {r['tie']}, {r['rounds']} rounds, {r['seconds']:.0f}s, "
+                f"load {r['load_before']:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
     candidates = list(dict.fromkeys(c for r in runs for c in (r["remeasured"] + [r["pick"]])))
     truth = measure_truth(candidates, args.truth_rounds)
     median = {c: statistics.median(v) for c, v in truth.items()}
     best = max(median, key=median.get)
-    print(f"\ntruth: {len(candidates)} candidates × {args.truth_rounds} interleaved rounds; "
-          f"machine load (1 min) now {load_avg():.1f}")
+    print(
+        f"\ntruth: {len(candidates)} candidates × {args.truth_rounds} interleaved rounds; "
+        f"machine load (1 min) now {load_avg():.1f}"
+    )
     print("| candidate | truth median tok/s | / best | paired 95% CI of / best |")
     print("|---|---|---|---|")
     for c in sorted(candidates, key=lambda c: -median[c]):
         ratio = paired_ratio_interval(truth[c], truth[best])
         ci = f"{ratio.low:.3f}–{ratio.high:.3f}" if ratio and c != best else "–"
         print(f"| {short_name(c)} | {median[c]:,.0f} | {median[c] / median[best]:.3f} | {ci} |")
-    print("\n| run | declared best | its tok/s (95% CI) | tie declared | truth: top two tied "
-          "| pick / truth best | correct | within truth's noise | pick / best of its finalists "
-          "| rounds | s | load |")
+    print(
+        "\n| run | declared best | its tok/s (95% CI) | tie declared | truth: top two tied "
+        "| pick / truth best | correct | within truth's noise | pick / best of its finalists "
+        "| rounds | s | load |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     correct = within_noise = ranked = ties_truth = ties_reported = ties_extra = 0
     for r in runs:
@@ -158,30 +186,50 @@ def main() -> None:
         # the ranking step alone: the pick against the truth's best of the run's own finalists
         own = median[r["pick"]] / max(median[c] for c in r["remeasured"] + [r["pick"]])
         ranked += own >= 1 - WITHIN
-        truth_tie = (r["runner_up"] is not None and r["runner_up"] in truth
-                     and r["fastest"] in truth and tied_in_truth(truth, r["fastest"],
-                                                                r["runner_up"]))
+        truth_tie = (
+            r["runner_up"] is not None
+            and r["runner_up"] in truth
+            and r["fastest"] in truth
+            and tied_in_truth(truth, r["fastest"], r["runner_up"])
+        )
         ties_truth += truth_tie
         ties_reported += truth_tie and r["tie"]
         ties_extra += r["tie"] and not truth_tie
         ci = f"{r['pick_ci'][0]:,.0f}–{r['pick_ci'][1]:,.0f}" if r["pick_ci"] else "–"
-        print(f"| {r['run']} | {short_name(r['pick'])} | {r['pick_tok_s']:,.0f} ({ci}) | "
-              f"{'yes' if r['tie'] else 'no'} | {'yes' if truth_tie else 'no'} | "
-              f"{median[r['pick']] / median[best]:.3f} | {'yes' if ok else 'NO'} | "
-              f"{'yes' if noise_ok else 'no'} | {own:.3f} | "
-              f"{r['rounds']} | {r['seconds']:.0f} | {r['load_before']:.1f} |")
-    print(f"\ndeclared best within {WITHIN:.0%} of the truth's best: {correct} of {len(runs)}; "
-          f"within the truth's own noise of it: {within_noise} of {len(runs)}; within {WITHIN:.0%} "
-          f"of the truth's best among the run's own finalists (the ranking step alone): {ranked} "
-          f"of {len(runs)}; "
-          f"ties in the truth reported as ties: {ties_reported} of {ties_truth}; ties declared "
-          f"that the truth separates: {ties_extra}; {time.monotonic() - began:.0f}s in all")
+        print(
+            f"| {r['run']} | {short_name(r['pick'])} | {r['pick_tok_s']:,.0f} ({ci}) | "
+            f"{'yes' if r['tie'] else 'no'} | {'yes' if truth_tie else 'no'} | "
+            f"{median[r['pick']] / median[best]:.3f} | {'yes' if ok else 'NO'} | "
+            f"{'yes' if noise_ok else 'no'} | {own:.3f} | "
+            f"{r['rounds']} | {r['seconds']:.0f} | {r['load_before']:.1f} |"
+        )
+    print(
+        f"\ndeclared best within {WITHIN:.0%} of the truth's best: {correct} of {len(runs)}; "
+        f"within the truth's own noise of it: {within_noise} of {len(runs)}; within {WITHIN:.0%} "
+        f"of the truth's best among the run's own finalists (the ranking step alone): {ranked} "
+        f"of {len(runs)}; "
+        f"ties in the truth reported as ties: {ties_reported} of {ties_truth}; ties declared "
+        f"that the truth separates: {ties_extra}; {time.monotonic() - began:.0f}s in all"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "runs": [{**r, "pick": short_name(r["pick"]), "fastest": short_name(r["fastest"]),
-                      "runner_up": short_name(r["runner_up"]) if r["runner_up"] else None,
-                      "remeasured": [short_name(c) for c in r["remeasured"]]} for r in runs],
-            "truth": {short_name(c): v for c, v in truth.items()}}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "runs": [
+                        {
+                            **r,
+                            "pick": short_name(r["pick"]),
+                            "fastest": short_name(r["fastest"]),
+                            "runner_up": short_name(r["runner_up"]) if r["runner_up"] else None,
+                            "remeasured": [short_name(c) for c in r["remeasured"]],
+                        }
+                        for r in runs
+                    ],
+                    "truth": {short_name(c): v for c, v in truth.items()},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -36,9 +36,8 @@ No torch here: replays run in the driver's process.
 
 from __future__ import annotations
 
-import dataclasses
-
 import csv
+import dataclasses
 import json
 import math
 import random
@@ -61,13 +60,23 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.layouts import SEARCHED_BY_DEFAULT, short_name
+from autotune.search.strategies.base import Measured, Strategy
 from autotune.shapes import ModelShape
 from autotune.status import RowStatus
-from autotune.search.strategies.base import Measured, Strategy
 
-CSV_COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
-               "# layers", "sequence length", "tensor parallelism", "data parallelism",
-               "pipeline parallelism", "iteration time (ms)")
+CSV_COLUMNS = (
+    "# GPUs",
+    "global batch",
+    "micro batch",
+    "hidden size",
+    "attention heads",
+    "# layers",
+    "sequence length",
+    "tensor parallelism",
+    "data parallelism",
+    "pipeline parallelism",
+    "iteration time (ms)",
+)
 """The columns of the shared CSV format."""
 MIN_LAYOUTS = 8
 """Groups with fewer layouts are too small for a search to matter."""
@@ -151,8 +160,11 @@ class TableGroup:
 
     @property
     def best_step_time_s(self) -> float:
-        return min(r.step_time_s for r in self.rows
-                   if r.status == RowStatus.COMPLETE and r.step_time_s is not None)
+        return min(
+            r.step_time_s
+            for r in self.rows
+            if r.status == RowStatus.COMPLETE and r.step_time_s is not None
+        )
 
 
 def group_key(config: TrialConfig) -> str:
@@ -187,15 +199,24 @@ class MeasuredTable:
             return cls.from_csv(path, training=training or TableTraining())
         if suffix == ".json":
             return cls.from_json(path)
-        raise ConfigError(f"table '{path}' must be a .csv (the shared format) or a .json "
-                          "(bench/cpu_sweep.py's format) file")
+        raise ConfigError(
+            f"table '{path}' must be a .csv (the shared format) or a .json "
+            "(bench/cpu_sweep.py's format) file"
+        )
 
     @classmethod
-    def from_csv(cls, path: str | Path, *,
-                 training: TableTraining = TableTraining()) -> MeasuredTable:
+    def from_csv(
+        cls, path: str | Path, *, training: TableTraining = TableTraining()
+    ) -> MeasuredTable:
         merged = merge_repeats([csv_row(r, training) for r in read_csv_rows(path)])
-        return cls(merged.rows, source=str(path), kind="csv", training=training,
-                   merged_rows=merged.merged_rows, merged_configs=merged.merged_configs)
+        return cls(
+            merged.rows,
+            source=str(path),
+            kind="csv",
+            training=training,
+            merged_rows=merged.merged_rows,
+            merged_configs=merged.merged_configs,
+        )
 
     @classmethod
     def from_json(cls, path: str | Path) -> MeasuredTable:
@@ -206,8 +227,9 @@ class MeasuredTable:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"table '{path}' is not valid JSON: {e}") from None
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-            raise ConfigError(f"table '{path}' must be an object with a 'rows' list "
-                              "(bench/cpu_sweep.py's format)")
+            raise ConfigError(
+                f"table '{path}' must be an object with a 'rows' list (bench/cpu_sweep.py's format)"
+            )
         rows = []
         for i, item in enumerate(data["rows"]):
             where = f"table '{path}' row {i}"
@@ -225,38 +247,49 @@ class MeasuredTable:
             raise ConfigError(f"table '{path}' has no rows")
         meta = {k: v for k, v in data.items() if k != "rows"}
         merged = merge_repeats(rows)
-        return cls(merged.rows, source=str(path), kind="json", meta=meta,
-                   merged_rows=merged.merged_rows, merged_configs=merged.merged_configs)
+        return cls(
+            merged.rows,
+            source=str(path),
+            kind="json",
+            meta=meta,
+            merged_rows=merged.merged_rows,
+            merged_configs=merged.merged_configs,
+        )
 
     def groups(self, min_layouts: int = MIN_LAYOUTS) -> list[TableGroup]:
         """Groups of at least ``min_layouts`` rows with one complete, in the table's order."""
         by_key: dict[str, list[MeasuredRow]] = {}
         for row in self.rows:
             by_key.setdefault(group_key(row.config), []).append(row)
-        chosen = [TableGroup(k, tuple(rows)) for k, rows in by_key.items()
-                  if len(rows) >= min_layouts
-                  and any(r.status == RowStatus.COMPLETE for r in rows)]
+        chosen = [
+            TableGroup(k, tuple(rows))
+            for k, rows in by_key.items()
+            if len(rows) >= min_layouts and any(r.status == RowStatus.COMPLETE for r in rows)
+        ]
         if not chosen:
             largest = max((len(r) for r in by_key.values()), default=0)
             raise ConfigError(
                 f"table '{self.source}' has no group of ≥ {min_layouts} measured layouts with "
                 f"the same world size, global batch, sequence length and model (its largest "
-                f"has {largest}); measure more layouts per group")
+                f"has {largest}); measure more layouts per group"
+            )
         return chosen
 
     @property
     def cores(self) -> int | None:
         """CPU cores of the machine a JSON table was measured on, where it says."""
-        cores = self.meta.get("machine", {}).get("cores") if isinstance(
-            self.meta.get("machine"), dict) else None
+        cores = (
+            self.meta.get("machine", {}).get("cores")
+            if isinstance(self.meta.get("machine"), dict)
+            else None
+        )
         return cores if isinstance(cores, int) and cores > 0 else None
 
 
 def _json_row(item: dict, config: TrialConfig, where: str) -> MeasuredRow:
     status = item["status"]
     if status not in tuple(RowStatus):
-        raise ConfigError(f"{where}: status must be complete, infeasible or failed, not "
-                          f"{status!r}")
+        raise ConfigError(f"{where}: status must be complete, infeasible or failed, not {status!r}")
     step = item["step_time_s"]
     status = RowStatus(status)
     if status == RowStatus.COMPLETE and not (_number(step) and step > 0):
@@ -265,11 +298,16 @@ def _json_row(item: dict, config: TrialConfig, where: str) -> MeasuredRow:
     if peak is not None and not (isinstance(peak, int) and not isinstance(peak, bool)):
         raise ConfigError(f"{where}: peak_memory_bytes must be an integer or null")
     rounds = item.get("rounds", [])
-    if not isinstance(rounds, list) or not all(r is None or (_number(r) and r > 0)
-                                               for r in rounds):
+    if not isinstance(rounds, list) or not all(r is None or (_number(r) and r > 0) for r in rounds):
         raise ConfigError(f"{where}: rounds must be a list of positive step times or nulls")
-    return MeasuredRow(config, None, float(step) if status == RowStatus.COMPLETE else None, peak,
-                       status, tuple(None if r is None else float(r) for r in rounds))
+    return MeasuredRow(
+        config,
+        None,
+        float(step) if status == RowStatus.COMPLETE else None,
+        peak,
+        status,
+        tuple(None if r is None else float(r) for r in rounds),
+    )
 
 
 def one_round_trials(group: TableGroup, within: float = WITHIN) -> float | None:
@@ -288,8 +326,13 @@ def one_round_trials(group: TableGroup, within: float = WITHIN) -> float | None:
     per_round = []
     for k in range(n):
         order = sorted(group.rows, key=lambda r: (r.rounds[k] is None, r.rounds[k] or 0.0))
-        per_round.append(next(i + 1 for i, r in enumerate(order)
-                              if r.step_time_s is not None and r.step_time_s <= target))
+        per_round.append(
+            next(
+                i + 1
+                for i, r in enumerate(order)
+                if r.step_time_s is not None and r.step_time_s <= target
+            )
+        )
     return statistics.fmean(per_round)
 
 
@@ -323,32 +366,62 @@ def csv_row(row: dict[str, float], training: TableTraining = TableTraining()) ->
     h, heads, layers = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
     seq = int(row["sequence length"])
     shape = ModelShape("gpt", layers, h, heads, heads, 4 * h, training.vocab_size, seq)
-    tp, dp, pp = (int(row["tensor parallelism"]), int(row["data parallelism"]),
-                  int(row["pipeline parallelism"]))
+    tp, dp, pp = (
+        int(row["tensor parallelism"]),
+        int(row["data parallelism"]),
+        int(row["pipeline parallelism"]),
+    )
     config = TrialConfig(
-        workload=WorkloadSpec(family="gpt", seq_len=seq, dtype=training.dtype,
-                              global_batch_size=int(row["global batch"]),
-                              vocab_size=training.vocab_size,
-                              workload=f"table:gpt_h{h}_a{heads}_l{layers}"),
-        world_size=tp * dp * pp, tp_degree=tp, pp_degree=pp, zero_stage=training.zero_stage,
+        workload=WorkloadSpec(
+            family="gpt",
+            seq_len=seq,
+            dtype=training.dtype,
+            global_batch_size=int(row["global batch"]),
+            vocab_size=training.vocab_size,
+            workload=f"table:gpt_h{h}_a{heads}_l{layers}",
+        ),
+        world_size=tp * dp * pp,
+        tp_degree=tp,
+        pp_degree=pp,
+        zero_stage=training.zero_stage,
         micro_batch_size=int(row["micro batch"]),
         activation_checkpointing=training.activation_checkpointing,
-        pp_schedule=training.pp_schedule, attention=training.attention,
-        overlap_enabled=training.overlap_enabled, device="cuda")
-    return MeasuredRow(config, shape, row["iteration time (ms)"] / 1000, None,
-                       RowStatus.COMPLETE)
+        pp_schedule=training.pp_schedule,
+        attention=training.attention,
+        overlap_enabled=training.overlap_enabled,
+        device="cuda",
+    )
+    return MeasuredRow(config, shape, row["iteration time (ms)"] / 1000, None, RowStatus.COMPLETE)
 
 
 def csv_group_key(row: dict[str, float]) -> tuple:
     """GPUs, global batch and model of a CSV row (the same partition as ``group_key``)."""
-    return (row["# GPUs"], row["global batch"], row["hidden size"], row["attention heads"],
-            row["# layers"], row["sequence length"])
+    return (
+        row["# GPUs"],
+        row["global batch"],
+        row["hidden size"],
+        row["attention heads"],
+        row["# layers"],
+        row["sequence length"],
+    )
 
 
 # ---- answering trials from a table ---------------------------------------------------------
-LAYOUT_FIELDS = ("tp_degree", "pp_degree", "zero_stage", "micro_batch_size", "bucket_mb",
-                 "overlap_enabled", "activation_checkpointing", "pp_schedule", "attention",
-                 "optimizer_offload_enabled", "dp_replicate", "virtual_stages", "cp_degree")
+LAYOUT_FIELDS = (
+    "tp_degree",
+    "pp_degree",
+    "zero_stage",
+    "micro_batch_size",
+    "bucket_mb",
+    "overlap_enabled",
+    "activation_checkpointing",
+    "pp_schedule",
+    "attention",
+    "optimizer_offload_enabled",
+    "dp_replicate",
+    "virtual_stages",
+    "cp_degree",
+)
 """TrialConfig fields that change what a trial measures, beside workload and world size."""
 
 
@@ -362,8 +435,11 @@ def compared_fields(rows: Iterable[MeasuredRow]) -> tuple[str, ...]:
     """The layout fields (``LAYOUT_FIELDS``) that vary among ``rows``, and those of
     ``ALWAYS_COMPARED``: the ones a row's identity compares (``config_key``)."""
     rows = tuple(rows)
-    return tuple(f for f in LAYOUT_FIELDS
-                 if f in ALWAYS_COMPARED or len({getattr(r.config, f) for r in rows}) > 1)
+    return tuple(
+        f
+        for f in LAYOUT_FIELDS
+        if f in ALWAYS_COMPARED or len({getattr(r.config, f) for r in rows}) > 1
+    )
 
 
 def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
@@ -382,10 +458,13 @@ def config_key(config: TrialConfig, compared: tuple[str, ...]) -> tuple:
     device = "cuda" if config.device == "cuda" else "cpu"
     # The newer knobs always count: a row holds them at the values its trial ran (a CSV row
     # at their defaults), and a table answers only the values it measured.
-    return (dataclasses.replace(config.workload, dtype=None),
-            config.resolved_precision(device), config.world_size,
-            *((f, getattr(config, f)) for f in compared if f not in ignored),
-            *((f, getattr(config, f)) for f in SEARCHED_BY_DEFAULT))
+    return (
+        dataclasses.replace(config.workload, dtype=None),
+        config.resolved_precision(device),
+        config.world_size,
+        *((f, getattr(config, f)) for f in compared if f not in ignored),
+        *((f, getattr(config, f)) for f in SEARCHED_BY_DEFAULT),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,22 +490,30 @@ def merge_repeats(rows: Iterable[MeasuredRow]) -> MergedRows:
     by_key: dict[tuple, list[MeasuredRow]] = {}
     for row in rows:
         by_key.setdefault(config_key(row.config, compared), []).append(row)
-    merged = tuple(repeats[0] if len(repeats) == 1 else _merged_row(repeats)
-                   for repeats in by_key.values())
-    return MergedRows(merged, len(rows) - len(merged),
-                      sum(len(repeats) > 1 for repeats in by_key.values()))
+    merged = tuple(
+        repeats[0] if len(repeats) == 1 else _merged_row(repeats) for repeats in by_key.values()
+    )
+    return MergedRows(
+        merged, len(rows) - len(merged), sum(len(repeats) > 1 for repeats in by_key.values())
+    )
 
 
 def _merged_row(repeats: list[MeasuredRow]) -> MeasuredRow:
     first = repeats[0]
-    times = [r.step_time_s for r in repeats
-             if r.status == RowStatus.COMPLETE and r.step_time_s is not None]
+    times = [
+        r.step_time_s
+        for r in repeats
+        if r.status == RowStatus.COMPLETE and r.step_time_s is not None
+    ]
     peaks = [r.peak_memory_bytes for r in repeats if r.peak_memory_bytes is not None]
-    return MeasuredRow(first.config, first.shape,
-                       statistics.median(times) if times else None,
-                       max(peaks) if peaks else None,
-                       RowStatus.COMPLETE if times else first.status,
-                       tuple(t for r in repeats for t in r.rounds))
+    return MeasuredRow(
+        first.config,
+        first.shape,
+        statistics.median(times) if times else None,
+        max(peaks) if peaks else None,
+        RowStatus.COMPLETE if times else first.status,
+        tuple(t for r in repeats for t in r.rounds),
+    )
 
 
 class Answer(StrEnum):
@@ -468,8 +555,13 @@ class TableExecutor:
     A table whose complete rows do not all carry rounds (a shared CSV's one figure per layout)
     is refused: its one-round answers would be its medians, under another name."""
 
-    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow], *,
-                 answer: Answer | str = Answer.MEDIAN, seed: int = 0) -> None:
+    def __init__(
+        self,
+        table: MeasuredTable | Iterable[MeasuredRow],
+        *,
+        answer: Answer | str = Answer.MEDIAN,
+        seed: int = 0,
+    ) -> None:
         rows = tuple(table.rows if isinstance(table, MeasuredTable) else table)
         self.source = table.source if isinstance(table, MeasuredTable) else "table"
         if not rows:
@@ -478,8 +570,11 @@ class TableExecutor:
             raise ConfigError(f"answer must be one of {', '.join(Answer)}, not {answer!r}")
         self.answer, self.seed = Answer(answer), seed
         # A MeasuredTable merged its repeats when it was read; rows given bare are merged here.
-        merged = (MergedRows(rows, table.merged_rows, table.merged_configs)
-                  if isinstance(table, MeasuredTable) else merge_repeats(rows))
+        merged = (
+            MergedRows(rows, table.merged_rows, table.merged_configs)
+            if isinstance(table, MeasuredTable)
+            else merge_repeats(rows)
+        )
         self.merged_rows = merged.merged_rows
         """Rows given that repeated an earlier row's configuration, merged into it."""
         self.compared = compared_fields(merged.rows)
@@ -492,7 +587,8 @@ class TableExecutor:
                 raise ConfigError(
                     f"table '{self.source}' keeps no rounds for {bare} of its complete rows "
                     "(one step time per layout), so it cannot answer one round per trial; "
-                    "answer it with the median")
+                    "answer it with the median"
+                )
         self.calls: list[TrialConfig] = []
         """Every configuration run, in order."""
 
@@ -509,9 +605,11 @@ class TableExecutor:
         """The row that measured ``config``; ConfigError naming it when none did."""
         row = self._rows.get(self.key(config))
         if row is None:
-            raise ConfigError(f"configuration {short_name(config)} of "
-                              f"{config.workload.name} is not in table '{self.source}'; "
-                              "replay only the table's configurations")
+            raise ConfigError(
+                f"configuration {short_name(config)} of "
+                f"{config.workload.name} is not in table '{self.source}'; "
+                "replay only the table's configurations"
+            )
         return row
 
     def run(self, config: TrialConfig) -> TableOutcome:
@@ -538,8 +636,13 @@ class ReplayTrialExecutor:
 
     slots = 1
 
-    def __init__(self, table: MeasuredTable | Iterable[MeasuredRow], *,
-                 answer: Answer | str = Answer.MEDIAN, seed: int = 0) -> None:
+    def __init__(
+        self,
+        table: MeasuredTable | Iterable[MeasuredRow],
+        *,
+        answer: Answer | str = Answer.MEDIAN,
+        seed: int = 0,
+    ) -> None:
         self.table = TableExecutor(table, answer=answer, seed=seed)
         self.history: list[Measured] = []
         """Every trial answered, in order, as a strategy sees it."""
@@ -547,12 +650,16 @@ class ReplayTrialExecutor:
     def reached(self, target_s: float):
         """A function: the 1-based trial that first ran a layout whose row's median is within
         ``target_s``, or None before one has."""
+
         def first() -> int | None:
             for i, m in enumerate(self.history, 1):
-                if (m.status == RowStatus.COMPLETE
-                        and self.table.row_for(m.config).step_time_s <= target_s):
+                if (
+                    m.status == RowStatus.COMPLETE
+                    and self.table.row_for(m.config).step_time_s <= target_s
+                ):
                     return i
             return None
+
         return first
 
     def contains(self, config: TrialConfig) -> bool:
@@ -566,19 +673,38 @@ class ReplayTrialExecutor:
         self.history.append(Measured(config, outcome.step_time_s, RowStatus(outcome.status)))
         if outcome.status != "complete" or not outcome.step_time_s:
             kind = "oom" if outcome.status == "infeasible" else "error"
-            raise TrialFailed(f"the table measured {short_name(config)} as {outcome.status}",
-                              kind=kind)
+            raise TrialFailed(
+                f"the table measured {short_name(config)} as {outcome.status}", kind=kind
+            )
         t, peak = outcome.step_time_s, outcome.peak_memory_bytes or 0
         steps = len(config.step_schedule())
-        ranks = [RankResult(rank=r, pp_rank=0, dp_rank=0, tp_rank=0, device="table",
-                            backend="table", num_threads=1, step_times=[t] * steps, losses=[],
-                            memory=MemoryBreakdown(0, 0, 0, 0, 0, peak, "table"), setup_s=0.0)
-                 for r in range(config.world_size)]
-        return TrialResult(config=config.resolved(), step_time_s=t,
-                           throughput_tokens_per_s=config.tokens_per_step / t,
-                           losses=[None] * steps,  # a table keeps no losses
-                           ranks=ranks, wall_s=t * steps, steps_s=t * steps, cold_start=False,
-                           env={"executor": "table", "table": self.table.source})
+        ranks = [
+            RankResult(
+                rank=r,
+                pp_rank=0,
+                dp_rank=0,
+                tp_rank=0,
+                device="table",
+                backend="table",
+                num_threads=1,
+                step_times=[t] * steps,
+                losses=[],
+                memory=MemoryBreakdown(0, 0, 0, 0, 0, peak, "table"),
+                setup_s=0.0,
+            )
+            for r in range(config.world_size)
+        ]
+        return TrialResult(
+            config=config.resolved(),
+            step_time_s=t,
+            throughput_tokens_per_s=config.tokens_per_step / t,
+            losses=[None] * steps,  # a table keeps no losses
+            ranks=ranks,
+            wall_s=t * steps,
+            steps_s=t * steps,
+            cold_start=False,
+            env={"executor": "table", "table": self.table.source},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,7 +731,7 @@ class ReplayRun:
     def wall_s(self) -> float:
         """What the trials up to the target (all of them if never reached) would have cost:
         Σ ``trial_wall_s``."""
-        counted = self.history[:self.reached_at] if self.reached_at else self.history
+        counted = self.history[: self.reached_at] if self.reached_at else self.history
         return sum(trial_wall_s(m.step_time_s) for m in counted)
 
 
@@ -623,9 +749,16 @@ class _Unfitted:
         pass
 
 
-def replay(strategy: Strategy | str, group: TableGroup, *, within: float = WITHIN,
-           until_target: bool = True, answer: Answer | str = Answer.MEDIAN,
-           seed: int = 0, workdir: str | Path | None = None) -> ReplayRun:
+def replay(
+    strategy: Strategy | str,
+    group: TableGroup,
+    *,
+    within: float = WITHIN,
+    until_target: bool = True,
+    answer: Answer | str = Answer.MEDIAN,
+    seed: int = 0,
+    workdir: str | Path | None = None,
+) -> ReplayRun:
     """Run the search's own loop (``autotune.search.loop.SearchLoop``) over a
     ``ReplayTrialExecutor`` of ``group``'s rows, answering as ``answer`` says (with ``seed``).
     ``strategy`` is a ``Strategy``, or the name of an Optuna sampler the search ships (tpe,
@@ -657,21 +790,43 @@ def replay(strategy: Strategy | str, group: TableGroup, *, within: float = WITHI
     target = group.best_step_time_s * (1 + within)
     reached = executor.reached(target)
     first = configs[0]
-    spec = SearchSpec(workload=first.workload, world_size=first.world_size,
-                      n_trials=len(configs), patience=None, top_k=1, remeasure_repeats=0,
-                      seed=seed, device=first.device, study_name=group.key)
+    spec = SearchSpec(
+        workload=first.workload,
+        world_size=first.world_size,
+        n_trials=len(configs),
+        patience=None,
+        top_k=1,
+        remeasure_repeats=0,
+        seed=seed,
+        device=first.device,
+        study_name=group.key,
+    )
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         db = Database.open(f"sqlite:///{tmp}/replay.db")
         try:
             record = db.create_study(group.key, {})
-            loop = SearchLoop(spec=spec, space=space, study=study, database=db,
-                              study_id=record.id, executor=executor, limit=None,
-                              device_type="cuda" if first.device == "cuda" else "cpu",
-                              calibration=_Unfitted(), say=lambda _: None, strategy=strategy,
-                              until=(lambda: "target" if reached() else None)
-                              if until_target else None, shape=group.shape)
+            loop = SearchLoop(
+                spec=spec,
+                space=space,
+                study=study,
+                database=db,
+                study_id=record.id,
+                executor=executor,
+                limit=None,
+                device_type="cuda" if first.device == "cuda" else "cpu",
+                calibration=_Unfitted(),
+                say=lambda _: None,
+                strategy=strategy,
+                until=(lambda: "target" if reached() else None) if until_target else None,
+                shape=group.shape,
+            )
             outcome = loop.run(time.monotonic())
         finally:
             db.close()
-    return ReplayRun(group.key, len(configs), tuple(executor.history), reached(),
-                     outcome.stopped_because != "target")
+    return ReplayRun(
+        group.key,
+        len(configs),
+        tuple(executor.history),
+        reached(),
+        outcome.stopped_because != "target",
+    )

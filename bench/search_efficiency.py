@@ -30,23 +30,21 @@ Usage: python bench/search_efficiency.py [--sweeps 3] [--seeds 5] [--json]
 
 from __future__ import annotations
 
-import sys
-
-import common  # noqa: E402,F401  (the repository on the path)
-
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
+import sys
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.trial.executor import RayExecutor  # noqa: E402
-from autotune.model.memory import estimate_memory  # noqa: E402
+import common  # noqa: E402,F401  (the repository on the path)
 from replay_table import MeasuredRow, TableExecutor  # noqa: E402
+
+from autotune.config import TrialConfig  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402
+from autotune.model.memory import estimate_memory  # noqa: E402
 from autotune.search.search import (  # noqa: E402
     DEFAULT_SAMPLER,
     SAMPLERS,
@@ -55,17 +53,31 @@ from autotune.search.search import (  # noqa: E402
     predicted_to_fit,
 )
 from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.trial.executor import RayExecutor  # noqa: E402
 from db import Database  # noqa: E402
 
-SPACE = dict(fixed={"bucket_mb": 25.0, "overlap_enabled": True},
-             narrowed={"activation_checkpointing": ["none", "full"]})
+SPACE = dict(
+    fixed={"bucket_mb": 25.0, "overlap_enabled": True},
+    narrowed={"activation_checkpointing": ["none", "full"]},
+)
 WITHIN = 0.03
 
 
 def make_spec(seed: int, n_trials: int) -> SearchSpec:
-    return SearchSpec(world_size=2, n_trials=n_trials, patience=None, seed=seed, device="cpu",
-                      num_warmup_steps=2, num_timed_steps=5, num_profiled_steps=0,
-                      top_k=1, remeasure_repeats=0, study_name=f"seed{seed}", **SPACE)
+    return SearchSpec(
+        world_size=2,
+        n_trials=n_trials,
+        patience=None,
+        seed=seed,
+        device="cpu",
+        num_warmup_steps=2,
+        num_timed_steps=5,
+        num_profiled_steps=0,
+        top_k=1,
+        remeasure_repeats=0,
+        study_name=f"seed{seed}",
+        **SPACE,
+    )
 
 
 class TargetReached(Exception):
@@ -82,7 +94,8 @@ class Replay:
         self.table, self.target, self.calls = table, target, []
         self.executor = TableExecutor(
             MeasuredRow(c, None, r.step_time_s, r.peak_memory_bytes, "complete")
-            for c, r in table.items())
+            for c, r in table.items()
+        )
 
     def run(self, config: TrialConfig):
         key = self.executor.row_for(config).config
@@ -106,11 +119,15 @@ def ds_heuristic(space: SearchSpace, table: dict) -> list[TrialConfig]:
     """DeepSpeed-autotuner style: per ZeRO stage, largest fitting micro-batch first, then
     smaller until throughput stops improving; tp = pp = 1, no activation checkpointing."""
     order = []
-    plain = [c for c in space.configs if c.tp_degree == 1 and c.pp_degree == 1
-             and c.activation_checkpointing == "none"]
+    plain = [
+        c
+        for c in space.configs
+        if c.tp_degree == 1 and c.pp_degree == 1 and c.activation_checkpointing == "none"
+    ]
     for stage in sorted({c.zero_stage for c in plain}):
-        candidates = sorted((c for c in plain if c.zero_stage == stage),
-                            key=lambda c: -c.micro_batch_size)
+        candidates = sorted(
+            (c for c in plain if c.zero_stage == stage), key=lambda c: -c.micro_batch_size
+        )
         best = 0.0
         for c in candidates:
             order.append(c)
@@ -149,10 +166,14 @@ def strategies(space: SearchSpace, table: dict, seeds: int, db) -> dict[str, lis
             rows[name] = []
             for seed in range(seeds):
                 replay = Replay(table, target)
-                spec = dataclasses.replace(make_spec(seed, len(configs)), sampler=sampler,
-                                           study_name=f"{name}-{seed}-{id(table)}")
-                search = Search.open(spec, db, replay, out=None,
-                                baseline="plain" if baseline else None)
+                spec = dataclasses.replace(
+                    make_spec(seed, len(configs)),
+                    sampler=sampler,
+                    study_name=f"{name}-{seed}-{id(table)}",
+                )
+                search = Search.open(
+                    spec, db, replay, out=None, baseline="plain" if baseline else None
+                )
                 try:
                     search.run()
                 except TargetReached:
@@ -164,12 +185,20 @@ def strategies(space: SearchSpace, table: dict, seeds: int, db) -> dict[str, lis
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--sweeps", type=int, default=3,
-                   help="exhaustive sweeps measured (each replayed with every seed)")
+    p.add_argument(
+        "--sweeps",
+        type=int,
+        default=3,
+        help="exhaustive sweeps measured (each replayed with every seed)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    space = SearchSpace(TrialConfig(world_size=2, device="cpu", num_warmup_steps=2,
-                                    num_timed_steps=5, num_profiled_steps=0), **SPACE)
+    space = SearchSpace(
+        TrialConfig(
+            world_size=2, device="cpu", num_warmup_steps=2, num_timed_steps=5, num_profiled_steps=0
+        ),
+        **SPACE,
+    )
     configs = space.configs
     rows: dict[str, list] = {}
     sweeps = []
@@ -179,17 +208,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Database.open(f"sqlite:///{tmp}/bench.db")
         for sweep in range(args.sweeps):
-            print(f"[search_efficiency] sweep {sweep + 1}/{args.sweeps}: measuring "
-                  f"{len(configs)} configurations …", file=sys.stderr, flush=True)
+            print(
+                f"[search_efficiency] sweep {sweep + 1}/{args.sweeps}: measuring "
+                f"{len(configs)} configurations …",
+                file=sys.stderr,
+                flush=True,
+            )
             table, sweep_s = measure_grid(configs)
             best_config = max(table, key=lambda c: table[c].throughput_tokens_per_s)
             heuristic = ds_heuristic(space, table)
-            sweeps.append({
-                "sweep_s": sweep_s, "best_tokens_per_s": table[best_config]
-                .throughput_tokens_per_s, "best": short_name(best_config),
-                "ds_heuristic_gap": 1 - max(table[c].throughput_tokens_per_s
-                                            for c in heuristic)
-                / table[best_config].throughput_tokens_per_s})
+            sweeps.append(
+                {
+                    "sweep_s": sweep_s,
+                    "best_tokens_per_s": table[best_config].throughput_tokens_per_s,
+                    "best": short_name(best_config),
+                    "ds_heuristic_gap": 1
+                    - max(table[c].throughput_tokens_per_s for c in heuristic)
+                    / table[best_config].throughput_tokens_per_s,
+                }
+            )
             for name, results in strategies(space, table, args.seeds, db).items():
                 rows.setdefault(name, []).extend(results)
             # memory model against measurement
@@ -204,49 +241,75 @@ def main() -> None:
     for name, results in rows.items():
         trials = [t for t, _ in results]
         walls = [w for _, w in results]
-        summary[name] = {"median_trials": statistics.median(trials),
-                         "median_wall_s": statistics.median(walls),
-                         "fraction_of_grid": statistics.median(trials) / len(configs),
-                         "mean_fraction_of_grid": statistics.fmean(
-                             min(t, len(configs)) for t in trials) / len(configs),
-                         "runs": len(results)}
+        summary[name] = {
+            "median_trials": statistics.median(trials),
+            "median_wall_s": statistics.median(walls),
+            "fraction_of_grid": statistics.median(trials) / len(configs),
+            "mean_fraction_of_grid": statistics.fmean(min(t, len(configs)) for t in trials)
+            / len(configs),
+            "runs": len(results),
+        }
     samplers = {s: summary[f"autotune-{s} (no baseline)"] for s in SAMPLERS}
-    chosen = min(SAMPLERS, key=lambda s: (samplers[s]["median_trials"],
-                                          samplers[s]["mean_fraction_of_grid"]))
-    report = {"grid_size": len(configs), "sweeps": sweeps, "strategies": summary,
-              "best_sampler": chosen, "default_sampler": DEFAULT_SAMPLER,
-              "memory_model": {"median_rel_error": statistics.median(errors),
-                               "median_abs_rel_error": statistics.median(abs(e) for e in errors),
-                               "worst_under": min(errors), "worst_over": max(errors),
-                               "limit_bytes": limit, "fit_but_measured_over": over,
-                               "measurements": len(errors)}}
+    chosen = min(
+        SAMPLERS, key=lambda s: (samplers[s]["median_trials"], samplers[s]["mean_fraction_of_grid"])
+    )
+    report = {
+        "grid_size": len(configs),
+        "sweeps": sweeps,
+        "strategies": summary,
+        "best_sampler": chosen,
+        "default_sampler": DEFAULT_SAMPLER,
+        "memory_model": {
+            "median_rel_error": statistics.median(errors),
+            "median_abs_rel_error": statistics.median(abs(e) for e in errors),
+            "worst_under": min(errors),
+            "worst_over": max(errors),
+            "limit_bytes": limit,
+            "fit_but_measured_over": over,
+            "measurements": len(errors),
+        },
+    }
     if args.json:
         print(json.dumps(report, indent=2, default=float))
         return
-    print(f"search efficiency (tiny gpt, world 2, CPU/gloo): grid of {len(configs)} "
-          f"configurations, {args.sweeps} sweeps × {args.seeds} seeds, target: within "
-          f"{WITHIN:.0%} of each sweep's exhaustive best")
+    print(
+        f"search efficiency (tiny gpt, world 2, CPU/gloo): grid of {len(configs)} "
+        f"configurations, {args.sweeps} sweeps × {args.seeds} seeds, target: within "
+        f"{WITHIN:.0%} of each sweep's exhaustive best"
+    )
     for i, sw in enumerate(sweeps, 1):
-        print(f"  sweep {i}: best {sw['best']} {sw['best_tokens_per_s']:,.0f} tok/s "
-              f"({sw['sweep_s']:.0f}s); ds-heuristic's best {sw['ds_heuristic_gap']:.1%} below")
-    print(f"{'strategy':<32}{'runs':>5}{'median trials':>15}{'% of grid':>11}"
-          f"{'mean % of grid':>16}{'median wall s':>15}")
+        print(
+            f"  sweep {i}: best {sw['best']} {sw['best_tokens_per_s']:,.0f} tok/s "
+            f"({sw['sweep_s']:.0f}s); ds-heuristic's best {sw['ds_heuristic_gap']:.1%} below"
+        )
+    print(
+        f"{'strategy':<32}{'runs':>5}{'median trials':>15}{'% of grid':>11}"
+        f"{'mean % of grid':>16}{'median wall s':>15}"
+    )
     for name, s in summary.items():
-        print(f"{name:<32}{s['runs']:>5}{s['median_trials']:>15}{s['fraction_of_grid']:>11.0%}"
-              f"{s['mean_fraction_of_grid']:>16.0%}{s['median_wall_s']:>15.1f}")
+        print(
+            f"{name:<32}{s['runs']:>5}{s['median_trials']:>15}{s['fraction_of_grid']:>11.0%}"
+            f"{s['mean_fraction_of_grid']:>16.0%}{s['median_wall_s']:>15.1f}"
+        )
     print("(inf = never within 3%; mean % of grid counts a never as the whole grid)")
     m = report["memory_model"]
-    print(f"memory model, predicted vs measured peak per rank over {m['measurements']} "
-          f"measurements: median |error| {m['median_abs_rel_error']:.1%}, worst "
-          f"under-prediction {m['worst_under']:.1%}, worst over-prediction "
-          f"{m['worst_over']:.1%}; predicted to fit {limit / 2**20:.1f} MiB but measured "
-          f"over: {over}")
-    print(f"fewest trials without the baseline: sampler '{chosen}' (the search's default is "
-          f"'{DEFAULT_SAMPLER}')")
+    print(
+        f"memory model, predicted vs measured peak per rank over {m['measurements']} "
+        f"measurements: median |error| {m['median_abs_rel_error']:.1%}, worst "
+        f"under-prediction {m['worst_under']:.1%}, worst over-prediction "
+        f"{m['worst_over']:.1%}; predicted to fit {limit / 2**20:.1f} MiB but measured "
+        f"over: {over}"
+    )
+    print(
+        f"fewest trials without the baseline: sampler '{chosen}' (the search's default is "
+        f"'{DEFAULT_SAMPLER}')"
+    )
     best = summary[f"autotune-{DEFAULT_SAMPLER}"]
     target_met = best["fraction_of_grid"] <= 0.20
-    print(f"target: within 3% in ≤ 20% of the grid's trials -> "
-          f"{'met' if target_met else 'NOT met'} ({best['median_trials']} of {len(configs)})")
+    print(
+        f"target: within 3% in ≤ 20% of the grid's trials -> "
+        f"{'met' if target_met else 'NOT met'} ({best['median_trials']} of {len(configs)})"
+    )
 
 
 if __name__ == "__main__":

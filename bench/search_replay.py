@@ -69,14 +69,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import common  # noqa: E402,F401  (the repository on the path)
-
-from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
-from autotune.errors import ConfigError  # noqa: E402
-from autotune.model.perf_model import (  # noqa: E402
-    AUTOTUNE_ENGINE,
-    MEGATRON_LEGACY_ENGINE,
-    EngineTraits,
-)
 from replay_table import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
@@ -91,9 +83,17 @@ from replay_table import (  # noqa: E402
     replay,
     trial_wall_s,
 )
-from autotune.search.strategies.base import Strategy  # noqa: E402
-from autotune.search.spec import SAMPLERS  # noqa: E402
 from strategies import DeepSpeedHeuristic, GridStrategy, TPInsideNodeRule  # noqa: E402
+
+from autotune.errors import ConfigError  # noqa: E402
+from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
+from autotune.model.perf_model import (  # noqa: E402
+    AUTOTUNE_ENGINE,
+    MEGATRON_LEGACY_ENGINE,
+    EngineTraits,
+)
+from autotune.search.spec import SAMPLERS  # noqa: E402
+from autotune.search.strategies.base import Strategy  # noqa: E402
 
 log = common.logger("search_replay")
 A100_CLUSTER = Path(__file__).resolve().parent.parent / "examples/clusters/a100-megatron.json"
@@ -109,8 +109,9 @@ class Setting:
 
     def __init__(self, table: MeasuredTable, cluster_file: str | None) -> None:
         self.table = table
-        self.engine: EngineTraits = (MEGATRON_LEGACY_ENGINE if table.kind == "csv"
-                                     else AUTOTUNE_ENGINE)
+        self.engine: EngineTraits = (
+            MEGATRON_LEGACY_ENGINE if table.kind == "csv" else AUTOTUNE_ENGINE
+        )
         self.fixed: ClusterSpec | None = None
         if cluster_file:
             self.fixed = load_cluster(cluster_file)
@@ -128,15 +129,19 @@ class Setting:
             return None
         from autotune.model.calibration import fit_calibration
 
-        return fit_calibration(self.samples[-CARRIED_SAMPLES:], cluster,
-                               engine=self.engine).calibration
+        return fit_calibration(
+            self.samples[-CARRIED_SAMPLES:], cluster, engine=self.engine
+        ).calibration
 
     def carry(self, run: ReplayRun, group: TableGroup) -> None:
         from autotune.model.calibration import Sample
 
         cluster = self.cluster(group)
-        self.samples += [Sample(m.config, m.step_time_s, group.shape, cluster=cluster)
-                         for m in run.history if m.status == "complete" and m.step_time_s]
+        self.samples += [
+            Sample(m.config, m.step_time_s, group.shape, cluster=cluster)
+            for m in run.history
+            if m.status == "complete" and m.step_time_s
+        ]
 
     def cluster(self, group: TableGroup) -> ClusterSpec:
         if self.fixed is not None:
@@ -153,8 +158,9 @@ def model_factory() -> tuple[Callable | None, str]:
     return ModelGuided, ""
 
 
-def make_strategy(name: str, seed: int, group: TableGroup, setting: Setting,
-                  model_cls: Callable | None) -> Strategy | str:
+def make_strategy(
+    name: str, seed: int, group: TableGroup, setting: Setting, model_cls: Callable | None
+) -> Strategy | str:
     """A fresh strategy for one replay (strategies keep per-search state); the name of one of
     the search's Optuna samplers (tpe, gp, random) for those, which ``replay`` runs as the
     search does (``OptunaStrategy``, seeded)."""
@@ -178,19 +184,27 @@ def parse_strategies(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown or not names:
-        raise ConfigError(f"unknown strategy '{', '.join(unknown) or text}'; choose among "
-                          f"{', '.join(STRATEGIES)} (comma-separated)")
+        raise ConfigError(
+            f"unknown strategy '{', '.join(unknown) or text}'; choose among "
+            f"{', '.join(STRATEGIES)} (comma-separated)"
+        )
     return names
 
 
 def summarise(runs: list[ReplayRun], seeds: int) -> dict:
     trials = [r.trials_to_target for r in runs]
     walls = [r.wall_s for r in runs]
-    return {"median_trials": statistics.median(trials), "mean_trials": statistics.fmean(trials),
-            "reached_fraction": sum(r.reached_at is not None for r in runs) / len(runs),
-            "mean_wall_s": statistics.fmean(walls), "total_wall_s": sum(walls) / seeds,
-            "mean_trials_run": statistics.fmean(len(r.history) for r in runs),
-            "runs": len(runs), "seeds": seeds, "trials": trials}
+    return {
+        "median_trials": statistics.median(trials),
+        "mean_trials": statistics.fmean(trials),
+        "reached_fraction": sum(r.reached_at is not None for r in runs) / len(runs),
+        "mean_wall_s": statistics.fmean(walls),
+        "total_wall_s": sum(walls) / seeds,
+        "mean_trials_run": statistics.fmean(len(r.history) for r in runs),
+        "runs": len(runs),
+        "seeds": seeds,
+        "trials": trials,
+    }
 
 
 def floor_trials(groups: list[TableGroup]) -> dict | None:
@@ -199,8 +213,11 @@ def floor_trials(groups: list[TableGroup]) -> dict | None:
     floors = [one_round_trials(g, WITHIN) for g in groups]
     if any(f is None for f in floors):
         return None
-    return {"median_trials": statistics.median(floors), "mean_trials": statistics.fmean(floors),
-            "trials": floors}
+    return {
+        "median_trials": statistics.median(floors),
+        "mean_trials": statistics.fmean(floors),
+        "trials": floors,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,9 +249,14 @@ def run(args: argparse.Namespace) -> int:
             for seed in range(seeds):
                 setting.samples = []  # model-warm carries its trials within one pass only
                 for g in table_groups:  # in table order: model-warm carries them forward
-                    run_ = replay(make_strategy(name, seed, g, setting, model_cls), g,
-                                  within=WITHIN, until_target=not args.full,
-                                  answer=args.answer, seed=seed)
+                    run_ = replay(
+                        make_strategy(name, seed, g, setting, model_cls),
+                        g,
+                        within=WITHIN,
+                        until_target=not args.full,
+                        answer=args.answer,
+                        seed=seed,
+                    )
                     runs.append(run_)
                     by_table[path].append(run_)
                     if name == "model-warm":
@@ -245,75 +267,122 @@ def run(args: argparse.Namespace) -> int:
         log(f"{name}: {len(runs)} replays in {time.perf_counter() - start:.1f} s")
     sizes = [len(g.rows) for g in groups]
     exhaustive = sum(sum(trial_wall_s(r.step_time_s) for r in g.rows) for g in groups)
-    report = {"table": ", ".join(args.table), "tables": list(args.table), "groups": len(groups),
-              "groups_per_table": {path: len(gs) for path, gs, _ in parts},
-              "min_layouts": args.min_layouts,
-              "layouts": {"median": statistics.median(sizes), "mean": statistics.fmean(sizes),
-                          "min": min(sizes), "max": max(sizes)},
-              "within": WITHIN, "full": args.full, "exhaustive_wall_s": exhaustive,
-              "answer": str(args.answer), "seeds": args.seeds,
-              "merged": {"rows": sum(m["rows"] for m in merged.values()),
-                         "configurations": sum(m["configurations"] for m in merged.values()),
-                         "per_table": merged},
-              "strategies": results, "skipped": skipped}
+    report = {
+        "table": ", ".join(args.table),
+        "tables": list(args.table),
+        "groups": len(groups),
+        "groups_per_table": {path: len(gs) for path, gs, _ in parts},
+        "min_layouts": args.min_layouts,
+        "layouts": {
+            "median": statistics.median(sizes),
+            "mean": statistics.fmean(sizes),
+            "min": min(sizes),
+            "max": max(sizes),
+        },
+        "within": WITHIN,
+        "full": args.full,
+        "exhaustive_wall_s": exhaustive,
+        "answer": str(args.answer),
+        "seeds": args.seeds,
+        "merged": {
+            "rows": sum(m["rows"] for m in merged.values()),
+            "configurations": sum(m["configurations"] for m in merged.values()),
+            "per_table": merged,
+        },
+        "strategies": results,
+        "skipped": skipped,
+    }
     floors = {path: floor_trials(gs) for path, gs, _ in parts}
     pooled_floor = floor_trials(groups)
     if pooled_floor is not None:
         report["noise_floor"] = pooled_floor
-        report["below_noise_floor"] = [n for n, r in results.items()
-                                       if r["mean_trials"] < pooled_floor["mean_trials"]]
+        report["below_noise_floor"] = [
+            n for n, r in results.items() if r["mean_trials"] < pooled_floor["mean_trials"]
+        ]
     if len(parts) > 1:
-        report["per_table"] = {path: {n: {k: s[k] for k in ("median_trials", "mean_trials")}
-                                      for n, s in by_name.items()}
-                               | ({"noise_floor": floors[path]} if floors[path] else {})
-                               for path, by_name in per_table.items()}
+        report["per_table"] = {
+            path: {
+                n: {k: s[k] for k in ("median_trials", "mean_trials")} for n, s in by_name.items()
+            }
+            | ({"noise_floor": floors[path]} if floors[path] else {})
+            for path, by_name in per_table.items()
+        }
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"search replay on {report['table']}: {len(groups)} groups of ≥ {args.min_layouts} "
-          f"layouts (median {statistics.median(sizes):g}, {min(sizes)}-{max(sizes)}); trials "
-          f"until one tries a layout within {WITHIN:.0%} of the group's best (medians); "
-          + ("each trial answered with the row's median" if args.answer == Answer.MEDIAN else
-             f"each trial answered with one round drawn at random, {args.seeds} seeds"))
+    print(
+        f"search replay on {report['table']}: {len(groups)} groups of ≥ {args.min_layouts} "
+        f"layouts (median {statistics.median(sizes):g}, {min(sizes)}-{max(sizes)}); trials "
+        f"until one tries a layout within {WITHIN:.0%} of the group's best (medians); "
+        + (
+            "each trial answered with the row's median"
+            if args.answer == Answer.MEDIAN
+            else f"each trial answered with one round drawn at random, {args.seeds} seeds"
+        )
+    )
     for path, m in merged.items():
         if m["rows"]:
-            print(f"{path}: {m['rows']} rows repeated a configuration and were merged into "
-                  f"{m['configurations']} (the median of the repeats, their rounds pooled)")
-    print(f"{'strategy':<12}{'runs':>6}{'median':>8}{'mean':>7}{'reached':>9}"
-          f"{'wall s/group':>14}{'wall s total':>14}" + (f"{'trials run':>12}" if args.full
-                                                           else ""))
+            print(
+                f"{path}: {m['rows']} rows repeated a configuration and were merged into "
+                f"{m['configurations']} (the median of the repeats, their rounds pooled)"
+            )
+    print(
+        f"{'strategy':<12}{'runs':>6}{'median':>8}{'mean':>7}{'reached':>9}"
+        f"{'wall s/group':>14}{'wall s total':>14}" + (f"{'trials run':>12}" if args.full else "")
+    )
     for name, s in results.items():
-        line = (f"{name:<12}{s['runs']:>6}{s['median_trials']:>8g}{s['mean_trials']:>7.2f}"
-                f"{s['reached_fraction']:>9.0%}{s['mean_wall_s']:>14.2f}"
-                f"{s['total_wall_s']:>14.1f}")
+        line = (
+            f"{name:<12}{s['runs']:>6}{s['median_trials']:>8g}{s['mean_trials']:>7.2f}"
+            f"{s['reached_fraction']:>9.0%}{s['mean_wall_s']:>14.2f}"
+            f"{s['total_wall_s']:>14.1f}"
+        )
         if args.full:
             line += f"{s['mean_trials_run']:>12.2f}"
         print(line)
-    print(f"(every layout once: {statistics.fmean(sizes):.1f} trials per group on average, "
-          f"{exhaustive:.1f} s in all. A strategy that stops before reaching the target counts "
-          f"as its group's layouts + 1; 'reached' is how often it got there. Wall time: "
-          f"Σ ({TRIAL_STEPS} steps × step time + {TRIAL_OVERHEAD_S} s) over the trials up to "
-          f"the target; " + ("random and tpe" if args.answer == Answer.MEDIAN else "all")
-          + f" averaged over {args.seeds} seeds.)")
+    print(
+        f"(every layout once: {statistics.fmean(sizes):.1f} trials per group on average, "
+        f"{exhaustive:.1f} s in all. A strategy that stops before reaching the target counts "
+        f"as its group's layouts + 1; 'reached' is how often it got there. Wall time: "
+        f"Σ ({TRIAL_STEPS} steps × step time + {TRIAL_OVERHEAD_S} s) over the trials up to "
+        f"the target; "
+        + ("random and tpe" if args.answer == Answer.MEDIAN else "all")
+        + f" averaged over {args.seeds} seeds.)"
+    )
     if "noise_floor" in report:
         nf = report["noise_floor"]
-        print(f"noise floor: {nf['median_trials']:.2f} / {nf['mean_trials']:.2f} trials (median / "
-              "mean) for a strategy that knew one round's step times exactly and tried the "
-              "fastest first, averaged over the rounds (the rounds disagree on close layouts)")
+        print(
+            f"noise floor: {nf['median_trials']:.2f} / {nf['mean_trials']:.2f} trials (median / "
+            "mean) for a strategy that knew one round's step times exactly and tried the "
+            "fastest first, averaged over the rounds (the rounds disagree on close layouts)"
+        )
         below = ", ".join(report["below_noise_floor"]) or "none"
-        print(f"below the floor in mean: {below}" + (
-            " (answered with medians, a strategy reads quieter figures than the floor's one "
-            "round: --answer one-round answers as a live search would see them)"
-            if args.answer == Answer.MEDIAN else ""))
+        print(
+            f"below the floor in mean: {below}"
+            + (
+                " (answered with medians, a strategy reads quieter figures than the floor's one "
+                "round: --answer one-round answers as a live search would see them)"
+                if args.answer == Answer.MEDIAN
+                else ""
+            )
+        )
     if len(parts) > 1:
         print("\nmedian / mean trials per table:")
-        print(f"{'table':<24}{'groups':>7}" + "".join(f"{n:>13}" for n in results)
-              + f"{'noise floor':>14}")
+        print(
+            f"{'table':<24}{'groups':>7}"
+            + "".join(f"{n:>13}" for n in results)
+            + f"{'noise floor':>14}"
+        )
         for path, table_groups, _ in parts:
-            cells = "".join(f"{per_table[path][n]['median_trials']:>6g} /"
-                             f"{per_table[path][n]['mean_trials']:>5.2f}" for n in results)
-            floor = (f"{floors[path]['median_trials']:>6.2f} /"
-                     f"{floors[path]['mean_trials']:>5.2f}" if floors[path] else f"{'-':>13}")
+            cells = "".join(
+                f"{per_table[path][n]['median_trials']:>6g} /"
+                f"{per_table[path][n]['mean_trials']:>5.2f}"
+                for n in results
+            )
+            floor = (
+                f"{floors[path]['median_trials']:>6.2f} /{floors[path]['mean_trials']:>5.2f}"
+                if floors[path]
+                else f"{'-':>13}"
+            )
             print(f"{Path(path).name:<24}{len(table_groups):>7}{cells} {floor}")
     for name, why in skipped.items():
         print(f"note: strategy '{name}' skipped: {why}")
@@ -322,25 +391,52 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--table", required=True, metavar="TABLE", action="append",
-                   help="a CSV in the shared format or a JSON table of bench/cpu_sweep.py; "
-                   "give it several times to pool their groups (each table keeps its own "
-                   "cluster, and model-warm carries its trials within a table only)")
+    p.add_argument(
+        "--table",
+        required=True,
+        metavar="TABLE",
+        action="append",
+        help="a CSV in the shared format or a JSON table of bench/cpu_sweep.py; "
+        "give it several times to pool their groups (each table keeps its own "
+        "cluster, and model-warm carries its trials within a table only)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON only")
-    p.add_argument("--strategies", default=",".join(STRATEGIES),
-                   help=f"comma-separated, among {', '.join(STRATEGIES)} (default all)")
-    p.add_argument("--seeds", type=int, default=5,
-                   help="seeds of random and tpe, and of every strategy's draws under "
-                   "--answer one-round (5)")
-    p.add_argument("--answer", choices=tuple(Answer), default=Answer.MEDIAN, type=Answer,
-                   help="what a trial reads: the row's median over its rounds (median, the "
-                   "default) or one of its rounds drawn at random, as a live trial (one-round)")
-    p.add_argument("--cluster", metavar="FILE", help="the cluster the model-guided strategy "
-                   "sees (default: a100-megatron for a CSV, the local CPU for a JSON table)")
-    p.add_argument("--min-layouts", type=int, default=MIN_LAYOUTS,
-                   help=f"smallest group replayed ({MIN_LAYOUTS})")
-    p.add_argument("--full", action="store_true",
-                   help="run every strategy until it stops, not only to the target")
+    p.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated, among {', '.join(STRATEGIES)} (default all)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="seeds of random and tpe, and of every strategy's draws under --answer one-round (5)",
+    )
+    p.add_argument(
+        "--answer",
+        choices=tuple(Answer),
+        default=Answer.MEDIAN,
+        type=Answer,
+        help="what a trial reads: the row's median over its rounds (median, the "
+        "default) or one of its rounds drawn at random, as a live trial (one-round)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="the cluster the model-guided strategy "
+        "sees (default: a100-megatron for a CSV, the local CPU for a JSON table)",
+    )
+    p.add_argument(
+        "--min-layouts",
+        type=int,
+        default=MIN_LAYOUTS,
+        help=f"smallest group replayed ({MIN_LAYOUTS})",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="run every strategy until it stops, not only to the target",
+    )
     args = p.parse_args(argv)
     try:
         return run(args)

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from autotune.config import AC_ORDER, PP_SCHEDULES, TrialConfig
 from autotune.layouts import DEFAULT_BUCKET_MB
+from autotune.search.strategies.base import Measured, Proposal, SearchState, Strategy
 from autotune.shapes import ModelShape
 from autotune.status import RowStatus
-from autotune.search.strategies.base import Measured, Proposal, SearchState, Strategy
 
 SCHEDULE_ORDER = {schedule: i for i, schedule in enumerate(PP_SCHEDULES)}
 
@@ -32,13 +32,18 @@ class OrderStrategy(Strategy):
     def propose(self, state: SearchState) -> Proposal | None:
         return self.choose(state.configs, state.history, state.shape)
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
         raise NotImplementedError
 
 
-def _first_untried(order: Sequence[TrialConfig], history: Sequence[Measured],
-                   reason: str) -> Proposal | None:
+def _first_untried(
+    order: Sequence[TrialConfig], history: Sequence[Measured], reason: str
+) -> Proposal | None:
     done = {m.config for m in history}
     for i, config in enumerate(order):
         if config not in done:
@@ -49,9 +54,15 @@ def _first_untried(order: Sequence[TrialConfig], history: Sequence[Measured],
 def _other_knobs(c: TrialConfig) -> tuple:
     """The knobs after the ones a strategy orders by: recomputation from none, schedules in
     their listed order, overlap on first, the default bucket size first."""
-    return (AC_ORDER[c.activation_checkpointing], SCHEDULE_ORDER[c.pp_schedule],
-            not c.overlap_enabled, abs(c.bucket_mb - DEFAULT_BUCKET_MB), c.bucket_mb,
-            c.attention, c.optimizer_offload_enabled)
+    return (
+        AC_ORDER[c.activation_checkpointing],
+        SCHEDULE_ORDER[c.pp_schedule],
+        not c.overlap_enabled,
+        abs(c.bucket_mb - DEFAULT_BUCKET_MB),
+        c.bucket_mb,
+        c.attention,
+        c.optimizer_offload_enabled,
+    )
 
 
 # ---- grid ------------------------------------------------------------------------------
@@ -71,8 +82,12 @@ class GridStrategy(OrderStrategy):
 
     name = "grid"
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
         return _first_untried(sorted(candidates, key=grid_key), history, "grid order")
 
 
@@ -86,8 +101,12 @@ class RandomStrategy(OrderStrategy):
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
         order = list(candidates)
         random.Random(self.seed).shuffle(order)
         return _first_untried(order, history, f"random order, seed {self.seed}")
@@ -97,8 +116,14 @@ class RandomStrategy(OrderStrategy):
 METRIC_PERCENT_DIFF = 0.05
 """A smaller micro-batch is kept only if its throughput beats the stage's best by more than 5%
 (``METRIC_PERCENT_DIFF_CONST`` of deepspeed/autotuning/constants.py)."""
-UNTUNED_KNOBS = ("activation_checkpointing", "overlap_enabled", "bucket_mb", "attention",
-                 "optimizer_offload_enabled", "pp_schedule")
+UNTUNED_KNOBS = (
+    "activation_checkpointing",
+    "overlap_enabled",
+    "bucket_mb",
+    "attention",
+    "optimizer_offload_enabled",
+    "pp_schedule",
+)
 
 
 def _plain_key(c: TrialConfig) -> tuple:
@@ -129,14 +154,17 @@ class DeepSpeedHeuristic(OrderStrategy):
 
     name = "deepspeed"
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
         plain = [c for c in candidates if c.tp_degree == 1 and c.pp_degree == 1]
         if not plain:
             return None
         user = min(plain, key=_plain_key)
-        space = [c for c in plain
-                 if all(getattr(c, k) == getattr(user, k) for k in UNTUNED_KNOBS)]
+        space = [c for c in plain if all(getattr(c, k) == getattr(user, k) for k in UNTUNED_KNOBS)]
         outcome = {m.config: m for m in history}
         largest_so_far = 0
         for stage in sorted({c.zero_stage for c in space}):
@@ -149,8 +177,9 @@ class DeepSpeedHeuristic(OrderStrategy):
             for mb in micro:  # the largest micro-batch that runs
                 m = outcome.get(by_micro[mb])
                 if m is None:
-                    return Proposal(by_micro[mb], reason=f"ZeRO-{stage}: largest micro-batch "
-                                    "that fits")
+                    return Proposal(
+                        by_micro[mb], reason=f"ZeRO-{stage}: largest micro-batch that fits"
+                    )
                 if m.status == RowStatus.COMPLETE and m.step_time_s is not None:
                     largest, best = mb, m.step_time_s
                     break
@@ -161,8 +190,11 @@ class DeepSpeedHeuristic(OrderStrategy):
                 m = outcome.get(by_micro[mb])
                 if m is None:
                     return Proposal(by_micro[mb], reason=f"ZeRO-{stage}: smaller micro-batch")
-                if not (m.status == RowStatus.COMPLETE and m.step_time_s is not None
-                        and m.step_time_s * (1 + METRIC_PERCENT_DIFF) < best):
+                if not (
+                    m.status == RowStatus.COMPLETE
+                    and m.step_time_s is not None
+                    and m.step_time_s * (1 + METRIC_PERCENT_DIFF) < best
+                ):
                     break
                 best = m.step_time_s
         return None
@@ -196,10 +228,22 @@ class TPInsideNodeRule(OrderStrategy):
 
     def key(self, c: TrialConfig) -> tuple:
         inside = c.tp_degree <= self.devices_per_node
-        return ((0, -c.tp_degree) if inside else (1, c.tp_degree), c.pp_degree,
-                ZERO_PREFERENCE[c.zero_stage], -c.micro_batch_size, *_other_knobs(c))
+        return (
+            (0, -c.tp_degree) if inside else (1, c.tp_degree),
+            c.pp_degree,
+            ZERO_PREFERENCE[c.zero_stage],
+            -c.micro_batch_size,
+            *_other_knobs(c),
+        )
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
-        return _first_untried(sorted(candidates, key=self.key), history,
-                              f"TP inside the node ({self.devices_per_node} devices)")
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
+        return _first_untried(
+            sorted(candidates, key=self.key),
+            history,
+            f"TP inside the node ({self.devices_per_node} devices)",
+        )

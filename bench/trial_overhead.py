@@ -49,8 +49,9 @@ def log(msg: str) -> None:
 
 
 # ---- the plain hand-written DDP loop ------------------------------------------------------
-def _plain_rank(rank: int, world_size: int, config_dict: dict, out_dir: str,
-                niceness: int | None) -> None:
+def _plain_rank(
+    rank: int, world_size: int, config_dict: dict, out_dir: str, niceness: int | None
+) -> None:
     """One rank of the reference loop (module level so torch.multiprocessing spawn can pickle)."""
     if niceness is not None and niceness > os.nice(0):
         os.nice(niceness - os.nice(0))  # raising niceness needs no privilege
@@ -65,8 +66,12 @@ def _plain_rank(rank: int, world_size: int, config_dict: dict, out_dir: str,
     torch.set_num_threads(1)  # 2 cores / 2 local ranks, as the harness's workers do
     # A file rendezvous: no free-port race with other processes on a busy machine (gloo's own
     # connections are the same loopback TCP pairs as with a tcp:// rendezvous).
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}",
-                            rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{os.path.join(out_dir, 'store')}",
+        rank=rank,
+        world_size=world_size,
+    )
     try:
         config = TrialConfig.from_dict(config_dict)
         workload = build_workload(config.workload, attention=config.attention, seed=config.seed)
@@ -93,9 +98,17 @@ def _plain_rank(rank: int, world_size: int, config_dict: dict, out_dir: str,
         dist.all_reduce(stacked)
         global_losses = (stacked / world_size).tolist()
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "step_times": step_times, "losses": global_losses,
-                       "setup_s": setup_s, "num_threads": torch.get_num_threads(),
-                       "niceness": os.nice(0)}, f)
+            json.dump(
+                {
+                    "rank": rank,
+                    "step_times": step_times,
+                    "losses": global_losses,
+                    "setup_s": setup_s,
+                    "num_threads": torch.get_num_threads(),
+                    "niceness": os.nice(0),
+                },
+                f,
+            )
     finally:
         dist.destroy_process_group()
 
@@ -108,9 +121,13 @@ def run_plain(config, niceness: int | None = None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="plain_ddp_") as out_dir:
         start = time.perf_counter()
-        mp.spawn(_plain_rank,
-                 args=(WORLD_SIZE, config.to_dict(), out_dir, niceness),
-                 nprocs=WORLD_SIZE, join=True, start_method="spawn")
+        mp.spawn(
+            _plain_rank,
+            args=(WORLD_SIZE, config.to_dict(), out_dir, niceness),
+            nprocs=WORLD_SIZE,
+            join=True,
+            start_method="spawn",
+        )
         wall = time.perf_counter() - start
         ranks = []
         for r in range(WORLD_SIZE):
@@ -118,13 +135,19 @@ def run_plain(config, niceness: int | None = None) -> dict:
                 ranks.append(json.load(f))
 
     # summarize_steps only reads .step_times: the harness's own definition of the step time.
-    step_time, steps_s = summarize_steps([SimpleNamespace(step_times=r["step_times"])
-                                          for r in ranks], config.timed_steps)
-    return {"step_time_s": step_time, "steps_s": steps_s, "wall_s": wall,
-            "losses": ranks[0]["losses"], "setup_s": max(r["setup_s"] for r in ranks),
-            "num_threads": [r["num_threads"] for r in ranks],
-            "niceness": [r["niceness"] for r in ranks],
-            "step_times": [r["step_times"] for r in ranks]}
+    step_time, steps_s = summarize_steps(
+        [SimpleNamespace(step_times=r["step_times"]) for r in ranks], config.timed_steps
+    )
+    return {
+        "step_time_s": step_time,
+        "steps_s": steps_s,
+        "wall_s": wall,
+        "losses": ranks[0]["losses"],
+        "setup_s": max(r["setup_s"] for r in ranks),
+        "num_threads": [r["num_threads"] for r in ranks],
+        "niceness": [r["niceness"] for r in ranks],
+        "step_times": [r["step_times"] for r in ranks],
+    }
 
 
 # ---- the harness --------------------------------------------------------------------------
@@ -136,18 +159,27 @@ def _niceness(pid: int) -> int | None:
 
 
 def trial_record(result) -> dict:
-    return {"wall_s": result.wall_s, "steps_s": result.steps_s,
-            "overhead_s": result.overhead_s, "cold_start": result.cold_start,
-            "step_time_s": result.step_time_s,
-            "setup_s": max(r.setup_s for r in result.ranks),
-            "memory_step_s": max(r.step_times[-1] for r in result.ranks),
-            "num_threads": [r.num_threads for r in result.ranks],
-            "niceness": [_niceness(r.extra.get("pid", -1)) for r in result.ranks]}
+    return {
+        "wall_s": result.wall_s,
+        "steps_s": result.steps_s,
+        "overhead_s": result.overhead_s,
+        "cold_start": result.cold_start,
+        "step_time_s": result.step_time_s,
+        "setup_s": max(r.setup_s for r in result.ranks),
+        "memory_step_s": max(r.step_times[-1] for r in result.ranks),
+        "num_threads": [r.num_threads for r in result.ranks],
+        "niceness": [_niceness(r.extra.get("pid", -1)) for r in result.ranks],
+    }
 
 
 def stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values), "values": values}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": values,
+    }
 
 
 def run_benchmark(args) -> dict:
@@ -158,15 +190,23 @@ def run_benchmark(args) -> dict:
     if gb % WORLD_SIZE:
         raise SystemExit(f"--global-batch {gb} must be divisible by world size {WORLD_SIZE}")
     config = TrialConfig(
-        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=args.seq_len,
-                              global_batch_size=gb),
-        world_size=WORLD_SIZE, zero_stage=0, micro_batch_size=gb // WORLD_SIZE,
-        num_warmup_steps=args.warmup, num_timed_steps=args.timed, device="cpu")
+        workload=WorkloadSpec(
+            family="gpt", size="tiny", seq_len=args.seq_len, global_batch_size=gb
+        ),
+        world_size=WORLD_SIZE,
+        zero_stage=0,
+        micro_batch_size=gb // WORLD_SIZE,
+        num_warmup_steps=args.warmup,
+        num_timed_steps=args.timed,
+        device="cpu",
+    )
     config.validate()
     assert config.grad_accum_steps == 1
 
-    out: dict = {"config": config.resolved(),
-                 "args": {k: v for k, v in vars(args).items() if k != "json"}}
+    out: dict = {
+        "config": config.resolved(),
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+    }
     executor = RayExecutor()
     try:
         log("starting Ray")
@@ -189,8 +229,9 @@ def run_benchmark(args) -> dict:
         warm, warm_bare = [], []
         for i in range(2 * args.repeats):
             which, runs = ((config, warm), (unprofiled, warm_bare))[i % 2]
-            log(f"warm trial {i // 2 + 1}/{args.repeats}, profiled steps "
-                f"{which.num_profiled_steps}")
+            log(
+                f"warm trial {i // 2 + 1}/{args.repeats}, profiled steps {which.num_profiled_steps}"
+            )
             r = executor.run(which)
             if r.cold_start:
                 raise RuntimeError("expected a warm trial on the existing group")
@@ -201,7 +242,7 @@ def run_benchmark(args) -> dict:
         for k in range(args.rounds):
             harness_first = k % 2 == 0  # ABBA: cancels a linear drift in machine speed
             entry: dict = {"harness_first": harness_first}
-            for which in (("harness", "plain") if harness_first else ("plain", "harness")):
+            for which in ("harness", "plain") if harness_first else ("plain", "harness"):
                 log(f"round {k + 1}/{args.rounds}: {which}")
                 if which == "harness":
                     r = executor.run(config)
@@ -211,8 +252,9 @@ def run_benchmark(args) -> dict:
             h, p = entry["harness"], entry["plain"]
             entry["ratio"] = h["step_time_s"] / p["step_time_s"]
             n = config.num_warmup_steps + config.num_timed_steps
-            entry["max_loss_diff"] = max(abs(a - b) for a, b in zip(h["losses"][:n],
-                                                                     p["losses"][:n]))
+            entry["max_loss_diff"] = max(
+                abs(a - b) for a, b in zip(h["losses"][:n], p["losses"][:n])
+            )
             rounds.append(entry)
         out["rounds"] = rounds
     finally:
@@ -229,15 +271,18 @@ def run_benchmark(args) -> dict:
         "plain_step_s": stats([e["plain"]["step_time_s"] for e in rounds]),
         "ratio": stats([e["ratio"] for e in rounds]),
     }
-    out["summary"]["best_ratio"] = (out["summary"]["harness_step_s"]["min"]
-                                    / out["summary"]["plain_step_s"]["min"])
+    out["summary"]["best_ratio"] = (
+        out["summary"]["harness_step_s"]["min"] / out["summary"]["plain_step_s"]["min"]
+    )
     s = out["summary"]
     warm_med = s["warm_overhead_s"]["median"]
     ratio_med = s["ratio"]["median"]
     out["targets"] = {
         "warm_overhead_lt_1s": {"value": warm_med, "met": warm_med < WARM_OVERHEAD_TARGET_S},
-        "harness_step_within_5pct": {"value": ratio_med,
-                                     "met": abs(ratio_med - 1.0) <= STEP_RATIO_TOLERANCE},
+        "harness_step_within_5pct": {
+            "value": ratio_med,
+            "met": abs(ratio_med - 1.0) <= STEP_RATIO_TOLERANCE,
+        },
     }
     return out
 
@@ -255,8 +300,7 @@ def format_table(out: dict) -> str:
     ]
 
     def row(name: str, st: dict) -> str:
-        return (f"{name:<16}{st['median']:>10.3f}{st['min']:>10.3f}{st['max']:>10.3f}"
-                f"{st['n']:>4}")
+        return f"{name:<16}{st['median']:>10.3f}{st['min']:>10.3f}{st['max']:>10.3f}{st['n']:>4}"
 
     rs = out["ray_start_s"]
     lines.append(row("ray start", {"median": rs, "min": rs, "max": rs, "n": 1}))
@@ -265,59 +309,92 @@ def format_table(out: dict) -> str:
     lines.append(row("warm trial", s["warm_overhead_s"]))
     lines.append(row("  rank setup", s["warm_setup_s"]))
     lines.append(row("warm, 0 profiled", s["warm_unprofiled_overhead_s"]))
-    lines.append(f"(trial rows: overhead_s = executor wall - slowest rank's time in warm-up, "
-                 f"timed and memory steps, so it includes the {cfg['num_profiled_steps']} "
-                 "profiled steps every trial runs by default; '0 profiled' runs none, "
-                 "alternating with the default; 'rank setup' = build + parallelise, part of "
-                 "the overhead)")
+    lines.append(
+        f"(trial rows: overhead_s = executor wall - slowest rank's time in warm-up, "
+        f"timed and memory steps, so it includes the {cfg['num_profiled_steps']} "
+        "profiled steps every trial runs by default; '0 profiled' runs none, "
+        "alternating with the default; 'rank setup' = build + parallelise, part of "
+        "the overhead)"
+    )
     lines.append("")
     h0, p0 = out["rounds"][0]["harness"], out["rounds"][0]["plain"]
-    lines.append(f"(threads per rank: harness {h0['num_threads']}, plain {p0['num_threads']}; "
-                 f"niceness: harness {h0['niceness']}, plain {p0['niceness']})")
-    lines.append(f"{'step time':<16}{'harness_ms':>12}{'plain_ms':>10}{'ratio':>8}"
-                 f"{'  order':<16}{'loss_diff':>10}")
+    lines.append(
+        f"(threads per rank: harness {h0['num_threads']}, plain {p0['num_threads']}; "
+        f"niceness: harness {h0['niceness']}, plain {p0['niceness']})"
+    )
+    lines.append(
+        f"{'step time':<16}{'harness_ms':>12}{'plain_ms':>10}{'ratio':>8}"
+        f"{'  order':<16}{'loss_diff':>10}"
+    )
     for i, e in enumerate(out["rounds"], 1):
         order = "harness,plain" if e["harness_first"] else "plain,harness"
-        lines.append(f"{'round ' + str(i):<16}{e['harness']['step_time_s'] * 1e3:>12.2f}"
-                     f"{e['plain']['step_time_s'] * 1e3:>10.2f}{e['ratio']:>8.3f}"
-                     f"  {order:<14}{e['max_loss_diff']:>10.1e}")
-    lines.append(f"{'median':<16}{s['harness_step_s']['median'] * 1e3:>12.2f}"
-                 f"{s['plain_step_s']['median'] * 1e3:>10.2f}{s['ratio']['median']:>8.3f}")
+        lines.append(
+            f"{'round ' + str(i):<16}{e['harness']['step_time_s'] * 1e3:>12.2f}"
+            f"{e['plain']['step_time_s'] * 1e3:>10.2f}{e['ratio']:>8.3f}"
+            f"  {order:<14}{e['max_loss_diff']:>10.1e}"
+        )
+    lines.append(
+        f"{'median':<16}{s['harness_step_s']['median'] * 1e3:>12.2f}"
+        f"{s['plain_step_s']['median'] * 1e3:>10.2f}{s['ratio']['median']:>8.3f}"
+    )
     best_h, best_p = s["harness_step_s"]["min"], s["plain_step_s"]["min"]
     lines.append(f"{'best':<16}{best_h * 1e3:>12.2f}{best_p * 1e3:>10.2f}{best_h / best_p:>8.3f}")
-    lines.append("(median row: medians of each column, the ratio the median of the per-round "
-                 "ratios; best row: fastest round of each, less sensitive to other load)")
+    lines.append(
+        "(median row: medians of each column, the ratio the median of the per-round "
+        "ratios; best row: fastest round of each, less sensitive to other load)"
+    )
     lines.append("")
-    lines.append(f"targets: warm overhead < {WARM_OVERHEAD_TARGET_S:g} s; harness step within "
-                 f"{STEP_RATIO_TOLERANCE:.0%} of plain loop")
+    lines.append(
+        f"targets: warm overhead < {WARM_OVERHEAD_TARGET_S:g} s; harness step within "
+        f"{STEP_RATIO_TOLERANCE:.0%} of plain loop"
+    )
     t = out["targets"]
     w = t["warm_overhead_lt_1s"]
-    lines.append(f"warm overhead < {WARM_OVERHEAD_TARGET_S:g} s: median {w['value']:.3f} s -> "
-                 f"{'met' if w['met'] else 'NOT MET'}")
+    lines.append(
+        f"warm overhead < {WARM_OVERHEAD_TARGET_S:g} s: median {w['value']:.3f} s -> "
+        f"{'met' if w['met'] else 'NOT MET'}"
+    )
     r = t["harness_step_within_5pct"]
-    lines.append(f"harness step within {STEP_RATIO_TOLERANCE:.0%} of plain loop: median ratio "
-                 f"{r['value']:.3f} ({(r['value'] - 1) * 100:+.1f}%) -> "
-                 f"{'met' if r['met'] else 'NOT MET'}")
+    lines.append(
+        f"harness step within {STEP_RATIO_TOLERANCE:.0%} of plain loop: median ratio "
+        f"{r['value']:.3f} ({(r['value'] - 1) * 100:+.1f}%) -> "
+        f"{'met' if r['met'] else 'NOT MET'}"
+    )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5,
-                   help="warm trials (default 5); cold trials default to min(3, this)")
-    p.add_argument("--cold-repeats", type=int, default=None,
-                   help="cold trials (default min(3, --repeats))")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved harness / plain-loop rounds (default 3)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="warm trials (default 5); cold trials default to min(3, this)",
+    )
+    p.add_argument(
+        "--cold-repeats", type=int, default=None, help="cold trials (default min(3, --repeats))"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="interleaved harness / plain-loop rounds (default 3)"
+    )
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
-    p.add_argument("--global-batch", type=int, default=16,
-                   help="sequences per step over both ranks (default 16)")
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=16,
+        help="sequences per step over both ranks (default 16)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps (default 3)")
     p.add_argument("--timed", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument("--plain-niceness", type=int, default=None,
-                   help="run the plain loop's ranks at this niceness (e.g. 15, as Ray runs its "
-                        "workers) instead of the inherited one")
+    p.add_argument(
+        "--plain-niceness",
+        type=int,
+        default=None,
+        help="run the plain loop's ranks at this niceness (e.g. 15, as Ray runs its "
+        "workers) instead of the inherited one",
+    )
     p.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     args = p.parse_args(argv)
     if args.cold_repeats is None:

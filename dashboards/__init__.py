@@ -1,6 +1,7 @@
 """Plotly figures and the HTML report of a study, reading only through ``db``.
 
-``data`` loads a study into frozen plain data (leaderboard order from ``autotune.study.leaderboard``),
+``data`` loads a study into frozen plain data (leaderboard order from
+``autotune.study.leaderboard``),
 ``figures`` draws one Plotly figure per view, ``report`` writes them into one self-contained
 HTML file, and ``serve`` serves that report on localhost, rebuilt on each request.
 """

@@ -2,7 +2,8 @@
 
 ``load_study`` reads through ``db`` only (``list_trials``, ``trial_spans``) and orders the trials
 it read as the search's leaderboard does (``autotune.study.leaderboard.build_leaderboard``), so the
-dashboard and the printed leaderboard never disagree. Nothing here draws; nothing here escapes (the figures and the
+dashboard and the printed leaderboard never disagree. Nothing here draws; nothing here escapes (the
+figures and the
 report escape what they show).
 """
 
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
-from autotune.model.perf_model import TERMS
-from autotune.study.leaderboard import Entry, build_leaderboard, declare_best
 from autotune.model.noise import Interval
+from autotune.model.perf_model import TERMS
 from autotune.status import TrialStatus
+from autotune.study.leaderboard import Entry, build_leaderboard, declare_best
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
 
 MAX_TIMELINES = 10
@@ -143,16 +144,22 @@ class StudyData:
     @property
     def best(self) -> TrialView | None:
         """The declared best: the fastest, or by the tie rule one tied with it."""
-        return next((t for t in self.trials if t.trial_id == self.best_trial_id),
-                    next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None))
+        return next(
+            (t for t in self.trials if t.trial_id == self.best_trial_id),
+            next((t for t in self.trials if t.status == TrialStatus.COMPLETE), None),
+        )
 
     def by_status(self, *statuses: str) -> list[TrialView]:
         return [t for t in self.trials if t.status in statuses]
 
 
-def load_study(database: Database, name: str | None = None, *,
-               max_timelines: int = MAX_TIMELINES,
-               max_spans: int = MAX_SPANS_PER_TIMELINE) -> StudyData:
+def load_study(
+    database: Database,
+    name: str | None = None,
+    *,
+    max_timelines: int = MAX_TIMELINES,
+    max_spans: int = MAX_SPANS_PER_TIMELINE,
+) -> StudyData:
     """Reads study ``name`` (None: the most recent study) with its trials and timelines."""
     study = _find_study(database, name)
     trials_read = database.list_trials(study.id)
@@ -168,19 +175,33 @@ def load_study(database: Database, name: str | None = None, *,
         spans = database.trial_spans(trial.trial_id)
         if spans:
             ranks = tuple(sorted({s.rank for s in spans}))
-            where = {n.rank: node_label(n.hostname, n.node_id)
-                     for n in records[trial.trial_id].nodes}
-            timelines.append(Timeline(trial.trial_id, trial.number, trial.name,
-                                      cap_spans(spans, max_spans), len(spans), ranks,
-                                      tuple(where.get(r, "") for r in ranks)))
+            where = {
+                n.rank: node_label(n.hostname, n.node_id) for n in records[trial.trial_id].nodes
+            }
+            timelines.append(
+                Timeline(
+                    trial.trial_id,
+                    trial.number,
+                    trial.name,
+                    cap_spans(spans, max_spans),
+                    len(spans),
+                    ranks,
+                    tuple(where.get(r, "") for r in ranks),
+                )
+            )
     verdict = declare_best(entries)
-    return StudyData(name=study.name, spec=study.spec,
-                     database=database.url_for_display,
-                     workload=_workload_name(study, trials), limit_bytes=limit_bytes(study.spec),
-                     trials=trials, timelines=tuple(timelines),
-                     num_with_timeline=sum(t.has_timeline for t in trials),
-                     best_trial_id=verdict.pick.trial_id if verdict else None,
-                     verdict=verdict.describe() if verdict else "")
+    return StudyData(
+        name=study.name,
+        spec=study.spec,
+        database=database.url_for_display,
+        workload=_workload_name(study, trials),
+        limit_bytes=limit_bytes(study.spec),
+        trials=trials,
+        timelines=tuple(timelines),
+        num_with_timeline=sum(t.has_timeline for t in trials),
+        best_trial_id=verdict.pick.trial_id if verdict else None,
+        verdict=verdict.describe() if verdict else "",
+    )
 
 
 def node_label(hostname: str, node_id: str) -> str:
@@ -191,8 +212,10 @@ def node_label(hostname: str, node_id: str) -> str:
 def latest_study_name(database: Database) -> str:
     studies = database.list_studies()
     if not studies:
-        raise AutotuneError(f"no study in {database.url_for_display}; run "
-                            "'autotune search' first, or point --db at the database it wrote")
+        raise AutotuneError(
+            f"no study in {database.url_for_display}; run "
+            "'autotune search' first, or point --db at the database it wrote"
+        )
     return studies[-1].name
 
 
@@ -210,21 +233,39 @@ def limit_bytes(spec: dict) -> int | None:
 
 def _trial_view(position: int, entry: Entry, record: TrialRecord) -> TrialView:
     metrics = record.metrics
-    ranks = tuple(RankTimes(rank=r["rank"], window_ns=r["window_ns"],
-                            compute_ns=r["compute_ns"], exposed_comm_ns=r["exposed_comm_ns"],
-                            idle_ns=r["idle_ns"], overlap=r["overlap"], num_steps=r["num_steps"])
-                  for r in metrics.get("ranks", ()))
+    ranks = tuple(
+        RankTimes(
+            rank=r["rank"],
+            window_ns=r["window_ns"],
+            compute_ns=r["compute_ns"],
+            exposed_comm_ns=r["exposed_comm_ns"],
+            idle_ns=r["idle_ns"],
+            overlap=r["overlap"],
+            num_steps=r["num_steps"],
+        )
+        for r in metrics.get("ranks", ())
+    )
     return TrialView(
-        position=position, trial_id=entry.trial_id, number=entry.number, status=entry.status,
-        config=entry.config, name=short_name(entry.config),
+        position=position,
+        trial_id=entry.trial_id,
+        number=entry.number,
+        status=entry.status,
+        config=entry.config,
+        name=short_name(entry.config),
         throughput=entry.throughput if entry.throughputs else None,
-        num_measurements=len(entry.throughputs), spread=entry.spread,
+        num_measurements=len(entry.throughputs),
+        spread=entry.spread,
         run_throughput=metrics.get("throughput_tokens_per_s"),
-        step_time_s=metrics.get("step_time_s"), measured_peak=entry.measured_peak,
-        predicted_peak=entry.predicted_peak, error=entry.error, memory=record.memory,
-        ranks=ranks, predicted_step_time_s=entry.predicted_step_time_s,
+        step_time_s=metrics.get("step_time_s"),
+        measured_peak=entry.measured_peak,
+        predicted_peak=entry.predicted_peak,
+        error=entry.error,
+        memory=record.memory,
+        ranks=ranks,
+        predicted_step_time_s=entry.predicted_step_time_s,
         predicted_breakdown=predicted_terms(metrics.get("predicted_breakdown")),
-        interval=entry.interval)
+        interval=entry.interval,
+    )
 
 
 def predicted_terms(stored) -> tuple[tuple[str, float], ...]:
@@ -232,8 +273,10 @@ def predicted_terms(stored) -> tuple[tuple[str, float], ...]:
     version does not know; () when there is none or it is not a {term: seconds ≥ 0} object."""
     if not isinstance(stored, dict) or not stored:
         return ()
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-               and v >= 0 for v in stored.values()):
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for v in stored.values()
+    ):
         return ()
     order = [t for t in TERMS if t in stored] + sorted(set(stored) - set(TERMS), key=str)
     return tuple((str(term), float(stored[term])) for term in order)

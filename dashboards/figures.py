@@ -15,26 +15,44 @@ import warnings
 import numpy as np
 import plotly.graph_objects as go
 
-from autotune.model.memory import estimate_all_stages, estimate_memory
-from autotune.layouts import KNOB_ORDER
 from autotune.config import MIB
+from autotune.layouts import KNOB_ORDER
+from autotune.model.memory import estimate_all_stages, estimate_memory
 from autotune.status import STATUS_ORDER, TrialStatus
 from dashboards.data import RAN, StudyData, Timeline, TrialView
 
 TEMPLATE = "plotly_white"
-STATUS_LABELS = {TrialStatus.COMPLETE: "complete",
-                 TrialStatus.INFEASIBLE_MEASURED: "infeasible (measured)",
-                 TrialStatus.INFEASIBLE_PREDICTED: "infeasible (predicted, not run)",
-                 TrialStatus.FAILED: "failed", TrialStatus.RUNNING: "running"}
+STATUS_LABELS = {
+    TrialStatus.COMPLETE: "complete",
+    TrialStatus.INFEASIBLE_MEASURED: "infeasible (measured)",
+    TrialStatus.INFEASIBLE_PREDICTED: "infeasible (predicted, not run)",
+    TrialStatus.FAILED: "failed",
+    TrialStatus.RUNNING: "running",
+}
 # Tableau 10 (Vega's default categorical scheme).
-COLORS = {TrialStatus.COMPLETE: "#4C78A8", "pareto": "#54A24B",
-          TrialStatus.INFEASIBLE_MEASURED: "#E45756", TrialStatus.INFEASIBLE_PREDICTED: "#F58518",
-          TrialStatus.FAILED: "#79706E", TrialStatus.RUNNING: "#B279A2",
-          "compute": "#4C78A8", "comm": "#F58518", "p2p": "#E45756", "step": "#BAB0AC",
-          "idle": "#BAB0AC", "predicted": "#9ECAE9", "measured": "#4C78A8", "limit": "#E45756"}
-ROW_FILLS = {TrialStatus.COMPLETE: "#FFFFFF", TrialStatus.INFEASIBLE_MEASURED: "#FDE2E1",
-             TrialStatus.INFEASIBLE_PREDICTED: "#FEEBD6", TrialStatus.FAILED: "#ECEAE9",
-             TrialStatus.RUNNING: "#F1E6EF"}
+COLORS = {
+    TrialStatus.COMPLETE: "#4C78A8",
+    "pareto": "#54A24B",
+    TrialStatus.INFEASIBLE_MEASURED: "#E45756",
+    TrialStatus.INFEASIBLE_PREDICTED: "#F58518",
+    TrialStatus.FAILED: "#79706E",
+    TrialStatus.RUNNING: "#B279A2",
+    "compute": "#4C78A8",
+    "comm": "#F58518",
+    "p2p": "#E45756",
+    "step": "#BAB0AC",
+    "idle": "#BAB0AC",
+    "predicted": "#9ECAE9",
+    "measured": "#4C78A8",
+    "limit": "#E45756",
+}
+ROW_FILLS = {
+    TrialStatus.COMPLETE: "#FFFFFF",
+    TrialStatus.INFEASIBLE_MEASURED: "#FDE2E1",
+    TrialStatus.INFEASIBLE_PREDICTED: "#FEEBD6",
+    TrialStatus.FAILED: "#ECEAE9",
+    TrialStatus.RUNNING: "#F1E6EF",
+}
 MEMORY_VIEW = ("parameters", "gradients", "optimizer_state", "activations", "peak")
 MEMORY_LABELS = ("parameters", "gradients", "optimizer state", "activations & buffers", "peak")
 MAX_ERROR_CHARS = 300
@@ -62,8 +80,14 @@ def _spec(traces: list, title: str, note: str = "", **layout) -> dict:
     does the same for one figure.
     """
     layout.setdefault("margin", {"t": 90, "l": 70, "r": 30, "b": 60})
-    return {"data": traces, "layout": {"template": "none", **layout,
-                                       "title": {"text": title, "subtitle": {"text": note}}}}
+    return {
+        "data": traces,
+        "layout": {
+            "template": "none",
+            **layout,
+            "title": {"text": title, "subtitle": {"text": note}},
+        },
+    }
 
 
 def _axis(title: str, **props) -> dict:
@@ -80,8 +104,11 @@ def status_text(trial: TrialView) -> str:
     """The status as the leaderboard shows it: label, then the reason when there is one."""
     label = STATUS_LABELS.get(trial.status, trial.status)
     if trial.error and trial.status != TrialStatus.COMPLETE:
-        error = trial.error if len(trial.error) <= MAX_ERROR_CHARS else \
-            trial.error[:MAX_ERROR_CHARS] + "…"
+        error = (
+            trial.error
+            if len(trial.error) <= MAX_ERROR_CHARS
+            else trial.error[:MAX_ERROR_CHARS] + "…"
+        )
         label += ": " + error
     return label
 
@@ -104,8 +131,18 @@ def _drawn_throughput(trial: TrialView) -> float:
 # ---- leaderboard ---------------------------------------------------------------------------
 STATUS_CHARS_PER_LINE = 55
 """About how many characters of the status column fit on one line (it wraps; rows grow)."""
-LEADERBOARD_COLUMNS = ("#", "trial", "configuration", "tokens/s (median)", "95% CI (n)",
-                       "step ms", "peak MiB", "of limit", "predicted MiB", "status")
+LEADERBOARD_COLUMNS = (
+    "#",
+    "trial",
+    "configuration",
+    "tokens/s (median)",
+    "95% CI (n)",
+    "step ms",
+    "peak MiB",
+    "of limit",
+    "predicted MiB",
+    "status",
+)
 
 
 def interval_cell(t) -> str:
@@ -122,31 +159,52 @@ def leaderboard_table(study: StudyData) -> go.Figure:
     rows = []
     for t in study.trials:
         peak = _mib(t.measured_peak)
-        rows.append((
-            t.position, t.number, t.name,
-            f"{t.throughput:,.0f}" if t.throughput is not None else "–",
-            interval_cell(t),
-            f"{t.step_time_s * 1e3:.2f}" if t.step_time_s is not None else "–",
-            f"{peak:,.1f}" if peak is not None else "–",
-            f"{t.measured_peak / study.limit_bytes:.0%}"
-            if t.measured_peak is not None and study.limit_bytes else "–",
-            f"{_mib(t.predicted_peak):,.1f}" if t.predicted_peak is not None else "–",
-            esc(status_text(t))))
+        rows.append(
+            (
+                t.position,
+                t.number,
+                t.name,
+                f"{t.throughput:,.0f}" if t.throughput is not None else "–",
+                interval_cell(t),
+                f"{t.step_time_s * 1e3:.2f}" if t.step_time_s is not None else "–",
+                f"{peak:,.1f}" if peak is not None else "–",
+                f"{t.measured_peak / study.limit_bytes:.0%}"
+                if t.measured_peak is not None and study.limit_bytes
+                else "–",
+                f"{_mib(t.predicted_peak):,.1f}" if t.predicted_peak is not None else "–",
+                esc(status_text(t)),
+            )
+        )
     columns = [list(col) for col in zip(*rows)] if rows else [[] for _ in LEADERBOARD_COLUMNS]
     fills = [ROW_FILLS.get(t.status, "#FFFFFF") for t in study.trials]
     table = dict(
-        type="table", columnwidth=[26, 36, 330, 84, 76, 60, 70, 50, 74, 300],
-        header={"values": [f"<b>{c}</b>" for c in LEADERBOARD_COLUMNS], "align": "left",
-                "fill_color": "#E8EEF4", "height": 40},
-        cells={"values": columns, "align": "left", "fill_color": [fills] * len(columns),
-               "height": 24})
-    limit = (f"memory limit {study.limit_bytes / MIB:,.1f} MiB per device"
-             if study.limit_bytes else "no memory limit recorded in the study's spec")
-    return _figure([table], "Leaderboard",
-                   f"complete trials by median throughput, then infeasible and failed; 95% CI: "
-                   f"Student t over the runs (s: the timed steps of one run); {limit}",
-                   height=min(200 + sum(24 + 14 * (len(r[-1]) // STATUS_CHARS_PER_LINE)
-                                        for r in rows), 640))
+        type="table",
+        columnwidth=[26, 36, 330, 84, 76, 60, 70, 50, 74, 300],
+        header={
+            "values": [f"<b>{c}</b>" for c in LEADERBOARD_COLUMNS],
+            "align": "left",
+            "fill_color": "#E8EEF4",
+            "height": 40,
+        },
+        cells={
+            "values": columns,
+            "align": "left",
+            "fill_color": [fills] * len(columns),
+            "height": 24,
+        },
+    )
+    limit = (
+        f"memory limit {study.limit_bytes / MIB:,.1f} MiB per device"
+        if study.limit_bytes
+        else "no memory limit recorded in the study's spec"
+    )
+    return _figure(
+        [table],
+        "Leaderboard",
+        f"complete trials by median throughput, then infeasible and failed; 95% CI: "
+        f"Student t over the runs (s: the timed steps of one run); {limit}",
+        height=min(200 + sum(24 + 14 * (len(r[-1]) // STATUS_CHARS_PER_LINE) for r in rows), 640),
+    )
 
 
 # ---- history -------------------------------------------------------------------------------
@@ -171,23 +229,44 @@ def history(study: StudyData) -> go.Figure:
         shown = [t for t in by_number if t.status == status]
         if not shown:
             continue
-        traces.append(dict(
-            type="scatter", x=[t.number for t in shown],
-            y=[_drawn_throughput(t) for t in shown],
-            mode="markers", name=STATUS_LABELS[status],
-            marker={"color": COLORS[status], "size": 9,
-                    "symbol": "circle" if status == TrialStatus.COMPLETE else "x"},
-            customdata=[[t.trial_id, esc(t.name), esc(status_text(t))] for t in shown],
-            hovertemplate="trial %{x} (id %{customdata[0]})<br>%{customdata[1]}<br>"
-                          "%{y:,.0f} tokens/s<br>%{customdata[2]}<extra></extra>"))
+        traces.append(
+            dict(
+                type="scatter",
+                x=[t.number for t in shown],
+                y=[_drawn_throughput(t) for t in shown],
+                mode="markers",
+                name=STATUS_LABELS[status],
+                marker={
+                    "color": COLORS[status],
+                    "size": 9,
+                    "symbol": "circle" if status == TrialStatus.COMPLETE else "x",
+                },
+                customdata=[[t.trial_id, esc(t.name), esc(status_text(t))] for t in shown],
+                hovertemplate="trial %{x} (id %{customdata[0]})<br>%{customdata[1]}<br>"
+                "%{y:,.0f} tokens/s<br>%{customdata[2]}<extra></extra>",
+            )
+        )
     numbers, best = best_so_far(list(study.trials))
     if numbers:
-        traces.append(dict(type="scatter", x=numbers, y=best, mode="lines", name="best so far",
-                           line={"shape": "hv", "color": COLORS["pareto"], "width": 2},
-                           hovertemplate="best so far %{y:,.0f} tokens/s<extra></extra>"))
-    return _figure(traces, "Search history",
-                   "median tokens/s of each trial (trials that measured nothing at 0)",
-                   xaxis=_axis("trial number"), yaxis=_axis("tokens/s"), height=420)
+        traces.append(
+            dict(
+                type="scatter",
+                x=numbers,
+                y=best,
+                mode="lines",
+                name="best so far",
+                line={"shape": "hv", "color": COLORS["pareto"], "width": 2},
+                hovertemplate="best so far %{y:,.0f} tokens/s<extra></extra>",
+            )
+        )
+    return _figure(
+        traces,
+        "Search history",
+        "median tokens/s of each trial (trials that measured nothing at 0)",
+        xaxis=_axis("trial number"),
+        yaxis=_axis("tokens/s"),
+        height=420,
+    )
 
 
 # ---- knobs ---------------------------------------------------------------------------------
@@ -210,19 +289,36 @@ def knobs_parallel(study: StudyData) -> go.Figure:
     title = "Knobs against throughput"
     if not complete:
         return empty_figure(title, "no complete trial yet")
-    dims = [{"label": knob, "values": [values.index(getattr(t.config, knob)) for t in complete],
-             "tickvals": list(range(len(values))), "ticktext": [str(v) for v in values],
-             "range": [-0.25, len(values) - 0.75]} for knob, values in knobs.items()]
+    dims = [
+        {
+            "label": knob,
+            "values": [values.index(getattr(t.config, knob)) for t in complete],
+            "tickvals": list(range(len(values))),
+            "ticktext": [str(v) for v in values],
+            "range": [-0.25, len(values) - 0.75],
+        }
+        for knob, values in knobs.items()
+    ]
     throughputs = [t.throughput for t in complete]
     dims.append({"label": "tokens/s", "values": throughputs})
     parcoords = dict(
-        type="parcoords", dimensions=dims,
-        line={"color": throughputs, "colorscale": "Viridis", "showscale": True,
-              "colorbar": {"title": {"text": "tokens/s"}}})
-    note = (f"{len(complete)} complete trials; drag along an axis to select"
-            if knobs else "every complete trial has the same knobs")
-    return _figure([parcoords], title, note, height=470,
-                   margin={"t": 150, "l": 80, "r": 40, "b": 40})
+        type="parcoords",
+        dimensions=dims,
+        line={
+            "color": throughputs,
+            "colorscale": "Viridis",
+            "showscale": True,
+            "colorbar": {"title": {"text": "tokens/s"}},
+        },
+    )
+    note = (
+        f"{len(complete)} complete trials; drag along an axis to select"
+        if knobs
+        else "every complete trial has the same knobs"
+    )
+    return _figure(
+        [parcoords], title, note, height=470, margin={"t": 150, "l": 80, "r": 40, "b": 40}
+    )
 
 
 def knob_importances(study: StudyData) -> tuple[dict[str, float], str]:
@@ -244,19 +340,28 @@ def knob_importances(study: StudyData) -> tuple[dict[str, float], str]:
     ranking = optuna.create_study(direction="maximize")
     distributions = {k: CategoricalDistribution(v) for k, v in knobs.items()}
     for t in complete:
-        ranking.add_trial(create_trial(params={k: getattr(t.config, k) for k in knobs},
-                                       distributions=distributions, value=t.throughput))
+        ranking.add_trial(
+            create_trial(
+                params={k: getattr(t.config, k) for k in knobs},
+                distributions=distributions,
+                value=t.throughput,
+            )
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             importances = optuna.importance.get_param_importances(ranking)
         except Exception as e:  # noqa: BLE001 - an evaluator's limit is a note, not a failure
             return {}, f"optuna could not rank the knobs: {type(e).__name__}: {e}"
-    note = (f"PED-ANOVA (optuna.importance) over {len(complete)} complete trials: how much each "
-            "knob separates the fastest 10% from the rest")
+    note = (
+        f"PED-ANOVA (optuna.importance) over {len(complete)} complete trials: how much each "
+        "knob separates the fastest 10% from the rest"
+    )
     if any("will be equal" in str(w.message) for w in caught):
-        note = (f"only {len(complete)} complete trials: too few to tell the knobs apart "
-                "(PED-ANOVA gives them equal weight)")
+        note = (
+            f"only {len(complete)} complete trials: too few to tell the knobs apart "
+            "(PED-ANOVA gives them equal weight)"
+        )
     return importances, note
 
 
@@ -266,9 +371,14 @@ def knob_importance(study: StudyData) -> go.Figure:
     if not importances:
         return empty_figure(title, note)
     knobs = list(importances)[::-1]  # most important on top
-    bars = dict(type="bar", x=[importances[k] for k in knobs], y=knobs, orientation="h",
-                marker={"color": COLORS[TrialStatus.COMPLETE]},
-                hovertemplate="%{y}: %{x:.3f}<extra></extra>")
+    bars = dict(
+        type="bar",
+        x=[importances[k] for k in knobs],
+        y=knobs,
+        orientation="h",
+        marker={"color": COLORS[TrialStatus.COMPLETE]},
+        hovertemplate="%{y}: %{x:.3f}<extra></extra>",
+    )
     return _figure([bars], title, note, xaxis=_axis("importance (sums to 1)"), height=360)
 
 
@@ -289,75 +399,136 @@ def memory_scatter(study: StudyData) -> go.Figure:
     """Throughput against peak memory for every trial with a peak, the limit drawn, the Pareto
     front of the complete trials marked, infeasible and failed trials in their own markers."""
     traces = []
-    symbols = {TrialStatus.COMPLETE: "circle", TrialStatus.INFEASIBLE_MEASURED: "x",
-               TrialStatus.INFEASIBLE_PREDICTED: "x-open", TrialStatus.FAILED: "triangle-down-open",
-               TrialStatus.RUNNING: "diamond-open"}
+    symbols = {
+        TrialStatus.COMPLETE: "circle",
+        TrialStatus.INFEASIBLE_MEASURED: "x",
+        TrialStatus.INFEASIBLE_PREDICTED: "x-open",
+        TrialStatus.FAILED: "triangle-down-open",
+        TrialStatus.RUNNING: "diamond-open",
+    }
     unplaced = 0
     for status in symbols:
         trials = [t for t in study.by_status(status) if _drawn_peak(t) is not None]
         unplaced += len(study.by_status(status)) - len(trials)
         if not trials:
             continue
-        traces.append(dict(
-            type="scatter", x=[_drawn_peak(t) / MIB for t in trials],
-            y=[_drawn_throughput(t) for t in trials],
-            mode="markers", name=STATUS_LABELS[status],
-            marker={"color": COLORS[status], "size": 10, "symbol": symbols[status],
-                    "line": {"width": 1.5, "color": COLORS[status]}},
-            customdata=[[t.number, esc(t.name), esc(status_text(t)),
-                         "measured" if t.measured_peak is not None else "predicted"]
-                        for t in trials],
-            hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>%{y:,.0f} tokens/s<br>"
-                          "%{customdata[3]} peak %{x:,.1f} MiB<br>%{customdata[2]}"
-                          "<extra></extra>"))
+        traces.append(
+            dict(
+                type="scatter",
+                x=[_drawn_peak(t) / MIB for t in trials],
+                y=[_drawn_throughput(t) for t in trials],
+                mode="markers",
+                name=STATUS_LABELS[status],
+                marker={
+                    "color": COLORS[status],
+                    "size": 10,
+                    "symbol": symbols[status],
+                    "line": {"width": 1.5, "color": COLORS[status]},
+                },
+                customdata=[
+                    [
+                        t.number,
+                        esc(t.name),
+                        esc(status_text(t)),
+                        "measured" if t.measured_peak is not None else "predicted",
+                    ]
+                    for t in trials
+                ],
+                hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>%{y:,.0f} tokens/s<br>"
+                "%{customdata[3]} peak %{x:,.1f} MiB<br>%{customdata[2]}"
+                "<extra></extra>",
+            )
+        )
     complete = [t for t in study.by_status(TrialStatus.COMPLETE) if t.measured_peak is not None]
     points = [(t.measured_peak / MIB, t.throughput or 0.0) for t in complete]
     front = [complete[i] for i in pareto_front(points)]
     if front:
-        traces.append(dict(
-            type="scatter", x=[t.measured_peak / MIB for t in front],
-            y=[t.throughput for t in front],
-            mode="lines+markers", name="Pareto front",
-            line={"color": COLORS["pareto"], "dash": "dot"},
-            marker={"symbol": "star", "size": 15, "color": COLORS["pareto"]},
-            customdata=[[t.number, esc(t.name)] for t in front],
-            hovertemplate="Pareto: trial %{customdata[0]}: %{customdata[1]}<br>"
-                          "%{y:,.0f} tokens/s at %{x:,.1f} MiB<extra></extra>"))
+        traces.append(
+            dict(
+                type="scatter",
+                x=[t.measured_peak / MIB for t in front],
+                y=[t.throughput for t in front],
+                mode="lines+markers",
+                name="Pareto front",
+                line={"color": COLORS["pareto"], "dash": "dot"},
+                marker={"symbol": "star", "size": 15, "color": COLORS["pareto"]},
+                customdata=[[t.number, esc(t.name)] for t in front],
+                hovertemplate="Pareto: trial %{customdata[0]}: %{customdata[1]}<br>"
+                "%{y:,.0f} tokens/s at %{x:,.1f} MiB<extra></extra>",
+            )
+        )
     if study.limit_bytes:
         top = max([_drawn_throughput(t) for t in study.trials] + [1.0]) * 1.08
-        traces.append(dict(
-            type="scatter", x=[study.limit_bytes / MIB] * 2, y=[0, top], mode="lines",
-            name="memory limit",
-            line={"color": COLORS["limit"], "dash": "dash", "width": 2},
-            hovertemplate="memory limit %{x:,.1f} MiB<extra></extra>"))
-    note = ("x: measured peak of the worst rank (predicted for trials that did not measure one);"
-            " trials that measured no throughput sit at 0")
+        traces.append(
+            dict(
+                type="scatter",
+                x=[study.limit_bytes / MIB] * 2,
+                y=[0, top],
+                mode="lines",
+                name="memory limit",
+                line={"color": COLORS["limit"], "dash": "dash", "width": 2},
+                hovertemplate="memory limit %{x:,.1f} MiB<extra></extra>",
+            )
+        )
+    note = (
+        "x: measured peak of the worst rank (predicted for trials that did not measure one);"
+        " trials that measured no throughput sit at 0"
+    )
     if unplaced:
         note += f"; {unplaced} trial(s) without any peak figure are not drawn"
     if not study.limit_bytes:
         note += "; no memory limit recorded"
-    return _figure(traces, "Throughput against peak memory", note,
-                   xaxis=_axis("peak memory per device (MiB)"), yaxis=_axis("tokens/s"),
-                   height=460)
+    return _figure(
+        traces,
+        "Throughput against peak memory",
+        note,
+        xaxis=_axis("peak memory per device (MiB)"),
+        yaxis=_axis("tokens/s"),
+        height=460,
+    )
 
 
 # ---- timeline ------------------------------------------------------------------------------
 # (trace name, kinds, lane half: offset and width in rank units, hover template)
 TIMELINE_TRACES = (
-    ("steps", ("step",), -0.48, 0.96,
-     "step %{customdata[0]}<br>%{x:.3f} ms<extra>rank %{y}</extra>"),
-    ("compute", ("compute",), -0.44, 0.42,
-     "<b>%{customdata[0]}</b> (%{customdata[1]})<br>step %{customdata[2]}<br>"
-     "%{x:.3f} ms<extra>rank %{y}</extra>"),
-    ("collectives", ("comm",), 0.02, 0.42,
-     "collective <b>%{customdata[0]}</b> on %{customdata[1]}<br>%{customdata[2]:,} bytes<br>"
-     "step %{customdata[3]}<br>%{x:.3f} ms<extra>rank %{y}</extra>"),
-    ("send/recv", ("p2p",), 0.02, 0.42,
-     "<b>%{customdata[0]}</b> on %{customdata[1]}<br>%{customdata[2]:,} bytes<br>"
-     "step %{customdata[3]}<br>%{x:.3f} ms<extra>rank %{y}</extra>"),
+    (
+        "steps",
+        ("step",),
+        -0.48,
+        0.96,
+        "step %{customdata[0]}<br>%{x:.3f} ms<extra>rank %{y}</extra>",
+    ),
+    (
+        "compute",
+        ("compute",),
+        -0.44,
+        0.42,
+        "<b>%{customdata[0]}</b> (%{customdata[1]})<br>step %{customdata[2]}<br>"
+        "%{x:.3f} ms<extra>rank %{y}</extra>",
+    ),
+    (
+        "collectives",
+        ("comm",),
+        0.02,
+        0.42,
+        "collective <b>%{customdata[0]}</b> on %{customdata[1]}<br>%{customdata[2]:,} bytes<br>"
+        "step %{customdata[3]}<br>%{x:.3f} ms<extra>rank %{y}</extra>",
+    ),
+    (
+        "send/recv",
+        ("p2p",),
+        0.02,
+        0.42,
+        "<b>%{customdata[0]}</b> on %{customdata[1]}<br>%{customdata[2]:,} bytes<br>"
+        "step %{customdata[3]}<br>%{x:.3f} ms<extra>rank %{y}</extra>",
+    ),
 )
-TRACE_COLORS = {"steps": COLORS["step"], "compute": COLORS["compute"],
-                "collectives": COLORS["comm"], "send/recv": COLORS["p2p"]}
+TRACE_COLORS = {
+    "steps": COLORS["step"],
+    "compute": COLORS["compute"],
+    "collectives": COLORS["comm"],
+    "send/recv": COLORS["p2p"],
+}
 
 
 def _span_data(span, name: str) -> list:
@@ -376,31 +547,61 @@ def timeline(tl: Timeline) -> go.Figure:
     for name, kinds, offset, width, hover in TIMELINE_TRACES:
         spans = [s for s in tl.spans if s.kind in kinds]
         # numpy arrays: Plotly validates an array at once, a list element by element.
-        traces.append({
-            "type": "bar", "name": name, "orientation": "h",
-            "y": np.array([s.rank for s in spans], dtype=np.int64),
-            "base": np.array([(s.start_ns - origin) / 1e6 for s in spans], dtype=np.float64),
-            "x": np.array([s.dur_ns / 1e6 for s in spans], dtype=np.float64),
-            "offset": offset, "width": width, "hovertemplate": hover,
-            "customdata": np.array([_span_data(s, name) for s in spans], dtype=object),
-            "marker": {"color": TRACE_COLORS[name], "line": {"width": 0}},
-            "opacity": 0.35 if name == "steps" else 1.0})
-    shapes = [{"type": "line", "xref": "x", "yref": "y", "x0": x, "x1": x,
-               "y0": s.rank - 0.5, "y1": s.rank + 0.5,
-               "line": {"color": "#555555", "width": 1, "dash": "dot"}}
-              for s in tl.spans if s.kind == "step"
-              for x in ((s.start_ns - origin) / 1e6, (s.start_ns + s.dur_ns - origin) / 1e6)]
+        traces.append(
+            {
+                "type": "bar",
+                "name": name,
+                "orientation": "h",
+                "y": np.array([s.rank for s in spans], dtype=np.int64),
+                "base": np.array([(s.start_ns - origin) / 1e6 for s in spans], dtype=np.float64),
+                "x": np.array([s.dur_ns / 1e6 for s in spans], dtype=np.float64),
+                "offset": offset,
+                "width": width,
+                "hovertemplate": hover,
+                "customdata": np.array([_span_data(s, name) for s in spans], dtype=object),
+                "marker": {"color": TRACE_COLORS[name], "line": {"width": 0}},
+                "opacity": 0.35 if name == "steps" else 1.0,
+            }
+        )
+    shapes = [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "y",
+            "x0": x,
+            "x1": x,
+            "y0": s.rank - 0.5,
+            "y1": s.rank + 0.5,
+            "line": {"color": "#555555", "width": 1, "dash": "dot"},
+        }
+        for s in tl.spans
+        if s.kind == "step"
+        for x in ((s.start_ns - origin) / 1e6, (s.start_ns + s.dur_ns - origin) / 1e6)
+    ]
     shown = len(tl.spans)
-    note = (f"all {shown:,} spans" if shown == tl.total_spans else
-            f"{shown:,} of {tl.total_spans:,} spans drawn (every step and communication span, "
-            "then the longest compute ops)")
+    note = (
+        f"all {shown:,} spans"
+        if shown == tl.total_spans
+        else f"{shown:,} of {tl.total_spans:,} spans drawn (every step and communication span, "
+        "then the longest compute ops)"
+    )
     note += "; compute in the upper half of each lane, communication in the lower; dotted: steps"
     return _figure(
-        traces, f"Timeline of trial {tl.number}: {esc(tl.name)}", note, barmode="overlay",
-        shapes=shapes, xaxis=_axis("ms since the first span"), bargap=0,
-        yaxis=_axis("", tickvals=list(tl.ranks), ticktext=lane_labels(tl),
-                    range=[max(tl.ranks, default=0) + 0.5, -0.5]),
-        height=180 + 90 * max(len(tl.ranks), 1))
+        traces,
+        f"Timeline of trial {tl.number}: {esc(tl.name)}",
+        note,
+        barmode="overlay",
+        shapes=shapes,
+        xaxis=_axis("ms since the first span"),
+        bargap=0,
+        yaxis=_axis(
+            "",
+            tickvals=list(tl.ranks),
+            ticktext=lane_labels(tl),
+            range=[max(tl.ranks, default=0) + 0.5, -0.5],
+        ),
+        height=180 + 90 * max(len(tl.ranks), 1),
+    )
 
 
 def lane_labels(tl: Timeline) -> list[str]:
@@ -410,8 +611,11 @@ def lane_labels(tl: Timeline) -> list[str]:
 
 
 def no_timeline() -> go.Figure:
-    return empty_figure("Timeline", "no trial of this study has a timeline (profiled steps): "
-                        "run the search with num_profiled_steps > 0")
+    return empty_figure(
+        "Timeline",
+        "no trial of this study has a timeline (profiled steps): "
+        "run the search with num_profiled_steps > 0",
+    )
 
 
 # ---- predicted against measured step time -------------------------------------------------
@@ -424,48 +628,77 @@ def step_time_scatter(study: StudyData) -> go.Figure:
     shown = [t for t in complete if t.step_time_error is not None and t.predicted_step_time_s]
     title = "Predicted against measured step time"
     if not shown:
-        return empty_figure(title, "no complete trial yet" if not complete else
-                            "no complete trial has a predicted step time (trials stored "
-                            "before the performance model have none)")
+        return empty_figure(
+            title,
+            "no complete trial yet"
+            if not complete
+            else "no complete trial has a predicted step time (trials stored "
+            "before the performance model have none)",
+        )
     measured = [t.step_time_s * 1e3 for t in shown]
     predicted = [t.predicted_step_time_s * 1e3 for t in shown]
     mape = sum(abs(t.step_time_error) for t in shown) / len(shown)
     low, high = min(measured + predicted) / 1.25, max(measured + predicted) * 1.25
     span = [math.log10(low), math.log10(high)]
     traces = [
-        dict(type="scatter", x=[low, high], y=[low, high], mode="lines", name="y = x",
-             line={"color": COLORS[TrialStatus.FAILED], "dash": "dash", "width": 1.5},
-             hoverinfo="skip"),
-        dict(type="scatter", x=measured, y=predicted, mode="markers", name="complete trials",
-             marker={"color": COLORS[TrialStatus.COMPLETE], "size": 10},
-             customdata=[[t.number, esc(t.name), f"{t.step_time_error:+.1%}"] for t in shown],
-             hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>measured %{x:,.2f} ms"
-                           "<br>predicted %{y:,.2f} ms<br>error %{customdata[2]}"
-                           "<extra></extra>")]
-    note = (f"{len(shown)} complete trials; error = predicted / measured − 1 (above the line: "
-            "predicted slower than measured)")
+        dict(
+            type="scatter",
+            x=[low, high],
+            y=[low, high],
+            mode="lines",
+            name="y = x",
+            line={"color": COLORS[TrialStatus.FAILED], "dash": "dash", "width": 1.5},
+            hoverinfo="skip",
+        ),
+        dict(
+            type="scatter",
+            x=measured,
+            y=predicted,
+            mode="markers",
+            name="complete trials",
+            marker={"color": COLORS[TrialStatus.COMPLETE], "size": 10},
+            customdata=[[t.number, esc(t.name), f"{t.step_time_error:+.1%}"] for t in shown],
+            hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>measured %{x:,.2f} ms"
+            "<br>predicted %{y:,.2f} ms<br>error %{customdata[2]}"
+            "<extra></extra>",
+        ),
+    ]
+    note = (
+        f"{len(shown)} complete trials; error = predicted / measured − 1 (above the line: "
+        "predicted slower than measured)"
+    )
     if len(complete) > len(shown):
-        note += (f"; {len(complete) - len(shown)} complete trial(s) without a prediction are "
-                 "not drawn")
-    return _figure(traces, f"{title}: MAPE {mape:.1%}", note,
-                   xaxis=_axis("measured step time (ms)", type="log", range=span),
-                   yaxis=_axis("predicted step time (ms)", type="log", range=span),
-                   height=480)
+        note += (
+            f"; {len(complete) - len(shown)} complete trial(s) without a prediction are not drawn"
+        )
+    return _figure(
+        traces,
+        f"{title}: MAPE {mape:.1%}",
+        note,
+        xaxis=_axis("measured step time (ms)", type="log", range=span),
+        yaxis=_axis("predicted step time (ms)", type="log", range=span),
+        height=480,
+    )
 
 
 # ---- per-rank breakdown --------------------------------------------------------------------
-BREAKDOWN_PARTS = (("compute", "compute_ns", COLORS["compute"]),
-                   ("exposed communication", "exposed_comm_ns", COLORS["comm"]),
-                   ("idle", "idle_ns", COLORS["idle"]))
+BREAKDOWN_PARTS = (
+    ("compute", "compute_ns", COLORS["compute"]),
+    ("exposed communication", "exposed_comm_ns", COLORS["comm"]),
+    ("idle", "idle_ns", COLORS["idle"]),
+)
 BREAKDOWN_VISIBLE_BARS = 40
 # perf_model.TERMS → (label, colour): Tableau 20's light hues, the measured part's where the
 # term is one (compute; communication orange and red; the bubble idles, as idle does).
-PREDICTED_TERMS = {"compute": ("compute", "#9ECAE9"), "tp_comm": ("TP collectives", "#FFBF79"),
-                   "pp_p2p": ("pipeline send/recv", "#FF9D98"),
-                   "pp_bubble": ("pipeline bubble", "#D6A5C9"),
-                   "dp_comm": ("exposed DP sync", "#F2CF5B"),
-                   "optimizer": ("optimizer step", "#88D27A"),
-                   "overhead": ("fixed overheads", "#D8B5A5")}
+PREDICTED_TERMS = {
+    "compute": ("compute", "#9ECAE9"),
+    "tp_comm": ("TP collectives", "#FFBF79"),
+    "pp_p2p": ("pipeline send/recv", "#FF9D98"),
+    "pp_bubble": ("pipeline bubble", "#D6A5C9"),
+    "dp_comm": ("exposed DP sync", "#F2CF5B"),
+    "optimizer": ("optimizer step", "#88D27A"),
+    "overhead": ("fixed overheads", "#D8B5A5"),
+}
 PREDICTED_BAR = "predicted"
 """The second-level x label of a trial's predicted bar, beside its ranks' measured ones."""
 
@@ -488,37 +721,64 @@ def breakdown_bars(study: StudyData) -> go.Figure:
     title = "Compute, exposed communication and idle per step"
     if not rows:
         return empty_figure(title, "no trial has a timeline (profiled steps)")
-    x = [[f"trial {t.number}" for t, _ in rows],
-         [PREDICTED_BAR if r is None else f"rank {r.rank}" for t, r in rows]]
+    x = [
+        [f"trial {t.number}" for t, _ in rows],
+        [PREDICTED_BAR if r is None else f"rank {r.rank}" for t, r in rows],
+    ]
     traces = []
     for label, field, color in BREAKDOWN_PARTS:
-        traces.append(dict(
-            type="bar", name=label, x=x, marker={"color": color},
-            y=[None if r is None else getattr(r, field) / max(1, r.num_steps) / 1e6
-               for _, r in rows],
-            customdata=[[esc(t.name), "" if r is None else f"{r.overlap:.1%}"]
-                        for t, r in rows],
-            hovertemplate=f"{label}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>overlap "
-                          "%{customdata[1]}<extra>%{x}</extra>"))
+        traces.append(
+            dict(
+                type="bar",
+                name=label,
+                x=x,
+                marker={"color": color},
+                y=[
+                    None if r is None else getattr(r, field) / max(1, r.num_steps) / 1e6
+                    for _, r in rows
+                ],
+                customdata=[
+                    [esc(t.name), "" if r is None else f"{r.overlap:.1%}"] for t, r in rows
+                ],
+                hovertemplate=f"{label}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>overlap "
+                "%{customdata[1]}<extra>%{x}</extra>",
+            )
+        )
     predicted = [dict(t.predicted_breakdown) if r is None else None for t, r in rows]
     terms = list(dict.fromkeys(term for p in predicted if p for term in p))
     for term in terms:
         name = predicted_trace_name(term)
-        traces.append(dict(
-            type="bar", name=esc(name), x=x,
-            marker={"color": PREDICTED_TERMS.get(term, (term, COLORS["step"]))[1]},
-            y=[p[term] * 1e3 if p and term in p else None for p in predicted],
-            customdata=[[esc(t.name), f"{t.predicted_step_time_s * 1e3:,.3f}"
-                         if t.predicted_step_time_s is not None else "–"] for t, _ in rows],
-            hovertemplate=f"{esc(name)}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>predicted step "
-                          "%{customdata[1]} ms<extra>%{x}</extra>"))
+        traces.append(
+            dict(
+                type="bar",
+                name=esc(name),
+                x=x,
+                marker={"color": PREDICTED_TERMS.get(term, (term, COLORS["step"]))[1]},
+                y=[p[term] * 1e3 if p and term in p else None for p in predicted],
+                customdata=[
+                    [
+                        esc(t.name),
+                        f"{t.predicted_step_time_s * 1e3:,.3f}"
+                        if t.predicted_step_time_s is not None
+                        else "–",
+                    ]
+                    for t, _ in rows
+                ],
+                hovertemplate=f"{esc(name)}: %{{y:.3f}} ms<br>%{{customdata[0]}}<br>predicted step "
+                "%{customdata[1]} ms<extra>%{x}</extra>",
+            )
+        )
     layout = {"barmode": "stack", "yaxis": _axis("ms per profiled step"), "height": 440}
-    note = ("leaderboard order; HTA definitions: exposed = communication not overlapped by "
-            "compute, idle = step window − busy")
+    note = (
+        "leaderboard order; HTA definitions: exposed = communication not overlapped by "
+        "compute, idle = step window − busy"
+    )
     if terms:
         layout["yaxis"] = _axis("ms per step (measured: per profiled step)")
-        note += (f"; '{PREDICTED_BAR}': the performance model's terms per step, stored before "
-                 "the trial ran")
+        note += (
+            f"; '{PREDICTED_BAR}': the performance model's terms per step, stored before "
+            "the trial ran"
+        )
     if len(rows) > BREAKDOWN_VISIBLE_BARS:  # the first ones; pan for the rest
         layout["xaxis"] = {"range": [-0.5, BREAKDOWN_VISIBLE_BARS - 0.5]}
     return _figure(traces, title, note, **layout)
@@ -527,8 +787,11 @@ def breakdown_bars(study: StudyData) -> go.Figure:
 # ---- memory by category --------------------------------------------------------------------
 def peak_rank(trial: TrialView) -> int | None:
     """The rank with the highest measured peak (the one the limit binds), None if unmeasured."""
-    peaks = [(m.measured_bytes, -m.rank) for m in trial.memory
-             if m.category == "peak" and m.measured_bytes is not None]
+    peaks = [
+        (m.measured_bytes, -m.rank)
+        for m in trial.memory
+        if m.category == "peak" and m.measured_bytes is not None
+    ]
     return -max(peaks)[1] if peaks else None
 
 
@@ -545,10 +808,13 @@ def predicted_categories(trial: TrialView, rank: int | None) -> dict[str, int] |
         # Mesh dims (pp, dp, cp, tp), pp outermost (autotune/trial/parallel/mesh.py).
         pp_rank = rank // (config.world_size // config.pp_degree)  # a stage: dp × cp × tp ranks
         estimate = estimate_all_stages(config)[pp_rank]
-    return {"parameters": estimate.parameters, "gradients": estimate.gradients,
-            "optimizer_state": estimate.optimizer_state,
-            "activations": estimate.activations + estimate.comm_buffers + estimate.other,
-            "peak": estimate.total}
+    return {
+        "parameters": estimate.parameters,
+        "gradients": estimate.gradients,
+        "optimizer_state": estimate.optimizer_state,
+        "activations": estimate.activations + estimate.comm_buffers + estimate.other,
+        "peak": estimate.total,
+    }
 
 
 def memory_by_category(study: StudyData, trial: TrialView) -> go.Figure:
@@ -560,32 +826,59 @@ def memory_spec(study: StudyData, trial: TrialView) -> dict:
     """``memory_by_category`` unvalidated: the report embeds one per trial, and validating
     500 small figures costs more than a second (tests/test_dashboard.py validates them)."""
     rank = peak_rank(trial)
-    measured = {m.category: m.measured_bytes for m in trial.memory
-                if m.rank == rank and m.measured_bytes is not None}
+    measured = {
+        m.category: m.measured_bytes
+        for m in trial.memory
+        if m.rank == rank and m.measured_bytes is not None
+    }
     predicted = predicted_categories(trial, rank)
     if predicted is None and trial.predicted_peak is not None:
         predicted = {"peak": trial.predicted_peak}
     traces = []
     for name, values in (("predicted", predicted or {}), ("measured", measured)):
-        traces.append(dict(
-            type="bar", name=name, x=list(MEMORY_LABELS), marker={"color": COLORS[name]},
-            y=[_mib(values.get(c)) for c in MEMORY_VIEW],
-            hovertemplate=f"{name} %{{x}}: %{{y:,.1f}} MiB<extra></extra>"))
+        traces.append(
+            dict(
+                type="bar",
+                name=name,
+                x=list(MEMORY_LABELS),
+                marker={"color": COLORS[name]},
+                y=[_mib(values.get(c)) for c in MEMORY_VIEW],
+                hovertemplate=f"{name} %{{x}}: %{{y:,.1f}} MiB<extra></extra>",
+            )
+        )
     shapes, notes = [], []
     if study.limit_bytes:
-        shapes.append({"type": "line", "name": "memory limit", "xref": "paper", "x0": 0,
-                       "x1": 1, "yref": "y", "y0": study.limit_bytes / MIB,
-                       "y1": study.limit_bytes / MIB,
-                       "line": {"color": COLORS["limit"], "dash": "dash", "width": 2}})
+        shapes.append(
+            {
+                "type": "line",
+                "name": "memory limit",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": study.limit_bytes / MIB,
+                "y1": study.limit_bytes / MIB,
+                "line": {"color": COLORS["limit"], "dash": "dash", "width": 2},
+            }
+        )
         notes.append(f"dashed: the limit, {study.limit_bytes / MIB:,.1f} MiB")
-    where = (f"rank {rank} (highest measured peak)" if rank is not None
-             else "worst pipeline stage, predicted only: the trial measured nothing")
+    where = (
+        f"rank {rank} (highest measured peak)"
+        if rank is not None
+        else "worst pipeline stage, predicted only: the trial measured nothing"
+    )
     notes.extend(_device_note(measured))
     if predicted is None:
         notes.append("no prediction: the workload's shape is not known")
-    return _spec(traces, f"Memory of trial {trial.number}: {esc(trial.name)}",
-                 "; ".join([where] + notes), barmode="group", shapes=shapes,
-                 yaxis=_axis("MiB"), height=420)
+    return _spec(
+        traces,
+        f"Memory of trial {trial.number}: {esc(trial.name)}",
+        "; ".join([where] + notes),
+        barmode="group",
+        shapes=shapes,
+        yaxis=_axis("MiB"),
+        height=420,
+    )
 
 
 def _device_note(measured: dict[str, int]) -> list[str]:
@@ -594,13 +887,16 @@ def _device_note(measured: dict[str, int]) -> list[str]:
     reserved, outside = measured.get("peak_reserved"), measured.get("outside_allocator")
     if outside is None and (reserved is None or reserved == measured.get("peak")):
         return []
-    parts = [f"reserved {_mib(reserved):,.1f} MiB" if reserved is not None else None,
-             f"outside the allocator {_mib(outside):,.1f} MiB" if outside is not None else None]
+    parts = [
+        f"reserved {_mib(reserved):,.1f} MiB" if reserved is not None else None,
+        f"outside the allocator {_mib(outside):,.1f} MiB" if outside is not None else None,
+    ]
     return ["peak held from the device: " + " + ".join(p for p in parts if p)]
 
 
 # ---- helpers -------------------------------------------------------------------------------
 def empty_figure(title: str, note: str) -> go.Figure:
     """A figure with nothing to plot yet that still says why."""
-    return _figure([], title, esc(note), height=260, xaxis={"visible": False},
-                   yaxis={"visible": False})
+    return _figure(
+        [], title, esc(note), height=260, xaxis={"visible": False}, yaxis={"visible": False}
+    )

@@ -30,54 +30,103 @@ from db import Database
 
 # (section id, heading, what it shows); the figures of each are in _figures().
 SECTIONS = (
-    ("leaderboard", "Leaderboard", "Rank, configuration, throughput, step time, peak memory "
-     "against the limit, and status with the reason for infeasible and failed trials."),
-    ("history", "Search history", "Each trial's throughput in the order the search ran them, "
-     "and the best so far."),
+    (
+        "leaderboard",
+        "Leaderboard",
+        "Rank, configuration, throughput, step time, peak memory "
+        "against the limit, and status with the reason for infeasible and failed trials.",
+    ),
+    (
+        "history",
+        "Search history",
+        "Each trial's throughput in the order the search ran them, and the best so far.",
+    ),
     ("knobs", "Knobs", "How the knobs relate to throughput among the complete trials."),
-    ("memory-scatter", "Throughput against memory", "Every trial's throughput against its peak "
-     "memory; the limit is dashed, the Pareto front starred."),
-    ("timeline", "Timeline", "One lane per rank, labelled with its node, over the profiled "
-     "steps; hover a span for its op or collective, bytes and duration."),
-    ("step-time", "Predicted against measured step time", "Every complete trial's step time "
-     "as the performance model predicted it before the trial ran, against what it measured; "
-     "on the dashed line the prediction was exact."),
-    ("breakdown", "Where the step time goes", "Per trial and rank: compute, exposed "
-     "communication and idle per profiled step; beside them, for trials the search predicted, "
-     "the performance model's step by term."),
-    ("memory", "Memory by category", "Predicted beside measured, on the rank with the highest "
-     "measured peak."),
+    (
+        "memory-scatter",
+        "Throughput against memory",
+        "Every trial's throughput against its peak "
+        "memory; the limit is dashed, the Pareto front starred.",
+    ),
+    (
+        "timeline",
+        "Timeline",
+        "One lane per rank, labelled with its node, over the profiled "
+        "steps; hover a span for its op or collective, bytes and duration.",
+    ),
+    (
+        "step-time",
+        "Predicted against measured step time",
+        "Every complete trial's step time "
+        "as the performance model predicted it before the trial ran, against what it measured; "
+        "on the dashed line the prediction was exact.",
+    ),
+    (
+        "breakdown",
+        "Where the step time goes",
+        "Per trial and rank: compute, exposed "
+        "communication and idle per profiled step; beside them, for trials the search predicted, "
+        "the performance model's step by term.",
+    ),
+    (
+        "memory",
+        "Memory by category",
+        "Predicted beside measured, on the rank with the highest measured peak.",
+    ),
 )
-FIGURE_IDS = {"leaderboard": ("leaderboard",), "history": ("history",),
-              "knobs": ("knobs-parallel", "knobs-importance"),
-              "memory-scatter": ("memory-scatter",), "timeline": ("timeline",),
-              "step-time": ("step-time",), "breakdown": ("breakdown",), "memory": ("memory",)}
+FIGURE_IDS = {
+    "leaderboard": ("leaderboard",),
+    "history": ("history",),
+    "knobs": ("knobs-parallel", "knobs-importance"),
+    "memory-scatter": ("memory-scatter",),
+    "timeline": ("timeline",),
+    "step-time": ("step-time",),
+    "breakdown": ("breakdown",),
+    "memory": ("memory",),
+}
 PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 REFRESH_S = 5
 
 
-def build_report(study: StudyData, *, live_state: str | None = None,
-                 generated_at: datetime | None = None) -> str:
+def build_report(
+    study: StudyData, *, live_state: str | None = None, generated_at: datetime | None = None
+) -> str:
     """The whole HTML page. ``live_state`` (serve mode) adds a poll of ``/state`` that reloads
     the page once the study has changed."""
     single, selectors = _figures(study)
-    payload = {"config": PLOT_CONFIG, "template": pio.templates[figures.TEMPLATE],
-               "figures": {k: figure_json(f) for k, f in single.items()},
-               "selectors": {k: [figure_json(v) for v in variants]
-                             for k, (_, variants, _) in selectors.items()}}
-    sections = "\n".join(_section(key, heading, about, selectors)
-                         for key, heading, about in SECTIONS)
+    payload = {
+        "config": PLOT_CONFIG,
+        "template": pio.templates[figures.TEMPLATE],
+        "figures": {k: figure_json(f) for k, f in single.items()},
+        "selectors": {
+            k: [figure_json(v) for v in variants] for k, (_, variants, _) in selectors.items()
+        },
+    }
+    sections = "\n".join(
+        _section(key, heading, about, selectors) for key, heading, about in SECTIONS
+    )
     when = (generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M:%S UTC")
-    live = "" if live_state is None else _LIVE_JS.replace(
-        "__STATE__", json.dumps(live_state)).replace("__MS__", str(REFRESH_S * 1000))
+    live = (
+        ""
+        if live_state is None
+        else _LIVE_JS.replace("__STATE__", json.dumps(live_state)).replace(
+            "__MS__", str(REFRESH_S * 1000)
+        )
+    )
     return _PAGE.format(
-        title=html.escape(f"autotune · {study.name}"), header=_header(study, when),
-        sections=sections, plotlyjs=get_plotlyjs(),
-        payload=to_json_plotly(payload), script=_DRAW_JS, live=live)
+        title=html.escape(f"autotune · {study.name}"),
+        header=_header(study, when),
+        sections=sections,
+        plotlyjs=get_plotlyjs(),
+        payload=to_json_plotly(payload),
+        script=_DRAW_JS,
+        live=live,
+    )
 
 
-def write_report(database: Database, study_name: str | None, path: str | Path
-                 ) -> tuple[Path, StudyData]:
+def write_report(
+    database: Database, study_name: str | None, path: str | Path
+) -> tuple[Path, StudyData]:
     """Builds the report of ``study_name`` (None: the latest study) and writes it atomically."""
     study = load_study(database, study_name)
     text = build_report(study)
@@ -100,19 +149,23 @@ def write_report(database: Database, study_name: str | None, path: str | Path
 
 def _figures(study: StudyData):
     """(figures drawn once by id, selector figures by id: (option labels, variants, initial))."""
-    single = {"leaderboard": figures.leaderboard_table(study),
-              "history": figures.history(study),
-              "knobs-parallel": figures.knobs_parallel(study),
-              "knobs-importance": figures.knob_importance(study),
-              "memory-scatter": figures.memory_scatter(study),
-              "step-time": figures.step_time_scatter(study),
-              "breakdown": figures.breakdown_bars(study)}
+    single = {
+        "leaderboard": figures.leaderboard_table(study),
+        "history": figures.history(study),
+        "knobs-parallel": figures.knobs_parallel(study),
+        "knobs-importance": figures.knob_importance(study),
+        "memory-scatter": figures.memory_scatter(study),
+        "step-time": figures.step_time_scatter(study),
+        "breakdown": figures.breakdown_bars(study),
+    }
     trials = {t.trial_id: t for t in study.trials}
     selectors = {}
     if study.timelines:
         selectors["timeline"] = (
             [_option(trials[tl.trial_id]) for tl in study.timelines],
-            [figures.timeline(tl) for tl in study.timelines], 0)
+            [figures.timeline(tl) for tl in study.timelines],
+            0,
+        )
     else:
         single["timeline"] = figures.no_timeline()
     if study.trials:
@@ -120,7 +173,8 @@ def _figures(study: StudyData):
         selectors["memory"] = (
             [_option(t) for t in study.trials],
             [figures.memory_spec(study, t) for t in study.trials],
-            study.trials.index(best) if best is not None else 0)
+            study.trials.index(best) if best is not None else 0,
+        )
     else:
         single["memory"] = figures.empty_figure("Memory by category", "no trial yet")
     return single, selectors
@@ -135,22 +189,31 @@ def _option(trial) -> str:
 def figure_json(fig: go.Figure | dict) -> dict:
     """A figure (or a figure's dict) without its template: the page applies one to all."""
     d = fig.to_plotly_json() if isinstance(fig, go.Figure) else fig
-    return {"data": d["data"], "layout": {k: v for k, v in d["layout"].items()
-                                          if k != "template"}}
+    return {"data": d["data"], "layout": {k: v for k, v in d["layout"].items() if k != "template"}}
 
 
 def _section(key: str, heading: str, about: str, selectors: dict) -> str:
-    parts = [f'<section id="{key}"><h2>{html.escape(heading)}</h2>',
-             f'<p class="about">{html.escape(about)}</p>']
+    parts = [
+        f'<section id="{key}"><h2>{html.escape(heading)}</h2>',
+        f'<p class="about">{html.escape(about)}</p>',
+    ]
     for fig_id in FIGURE_IDS[key]:
         if fig_id in selectors:
             labels, _, initial = selectors[fig_id]
-            options = "".join(f'<option value="{i}"{" selected" if i == initial else ""}>'
-                              f"{html.escape(label)}</option>" for i, label in enumerate(labels))
-            note = (f" ({len(labels)} embedded: the first trials on the leaderboard with a "
-                    "timeline)" if fig_id == "timeline" else "")
-            parts.append(f'<label class="selector">Trial{html.escape(note)}: <select '
-                         f'id="select-{fig_id}">{options}</select></label>')
+            options = "".join(
+                f'<option value="{i}"{" selected" if i == initial else ""}>'
+                f"{html.escape(label)}</option>"
+                for i, label in enumerate(labels)
+            )
+            note = (
+                f" ({len(labels)} embedded: the first trials on the leaderboard with a timeline)"
+                if fig_id == "timeline"
+                else ""
+            )
+            parts.append(
+                f'<label class="selector">Trial{html.escape(note)}: <select '
+                f'id="select-{fig_id}">{options}</select></label>'
+            )
         parts.append(f'<div class="figure" id="fig-{fig_id}"></div>')
     parts.append("</section>")
     return "\n".join(parts)
@@ -160,25 +223,46 @@ def _header(study: StudyData, when: str) -> str:
     counts = Counter(t.status for t in study.trials)
     summary = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
     best = study.best
-    limit = (f"{study.limit_bytes / figures.MIB:,.1f} MiB per device" if study.limit_bytes
-             else "none recorded")
+    limit = (
+        f"{study.limit_bytes / figures.MIB:,.1f} MiB per device"
+        if study.limit_bytes
+        else "none recorded"
+    )
     # Stored configs name their precision (older ones their dtype, the same *-true).
-    precisions = sorted({t.config.resolved_precision("cpu" if t.config.device == "cpu"
-                                                     else "cuda") for t in study.trials})
-    rows = [("database", study.database), ("workload", study.workload),
-            ("precision", ", ".join(precisions) or "no trial yet"),
-            ("world size", str(study.spec.get("world_size", "?"))), ("memory limit", limit),
-            ("trials", f"{len(study.trials)} ({summary or 'none yet'})"),
-            ("timelines", f"{len(study.timelines)} embedded of {study.num_with_timeline} "
-                          "trials with one"),
-            ("best", f"trial {best.number}: {best.name}, {best.throughput:,.0f} tokens/s"
-             if best is not None else "no complete trial yet"),
-            ("ranking", study.verdict.split("\n", 1)[1] if "\n" in study.verdict
-             else study.verdict or "–"),
-            ("generated", when)]
+    precisions = sorted(
+        {
+            t.config.resolved_precision("cpu" if t.config.device == "cpu" else "cuda")
+            for t in study.trials
+        }
+    )
+    rows = [
+        ("database", study.database),
+        ("workload", study.workload),
+        ("precision", ", ".join(precisions) or "no trial yet"),
+        ("world size", str(study.spec.get("world_size", "?"))),
+        ("memory limit", limit),
+        ("trials", f"{len(study.trials)} ({summary or 'none yet'})"),
+        (
+            "timelines",
+            f"{len(study.timelines)} embedded of {study.num_with_timeline} trials with one",
+        ),
+        (
+            "best",
+            f"trial {best.number}: {best.name}, {best.throughput:,.0f} tokens/s"
+            if best is not None
+            else "no complete trial yet",
+        ),
+        (
+            "ranking",
+            study.verdict.split("\n", 1)[1] if "\n" in study.verdict else study.verdict or "–",
+        ),
+        ("generated", when),
+    ]
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
-    return (f'<h1>Study <span id="study-name">{html.escape(study.name)}</span></h1>'
-            f'<dl class="summary">{items}</dl>')
+    return (
+        f'<h1>Study <span id="study-name">{html.escape(study.name)}</span></h1>'
+        f'<dl class="summary">{items}</dl>'
+    )
 
 
 _PAGE = """<!DOCTYPE html>

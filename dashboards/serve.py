@@ -30,13 +30,18 @@ DEFAULT_PORT = 8050
 
 def study_state(database: Database, study_id: int) -> str:
     """Changes whenever a trial is added, changes status, or is measured again."""
-    key = repr([(t.id, t.status, len(t.metrics.get("remeasured_throughputs", ())))
-                for t in database.list_trials(study_id)])
+    key = repr(
+        [
+            (t.id, t.status, len(t.metrics.get("remeasured_throughputs", ())))
+            for t in database.list_trials(study_id)
+        ]
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def make_server(database: Database, study_name: str, port: int = DEFAULT_PORT
-                ) -> ThreadingHTTPServer:
+def make_server(
+    database: Database, study_name: str, port: int = DEFAULT_PORT
+) -> ThreadingHTTPServer:
     """A server for one study (not yet serving); ``port`` 0 takes any free port."""
     study_id = database.get_study(study_name).id  # an unknown name fails here, naming the others
 
@@ -47,19 +52,31 @@ def make_server(database: Database, study_name: str, port: int = DEFAULT_PORT
                 if self.headers.get("Host", "").rsplit(":", 1)[0] not in LOCAL_NAMES:
                     # A page elsewhere may point a name at 127.0.0.1 (DNS rebinding) to read
                     # this one; the browser then sends that name as the Host.
-                    self._send(403, "text/plain", "forbidden: open the dashboard as "
-                               f"http://{HOST}:{self.server.server_port}/")
+                    self._send(
+                        403,
+                        "text/plain",
+                        "forbidden: open the dashboard as "
+                        f"http://{HOST}:{self.server.server_port}/",
+                    )
                 elif path == "/state":
                     self._send(200, "text/plain", study_state(database, study_id))
                 elif path in ("/", "/index.html"):
                     state = study_state(database, study_id)
-                    self._send(200, "text/html",
-                               build_report(load_study(database, study_name), live_state=state))
+                    self._send(
+                        200,
+                        "text/html",
+                        build_report(load_study(database, study_name), live_state=state),
+                    )
                 else:
                     self._send(404, "text/plain", "not found: the dashboard is at /")
             except (AutotuneError, StorageError) as e:  # e.g. the database is busy: retry soon
-                self._send(503, "text/html", _ERROR_PAGE.format(
-                    message=html.escape(hide_password(str(e))), seconds=REFRESH_S))
+                self._send(
+                    503,
+                    "text/html",
+                    _ERROR_PAGE.format(
+                        message=html.escape(hide_password(str(e))), seconds=REFRESH_S
+                    ),
+                )
 
         def _send(self, code: int, kind: str, text: str) -> None:
             body = text.encode("utf-8")
@@ -76,18 +93,28 @@ def make_server(database: Database, study_name: str, port: int = DEFAULT_PORT
     try:
         return ThreadingHTTPServer((HOST, port), Handler)
     except OSError as e:
-        raise AutotuneError(f"cannot listen on {HOST}:{port}: {e.strerror}; choose another "
-                            "--port (0 takes any free one)") from None
+        raise AutotuneError(
+            f"cannot listen on {HOST}:{port}: {e.strerror}; choose another "
+            "--port (0 takes any free one)"
+        ) from None
 
 
-def serve(database: Database, study_name: str | None, *, port: int = DEFAULT_PORT,
-          out: TextIO = sys.stderr) -> int:
+def serve(
+    database: Database,
+    study_name: str | None,
+    *,
+    port: int = DEFAULT_PORT,
+    out: TextIO = sys.stderr,
+) -> int:
     """Serves until interrupted (Ctrl-C stops it and returns 0)."""
     name = study_name or latest_study_name(database)
     server = make_server(database, name, port)
-    print(f"serving study '{name}' from {database.url_for_display} at "
-          f"http://{HOST}:{server.server_port}/ (refreshes while the search runs; Ctrl-C stops)",
-          file=out, flush=True)
+    print(
+        f"serving study '{name}' from {database.url_for_display} at "
+        f"http://{HOST}:{server.server_port}/ (refreshes while the search runs; Ctrl-C stops)",
+        file=out,
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -65,21 +65,30 @@ def parse_url(url: str | URL) -> URL:
     if "://" not in text:
         lowered = text.lower()
         for backend in _KNOWN_BACKENDS:
-            after = text[len(backend):len(backend) + 1]
+            after = text[len(backend) : len(backend) + 1]
             if lowered.startswith(backend) and after in (":", "/", "+"):
                 scheme = "postgresql" if backend == "postgres" else backend
-                example = ("sqlite:///" + text[len(backend):].lstrip(":/")
-                           if backend == "sqlite" else f"{scheme}://user@host/dbname")
-                raise StorageError(f"malformed database URL {shown!r}: it needs '://' after the "
-                                   f"dialect, e.g. {example}")
+                example = (
+                    "sqlite:///" + text[len(backend) :].lstrip(":/")
+                    if backend == "sqlite"
+                    else f"{scheme}://user@host/dbname"
+                )
+                raise StorageError(
+                    f"malformed database URL {shown!r}: it needs '://' after the "
+                    f"dialect, e.g. {example}"
+                )
         if text.lower().endswith(_SQLITE_SUFFIXES) or os.sep in text:
-            raise StorageError(f"{shown!r} is a file path, not a database URL; use "
-                               f"sqlite:///{text} (an absolute path gives four slashes)")
+            raise StorageError(
+                f"{shown!r} is a file path, not a database URL; use "
+                f"sqlite:///{text} (an absolute path gives four slashes)"
+            )
     try:
         return make_url(text)
     except (ArgumentError, ValueError) as exc:
-        raise StorageError(f"cannot parse database URL {shown!r}; give a SQLAlchemy URL such as "
-                           "sqlite:///autotune.db or postgresql://user@host/dbname") from exc
+        raise StorageError(
+            f"cannot parse database URL {shown!r}; give a SQLAlchemy URL such as "
+            "sqlite:///autotune.db or postgresql://user@host/dbname"
+        ) from exc
 
 
 def sqlite_file(url: URL) -> str | None:
@@ -90,7 +99,7 @@ def sqlite_file(url: URL) -> str | None:
     if url.query.get("uri") in ("true", "1") and database.startswith("file:"):
         if url.query.get("mode") == "memory":
             return None
-        database = database[len("file://"):] if database.startswith("file://") else database[5:]
+        database = database[len("file://") :] if database.startswith("file://") else database[5:]
     if database in ("", ":memory:"):
         return None
     return database
@@ -100,16 +109,22 @@ def check_sqlite_path(path: str, display: str, create: bool, url_query_mode: str
     """Clear errors for paths SQLite would only call 'unable to open database file'."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(directory):
-        raise StorageError(f"cannot open {display}: directory {directory} does not exist; "
-                           "create it first or choose another path")
+        raise StorageError(
+            f"cannot open {display}: directory {directory} does not exist; "
+            "create it first or choose another path"
+        )
     if os.path.isdir(path):
         raise StorageError(f"cannot open {display}: {path} is a directory; give a file path")
     if url_query_mode == "ro" and not os.path.exists(path):
-        raise StorageError(f"no SQLite database at {os.path.abspath(path)} ({display}); a "
-                           "read-only URL (mode=ro) cannot create one: check the path")
+        raise StorageError(
+            f"no SQLite database at {os.path.abspath(path)} ({display}); a "
+            "read-only URL (mode=ro) cannot create one: check the path"
+        )
     if not create and not os.path.exists(path):
-        raise StorageError(f"no SQLite database at {os.path.abspath(path)} ({display}); check "
-                           "the path (this call creates nothing)")
+        raise StorageError(
+            f"no SQLite database at {os.path.abspath(path)} ({display}); check "
+            "the path (this call creates nothing)"
+        )
 
 
 def open_engine(url: URL, display: str) -> Engine:
@@ -124,20 +139,25 @@ def open_engine(url: URL, display: str) -> Engine:
     try:
         engine = create_engine(url, **kwargs)
     except NoSuchModuleError as exc:
-        fix = ("use postgresql://" if url.drivername.startswith("postgres:") or
-               url.drivername == "postgres" else
-               "use a SQLAlchemy URL such as sqlite:///autotune.db or postgresql://user@host/db")
-        raise StorageError(f"unknown database dialect or driver {url.drivername!r} in "
-                           f"{display}; {fix}") from exc
+        fix = (
+            "use postgresql://"
+            if url.drivername.startswith("postgres:") or url.drivername == "postgres"
+            else "use a SQLAlchemy URL such as sqlite:///autotune.db or postgresql://user@host/db"
+        )
+        raise StorageError(
+            f"unknown database dialect or driver {url.drivername!r} in {display}; {fix}"
+        ) from exc
     except ImportError as exc:
         module = (exc.name or "").split(".")[0] or str(exc)
         package = DRIVER_PACKAGES.get(module, module)
-        raise StorageError(f"the database driver {module!r} for {display} is not installed; "
-                           f"pip install {package}") from exc
+        raise StorageError(
+            f"the database driver {module!r} for {display} is not installed; pip install {package}"
+        ) from exc
     except (ArgumentError, TypeError, ValueError) as exc:
-        raise StorageError(f"invalid database URL {display}: "
-                           f"{hide_password(first_line(exc), url.password)}; check its options"
-                           ) from exc
+        raise StorageError(
+            f"invalid database URL {display}: "
+            f"{hide_password(first_line(exc), url.password)}; check its options"
+        ) from exc
     if backend == "sqlite":
         _configure_sqlite(engine)
     return engine
@@ -169,6 +189,7 @@ def _configure_sqlite(engine: Engine) -> None:
             cursor.close()
 
     if pysqlite:
+
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
             write = connection.get_execution_options().get(WRITE_OPTION, False)

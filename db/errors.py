@@ -14,8 +14,7 @@ import re
 # user:password@host in anything that looks like a URL, parseable or not ('postgres//u:pw@h').
 _PASSWORD_IN_URL = re.compile(r"([^:/@\s]+:)[^@/\s]*@")
 # ?password=... / &password=... (PostgreSQL and MySQL drivers accept the password there too).
-_PASSWORD_IN_QUERY = re.compile(r"([?&](?:password|passwd|pwd)=)[^&#\s]*",
-                                re.IGNORECASE)
+_PASSWORD_IN_QUERY = re.compile(r"([?&](?:password|passwd|pwd)=)[^&#\s]*", re.IGNORECASE)
 
 
 class StorageError(Exception):
@@ -41,19 +40,33 @@ def hide_password(url: str, secret: str | None = None) -> str:
 
 
 _MISSING_PARENT = "it refers to a study or trial that does not exist"
-_DUPLICATE_KEY = ("a row with that key is already stored (study name, trial number in its study, "
-                  "or a rank's memory category or step)")
+_DUPLICATE_KEY = (
+    "a row with that key is already stored (study name, trial number in its study, "
+    "or a rank's memory category or step)"
+)
 _SERVER_DOWN = "check the host and port, and that the database server is running"
 HINTS = (
     ("file is not a database", "point the URL at an autotune database or at a new file"),
-    ("database disk image is malformed", ("the file is damaged: restore it from a backup or "
-                                          "use a new database (sqlite3's .recover may save "
-                                          "some rows)")),
-    ("unable to open database file", ("check that the path is right and its directory exists "
-                                      "and is writable")),
+    (
+        "database disk image is malformed",
+        (
+            "the file is damaged: restore it from a backup or "
+            "use a new database (sqlite3's .recover may save "
+            "some rows)"
+        ),
+    ),
+    (
+        "unable to open database file",
+        ("check that the path is right and its directory exists and is writable"),
+    ),
     ("readonly database", "the database is read-only: use a writable file (and no mode=ro)"),
-    ("database is locked", ("another process is writing to it (the search driver must be the "
-                            "only writer): wait for it to finish or use another database")),
+    (
+        "database is locked",
+        (
+            "another process is writing to it (the search driver must be the "
+            "only writer): wait for it to finish or use another database"
+        ),
+    ),
     ("disk is full", "free some disk space"),
     ("disk i/o error", "check the disk and file system holding the database"),
     ("connection refused", _SERVER_DOWN),
@@ -81,8 +94,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
-def translate(exc: BaseException, action: str, display: str,
-              password: str | None) -> StorageError:
+def translate(exc: BaseException, action: str, display: str, password: str | None) -> StorageError:
     """A one-line StorageError for a database error: what failed, the driver's words, the fix."""
     original = getattr(exc, "orig", None) or exc
     detail = first_line(original)

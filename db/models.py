@@ -23,8 +23,7 @@ Spans are the bulk of the data, so their table is built for size and timeline re
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Optional
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     BigInteger,
@@ -71,12 +70,12 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         if value is None:
             return None
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.astimezone(UTC).replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc)
+        return value.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
@@ -106,13 +105,11 @@ class StudyRow(Base):
         """The study with ``study_id``, or a StorageError naming the database ``display``."""
         row = session.get(cls, study_id)
         if row is None:
-            raise StorageError(f"no study with id {study_id} in {display}; "
-                               "create the study first")
+            raise StorageError(f"no study with id {study_id} in {display}; create the study first")
         return row
 
     def to_record(self) -> StudyRecord:
-        return StudyRecord(id=self.id, name=self.name, spec=self.spec,
-                           created_at=self.created_at)
+        return StudyRecord(id=self.id, name=self.name, spec=self.spec, created_at=self.created_at)
 
 
 class TrialRow(Base):
@@ -123,46 +120,55 @@ class TrialRow(Base):
     __table_args__ = (UniqueConstraint("study_id", "number", name="uq_autotune_trials_number"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    study_id: Mapped[Optional[int]] = mapped_column(
-        ForeignKey("autotune_studies.id", ondelete="CASCADE"))
-    number: Mapped[Optional[int]] = mapped_column(Integer)
+    study_id: Mapped[int | None] = mapped_column(
+        ForeignKey("autotune_studies.id", ondelete="CASCADE")
+    )
+    number: Mapped[int | None] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(32))
     config: Mapped[dict] = mapped_column(JSONDocument)
     metrics: Mapped[dict] = mapped_column(JSONDocument)
     env: Mapped[dict] = mapped_column(JSONDocument)
-    error: Mapped[Optional[str]] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    span_origin_ns: Mapped[Optional[int]] = mapped_column(BigInt)
+    span_origin_ns: Mapped[int | None] = mapped_column(BigInt)
     """The stored ``start_ns`` of a span is relative to this (None when the trial has no spans)."""
 
     # Read-only: add_trial bulk-inserts the children with Core, and deletes cascade in the
     # database (ON DELETE CASCADE). The order is the one TrialRecord documents.
-    memory: Mapped[list[RankMemoryRow]] = relationship(
-        order_by="RankMemoryRow.id", viewonly=True)
-    steps: Mapped[list[StepMetricRow]] = relationship(
-        order_by="StepMetricRow.id", viewonly=True)
-    nodes: Mapped[list[RankNodeRow]] = relationship(
-        order_by="RankNodeRow.rank", viewonly=True)
+    memory: Mapped[list[RankMemoryRow]] = relationship(order_by="RankMemoryRow.id", viewonly=True)
+    steps: Mapped[list[StepMetricRow]] = relationship(order_by="StepMetricRow.id", viewonly=True)
+    nodes: Mapped[list[RankNodeRow]] = relationship(order_by="RankNodeRow.rank", viewonly=True)
 
     @classmethod
-    def find_or_raise_by_id(cls, trial_id: int, session: Session, display: str,
-                            *options) -> TrialRow:
+    def find_or_raise_by_id(
+        cls, trial_id: int, session: Session, display: str, *options
+    ) -> TrialRow:
         """The trial with ``trial_id`` (loaded with ``options``, e.g. ``selectinload``s), or a
         StorageError naming the database ``display``."""
         row = session.get(cls, trial_id, options=options)
         if row is None:
-            raise StorageError(f"no trial with id {trial_id} in {display}; check the id (each "
-                               "stored trial's id is printed)")
+            raise StorageError(
+                f"no trial with id {trial_id} in {display}; check the id (each "
+                "stored trial's id is printed)"
+            )
         return row
 
     def to_record(self) -> TrialRecord:
         """The trial with the child rows its relationships hold (load them first)."""
         return TrialRecord(
-            id=self.id, study_id=self.study_id, number=self.number, status=self.status,
-            config=self.config, metrics=self.metrics, env=self.env, error=self.error,
-            created_at=self.created_at, memory=tuple(m.to_record() for m in self.memory),
+            id=self.id,
+            study_id=self.study_id,
+            number=self.number,
+            status=self.status,
+            config=self.config,
+            metrics=self.metrics,
+            env=self.env,
+            error=self.error,
+            created_at=self.created_at,
+            memory=tuple(m.to_record() for m in self.memory),
             steps=tuple(s.to_record() for s in self.steps),
-            nodes=tuple(n.to_record() for n in self.nodes))
+            nodes=tuple(n.to_record() for n in self.nodes),
+        )
 
 
 class RankMemoryRow(Base):
@@ -170,20 +176,24 @@ class RankMemoryRow(Base):
 
     __tablename__ = "autotune_rank_memory"
     __table_args__ = (
-        UniqueConstraint("trial_id", "rank", "category", name="uq_autotune_rank_memory"),)
+        UniqueConstraint("trial_id", "rank", "category", name="uq_autotune_rank_memory"),
+    )
 
     # The surrogate key keeps the order the records were given in.
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
     category: Mapped[str] = mapped_column(String(64))
-    predicted_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
-    measured_bytes: Mapped[Optional[int]] = mapped_column(BigInt)
+    predicted_bytes: Mapped[int | None] = mapped_column(BigInt)
+    measured_bytes: Mapped[int | None] = mapped_column(BigInt)
 
     def to_record(self) -> RankMemoryRecord:
-        return RankMemoryRecord(rank=self.rank, category=self.category,
-                                predicted_bytes=self.predicted_bytes,
-                                measured_bytes=self.measured_bytes)
+        return RankMemoryRecord(
+            rank=self.rank,
+            category=self.category,
+            predicted_bytes=self.predicted_bytes,
+            measured_bytes=self.measured_bytes,
+        )
 
 
 class RankNodeRow(Base):
@@ -207,7 +217,8 @@ class StepMetricRow(Base):
 
     __tablename__ = "autotune_step_metrics"
     __table_args__ = (
-        UniqueConstraint("trial_id", "rank", "phase", "step", name="uq_autotune_step_metrics"),)
+        UniqueConstraint("trial_id", "rank", "phase", "step", name="uq_autotune_step_metrics"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id", ondelete="CASCADE"))
@@ -215,11 +226,12 @@ class StepMetricRow(Base):
     step: Mapped[int] = mapped_column(Integer)
     phase: Mapped[str] = mapped_column(String(16))
     time_s: Mapped[float] = mapped_column(Double)
-    loss: Mapped[Optional[float]] = mapped_column(Double)
+    loss: Mapped[float | None] = mapped_column(Double)
 
     def to_record(self) -> StepMetricRecord:
-        return StepMetricRecord(rank=self.rank, step=self.step, phase=self.phase,
-                                time_s=self.time_s, loss=self.loss)
+        return StepMetricRecord(
+            rank=self.rank, step=self.step, phase=self.phase, time_s=self.time_s, loss=self.loss
+        )
 
 
 class SpanNameRow(Base):
@@ -227,7 +239,8 @@ class SpanNameRow(Base):
 
     __tablename__ = "autotune_span_names"
     __table_args__ = (
-        UniqueConstraint("kind", "name", "category", "group_name", name="uq_autotune_span_names"),)
+        UniqueConstraint("kind", "name", "category", "group_name", name="uq_autotune_span_names"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
@@ -282,6 +295,12 @@ class CalibrationRow(Base):
     residuals: Mapped[dict] = mapped_column(JSONDocument)
 
     def to_record(self) -> CalibrationRecord:
-        return CalibrationRecord(id=self.id, study_id=self.study_id, created_at=self.created_at,
-                                 num_trials=self.num_trials, cluster=self.cluster,
-                                 calibration=self.calibration, residuals=self.residuals)
+        return CalibrationRecord(
+            id=self.id,
+            study_id=self.study_id,
+            created_at=self.created_at,
+            num_trials=self.num_trials,
+            cluster=self.cluster,
+            calibration=self.calibration,
+            residuals=self.residuals,
+        )

@@ -12,15 +12,29 @@ from datetime import datetime
 SPAN_KINDS = ("compute", "comm", "p2p", "step")
 """Allowed ``SpanRecord.kind`` values."""
 
-TRIAL_STATUSES = ("complete", "infeasible_predicted", "infeasible_measured", "skipped_predicted",
-                  "failed", "running")
+TRIAL_STATUSES = (
+    "complete",
+    "infeasible_predicted",
+    "infeasible_measured",
+    "skipped_predicted",
+    "failed",
+    "running",
+)
 """Allowed ``TrialRecord.status`` values."""
 
 STEP_PHASES = ("warmup", "timed", "memory", "profiled")
 """Allowed ``StepMetricRecord.phase`` values."""
 
-MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other",
-                     "peak", "peak_reserved", "outside_allocator")
+MEMORY_CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "other",
+    "peak",
+    "peak_reserved",
+    "outside_allocator",
+)
 """The ``RankMemoryRecord.category`` values autotune writes, one row per rank and category
 measured. ``peak`` is the allocated peak (what the memory model predicts), ``peak_reserved`` the
 allocator's reserved peak (= allocated on CPU), ``outside_allocator`` the device memory outside

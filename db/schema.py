@@ -19,8 +19,8 @@ turns a version-n database into the new layout, and test it from a version-n fil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from sqlalchemy import Connection, Engine, inspect, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -56,16 +56,19 @@ def _v2_add_calibrations(op) -> None:
     op.create_table(
         "autotune_calibrations",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column("study_id", sa.Integer(),
-                  sa.ForeignKey("autotune_studies.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "study_id",
+            sa.Integer(),
+            sa.ForeignKey("autotune_studies.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.Column("num_trials", sa.Integer(), nullable=False),
         sa.Column("cluster", sa.JSON(), nullable=False),
         sa.Column("calibration", sa.JSON(), nullable=False),
         sa.Column("residuals", sa.JSON(), nullable=False),
     )
-    op.create_index("ix_autotune_calibrations_study", "autotune_calibrations",
-                    ["study_id", "id"])
+    op.create_index("ix_autotune_calibrations_study", "autotune_calibrations", ["study_id", "id"])
 
 
 def _v3_add_rank_nodes(op) -> None:
@@ -75,8 +78,12 @@ def _v3_add_rank_nodes(op) -> None:
     op.create_table(
         "autotune_rank_nodes",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column("trial_id", sa.Integer(),
-                  sa.ForeignKey("autotune_trials.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "trial_id",
+            sa.Integer(),
+            sa.ForeignKey("autotune_trials.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("rank", sa.Integer(), nullable=False),
         sa.Column("node_id", sa.String(128), nullable=False),
         sa.Column("hostname", sa.String(255), nullable=False),
@@ -85,8 +92,9 @@ def _v3_add_rank_nodes(op) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(2, "autotune_calibrations: the study's cluster and calibration",
-              _v2_add_calibrations),
+    Migration(
+        2, "autotune_calibrations: the study's cluster and calibration", _v2_add_calibrations
+    ),
     Migration(3, "autotune_rank_nodes: the node and host of every rank", _v3_add_rank_nodes),
 )
 """Shipped migrations, above the baseline (version 1)."""
@@ -96,8 +104,9 @@ def latest_version(migrations: tuple[Migration, ...]) -> int:
     """The version that ``migrations`` lead to; they must be numbered 2, 3, ... without gaps."""
     expected = list(range(BASELINE_VERSION + 1, BASELINE_VERSION + 1 + len(migrations)))
     if [m.version for m in migrations] != expected:
-        raise ValueError(f"migrations must be numbered {expected}, got "
-                         f"{[m.version for m in migrations]}")
+        raise ValueError(
+            f"migrations must be numbered {expected}, got {[m.version for m in migrations]}"
+        )
     return BASELINE_VERSION + len(migrations)
 
 
@@ -134,8 +143,14 @@ def upgrade(connection: Connection, migrations: tuple[Migration, ...], from_vers
     return version
 
 
-def prepare_schema(engine: Engine, migrations: tuple[Migration, ...], *, create: bool,
-                   display: str, password: str | None) -> int:
+def prepare_schema(
+    engine: Engine,
+    migrations: tuple[Migration, ...],
+    *,
+    create: bool,
+    display: str,
+    password: str | None,
+) -> int:
     """Creates, migrates or checks the schema; returns the version now in the database."""
     latest = latest_version(migrations)
     dbapi_error = engine.dialect.loaded_dbapi.Error
@@ -147,24 +162,33 @@ def prepare_schema(engine: Engine, migrations: tuple[Migration, ...], *, create:
     if version == latest:
         return latest
     if version is not None and version > latest:
-        raise StorageError(f"database schema version {version} is newer than this autotune "
-                           f"understands ({latest}); upgrade autotune ({display})")
+        raise StorageError(
+            f"database schema version {version} is newer than this autotune "
+            f"understands ({latest}); upgrade autotune ({display})"
+        )
     if version is None and has_tables:
-        raise StorageError(f"{display} has autotune_* tables but no schema version in "
-                           f"{VERSION_TABLE}; it was not written by autotune: use a new "
-                           "database")
+        raise StorageError(
+            f"{display} has autotune_* tables but no schema version in "
+            f"{VERSION_TABLE}; it was not written by autotune: use a new "
+            "database"
+        )
     if version is None and not create:
-        raise StorageError(f"{display} holds no autotune data (no {VERSION_TABLE} "
-                           "table); check the URL, or open it with create=True")
-    action = ("creating the autotune tables" if version is None else
-              f"migrating the autotune schema from version {version} to {latest}")
+        raise StorageError(
+            f"{display} holds no autotune data (no {VERSION_TABLE} "
+            "table); check the URL, or open it with create=True"
+        )
+    action = (
+        "creating the autotune tables"
+        if version is None
+        else f"migrating the autotune schema from version {version} to {latest}"
+    )
     try:
         with engine.connect() as connection:
             if version is None:
                 with connection.execution_options(**{WRITE_OPTION: True}).begin():
                     xact_lock(connection, LOCK_SCHEMA)
                     version_now, _ = read_version(connection)  # another process may
-                    if version_now is None:                     # have just created it
+                    if version_now is None:  # have just created it
                         create_schema(connection, latest)
             else:
                 _migrate(connection, migrations, latest, display)
@@ -175,8 +199,9 @@ def prepare_schema(engine: Engine, migrations: tuple[Migration, ...], *, create:
     return latest
 
 
-def _migrate(connection: Connection, migrations: tuple[Migration, ...], latest: int,
-             display: str) -> None:
+def _migrate(
+    connection: Connection, migrations: tuple[Migration, ...], latest: int, display: str
+) -> None:
     """Runs the pending migrations in one transaction (SQLite: with foreign keys off)."""
     sqlite = connection.dialect.name == "sqlite"
     if sqlite:
@@ -197,9 +222,11 @@ def _migrate(connection: Connection, migrations: tuple[Migration, ...], latest: 
             if sqlite:
                 broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
                 if broken:
-                    raise StorageError(f"migrating {display} to version {latest} would break "
-                                       f"{len(broken)} foreign keys (first: {tuple(broken[0])}); "
-                                       "the database was left unchanged")
+                    raise StorageError(
+                        f"migrating {display} to version {latest} would break "
+                        f"{len(broken)} foreign keys (first: {tuple(broken[0])}); "
+                        "the database was left unchanged"
+                    )
     finally:
         if sqlite:
             pragma(connection, "PRAGMA foreign_keys = ON")

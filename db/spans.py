@@ -40,17 +40,24 @@ def _refused(index: int, problem: str) -> StorageError:
 class SpanWriter:
     """Bulk-inserts one trial's spans at a time, in the fastest way the engine's driver allows."""
 
-    def __init__(self, dialect: Dialect, dbapi_error: type[BaseException],
-                 translate: Callable[[BaseException, str], StorageError]) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        dbapi_error: type[BaseException],
+        translate: Callable[[BaseException, str], StorageError],
+    ) -> None:
         """``translate`` turns a database error and an action into the caller's StorageError."""
         compiled = insert(SpanRow.__table__).compile(dialect=dialect)
         self._executemany_sql: str | None = (
             compiled.string
             if compiled.positional and tuple(compiled.positiontup or ()) == SPAN_COLUMNS
-            else None)
+            else None
+        )
         self._copy_sql: str | None = (
             f"COPY {SpanRow.__tablename__} ({', '.join(SPAN_COLUMNS)}) FROM STDIN"
-            if dialect.driver == "psycopg" else None)
+            if dialect.driver == "psycopg"
+            else None
+        )
         self._dbapi_error = dbapi_error
         self._translate = translate
 
@@ -79,20 +86,32 @@ class SpanWriter:
             # signs are left to the database (64-bit columns, a CHECK constraint).
             for index, span in enumerate(itertools.chain((first,), iterator)):
                 rank, step, start_ns, dur_ns, payload = (
-                    span.rank, span.step, span.start_ns, span.dur_ns, span.bytes)
-                if (type(rank) is not int or type(step) is not int or type(start_ns) is not int
-                        or type(dur_ns) is not int or type(payload) is not int):
+                    span.rank,
+                    span.step,
+                    span.start_ns,
+                    span.dur_ns,
+                    span.bytes,
+                )
+                if (
+                    type(rank) is not int
+                    or type(step) is not int
+                    or type(start_ns) is not int
+                    or type(dur_ns) is not int
+                    or type(payload) is not int
+                ):
                     raise _refused(index, span_problem(span) or "is malformed")
                 key = (span.kind, span.name, span.category, span.group)
                 name_id = known.get(key)
                 if name_id is None:
                     name_id = names.intern(span, key, index)
-                chunk.append((trial_id, rank, start_ns - origin, index, step, name_id, dur_ns,
-                              payload))
+                chunk.append(
+                    (trial_id, rank, start_ns - origin, index, step, name_id, dur_ns, payload)
+                )
                 chunk_spans.append(span)
                 if len(chunk) == SPAN_CHUNK:
-                    self._insert_chunk(connection, chunk, chunk_spans, index + 1 - len(chunk),
-                                       origin)
+                    self._insert_chunk(
+                        connection, chunk, chunk_spans, index + 1 - len(chunk), origin
+                    )
                     chunk, chunk_spans = [], []
         except AttributeError as exc:  # not a SpanRecord
             raise _refused(index, span_problem(span) or f"is malformed ({exc})") from exc
@@ -100,8 +119,14 @@ class SpanWriter:
             self._insert_chunk(connection, chunk, chunk_spans, index + 1 - len(chunk), origin)
         return origin
 
-    def _insert_chunk(self, connection: Connection, chunk: list[tuple[int, ...]],
-                      chunk_spans: list[SpanRecord], chunk_start: int, origin: int) -> None:
+    def _insert_chunk(
+        self,
+        connection: Connection,
+        chunk: list[tuple[int, ...]],
+        chunk_spans: list[SpanRecord],
+        chunk_start: int,
+        origin: int,
+    ) -> None:
         """One batch of rows; a refusal names the first span of the batch that is wrong."""
         try:
             self._write_rows(connection, chunk)
@@ -128,8 +153,9 @@ class SpanWriter:
             finally:
                 cursor.close()
         else:
-            connection.execute(insert(SpanRow.__table__),
-                               [dict(zip(SPAN_COLUMNS, row)) for row in chunk])
+            connection.execute(
+                insert(SpanRow.__table__), [dict(zip(SPAN_COLUMNS, row)) for row in chunk]
+            )
 
 
 class _NameCache:
@@ -155,8 +181,9 @@ class _NameCache:
         problem = span_problem(span)
         if problem:
             raise _refused(index, problem)
-        row = SpanNameRow(kind=span.kind, name=span.name, category=span.category,
-                          group_name=span.group)
+        row = SpanNameRow(
+            kind=span.kind, name=span.name, category=span.category, group_name=span.group
+        )
         self._session.add(row)
         self._session.flush()
         self.ids[key] = row.id
@@ -165,28 +192,39 @@ class _NameCache:
 
 def span_names(session: Session) -> dict[SpanName, int]:
     """Every interned (kind, name, category, group) and its id."""
-    return {(kind, name, category, group): name_id
-            for name_id, kind, name, category, group in session.execute(select(
-                SpanNameRow.id, SpanNameRow.kind, SpanNameRow.name, SpanNameRow.category,
-                SpanNameRow.group_name))}
+    return {
+        (kind, name, category, group): name_id
+        for name_id, kind, name, category, group in session.execute(
+            select(
+                SpanNameRow.id,
+                SpanNameRow.kind,
+                SpanNameRow.name,
+                SpanNameRow.category,
+                SpanNameRow.group_name,
+            )
+        )
+    }
 
 
-def read_spans(session: Session, trial_id: int, origin: int,
-               rank: int | None = None) -> list[SpanRecord]:
+def read_spans(
+    session: Session, trial_id: int, origin: int, rank: int | None = None
+) -> list[SpanRecord]:
     """A trial's spans (one rank's when given) ordered by (rank, start, stored order); ``origin``
     is the trial's ``span_origin_ns``."""
     names = {name_id: key for key, name_id in span_names(session).items()}
-    query = (select(SpanRow.rank, SpanRow.step, SpanRow.name_id, SpanRow.start_ns,
-                    SpanRow.dur_ns, SpanRow.bytes)
-             .where(SpanRow.trial_id == trial_id))
+    query = select(
+        SpanRow.rank, SpanRow.step, SpanRow.name_id, SpanRow.start_ns, SpanRow.dur_ns, SpanRow.bytes
+    ).where(SpanRow.trial_id == trial_id)
     if rank is not None:
         query = query.where(SpanRow.rank == rank)
     query = query.order_by(SpanRow.rank, SpanRow.start_ns, SpanRow.seq)
     spans = []
     append = spans.append
-    for span_rank, step, name_id, start_ns, dur_ns, payload in (
-            session.connection().execute(query)):
+    for span_rank, step, name_id, start_ns, dur_ns, payload in session.connection().execute(query):
         kind, name, category, group = names[name_id]
-        append(SpanRecord(span_rank, step, kind, name, category, start_ns + origin,
-                          dur_ns, payload, group))
+        append(
+            SpanRecord(
+                span_rank, step, kind, name, category, start_ns + origin, dur_ns, payload, group
+            )
+        )
     return spans

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from sqlalchemy import Engine, func, insert, select
@@ -77,8 +77,11 @@ from .validation import (
 
 __all__ = ["SPAN_CHUNK", "Database"]
 
-_WITH_CHILDREN = (selectinload(TrialRow.memory), selectinload(TrialRow.steps),
-                  selectinload(TrialRow.nodes))
+_WITH_CHILDREN = (
+    selectinload(TrialRow.memory),
+    selectinload(TrialRow.steps),
+    selectinload(TrialRow.nodes),
+)
 """A trial's memory, step and node rows, loaded with it: one query per relationship for every
 500 trials (SQLAlchemy's IN batch), however many rows each trial has."""
 
@@ -94,8 +97,14 @@ class Database:
     schema_version: int
     """The schema version of the open database (the latest this code knows)."""
 
-    def __init__(self, engine: Engine, url_for_display: str, schema_version: int, *,
-                 password: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        url_for_display: str,
+        schema_version: int,
+        *,
+        password: str | None = None,
+    ) -> None:
         """Use :meth:`open`."""
         self._engine = engine
         # Writes begin with BEGIN IMMEDIATE on SQLite (see db.engine): the write lock is taken
@@ -119,15 +128,18 @@ class Database:
         """
         parsed = parse_url(url)
         # The URL as given (render_as_string would percent-encode 'file:' URIs), password hidden.
-        display = hide_password(url.strip() if isinstance(url, str) else
-                                parsed.render_as_string(hide_password=True), parsed.password)
+        display = hide_password(
+            url.strip() if isinstance(url, str) else parsed.render_as_string(hide_password=True),
+            parsed.password,
+        )
         sqlite_path = sqlite_file(parsed)
         if sqlite_path is not None:
             check_sqlite_path(sqlite_path, display, create, parsed.query.get("mode"))
         engine = open_engine(parsed, display)
         try:
-            version = schema.prepare_schema(engine, cls.migrations, create=create,
-                                            display=display, password=parsed.password)
+            version = schema.prepare_schema(
+                engine, cls.migrations, create=create, display=display, password=parsed.password
+            )
         except BaseException:
             engine.dispose()
             raise
@@ -217,9 +229,11 @@ class Database:
         check_json("the study spec", spec)
         with self._session(f"creating study {name!r}", write=True) as session:
             if session.scalar(select(StudyRow.id).where(StudyRow.name == name)) is not None:
-                raise StorageError(f"a study named {name!r} already exists in "
-                                   f"{self.url_for_display}; choose another name or load it")
-            row = StudyRow(name=name, spec=spec, created_at=datetime.now(timezone.utc))
+                raise StorageError(
+                    f"a study named {name!r} already exists in "
+                    f"{self.url_for_display}; choose another name or load it"
+                )
+            row = StudyRow(name=name, spec=spec, created_at=datetime.now(UTC))
             session.add(row)
             session.flush()
             return row.to_record()
@@ -230,10 +244,13 @@ class Database:
             row = session.scalars(select(StudyRow).where(StudyRow.name == name)).one_or_none()
             if row is None:
                 names = list(session.scalars(select(StudyRow.name).order_by(StudyRow.id)))
-                shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)"
-                                                 if len(names) > 20 else "")
-                raise StorageError(f"no study named {name!r} in {self.url_for_display}; "
-                                   f"existing: {shown or 'none'}")
+                shown = ", ".join(names[:20]) + (
+                    f", ... ({len(names) - 20} more)" if len(names) > 20 else ""
+                )
+                raise StorageError(
+                    f"no study named {name!r} in {self.url_for_display}; "
+                    f"existing: {shown or 'none'}"
+                )
             return row.to_record()
 
     def list_studies(self) -> list[StudyRecord]:
@@ -254,30 +271,66 @@ class Database:
         with self._session("storing a trial", write=True) as session:
             if trial.study_id is not None:
                 StudyRow.find_or_raise_by_id(trial.study_id, session, self.url_for_display)
-            row = TrialRow(study_id=trial.study_id, number=trial.number, status=trial.status,
-                           config=trial.config, metrics=trial.metrics, env=trial.env,
-                           error=trial.error, created_at=trial.created_at)
+            row = TrialRow(
+                study_id=trial.study_id,
+                number=trial.number,
+                status=trial.status,
+                config=trial.config,
+                metrics=trial.metrics,
+                env=trial.env,
+                error=trial.error,
+                created_at=trial.created_at,
+            )
             session.add(row)
             session.flush()
             if trial.memory:
-                session.execute(insert(RankMemoryRow), [
-                    {"trial_id": row.id, "rank": m.rank, "category": m.category,
-                     "predicted_bytes": m.predicted_bytes, "measured_bytes": m.measured_bytes}
-                    for m in trial.memory])
+                session.execute(
+                    insert(RankMemoryRow),
+                    [
+                        {
+                            "trial_id": row.id,
+                            "rank": m.rank,
+                            "category": m.category,
+                            "predicted_bytes": m.predicted_bytes,
+                            "measured_bytes": m.measured_bytes,
+                        }
+                        for m in trial.memory
+                    ],
+                )
             if trial.nodes:
-                session.execute(insert(RankNodeRow), [
-                    {"trial_id": row.id, "rank": n.rank, "node_id": n.node_id,
-                     "hostname": n.hostname} for n in trial.nodes])
+                session.execute(
+                    insert(RankNodeRow),
+                    [
+                        {
+                            "trial_id": row.id,
+                            "rank": n.rank,
+                            "node_id": n.node_id,
+                            "hostname": n.hostname,
+                        }
+                        for n in trial.nodes
+                    ],
+                )
             if trial.steps:
-                session.execute(insert(StepMetricRow), [
-                    {"trial_id": row.id, "rank": s.rank, "step": s.step, "phase": s.phase,
-                     "time_s": s.time_s, "loss": s.loss}
-                    for s in trial.steps])
+                session.execute(
+                    insert(StepMetricRow),
+                    [
+                        {
+                            "trial_id": row.id,
+                            "rank": s.rank,
+                            "step": s.step,
+                            "phase": s.phase,
+                            "time_s": s.time_s,
+                            "loss": s.loss,
+                        }
+                        for s in trial.steps
+                    ],
+                )
             row.span_origin_ns = self._spans.insert(session, row.id, spans)
             return row.id
 
-    def update_trial(self, trial_id: int, *, status: str, metrics: dict | None = None,
-                     error: str | None = None) -> None:
+    def update_trial(
+        self, trial_id: int, *, status: str, metrics: dict | None = None, error: str | None = None
+    ) -> None:
         """Sets a stored trial's status, and its metrics and error where given (None: unchanged)."""
         check_status(status)
         if metrics is not None:
@@ -294,8 +347,9 @@ class Database:
     def get_trial(self, trial_id: int) -> TrialRecord:
         """One trial with its memory and step records, in the order they were stored."""
         with self._session(f"reading trial {trial_id}") as session:
-            return TrialRow.find_or_raise_by_id(trial_id, session, self.url_for_display,
-                                                *_WITH_CHILDREN).to_record()
+            return TrialRow.find_or_raise_by_id(
+                trial_id, session, self.url_for_display, *_WITH_CHILDREN
+            ).to_record()
 
     def list_trials(self, study_id: int | None = None) -> list[TrialRecord]:
         """The trials of one study (``study_id``) or all trials (None), oldest first.
@@ -310,20 +364,37 @@ class Database:
             return [row.to_record() for row in session.scalars(query)]
 
     # ---- calibrations ------------------------------------------------------------------------
-    def add_calibration(self, study_id: int, *, num_trials: int, cluster: dict,
-                        calibration: dict, residuals: dict | None = None) -> CalibrationRecord:
+    def add_calibration(
+        self,
+        study_id: int,
+        *,
+        num_trials: int,
+        cluster: dict,
+        calibration: dict,
+        residuals: dict | None = None,
+    ) -> CalibrationRecord:
         """Stores a study's cluster and a calibration fitted on ``num_trials`` complete trials
         (0: the cluster's own figures); the newest row is the study's calibration."""
         residuals = {} if residuals is None else residuals
-        check_calibration(study_id, num_trials, {
-            "the calibration's cluster": cluster, "the calibration": calibration,
-            "the calibration's residuals": residuals})
-        with self._session(f"storing a calibration of study {study_id}",
-                           write=True) as session:
+        check_calibration(
+            study_id,
+            num_trials,
+            {
+                "the calibration's cluster": cluster,
+                "the calibration": calibration,
+                "the calibration's residuals": residuals,
+            },
+        )
+        with self._session(f"storing a calibration of study {study_id}", write=True) as session:
             StudyRow.find_or_raise_by_id(study_id, session, self.url_for_display)
-            row = CalibrationRow(study_id=study_id, created_at=datetime.now(timezone.utc),
-                                 num_trials=num_trials, cluster=cluster,
-                                 calibration=calibration, residuals=residuals)
+            row = CalibrationRow(
+                study_id=study_id,
+                created_at=datetime.now(UTC),
+                num_trials=num_trials,
+                cluster=cluster,
+                calibration=calibration,
+                residuals=residuals,
+            )
             session.add(row)
             session.flush()
             return row.to_record()
@@ -331,17 +402,22 @@ class Database:
     def latest_calibration(self, study_id: int) -> CalibrationRecord | None:
         """The study's newest calibration, or None when none is stored."""
         with self._session(f"reading the calibration of study {study_id}") as session:
-            row = session.scalars(select(CalibrationRow)
-                                  .where(CalibrationRow.study_id == study_id)
-                                  .order_by(CalibrationRow.id.desc()).limit(1)).first()
+            row = session.scalars(
+                select(CalibrationRow)
+                .where(CalibrationRow.study_id == study_id)
+                .order_by(CalibrationRow.id.desc())
+                .limit(1)
+            ).first()
             return None if row is None else row.to_record()
 
     def list_calibrations(self, study_id: int) -> list[CalibrationRecord]:
         """Every calibration of the study, oldest first."""
         with self._session(f"listing the calibrations of study {study_id}") as session:
-            rows = session.scalars(select(CalibrationRow)
-                                   .where(CalibrationRow.study_id == study_id)
-                                   .order_by(CalibrationRow.id))
+            rows = session.scalars(
+                select(CalibrationRow)
+                .where(CalibrationRow.study_id == study_id)
+                .order_by(CalibrationRow.id)
+            )
             return [row.to_record() for row in rows]
 
     # ---- spans -------------------------------------------------------------------------------
@@ -351,8 +427,9 @@ class Database:
         Spans with equal starts on one rank keep the order they were stored in.
         """
         with self._session(f"reading the spans of trial {trial_id}") as session:
-            origin = TrialRow.find_or_raise_by_id(trial_id, session,
-                                                  self.url_for_display).span_origin_ns
+            origin = TrialRow.find_or_raise_by_id(
+                trial_id, session, self.url_for_display
+            ).span_origin_ns
             if origin is None:
                 return []
             return read_spans(session, trial_id, origin, rank)

@@ -25,7 +25,7 @@ from .records import (
 SPAN_INT_FIELDS = ("rank", "step", "start_ns", "dur_ns", "bytes")
 SPAN_STR_FIELDS = ("kind", "name", "category", "group")
 _NON_NEGATIVE = ("dur_ns", "bytes")
-_INT64 = range(-2**63, 2**63)
+_INT64 = range(-(2**63), 2**63)
 
 
 def is_int(value: object) -> bool:
@@ -45,8 +45,10 @@ def check_json(what: str, value: object) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as exc:
-        raise StorageError(f"{what} is not JSON-serialisable ({exc}); convert it to dicts, "
-                           "lists, strings and numbers") from exc
+        raise StorageError(
+            f"{what} is not JSON-serialisable ({exc}); convert it to dicts, "
+            "lists, strings and numbers"
+        ) from exc
 
 
 def check_status(status: object) -> None:
@@ -67,14 +69,12 @@ def check_study_name(name: object) -> None:
         raise StorageError(f"a study needs a non-empty name, got {name!r}")
 
 
-def check_calibration(study_id: object, num_trials: object, documents: dict[str, object]
-                      ) -> None:
+def check_calibration(study_id: object, num_trials: object, documents: dict[str, object]) -> None:
     """A calibration's study id and trial count are ints (≥ 0), its ``documents`` JSON dicts."""
     if not is_int(study_id):
         raise StorageError(f"a calibration's study_id must be an int, got {study_id!r}")
     if not is_int(num_trials) or num_trials < 0:
-        raise StorageError(f"a calibration's num_trials must be an int ≥ 0, got "
-                           f"{num_trials!r}")
+        raise StorageError(f"a calibration's num_trials must be an int ≥ 0, got {num_trials!r}")
     for what, value in documents.items():
         check_json(what, value)
 
@@ -84,8 +84,10 @@ def check_trial(trial: TrialRecord) -> None:
     if not isinstance(trial, TrialRecord):
         raise StorageError(f"add_trial takes a TrialRecord, got {type(trial).__name__}")
     if trial.id is not None:
-        raise StorageError(f"add_trial stores a new trial (id None), got id {trial.id}; "
-                           "use update_trial to change a stored one")
+        raise StorageError(
+            f"add_trial stores a new trial (id None), got id {trial.id}; "
+            "use update_trial to change a stored one"
+        )
     for field in ("study_id", "number"):
         value = getattr(trial, field)
         if value is not None and not is_int(value):
@@ -96,8 +98,10 @@ def check_trial(trial: TrialRecord) -> None:
     check_json("trial env", trial.env)
     check_error(trial.error)
     if not isinstance(trial.created_at, datetime) or trial.created_at.utcoffset() is None:
-        raise StorageError(f"trial created_at must be a timezone-aware datetime, got "
-                           f"{trial.created_at!r}; use datetime.now(timezone.utc)")
+        raise StorageError(
+            f"trial created_at must be a timezone-aware datetime, got "
+            f"{trial.created_at!r}; use datetime.now(timezone.utc)"
+        )
     _check_memory(trial.memory)
     _check_steps(trial.steps)
     _check_nodes(trial.nodes)
@@ -106,34 +110,50 @@ def check_trial(trial: TrialRecord) -> None:
 def _check_memory(memory: tuple[RankMemoryRecord, ...]) -> None:
     for i, m in enumerate(memory):
         if not isinstance(m, RankMemoryRecord):
-            raise StorageError(f"trial memory[{i}] is a {type(m).__name__}, "
-                               "not a RankMemoryRecord")
-        if not is_int(m.rank) or not isinstance(m.category, str) or not all(
-                v is None or is_int(v) for v in (m.predicted_bytes, m.measured_bytes)):
-            raise StorageError(f"trial memory[{i}] = {m!r} needs an int rank, a str category "
-                               "and int-or-None byte counts")
+            raise StorageError(f"trial memory[{i}] is a {type(m).__name__}, not a RankMemoryRecord")
+        if (
+            not is_int(m.rank)
+            or not isinstance(m.category, str)
+            or not all(v is None or is_int(v) for v in (m.predicted_bytes, m.measured_bytes))
+        ):
+            raise StorageError(
+                f"trial memory[{i}] = {m!r} needs an int rank, a str category "
+                "and int-or-None byte counts"
+            )
 
 
 def _check_steps(steps: tuple[StepMetricRecord, ...]) -> None:
     for i, s in enumerate(steps):
         if not isinstance(s, StepMetricRecord):
-            raise StorageError(f"trial steps[{i}] is a {type(s).__name__}, "
-                               "not a StepMetricRecord")
+            raise StorageError(f"trial steps[{i}] is a {type(s).__name__}, not a StepMetricRecord")
         if s.phase not in STEP_PHASES:
-            raise StorageError(f"trial steps[{i}] has phase {s.phase!r}, not one of "
-                               f"{', '.join(STEP_PHASES)}")
-        if (not is_int(s.rank) or not is_int(s.step) or not is_number(s.time_s)
-                or not (s.loss is None or is_number(s.loss))):
-            raise StorageError(f"trial steps[{i}] = {s!r} needs int rank and step, a float "
-                               "time_s and a float-or-None loss")
+            raise StorageError(
+                f"trial steps[{i}] has phase {s.phase!r}, not one of {', '.join(STEP_PHASES)}"
+            )
+        if (
+            not is_int(s.rank)
+            or not is_int(s.step)
+            or not is_number(s.time_s)
+            or not (s.loss is None or is_number(s.loss))
+        ):
+            raise StorageError(
+                f"trial steps[{i}] = {s!r} needs int rank and step, a float "
+                "time_s and a float-or-None loss"
+            )
 
 
 def _check_nodes(nodes: tuple[RankNodeRecord, ...]) -> None:
     for i, n in enumerate(nodes):
-        if (not isinstance(n, RankNodeRecord) or not is_int(n.rank)
-                or not isinstance(n.node_id, str) or not isinstance(n.hostname, str)):
-            raise StorageError(f"trial nodes[{i}] = {n!r} must be a RankNodeRecord with an int "
-                               "rank and str node_id and hostname")
+        if (
+            not isinstance(n, RankNodeRecord)
+            or not is_int(n.rank)
+            or not isinstance(n.node_id, str)
+            or not isinstance(n.hostname, str)
+        ):
+            raise StorageError(
+                f"trial nodes[{i}] = {n!r} must be a RankNodeRecord with an int "
+                "rank and str node_id and hostname"
+            )
 
 
 def span_problem(span: object, origin: int | None = None) -> str | None:
@@ -164,6 +184,8 @@ def span_problem(span: object, origin: int | None = None) -> str | None:
     if span.kind not in SPAN_KINDS:
         return f"has kind {span.kind!r}, not one of {', '.join(SPAN_KINDS)}"
     if origin is not None and span.start_ns - origin not in _INT64:
-        return ("has start_ns outside the 64-bit integer range once made relative to the "
-                "trial's first span")
+        return (
+            "has start_ns outside the 64-bit integer range once made relative to the "
+            "trial's first span"
+        )
     return None

@@ -9,8 +9,19 @@ Python (a driver reads and summarises stored timelines without the training stac
 from profiler.analysis import RankBreakdown, breakdown, bytes_per_step, rank_breakdown
 from profiler.spans import COMM, COMPUTE, P2P, STEP, Span
 
-__all__ = ["COMM", "COMPUTE", "P2P", "STEP", "RankBreakdown", "Recorder", "Span", "breakdown",
-           "bytes_per_step", "rank_breakdown", "record"]
+__all__ = [
+    "COMM",
+    "COMPUTE",
+    "P2P",
+    "STEP",
+    "RankBreakdown",
+    "Recorder",
+    "Span",
+    "breakdown",
+    "bytes_per_step",
+    "rank_breakdown",
+    "record",
+]
 
 _CAPTURE = ("Recorder", "record")
 

@@ -78,17 +78,23 @@ def rank_breakdown(spans: Iterable[Span], rank: int) -> RankBreakdown:
     windows = merge((s.start_ns, s.end_ns) for s in spans if s.kind == STEP)
     if not windows:
         others = [s for s in spans if s.kind != STEP]
-        windows = [(min(s.start_ns for s in others), max(s.end_ns for s in others))] \
-            if others else []
+        windows = (
+            [(min(s.start_ns for s in others), max(s.end_ns for s in others))] if others else []
+        )
     compute = clip(merge((s.start_ns, s.end_ns) for s in spans if s.kind == COMPUTE), windows)
     comm = clip(merge((s.start_ns, s.end_ns) for s in spans if s.kind in (COMM, P2P)), windows)
     both = intersect(compute, comm)
     busy = length(compute) + length(comm) - length(both)
     return RankBreakdown(
-        rank=rank, window_ns=length(windows), compute_ns=length(compute),
-        comm_ns=length(comm), overlap_ns=length(both),
-        exposed_comm_ns=length(comm) - length(both), idle_ns=length(windows) - busy,
-        num_steps=sum(1 for s in spans if s.kind == STEP))
+        rank=rank,
+        window_ns=length(windows),
+        compute_ns=length(compute),
+        comm_ns=length(comm),
+        overlap_ns=length(both),
+        exposed_comm_ns=length(comm) - length(both),
+        idle_ns=length(windows) - busy,
+        num_steps=sum(1 for s in spans if s.kind == STEP),
+    )
 
 
 def breakdown(spans: Iterable[Span]) -> list[RankBreakdown]:
@@ -105,5 +111,7 @@ def bytes_per_step(spans: Iterable[Span]) -> dict[int, dict[tuple[str, str, str]
             steps[s.rank].add(s.step)
         elif s.kind in (COMM, P2P):
             totals[s.rank][(s.kind, s.name, s.group)] += s.bytes
-    return {rank: {k: v / max(1, len(steps[rank])) for k, v in by_key.items()}
-            for rank, by_key in totals.items()}
+    return {
+        rank: {k: v / max(1, len(steps[rank])) for k, v in by_key.items()}
+        for rank, by_key in totals.items()
+    }

@@ -73,21 +73,52 @@ KERNEL = "kernel"
 
 # Launch op → collective family, as run by gloo. Gloo runs reduce-scatter as an all-reduce.
 _LAUNCH_FAMILY = {
-    "allreduce": "all_reduce", "all_reduce": "all_reduce",
-    "reduce_scatter": "all_reduce", "_reduce_scatter_base": "all_reduce",
-    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
-    "broadcast": "broadcast", "send": "send", "recv": "recv", "recv_any_source": "recv",
-    "alltoall": "all_to_all", "barrier": "barrier", "reduce": "reduce", "gather": "gather",
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "reduce_scatter": "all_reduce",
+    "_reduce_scatter_base": "all_reduce",
+    "allgather": "all_gather",
+    "all_gather": "all_gather",
+    "_allgather_base": "all_gather",
+    "broadcast": "broadcast",
+    "send": "send",
+    "recv": "recv",
+    "recv_any_source": "recv",
+    "alltoall": "all_to_all",
+    "barrier": "barrier",
+    "reduce": "reduce",
+    "gather": "gather",
     "scatter": "scatter",
 }
-_GLOO_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "broadcast": "broadcast",
-               "send": "send", "recv": "recv", "alltoall": "all_to_all", "barrier": "barrier",
-               "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-               "allreduce_coalesced": "all_reduce", "all_gather_into_tensor_coalesced":
-                   "all_gather", "reduce_scatter": "all_reduce"}
-_ELEMENT_SIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
-                 "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2,
-                 "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+_GLOO_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "broadcast": "broadcast",
+    "send": "send",
+    "recv": "recv",
+    "alltoall": "all_to_all",
+    "barrier": "barrier",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "allreduce_coalesced": "all_reduce",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "all_reduce",
+}
+_ELEMENT_SIZE = {
+    "float": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "unsigned char": 1,
+    "signed char": 1,
+    "short int": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
 
 
 def _launch_collective(name: str) -> str | None:
@@ -139,10 +170,14 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def record(*, rank: int = 0, clock_offset_ns: int = 0,
-           group_of: Callable[[str], str] | None = None,
-           group_names: Mapping[str, str] | None = None,
-           cuda: bool | None = None) -> Iterator[Recorder]:
+def record(
+    *,
+    rank: int = 0,
+    clock_offset_ns: int = 0,
+    group_of: Callable[[str], str] | None = None,
+    group_names: Mapping[str, str] | None = None,
+    cuda: bool | None = None,
+) -> Iterator[Recorder]:
     """Profile the block and turn its events into :class:`Span` s on ``rank``.
 
     ``clock_offset_ns`` is subtracted from every timestamp (this rank's clock minus the
@@ -172,10 +207,11 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
         name = e.name()
         start, end = e.start_ns(), e.start_ns() + e.duration_ns()
         if name.startswith(STEP_PREFIX):
-            steps.append((start, end, int(name[len(STEP_PREFIX):])))
-        elif name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX):] in PHASES:
+            steps.append((start, end, int(name[len(STEP_PREFIX) :])))
+        elif name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX) :] in PHASES:
             phases.ranges.setdefault(e.start_thread_id(), []).append(
-                (start, end, name[len(PHASE_PREFIX):]))
+                (start, end, name[len(PHASE_PREFIX) :])
+            )
         elif name.startswith("autograd::engine::evaluate_function"):
             phases.autograd.setdefault(e.start_thread_id(), []).append((start, end))
         elif name.startswith("gloo:"):
@@ -195,13 +231,25 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
 
     spans = [Span(rec.rank, idx, STEP, "step", "", s - offset, en - s) for s, en, idx in steps]
     for e in compute:
-        spans.append(Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(),
-                          phases.category(e), e.start_ns() - offset, e.duration_ns()))
+        spans.append(
+            Span(
+                rec.rank,
+                step_of(e.start_ns()),
+                COMPUTE,
+                e.name(),
+                phases.category(e),
+                e.start_ns() - offset,
+                e.duration_ns(),
+            )
+        )
     spans += _gloo_spans(gloo, launches, rec, step_of)
     if kernels:
         # Torch ops by correlation id; a CUDA runtime call's id is CUPTI's, another numbering.
-        ops = {e.correlation_id(): e for e in cpu
-               if e.correlation_id() and not _activity(e).endswith(("_runtime", "_driver"))}
+        ops = {
+            e.correlation_id(): e
+            for e in cpu
+            if e.correlation_id() and not _activity(e).endswith(("_runtime", "_driver"))
+        }
         records = _CommRecords(param_comms, ops)
         spans += [_kernel_span(e, records, ops, phases, rec, step_of) for e in kernels]
     spans.sort(key=lambda s: s.start_ns)
@@ -290,7 +338,7 @@ def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span
         pending.setdefault(_LAUNCH_FAMILY[op], []).append(launch)
     spans = []
     for e in gloo:
-        family = _GLOO_NAMES.get(e.name()[len("gloo:"):], e.name()[len("gloo:"):])
+        family = _GLOO_NAMES.get(e.name()[len("gloo:") :], e.name()[len("gloo:") :])
         queue = pending.get(family, [])
         launch = next((x for x in queue if x.start_ns() <= e.start_ns()), None)
         if launch is not None:
@@ -302,8 +350,19 @@ def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span
             payload = _payload(launch)  # the launch's first tensor is the gathered output
         group = rec.group_of(launch.name()) if (rec.group_of and launch is not None) else ""
         kind = P2P if family in ("send", "recv") else COMM
-        spans.append(Span(rec.rank, step_of(e.start_ns()), kind, name, "",
-                          e.start_ns() - rec.clock_offset_ns, e.duration_ns(), payload, group))
+        spans.append(
+            Span(
+                rec.rank,
+                step_of(e.start_ns()),
+                kind,
+                name,
+                "",
+                e.start_ns() - rec.clock_offset_ns,
+                e.duration_ns(),
+                payload,
+                group,
+            )
+        )
     return spans
 
 
@@ -322,20 +381,45 @@ def _outermost(launches: list) -> list:
 
 def _canonical(op: str) -> str:
     op = op.lstrip("_")
-    return {"allreduce": "all_reduce", "allgather": "all_gather",
-            "allgather_base": "all_gather", "reduce_scatter_base": "reduce_scatter",
-            "recv_any_source": "recv"}.get(op, op)
+    return {
+        "allreduce": "all_reduce",
+        "allgather": "all_gather",
+        "allgather_base": "all_gather",
+        "reduce_scatter_base": "reduce_scatter",
+        "recv_any_source": "recv",
+    }.get(op, op)
 
 
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
-_NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather",
-               "reducescatter": "reduce_scatter", "broadcast": "broadcast", "sendrecv": "send",
-               "send": "send", "recv": "recv", "alltoall": "all_to_all", "reduce": "reduce"}
+_NCCL_NAMES = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "sendrecv": "send",
+    "send": "send",
+    "recv": "recv",
+    "alltoall": "all_to_all",
+    "reduce": "reduce",
+}
 # Bytes per element by c10::toString(ScalarType), the "dtype" of a record's extra_meta
 # (c10/core/ScalarType.h).
-_SCALAR_TYPE_SIZE = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4,
-                     "Short": 2, "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1,
-                     "Float8_e5m2": 1, "ComplexFloat": 8, "ComplexDouble": 16}
+_SCALAR_TYPE_SIZE = {
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+}
 
 
 def _meta(record, key: str) -> str | None:
@@ -392,9 +476,18 @@ class _CommRecords:
         record = None
         if linked is not None:
             end = linked.start_ns() + linked.duration_ns()
-            record = next((r for r in candidates if r.correlation_id() == link or (
-                r.start_thread_id() == linked.start_thread_id()
-                and linked.start_ns() <= r.start_ns() < end)), None)
+            record = next(
+                (
+                    r
+                    for r in candidates
+                    if r.correlation_id() == link
+                    or (
+                        r.start_thread_id() == linked.start_thread_id()
+                        and linked.start_ns() <= r.start_ns() < end
+                    )
+                ),
+                None,
+            )
         if record is None and candidates:
             record = candidates[0]
         if record is not None:
@@ -402,8 +495,9 @@ class _CommRecords:
         return record
 
 
-def _kernel_span(e, records: _CommRecords, ops: Mapping[int, object], phases: _Phases,
-                 rec: Recorder, step_of) -> Span:
+def _kernel_span(
+    e, records: _CommRecords, ops: Mapping[int, object], phases: _Phases, rec: Recorder, step_of
+) -> Span:
     """A CUDA kernel: NCCL's are communication (payload and group from record_param_comms),
     others compute, in the phase of the op that launched them (``KERNEL`` if none is known).
 
@@ -415,16 +509,18 @@ def _kernel_span(e, records: _CommRecords, ops: Mapping[int, object], phases: _P
     if not m:
         launcher = ops.get(e.linked_correlation_id() or -1)
         category = phases.category(launcher, any_thread=True) if launcher is not None else KERNEL
-        return Span(rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category, start,
-                    e.duration_ns())
+        return Span(
+            rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category, start, e.duration_ns()
+        )
     family = m.group(1).lower()
     name = _NCCL_NAMES.get(family, family)
     record = records.claim(e, family)
     payload = _record_payload(record) if record is not None else 0
     group = _record_group(record, rec.group_names) if record is not None else ""
     kind = P2P if name in ("send", "recv") else COMM
-    return Span(rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(),
-                payload, group)
+    return Span(
+        rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(), payload, group
+    )
 
 
 def _record_group(record, group_names: Mapping[str, str]) -> str:

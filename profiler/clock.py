@@ -41,8 +41,9 @@ def cpu_group(group: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
     for stale in [g for g in _CPU_GROUPS if g not in live]:
         del _CPU_GROUPS[stale]
     if group not in _CPU_GROUPS:
-        _CPU_GROUPS[group] = dist.new_group(dist.get_process_group_ranks(group),
-                                            backend="gloo", group_desc="autotune_cpu")
+        _CPU_GROUPS[group] = dist.new_group(
+            dist.get_process_group_ranks(group), backend="gloo", group_desc="autotune_cpu"
+        )
     return _CPU_GROUPS[group]
 
 

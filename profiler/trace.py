@@ -14,8 +14,12 @@ from pathlib import Path
 
 from profiler.spans import COMM, COMPUTE, P2P, STEP, Span
 
-TRACKS = {COMPUTE: (0, "compute"), COMM: (1, "communication"), P2P: (2, "send/recv"),
-          STEP: (3, "steps")}
+TRACKS = {
+    COMPUTE: (0, "compute"),
+    COMM: (1, "communication"),
+    P2P: (2, "send/recv"),
+    STEP: (3, "steps"),
+}
 
 
 def chrome_trace(spans: Iterable[Span], *, title: str = "autotune") -> dict:
@@ -23,13 +27,28 @@ def chrome_trace(spans: Iterable[Span], *, title: str = "autotune") -> dict:
     origin = min((s.start_ns for s in spans), default=0)
     events: list[dict] = []
     for rank in sorted({s.rank for s in spans}):
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                       "args": {"name": f"rank {rank}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                       "args": {"sort_index": rank}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "tid": 0,
+                "args": {"name": f"rank {rank}"},
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": rank,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            }
+        )
         for tid, label in TRACKS.values():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                           "args": {"name": label}})
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}}
+            )
     for s in spans:
         tid, _ = TRACKS.get(s.kind, (4, s.kind))
         args = {"step": s.step}
@@ -37,14 +56,22 @@ def chrome_trace(spans: Iterable[Span], *, title: str = "autotune") -> dict:
             args["category"] = s.category
         if s.kind in (COMM, P2P):
             args.update(bytes=s.bytes, group=s.group)
-        events.append({"ph": "X", "name": s.name if s.kind != STEP else f"step {s.step}",
-                       "cat": s.category or s.kind, "pid": s.rank, "tid": tid,
-                       "ts": (s.start_ns - origin) / 1e3, "dur": s.dur_ns / 1e3, "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "name": s.name if s.kind != STEP else f"step {s.step}",
+                "cat": s.category or s.kind,
+                "pid": s.rank,
+                "tid": tid,
+                "ts": (s.start_ns - origin) / 1e3,
+                "dur": s.dur_ns / 1e3,
+                "args": args,
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
-def write_chrome_trace(spans: Iterable[Span], path: str | Path, *, title: str = "autotune"
-                       ) -> int:
+def write_chrome_trace(spans: Iterable[Span], path: str | Path, *, title: str = "autotune") -> int:
     """Write the trace; returns the number of span events written."""
     trace = chrome_trace(spans, title=title)
     Path(path).write_text(json.dumps(trace, separators=(",", ":")))

@@ -6,8 +6,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py and in-test workloads
 # bench/'s modules (replay_table, strategies), which tests/bench and the replayed searches use
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "bench"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+)
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -32,8 +33,7 @@ def postgres():
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        _postgres_unavailable("the psycopg driver is not installed; "
-                              "pip install -e '.[postgres]'")
+        _postgres_unavailable("the psycopg driver is not installed; pip install -e '.[postgres]'")
     try:
         server = PostgresServer.start()
     except RuntimeError as e:
@@ -64,8 +64,15 @@ def db_url(request, tmp_path):
 
 MULTI_PROCESS_FIXTURES = {"executor", "postgres", "db_url"}
 """Fixtures that start processes: the Ray executor (trials), the PostgreSQL server."""
-MULTI_PROCESS_CALLS = ("run_ranks(", "subprocess.", "RayExecutor(", "ray.init(", "Popen(",
-                       "cpu_burners", "run_driver(")
+MULTI_PROCESS_CALLS = (
+    "run_ranks(",
+    "subprocess.",
+    "RayExecutor(",
+    "ray.init(",
+    "Popen(",
+    "cpu_burners",
+    "run_driver(",
+)
 """Calls in a test module that start processes (spawned ranks, drivers, Ray)."""
 
 

@@ -19,8 +19,8 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.model.cluster import local_cpu_cluster
 from autotune.model.memory import estimate_memory
 from autotune.model.perf_model import predict_step_time
 from autotune.search.search import GIB, MEMORY_MARGIN, Search, SearchSpec, base_config
@@ -33,10 +33,18 @@ USER_STUDY = "user-workload"
 USER_WORKLOAD = "evil<b>pkg</b>.mod:build"
 PASSWORD = "s3cret-pw"
 
-# dp 2, ZeRO-0, no TP/PP: micro-batch {1, 4} × checkpointing {none, full} (tests/search/test_search.py).
-SPACE = dict(fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
-                    "bucket_mb": 25.0},
-             narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]})
+# dp 2, ZeRO-0, no TP/PP: micro-batch {1, 4} × checkpointing {none, full}
+# (tests/search/test_search.py).
+SPACE = dict(
+    fixed={
+        "tp_degree": 1,
+        "pp_degree": 1,
+        "zero_stage": 0,
+        "overlap_enabled": True,
+        "bucket_mb": 25.0,
+    },
+    narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]},
+)
 
 _built: dict[str, str] = {}
 
@@ -44,18 +52,27 @@ _built: dict[str, str] = {}
 def predicted_metrics(config: TrialConfig) -> dict:
     """The performance model's prediction as the search stores it in a trial's metrics."""
     estimate = predict_step_time(config, local_cpu_cluster(config.world_size))
-    return {"predicted_step_time_s": estimate.step_time_s,
-            "predicted_breakdown": dict(estimate.breakdown)}
+    return {
+        "predicted_step_time_s": estimate.step_time_s,
+        "predicted_breakdown": dict(estimate.breakdown),
+    }
 
 
 def rank_memory(config: TrialConfig, peak: int) -> tuple[RankMemoryRecord, ...]:
     """Two ranks' measured categories under a measured ``peak`` (rank 1's a byte lower), the
     memory model's peak beside the measured one."""
-    return tuple(RankMemoryRecord(r, c, estimate_memory(config).total if c == "peak" else None, b)
-                 for r in range(2)
-                 for c, b in (("parameters", 1 << 20), ("gradients", 1 << 20),
-                              ("optimizer_state", 2 << 20), ("activations", peak - (4 << 20)),
-                              ("other", 0), ("peak", peak - r)))
+    return tuple(
+        RankMemoryRecord(r, c, estimate_memory(config).total if c == "peak" else None, b)
+        for r in range(2)
+        for c, b in (
+            ("parameters", 1 << 20),
+            ("gradients", 1 << 20),
+            ("optimizer_state", 2 << 20),
+            ("activations", peak - (4 << 20)),
+            ("other", 0),
+            ("peak", peak - r),
+        )
+    )
 
 
 def build(executor, directory: Path) -> str:
@@ -66,10 +83,21 @@ def build(executor, directory: Path) -> str:
     url = f"sqlite:///{directory / 'dashboard.db'}?password={PASSWORD}"
     database = Database.open(url)
     try:
-        spec = SearchSpec(world_size=2, n_trials=4, patience=None, device="cpu",
-                          num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=1, top_k=1,
-                          remeasure_repeats=1, remeasure_max_repeats=1, study_name=NAME,
-                          sampler="tpe", **SPACE)  # TPE proposes what cannot fit: screened
+        spec = SearchSpec(
+            world_size=2,
+            n_trials=4,
+            patience=None,
+            device="cpu",
+            num_warmup_steps=1,
+            num_timed_steps=2,
+            num_profiled_steps=1,
+            top_k=1,
+            remeasure_repeats=1,
+            remeasure_max_repeats=1,
+            study_name=NAME,
+            sampler="tpe",
+            **SPACE,
+        )  # TPE proposes what cannot fit: screened
         space = SearchSpace(base_config(spec), **SPACE)
         peaks = sorted(estimate_memory(c).total * (1 + MEMORY_MARGIN) for c in space.configs)
         limit = (peaks[1] + peaks[2]) / 2  # two configurations fit (with the margin), two not
@@ -79,44 +107,87 @@ def build(executor, directory: Path) -> str:
         study_id = search.study_record.id
         complete = [t for t in database.list_trials(study_id) if t.status == "complete"]
         for t in complete:
-            database.update_trial(t.id, status=t.status, metrics={
-                **t.metrics, **predicted_metrics(TrialConfig.from_dict(t.config))})
+            database.update_trial(
+                t.id,
+                status=t.status,
+                metrics={**t.metrics, **predicted_metrics(TrialConfig.from_dict(t.config))},
+            )
         after = 1 + max(t.number for t in database.list_trials(study_id))
         over = TrialConfig(world_size=2, zero_stage=2, micro_batch_size=2, device="cpu")
         measured = int(limit * 1.2)
-        database.add_trial(TrialRecord(
-            id=None, study_id=study_id, number=after, status="infeasible_measured",
-            config=over.resolved(),
-            metrics={"step_time_s": 0.05, "throughput_tokens_per_s": 10_240.0,
-                     "peak_memory_bytes": measured, **predicted_metrics(over)},
-            env={"device": "cpu"}, error=f"measured peak {measured / GIB:.3g} GiB > limit "
-                                         f"{limit / GIB:.3g} GiB",
-            created_at=datetime.now(UTC),
-            memory=rank_memory(over, measured)))
+        database.add_trial(
+            TrialRecord(
+                id=None,
+                study_id=study_id,
+                number=after,
+                status="infeasible_measured",
+                config=over.resolved(),
+                metrics={
+                    "step_time_s": 0.05,
+                    "throughput_tokens_per_s": 10_240.0,
+                    "peak_memory_bytes": measured,
+                    **predicted_metrics(over),
+                },
+                env={"device": "cpu"},
+                error=f"measured peak {measured / GIB:.3g} GiB > limit {limit / GIB:.3g} GiB",
+                created_at=datetime.now(UTC),
+                memory=rank_memory(over, measured),
+            )
+        )
         older = TrialConfig(world_size=2, micro_batch_size=2, device="cpu")
         throughput = min(t.metrics["throughput_tokens_per_s"] for t in complete) / 2
         peak = int(limit / 2)
-        database.add_trial(TrialRecord(
-            id=None, study_id=study_id, number=after + 1, status="complete",
-            config=older.resolved(),
-            metrics={"step_time_s": older.tokens_per_step / throughput,
-                     "throughput_tokens_per_s": throughput, "peak_memory_bytes": peak},
-            env={"device": "cpu"}, error=None, created_at=datetime.now(UTC),
-            memory=rank_memory(older, peak)))
+        database.add_trial(
+            TrialRecord(
+                id=None,
+                study_id=study_id,
+                number=after + 1,
+                status="complete",
+                config=older.resolved(),
+                metrics={
+                    "step_time_s": older.tokens_per_step / throughput,
+                    "throughput_tokens_per_s": throughput,
+                    "peak_memory_bytes": peak,
+                },
+                env={"device": "cpu"},
+                error=None,
+                created_at=datetime.now(UTC),
+                memory=rank_memory(older, peak),
+            )
+        )
         broken = TrialConfig(world_size=2, zero_stage=3, micro_batch_size=1, device="cpu")
-        database.add_trial(TrialRecord(
-            id=None, study_id=study_id, number=after + 2, status="failed",
-            config=broken.resolved(),
-            metrics={}, env={}, error=FAILED_ERROR, created_at=datetime.now(UTC),
-            memory=(RankMemoryRecord(0, "peak", estimate_memory(broken).total, None),)))
-        user = database.create_study(USER_STUDY, {"workload": {"workload": USER_WORKLOAD},
-                                                  "world_size": 2})
-        database.add_trial(TrialRecord(
-            id=None, study_id=user.id, number=0, status="failed",
-            config=TrialConfig(world_size=2, device="cpu",
-                               workload=WorkloadSpec(workload=USER_WORKLOAD)).resolved(),
-            metrics={}, env={}, error="WorkloadError: no module named 'evil'",
-            created_at=datetime.now(UTC)))
+        database.add_trial(
+            TrialRecord(
+                id=None,
+                study_id=study_id,
+                number=after + 2,
+                status="failed",
+                config=broken.resolved(),
+                metrics={},
+                env={},
+                error=FAILED_ERROR,
+                created_at=datetime.now(UTC),
+                memory=(RankMemoryRecord(0, "peak", estimate_memory(broken).total, None),),
+            )
+        )
+        user = database.create_study(
+            USER_STUDY, {"workload": {"workload": USER_WORKLOAD}, "world_size": 2}
+        )
+        database.add_trial(
+            TrialRecord(
+                id=None,
+                study_id=user.id,
+                number=0,
+                status="failed",
+                config=TrialConfig(
+                    world_size=2, device="cpu", workload=WorkloadSpec(workload=USER_WORKLOAD)
+                ).resolved(),
+                metrics={},
+                env={},
+                error="WorkloadError: no module named 'evil'",
+                created_at=datetime.now(UTC),
+            )
+        )
     finally:
         database.close()
     _built["url"] = url

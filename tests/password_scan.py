@@ -10,8 +10,9 @@ import sqlalchemy as sa
 def files_holding(secret: str, directory: Path) -> list[str]:
     """The files under ``directory`` whose bytes contain ``secret``."""
     needle = secret.encode()
-    return sorted(str(p) for p in Path(directory).rglob("*")
-                  if p.is_file() and needle in p.read_bytes())
+    return sorted(
+        str(p) for p in Path(directory).rglob("*") if p.is_file() and needle in p.read_bytes()
+    )
 
 
 def rows_holding(url: str, secret: str) -> list[str]:

@@ -39,15 +39,19 @@ def find_binaries() -> tuple[Path | None, str]:
     if on_path and shutil.which("postgres"):
         return Path(os.path.realpath(on_path)).parent, ""
     # Highest version first: /usr/lib/postgresql/15/bin before .../13/bin.
-    for directory in sorted((d for pattern in SEARCH_PATH for d in glob.glob(pattern)),
-                            key=lambda d: [int(p) if p.isdigit() else 0
-                                           for p in Path(d).parent.name.split(".")],
-                            reverse=True):
+    for directory in sorted(
+        (d for pattern in SEARCH_PATH for d in glob.glob(pattern)),
+        key=lambda d: [int(p) if p.isdigit() else 0 for p in Path(d).parent.name.split(".")],
+        reverse=True,
+    ):
         if os.access(os.path.join(directory, "initdb"), os.X_OK) and os.access(
-                os.path.join(directory, "postgres"), os.X_OK):
+            os.path.join(directory, "postgres"), os.X_OK
+        ):
             return Path(directory), ""
-    return None, ("PostgreSQL server binaries (initdb, postgres) not found on PATH or in "
-                  "/usr/lib/postgresql/*/bin; apt-get install postgresql (.ci/run does)")
+    return None, (
+        "PostgreSQL server binaries (initdb, postgres) not found on PATH or in "
+        "/usr/lib/postgresql/*/bin; apt-get install postgresql (.ci/run does)"
+    )
 
 
 def _run_as() -> tuple[str | None, str]:
@@ -57,8 +61,10 @@ def _run_as() -> tuple[str | None, str]:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        return None, ("running as root, and there is no 'postgres' user to run the server as "
-                      "(PostgreSQL refuses root); apt-get install postgresql creates it")
+        return None, (
+            "running as root, and there is no 'postgres' user to run the server as "
+            "(PostgreSQL refuses root); apt-get install postgresql creates it"
+        )
     return "postgres", ""
 
 
@@ -106,11 +112,27 @@ class PostgresServer:
             for path in (self.directory, pwfile):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
         proc = subprocess.run(
-            [str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", USER,
-             "--pwfile", str(pwfile), "--auth", "scram-sha-256", "--encoding", "UTF8",
-             "--locale", "C", "--no-sync"],
-            capture_output=True, text=True, timeout=START_TIMEOUT_S,
-            **self._subprocess_kwargs())
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                USER,
+                "--pwfile",
+                str(pwfile),
+                "--auth",
+                "scram-sha-256",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+            **self._subprocess_kwargs(),
+        )
         pwfile.unlink()
         if proc.returncode != 0:
             raise RuntimeError(f"initdb failed: {proc.stderr.strip()[-500:]}")
@@ -120,13 +142,30 @@ class PostgresServer:
             self.port = free_port()
             with open(self.log, "ab") as log:
                 self._process = subprocess.Popen(
-                    [str(self.bin_dir / "postgres"), "-D", str(self.data),
-                     "-c", "listen_addresses=127.0.0.1", "-c", f"port={self.port}",
-                     "-c", "unix_socket_directories=", "-c", "fsync=off",
-                     "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                     "-c", "max_connections=100"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    **self._subprocess_kwargs())
+                    [
+                        str(self.bin_dir / "postgres"),
+                        "-D",
+                        str(self.data),
+                        "-c",
+                        "listen_addresses=127.0.0.1",
+                        "-c",
+                        f"port={self.port}",
+                        "-c",
+                        "unix_socket_directories=",
+                        "-c",
+                        "fsync=off",
+                        "-c",
+                        "synchronous_commit=off",
+                        "-c",
+                        "full_page_writes=off",
+                        "-c",
+                        "max_connections=100",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    **self._subprocess_kwargs(),
+                )
             if self._wait_ready():
                 return
             self._process.wait(timeout=10)
@@ -148,13 +187,14 @@ class PostgresServer:
         return False
 
     def _conninfo(self, database: str) -> str:
-        return (f"host=127.0.0.1 port={self.port} user={USER} password={self.password} "
-                f"dbname={database}")
+        return (
+            f"host=127.0.0.1 port={self.port} user={USER} password={self.password} "
+            f"dbname={database}"
+        )
 
     def url(self, database: str) -> str:
         """SQLAlchemy URL of ``database`` on this server, the password in it."""
-        return (f"postgresql+psycopg://{USER}:{self.password}@127.0.0.1:{self.port}/"
-                f"{database}")
+        return f"postgresql+psycopg://{USER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         """A new empty database; returns its URL."""

@@ -35,11 +35,20 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     common = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        **common, "num_cpus": 0, "temp_dir": temp_dir,
-        "_system_config": {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
-                           "health_check_failure_threshold": 3,
-                           "health_check_initial_delay_ms": 0}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **common,
+            "num_cpus": 0,
+            "temp_dir": temp_dir,
+            "_system_config": {
+                "health_check_period_ms": 500,
+                "health_check_timeout_ms": 500,
+                "health_check_failure_threshold": 3,
+                "health_check_initial_delay_ms": 0,
+            },
+        },
+    )
     nodes = {}
     for _ in range(num_nodes):
         node = cluster.add_node(num_cpus=cpus, **common)
@@ -51,8 +60,13 @@ def main() -> None:
             command, _, arg = line.strip().partition(" ")
             if command == "workers":
                 actors = cluster.global_state.actor_table(None).values()
-                _say([{"node_id": a["Address"]["NodeID"], "pid": a["Pid"]} for a in actors
-                      if a["ActorClassName"].endswith("RankWorker") and a["State"] == "ALIVE"])
+                _say(
+                    [
+                        {"node_id": a["Address"]["NodeID"], "pid": a["Pid"]}
+                        for a in actors
+                        if a["ActorClassName"].endswith("RankWorker") and a["State"] == "ALIVE"
+                    ]
+                )
             elif command == "kill":
                 cluster.remove_node(nodes.pop(arg), allow_graceful=False)
                 _say("killed")

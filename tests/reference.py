@@ -33,12 +33,13 @@ MIXED_VS_FP32_LOSS_ATOL = 3e-3
 """|Δloss| of a mixed-precision run against the fp32 reference: bf16 rounds every matmul's
 inputs (8 mantissa bits, 2⁻⁸ ≈ 4e-3 relative each), averaged over the batch's tokens
 (observed ≤ 2e-4 over 4 steps)."""
-LOSS_SCALE = 2.0 ** 16
+LOSS_SCALE = 2.0**16
 """Constant loss scale of the 16-mixed reference (the runner's dynamic scale starts here)."""
 
 
-def reference_losses(config: TrialConfig, num_steps: int,
-                     precision: str = "32-true") -> list[float]:
+def reference_losses(
+    config: TrialConfig, num_steps: int, precision: str = "32-true"
+) -> list[float]:
     """Losses of ``num_steps`` AdamW steps on the whole global batch in one process.
 
     32-true: fp32 throughout. *-true: the model and AdamW in half precision, under autocast.
@@ -53,8 +54,9 @@ def reference_losses(config: TrialConfig, num_steps: int,
     if half is not None:
         model.to(half)
     params = list(model.parameters())
-    masters = ([p.detach().float().clone().requires_grad_() for p in params]
-               if mode == "mixed" else params)
+    masters = (
+        [p.detach().float().clone().requires_grad_() for p in params] if mode == "mixed" else params
+    )
     opt = torch.optim.AdamW(masters, lr=LEARNING_RATE, weight_decay=0.0)
     scale = LOSS_SCALE if precision == "16-mixed" else 1.0
     losses = []

@@ -10,7 +10,6 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from ports import free_port
 
 
@@ -18,8 +17,9 @@ def _entry(rank, world, port, fn, args, queue, backend):
     try:
         torch.set_num_threads(1)
         if backend is not None:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world)
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+            )
         queue.put((rank, True, fn(rank, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, False, traceback.format_exc()))
@@ -28,8 +28,7 @@ def _entry(rank, world, port, fn, args, queue, backend):
             dist.destroy_process_group()
 
 
-def run_ranks(world: int, fn, *args, timeout: float = 120.0,
-              backend: str | None = "gloo") -> list:
+def run_ranks(world: int, fn, *args, timeout: float = 120.0, backend: str | None = "gloo") -> list:
     """fn(rank, *args) on every rank; returns the results by rank or raises the first error.
 
     ``backend`` is ``init_process_group``'s: ``"cuda:gloo"`` gives a group with no CPU backend,
@@ -38,8 +37,10 @@ def run_ranks(world: int, fn, *args, timeout: float = 120.0,
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue, backend))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world, port, fn, args, queue, backend))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:

@@ -14,8 +14,13 @@ from autotune.trial.models.transformer import Transformer
 
 
 def test_derived_quantities():
-    c = TrialConfig(world_size=8, tp_degree=2, pp_degree=2, micro_batch_size=2,
-                    workload=WorkloadSpec(global_batch_size=16, seq_len=32))
+    c = TrialConfig(
+        world_size=8,
+        tp_degree=2,
+        pp_degree=2,
+        micro_batch_size=2,
+        workload=WorkloadSpec(global_batch_size=16, seq_len=32),
+    )
     assert c.dp_degree == 2
     assert c.grad_accum_steps == 4  # 16 = 2 micro × 4 accumulation × 2 dp
     assert c.micro_batch_size * c.grad_accum_steps * c.dp_degree == 16
@@ -23,59 +28,94 @@ def test_derived_quantities():
 
 
 def test_json_round_trip_is_lossless():
-    c = TrialConfig(world_size=4, tp_degree=2, zero_stage=3, micro_batch_size=1,
-                    bucket_mb=12.5, overlap_enabled=False, activation_checkpointing="selective",
-                    pp_schedule="gpipe", attention="eager", device="cpu", seed=7,
-                    workload=WorkloadSpec(family="llama", size="tiny", seq_len=32,
-                                          global_batch_size=4, vocab_size=100,
-                                          dtype="bfloat16"))
+    c = TrialConfig(
+        world_size=4,
+        tp_degree=2,
+        zero_stage=3,
+        micro_batch_size=1,
+        bucket_mb=12.5,
+        overlap_enabled=False,
+        activation_checkpointing="selective",
+        pp_schedule="gpipe",
+        attention="eager",
+        device="cpu",
+        seed=7,
+        workload=WorkloadSpec(
+            family="llama",
+            size="tiny",
+            seq_len=32,
+            global_batch_size=4,
+            vocab_size=100,
+            dtype="bfloat16",
+        ),
+    )
     assert TrialConfig.from_json(c.to_json()) == c
     assert TrialConfig.from_dict(json.loads(json.dumps(c.resolved()))) == c
     default = TrialConfig()
     assert TrialConfig.from_json(default.to_json()) == default
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"world_size": 2', "not valid JSON"),
-    ("[1, 2]", "must be a JSON object"),
-    ('{"wrold_size": 2}', "unknown key 'wrold_size'"),
-    ('{"workload": {"sise": "tiny"}}', "unknown key 'workload.sise'"),
-    ('{"zero_stage": 4}', "'zero_stage' must be one of 0, 1, 2, 3"),
-    ('{"world_size": "2"}', "'world_size' must be an integer"),
-    ('{"overlap_enabled": 1}', "'overlap_enabled' must be true or false"),
-    ('{"bucket_mb": null}', "'bucket_mb' must be a number"),
-    ('{"activation_checkpointing": "some"}', "one of 'none', 'selective', 'op', 'full'"),
-    ('{"workload": 3}', "'workload' must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"world_size": 2', "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"wrold_size": 2}', "unknown key 'wrold_size'"),
+        ('{"workload": {"sise": "tiny"}}', "unknown key 'workload.sise'"),
+        ('{"zero_stage": 4}', "'zero_stage' must be one of 0, 1, 2, 3"),
+        ('{"world_size": "2"}', "'world_size' must be an integer"),
+        ('{"overlap_enabled": 1}', "'overlap_enabled' must be true or false"),
+        ('{"bucket_mb": null}', "'bucket_mb' must be a number"),
+        ('{"activation_checkpointing": "some"}', "one of 'none', 'selective', 'op', 'full'"),
+        ('{"workload": 3}', "'workload' must be a JSON object"),
+    ],
+)
 def test_malformed_json_is_refused_with_the_key(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         TrialConfig.from_json(text)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(workload=WorkloadSpec(size="huge")), "unknown model 'gpt-huge'"),
-    (dict(world_size=0), "world_size must be a positive integer"),
-    (dict(world_size=4, tp_degree=3), "must divide world_size 4"),
-    (dict(world_size=3, tp_degree=3, workload=WorkloadSpec(global_batch_size=3)),
-     "tp_degree 3 must divide the 4 attention heads of gpt-tiny"),
-    (dict(world_size=4, tp_degree=4, workload=WorkloadSpec(family="llama", size="tiny")),
-     "must divide the 2 key/value heads"),
-    (dict(world_size=8, pp_degree=8, workload=WorkloadSpec(global_batch_size=16)),
-     "8 pipeline stages .* exceed the 4 layers"),
-    (dict(world_size=4, pp_degree=4, pp_schedule="interleaved_1f1b"),
-     "8 pipeline stages .* exceed the 4 layers"),
-    (dict(world_size=2, micro_batch_size=3), "global_batch_size 8 is not divisible by "
-     "micro_batch_size × dp_degree = 3 × 2"),
-    (dict(world_size=2, pp_degree=2, micro_batch_size=8, pp_schedule="1f1b"),
-     "1f1b needs at least pp_degree = 2 microbatches, got 1"),
-    (dict(optimizer_offload_enabled=True, zero_stage=3, device="cpu"),
-     "optimizer_offload_enabled needs device cuda"),
-    (dict(optimizer_offload_enabled=True, zero_stage=1), "needs zero_stage 2 or 3"),
-    (dict(bucket_mb=0.0), "bucket_mb must be > 0"),
-    (dict(num_timed_steps=0), "num_timed_steps must be a positive integer"),
-    (dict(workload=WorkloadSpec(seq_len=1024)), "exceeds the context of gpt-tiny"),
-    (dict(workload=WorkloadSpec(workload="no_colon")), "must have the form"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(workload=WorkloadSpec(size="huge")), "unknown model 'gpt-huge'"),
+        (dict(world_size=0), "world_size must be a positive integer"),
+        (dict(world_size=4, tp_degree=3), "must divide world_size 4"),
+        (
+            dict(world_size=3, tp_degree=3, workload=WorkloadSpec(global_batch_size=3)),
+            "tp_degree 3 must divide the 4 attention heads of gpt-tiny",
+        ),
+        (
+            dict(world_size=4, tp_degree=4, workload=WorkloadSpec(family="llama", size="tiny")),
+            "must divide the 2 key/value heads",
+        ),
+        (
+            dict(world_size=8, pp_degree=8, workload=WorkloadSpec(global_batch_size=16)),
+            "8 pipeline stages .* exceed the 4 layers",
+        ),
+        (
+            dict(world_size=4, pp_degree=4, pp_schedule="interleaved_1f1b"),
+            "8 pipeline stages .* exceed the 4 layers",
+        ),
+        (
+            dict(world_size=2, micro_batch_size=3),
+            "global_batch_size 8 is not divisible by micro_batch_size × dp_degree = 3 × 2",
+        ),
+        (
+            dict(world_size=2, pp_degree=2, micro_batch_size=8, pp_schedule="1f1b"),
+            "1f1b needs at least pp_degree = 2 microbatches, got 1",
+        ),
+        (
+            dict(optimizer_offload_enabled=True, zero_stage=3, device="cpu"),
+            "optimizer_offload_enabled needs device cuda",
+        ),
+        (dict(optimizer_offload_enabled=True, zero_stage=1), "needs zero_stage 2 or 3"),
+        (dict(bucket_mb=0.0), "bucket_mb must be > 0"),
+        (dict(num_timed_steps=0), "num_timed_steps must be a positive integer"),
+        (dict(workload=WorkloadSpec(seq_len=1024)), "exceeds the context of gpt-tiny"),
+        (dict(workload=WorkloadSpec(workload="no_colon")), "must have the form"),
+    ],
+)
 def test_validation_names_the_rule(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         TrialConfig(**kwargs).validate()

@@ -19,10 +19,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NO_TORCH_NO_RAY = ["autotune.search.search", "autotune.search.loop",
-                   "autotune.study.leaderboard", "autotune.search.screen", "autotune.study.store",
-                   "autotune.trial.result", "autotune.status", "autotune.cli.main",
-                   "dashboards.data", "profiler"]
+NO_TORCH_NO_RAY = [
+    "autotune.search.search",
+    "autotune.search.loop",
+    "autotune.study.leaderboard",
+    "autotune.search.screen",
+    "autotune.study.store",
+    "autotune.trial.result",
+    "autotune.status",
+    "autotune.cli.main",
+    "dashboards.data",
+    "profiler",
+]
 NO_TORCH = ["autotune.trial.executor", "autotune.trial.pool"]
 """These start trials on Ray, so they import it; torch stays in the workers."""
 
@@ -30,9 +38,14 @@ NO_TORCH = ["autotune.trial.executor", "autotune.trial.pool"]
 def loaded_after(code: str, env: dict[str, str] | None = None) -> set[str]:
     """Which of torch and ray are in ``sys.modules`` after running ``code`` alone."""
     code += "\nimport sys; print(' '.join(m for m in ('torch', 'ray') if m in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return set(proc.stdout.splitlines()[-1].split())
 

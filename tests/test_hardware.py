@@ -70,8 +70,7 @@ def test_each_entry_is_consistent(gpu):
     if gpu.key.startswith("a100"):
         assert "float8" not in gpu.dense_flops
     else:
-        assert gpu.dense_flops["float8"] == pytest.approx(2 * gpu.dense_flops["bfloat16"],
-                                                          rel=0.02)
+        assert gpu.dense_flops["float8"] == pytest.approx(2 * gpu.dense_flops["bfloat16"], rel=0.02)
     assert gpu.allreduce_busbw_gbs < gpu.link_gbs
     cluster = load_cluster(gpu.key)
     assert cluster.intra_node.bandwidth_gbs == gpu.allreduce_busbw_gbs
@@ -79,15 +78,18 @@ def test_each_entry_is_consistent(gpu):
     assert gpu.source and "20" in gpu.source  # a cited document and its year
 
 
-@pytest.mark.parametrize("key,link_gbs,nic_gbits,per_node", [
-    ("h100-sxm", 900 / 2, 8 * 400, 8),  # NVLink 4 900 GB/s both ways; DGX H100 8 x NDR
-    ("h200-sxm", 900 / 2, 8 * 400, 8),
-    ("a100-sxm4-80gb", 600 / 2, 8 * 200, 8),  # NVLink 3 600 GB/s; DGX A100 8 x HDR
-    ("b200", 1800 / 2, 8 * 400, 8),  # NVLink 5 1.8 TB/s; DGX B200 8 x 400 Gb/s
-    ("gb200-nvl72", 1800 / 2, 72 * 400, 72),  # one NVLink domain of 72
-    ("mi300x", 896 / 2, 8 * 400, 8),  # 896 GB/s Infinity Fabric aggregate
-    ("l40s", 64 / 2, 8 * 200, 8),  # PCIe Gen4 x16: 64 GB/s both ways
-])
+@pytest.mark.parametrize(
+    "key,link_gbs,nic_gbits,per_node",
+    [
+        ("h100-sxm", 900 / 2, 8 * 400, 8),  # NVLink 4 900 GB/s both ways; DGX H100 8 x NDR
+        ("h200-sxm", 900 / 2, 8 * 400, 8),
+        ("a100-sxm4-80gb", 600 / 2, 8 * 200, 8),  # NVLink 3 600 GB/s; DGX A100 8 x HDR
+        ("b200", 1800 / 2, 8 * 400, 8),  # NVLink 5 1.8 TB/s; DGX B200 8 x 400 Gb/s
+        ("gb200-nvl72", 1800 / 2, 72 * 400, 72),  # one NVLink domain of 72
+        ("mi300x", 896 / 2, 8 * 400, 8),  # 896 GB/s Infinity Fabric aggregate
+        ("l40s", 64 / 2, 8 * 200, 8),  # PCIe Gen4 x16: 64 GB/s both ways
+    ],
+)
 def test_links_follow_the_datasheets(key, link_gbs, nic_gbits, per_node):
     gpu = gpu_by_name(key)
     assert gpu.link_gbs == link_gbs and gpu.nic_gbits == nic_gbits
@@ -101,32 +103,37 @@ def test_nvlink_all_reduce_share_matches_the_shipped_nccl_tests_run():
     assert measured / 300 == pytest.approx(NVLINK_RING_SHARE, abs=0.05)
 
 
-@pytest.mark.parametrize("torch_name,key", [
-    ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
-    ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"),
-    ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
-    ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
-    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
-    ("NVIDIA H100 PCIe", "h100-pcie"),
-    ("NVIDIA H100 NVL", "h100-nvl"),
-    ("NVIDIA H200", "h200-sxm"),
-    ("NVIDIA H200 NVL", "h200-nvl"),
-    ("NVIDIA H20", "h20"),
-    ("NVIDIA B200", "b200"),
-    ("NVIDIA GB200", "gb200-nvl72"),
-    ("NVIDIA L40S", "l40s"),
-    ("NVIDIA L4", "l4"),
-    ("AMD Instinct MI300X", "mi300x"),
-    ("AMD Instinct MI300X VF", "mi300x"),
-    ("AMD Instinct MI325X", "mi325x"),
-])
+@pytest.mark.parametrize(
+    "torch_name,key",
+    [
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", "h100-nvl"),
+        ("NVIDIA H200", "h200-sxm"),
+        ("NVIDIA H200 NVL", "h200-nvl"),
+        ("NVIDIA H20", "h20"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA GB200", "gb200-nvl72"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA L4", "l4"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("AMD Instinct MI300X VF", "mi300x"),
+        ("AMD Instinct MI325X", "mi325x"),
+    ],
+)
 def test_the_names_torch_reports_map_to_their_gpu(torch_name, key):
     assert gpu_by_name(torch_name).key == key
     assert load_cluster(torch_name).name == key  # --cluster "NVIDIA L40S" too
 
 
-@pytest.mark.parametrize("torch_name", ["NVIDIA L40", "NVIDIA GeForce RTX 4090",
-                                        "NVIDIA B300 SXM6 AC", "AMD Instinct MI250X", "cpu"])
+@pytest.mark.parametrize(
+    "torch_name",
+    ["NVIDIA L40", "NVIDIA GeForce RTX 4090", "NVIDIA B300 SXM6 AC", "AMD Instinct MI250X", "cpu"],
+)
 def test_other_devices_are_not_mistaken_for_a_known_one(torch_name):
     assert gpu_by_name(torch_name) is None and peak_flops(torch_name, "bfloat16") is None
 
@@ -152,9 +159,17 @@ H100_PER_SM_CLOCK = 989.4e12 / (132 * 1.83e9)
 
 def _future_hopper(**overrides):
     """A fake ``torch.cuda.get_device_properties`` object (torch's attribute names)."""
-    props = dict(name="NVIDIA Hopper Experimental", major=9, minor=0, multi_processor_count=100,
-                 clock_rate=2_000_000, memory_clock_rate=2_619_000, memory_bus_width=5120,
-                 total_memory=96 * GIB, gcnArchName="")
+    props = dict(
+        name="NVIDIA Hopper Experimental",
+        major=9,
+        minor=0,
+        multi_processor_count=100,
+        clock_rate=2_000_000,
+        memory_clock_rate=2_619_000,
+        memory_bus_width=5120,
+        total_memory=96 * GIB,
+        gcnArchName="",
+    )
     return SimpleNamespace(**{**props, **overrides})
 
 
@@ -182,20 +197,27 @@ def test_what_torch_does_not_report_is_assumed_and_named():
     (line,) = warnings
     assert "clock" in line and "memory bandwidth" in line and "compute capability 10.3" in line
     # Blackwell's per-SM rate (B200: 2.25 PFLOP/s = 148 SMs at 1.86 GHz) at that clock.
-    assert cluster.device.flops("bfloat16") == pytest.approx(100 * 1.86e9 * 2.25e15
-                                                            / (148 * 1.86e9), rel=2e-2)
+    assert cluster.device.flops("bfloat16") == pytest.approx(
+        100 * 1.86e9 * 2.25e15 / (148 * 1.86e9), rel=2e-2
+    )
 
 
 def test_a_known_gpu_is_its_built_in_node_without_a_warning():
     warnings = []
     assert gpu_node("NVIDIA H200", _future_hopper(), warn=warnings.append) == load_cluster(
-        "h200-sxm")
+        "h200-sxm"
+    )
     assert warnings == []
 
 
 def _fake_host(monkeypatch, name, props, count=8):
-    gpus = LocalGpus(available=True, count=count, name=name,
-                     total_memory=props.get("total_memory", 0), properties=props)
+    gpus = LocalGpus(
+        available=True,
+        count=count,
+        name=name,
+        total_memory=props.get("total_memory", 0),
+        properties=props,
+    )
     monkeypatch.setattr(local_gpus_module, "local_gpus", lambda: gpus)
 
 
@@ -215,8 +237,9 @@ def test_describe_cluster_describes_an_unknown_gpu_from_its_properties(monkeypat
     _fake_host(monkeypatch, props["name"], props, count=4)
     warnings = []
     cluster = describe_cluster(8, "cuda", warn=warnings.append)
-    assert cluster.device.flops("bfloat16") == pytest.approx(100 * 2.0e9 * H100_PER_SM_CLOCK,
-                                                             rel=1e-3)
+    assert cluster.device.flops("bfloat16") == pytest.approx(
+        100 * 2.0e9 * H100_PER_SM_CLOCK, rel=1e-3
+    )
     assert cluster.backend == "nccl" and cluster.device.asynchronous
     assert (cluster.num_nodes, cluster.devices_per_node) == (2, 4)
     assert len(warnings) == 1
@@ -236,15 +259,29 @@ def test_the_probe_reads_fields_torch_has():
     torch's own stub (read as text: the driver's tests load no torch for it)."""
     stub = Path(importlib.util.find_spec("torch").origin).parent / "_C" / "__init__.pyi"
     text = stub.read_text()
-    body = text[text.index("class _CudaDeviceProperties:"):]
-    body = body[:body.index("\n\n")]
+    body = text[text.index("class _CudaDeviceProperties:") :]
+    body = body[: body.index("\n\n")]
     fields = set(re.findall(r"^\s+(\w+):", body, re.MULTILINE))
     assert set(local_gpus_module.PROPERTIES) <= fields
 
 
 # ---- the CLI ------------------------------------------------------------------------------------
-GPT_SMALL_ON_8 = ("--model", "gpt-small", "--world-size", "8", "--zero", "1", "--micro-batch",
-                  "8", "--global-batch", "64", "--seq-len", "1024", "--precision", "bf16-mixed")
+GPT_SMALL_ON_8 = (
+    "--model",
+    "gpt-small",
+    "--world-size",
+    "8",
+    "--zero",
+    "1",
+    "--micro-batch",
+    "8",
+    "--global-batch",
+    "64",
+    "--seq-len",
+    "1024",
+    "--precision",
+    "bf16-mixed",
+)
 
 
 @pytest.mark.parametrize("cluster", ["b200", "l40s"])
@@ -257,8 +294,20 @@ def test_estimate_on_new_gpus_predicts_a_plausible_mfu(capsys, cluster):
 
 
 def test_rank_on_b200(capsys):
-    argv = ["rank", "--model", "gpt-small", "--cluster", "b200", "--global-batch", "64",
-            "--seq-len", "1024", "--top", "3", "--json"]
+    argv = [
+        "rank",
+        "--model",
+        "gpt-small",
+        "--cluster",
+        "b200",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "1024",
+        "--top",
+        "3",
+        "--json",
+    ]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["cluster"] == "b200" and data["world_size"] == 8

@@ -26,8 +26,12 @@ def _sources():
 
 
 def test_no_function_is_over_80_lines():
-    long = [f"{p.relative_to(ROOT)}:{line} {name} ({n} lines)" for p in _sources()
-            for name, line, n in _functions(p) if n > MAX_FUNCTION_LINES]
+    long = [
+        f"{p.relative_to(ROOT)}:{line} {name} ({n} lines)"
+        for p in _sources()
+        for name, line, n in _functions(p)
+        if n > MAX_FUNCTION_LINES
+    ]
     assert not long, "split these: " + "; ".join(long)
 
 
@@ -43,8 +47,13 @@ def test_no_product_module_imports_the_benchmarks(package):
     importers = []
     for p in sorted((ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n == "bench" or n.startswith("bench.") for n in names):
                 importers.append(str(p.relative_to(ROOT)))
     assert not importers

@@ -33,8 +33,9 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     """``lint-imports`` run from ``root``, importing the packages found there. COLUMNS keeps its
     report's lines unwrapped, so a contract's name stands on one line."""
     env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "1000"}
-    return subprocess.run(_lint_imports_command(), cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        _lint_imports_command(), cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def contract_names(pyproject: Path) -> dict[str, str]:
@@ -51,15 +52,24 @@ def contract_names(pyproject: Path) -> dict[str, str]:
 
 PLANTS = {
     # contract: (file, planted import, how the report names it; {line} is the planted line)
-    "layers": ("autotune/trial/runner.py", "autotune.model.perf_model",
-               "autotune.trial.runner -> autotune.model.perf_model (l.{line})"),
+    "layers": (
+        "autotune/trial/runner.py",
+        "autotune.model.perf_model",
+        "autotune.trial.runner -> autotune.model.perf_model (l.{line})",
+    ),
     "forbidden": ("autotune/model/noise.py", "torch", "autotune.model.noise -> torch (l.{line})"),
-    "forbidden-dashboards": ("dashboards/figures.py", "autotune.study.store",
-                             "dashboards.figures -> autotune.study.store (l.{line})"),
+    "forbidden-dashboards": (
+        "dashboards/figures.py",
+        "autotune.study.store",
+        "dashboards.figures -> autotune.study.store (l.{line})",
+    ),
     # autotune.hf_config imports autotune.shapes at the top; this closes the circle. The report
     # names the edge to remove, without a line.
-    "acyclic_siblings": ("autotune/shapes.py", "autotune.hf_config",
-                         "- .shapes -> .hf_config (1 import)"),
+    "acyclic_siblings": (
+        "autotune/shapes.py",
+        "autotune.hf_config",
+        "- .shapes -> .hf_config (1 import)",
+    ),
 }
 """One violation per contract, each an import inside a function (the rule counts those too) that
 breaks that contract alone. trial and model are independent layers, and the dashboard reaches
@@ -74,7 +84,9 @@ def plant(root: Path, path: str, imported: str) -> int:
     if not source.endswith("\n"):
         source += "\n"
     lines = source.count("\n")
-    target.write_text(source + f"\n\ndef _planted_violation():\n    import {imported}  # noqa: F401\n")
+    target.write_text(
+        source + f"\n\ndef _planted_violation():\n    import {imported}  # noqa: F401\n"
+    )
     return lines + 4
 
 
@@ -82,8 +94,11 @@ def plant(root: Path, path: str, imported: str) -> int:
 def copy(tmp_path: Path) -> Path:
     """The four packages and pyproject.toml, copied without caches."""
     for package in PACKAGES:
-        shutil.copytree(ROOT / package, tmp_path / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 

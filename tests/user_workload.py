@@ -73,9 +73,13 @@ def build(spec: WorkloadSpec) -> Workload:
         plan[f"blocks.{i}.up"] = ColwiseParallel()
         plan[f"blocks.{i}.down"] = RowwiseParallel()
     return Workload(
-        model=model, batch=batch, tp_plan=plan, pipeline_split=split,
+        model=model,
+        batch=batch,
+        tp_plan=plan,
+        pipeline_split=split,
         blocks=lambda m: [(f"blocks.{i}", b) for i, b in enumerate(m.blocks) if b is not None],
-        num_layers=LAYERS)
+        num_layers=LAYERS,
+    )
 
 
 def build_failing_on_rank1(spec: WorkloadSpec) -> Workload:

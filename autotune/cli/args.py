@@ -21,9 +21,11 @@ EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_
 
 
 # ---- argument types ------------------------------------------------------------------------
-def _checked(convert: Callable[[str], float], kind: str, accept: Callable[[float], bool],
-             rule: str):
+def _checked(
+    convert: Callable[[str], float], kind: str, accept: Callable[[float], bool], rule: str
+):
     """An argparse type: ``convert(text)``, refused as not ``kind`` or as breaking ``rule``."""
+
     def parse(text: str):
         try:
             value = convert(text)
@@ -38,16 +40,16 @@ def _checked(convert: Callable[[str], float], kind: str, accept: Callable[[float
 
 positive_int = _checked(int, "a whole number", lambda v: v >= 1, "must be ≥ 1")
 positive_float = _checked(float, "a number", lambda v: v > 0, "must be > 0")
-port = _checked(int, "a whole number", lambda v: 0 <= v <= 65535,
-                "must be a port number 0-65535")
+port = _checked(int, "a whole number", lambda v: 0 <= v <= 65535, "must be a port number 0-65535")
 
 
 def precision_arg(text: str | None) -> str | None:
     """--precision checked: an unknown name is one line, exit 2 (argparse's choices would
     print the usage too)."""
     if text is not None and text not in PRECISION_COMPUTE_DTYPE:
-        raise ConfigError(f"unknown precision '{text}'; choose one of "
-                          f"{', '.join(PRECISION_COMPUTE_DTYPE)}")
+        raise ConfigError(
+            f"unknown precision '{text}'; choose one of {', '.join(PRECISION_COMPUTE_DTYPE)}"
+        )
     return text
 
 
@@ -55,43 +57,68 @@ def precision_arg(text: str | None) -> str | None:
 def add_debug_arg(p: argparse.ArgumentParser) -> None:
     """A verb's own ``--debug`` (``autotune VERB ... --debug``); SUPPRESS keeps the top-level
     flag's value when the verb's is not given."""
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks on errors")
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
 
 
 def add_db_arg(p: argparse.ArgumentParser, *, with_help: bool = True) -> None:
     """``--db URL`` of a verb that reads or keeps a study."""
-    p.add_argument("--db", default=DEFAULT_DB, metavar="URL",
-                   help=f"database URL (default {DEFAULT_DB})" if with_help else None)
+    p.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        metavar="URL",
+        help=f"database URL (default {DEFAULT_DB})" if with_help else None,
+    )
 
 
 def add_store_db_arg(p: argparse.ArgumentParser) -> None:
     """``--db URL`` of ``trial`` and ``profile``, which may store nothing."""
-    p.add_argument("--db", default=DEFAULT_DB, metavar="URL",
-                   help=f"SQLAlchemy URL to store the result in (default {DEFAULT_DB}); "
-                   "'none' stores nothing")
+    p.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        metavar="URL",
+        help=f"SQLAlchemy URL to store the result in (default {DEFAULT_DB}); 'none' stores nothing",
+    )
 
 
 def add_ray_args(p: argparse.ArgumentParser) -> None:
     """Where and how trials run. The defaults are ``ExecutorSettings``' (not imported here: it
     imports Ray): a flag not given is not passed on (``executor_settings``)."""
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="join this Ray cluster instead of starting a local one")
-    p.add_argument("--timeout", type=positive_float, metavar="S",
-                   help="per-trial timeout in seconds (default 300)")
-    p.add_argument("--cpus-per-rank", type=positive_float, metavar="N",
-                   help="Ray CPUs each CPU rank reserves (default 0.5)")
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="join this Ray cluster instead of starting a local one",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="S",
+        help="per-trial timeout in seconds (default 300)",
+    )
+    p.add_argument(
+        "--cpus-per-rank",
+        type=positive_float,
+        metavar="N",
+        help="Ray CPUs each CPU rank reserves (default 0.5)",
+    )
 
 
 def add_precision_args(group) -> None:
     """``--precision`` and the older ``--dtype`` (``estimate``, ``rank`` and ``search``)."""
-    group.add_argument("--precision", metavar="NAME",
-                       help=f"{', '.join(PRECISION_COMPUTE_DTYPE)} (Lightning's names; mixed: "
-                       "fp32 master weights and optimizer state, half-precision compute); "
-                       "default: bf16-mixed on GPUs, 32-true on CPUs")
-    group.add_argument("--dtype", choices=tuple(DTYPE_PRECISION),
-                       help="older spelling of the *-true precisions (float32 = 32-true, "
-                       "bfloat16 = bf16-true, float16 = 16-true)")
+    group.add_argument(
+        "--precision",
+        metavar="NAME",
+        help=f"{', '.join(PRECISION_COMPUTE_DTYPE)} (Lightning's names; mixed: "
+        "fp32 master weights and optimizer state, half-precision compute); "
+        "default: bf16-mixed on GPUs, 32-true on CPUs",
+    )
+    group.add_argument(
+        "--dtype",
+        choices=tuple(DTYPE_PRECISION),
+        help="older spelling of the *-true precisions (float32 = 32-true, "
+        "bfloat16 = bf16-true, float16 = 16-true)",
+    )
 
 
 def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -100,24 +127,37 @@ def add_architecture_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     arch.add_argument("--num-layers", type=int, metavar="N")
     arch.add_argument("--hidden-size", type=int, metavar="N")
     arch.add_argument("--num-heads", type=int, metavar="N")
-    arch.add_argument("--num-kv-heads", type=int, metavar="N",
-                      help="key/value heads (default --num-heads)")
-    arch.add_argument("--ffn-hidden-size", type=int, metavar="N",
-                      help="MLP width (default 4h for gpt, Llama's 8h/3 rounded up to 256)")
+    arch.add_argument(
+        "--num-kv-heads", type=int, metavar="N", help="key/value heads (default --num-heads)"
+    )
+    arch.add_argument(
+        "--ffn-hidden-size",
+        type=int,
+        metavar="N",
+        help="MLP width (default 4h for gpt, Llama's 8h/3 rounded up to 256)",
+    )
     arch.add_argument("--vocab-size", type=int, metavar="N")
-    arch.add_argument("--family", choices=("gpt", "llama"),
-                      help="block type of the explicit architecture (default gpt)")
+    arch.add_argument(
+        "--family",
+        choices=("gpt", "llama"),
+        help="block type of the explicit architecture (default gpt)",
+    )
     return arch
 
 
-def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = False,
-                     nodes_help: str) -> None:
+def add_cluster_args(
+    p: argparse.ArgumentParser, *, required: bool = False, nodes_help: str
+) -> None:
     """``--cluster NAME|FILE`` and ``--nodes N`` (``estimate`` and ``rank``)."""
     from autotune.model.cluster import builtin_names
 
-    p.add_argument("--cluster", metavar="NAME|FILE", required=required,
-                   help=f"the cluster to predict the step time on: {', '.join(builtin_names())}"
-                   ", or a ClusterSpec JSON/TOML file (its stored calibration is used)")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME|FILE",
+        required=required,
+        help=f"the cluster to predict the step time on: {', '.join(builtin_names())}"
+        ", or a ClusterSpec JSON/TOML file (its stored calibration is used)",
+    )
     p.add_argument("--nodes", type=int, metavar="N", help=nodes_help)
 
 
@@ -126,10 +166,14 @@ def add_engine_arg(p: argparse.ArgumentParser) -> None:
     traits judge the layout (``model/engines.py``, ``engine_memory.MEMORY_TRAITS``)."""
     from autotune.model.engines import ENGINE_NAMES
 
-    p.add_argument("--engine", choices=ENGINE_NAMES, default="autotune",
-                   help="the training framework that will run the layout: its TP plan, "
-                   "sequence parallelism, overlap, optimizer and memory (default autotune, "
-                   "the trial engine)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default="autotune",
+        help="the training framework that will run the layout: its TP plan, "
+        "sequence parallelism, overlap, optimizer and memory (default autotune, "
+        "the trial engine)",
+    )
 
 
 # ---- what the handlers share ---------------------------------------------------------------
@@ -139,8 +183,10 @@ def open_db(url: str, *, create: bool = True, required_by: str | None = None):
     and 'none' is then a usage error naming the fix."""
     if url.lower() == "none":
         if required_by:
-            raise ConfigError(f"{required_by}: give --db URL or leave the default "
-                              f"({DEFAULT_DB}); --db none is only for trial and profile")
+            raise ConfigError(
+                f"{required_by}: give --db URL or leave the default "
+                f"({DEFAULT_DB}); --db none is only for trial and profile"
+            )
         return None
     from db import Database
 
@@ -162,8 +208,11 @@ def executor_settings(args: argparse.Namespace):
     """``ExecutorSettings`` from ``add_ray_args``' flags; those not given keep its defaults."""
     from autotune.trial.executor import ExecutorSettings
 
-    given = {"ray_address": args.ray_address, "trial_timeout_s": args.timeout,
-             "cpus_per_rank": args.cpus_per_rank}
+    given = {
+        "ray_address": args.ray_address,
+        "trial_timeout_s": args.timeout,
+        "cpus_per_rank": args.cpus_per_rank,
+    }
     return ExecutorSettings(**{k: v for k, v in given.items() if v is not None})
 
 
@@ -192,8 +241,11 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
     except Exception as e:  # an internal bug: still one line unless --debug
         if debug:
             traceback.print_exc()
-        print(f"autotune: internal error: {type(e).__name__}: {e} (rerun with --debug for the "
-              "traceback)", file=sys.stderr)
+        print(
+            f"autotune: internal error: {type(e).__name__}: {e} (rerun with --debug for the "
+            "traceback)",
+            file=sys.stderr,
+        )
         return EXIT_RUNTIME
 
 

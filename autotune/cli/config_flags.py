@@ -49,9 +49,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body
     docs = {}
     for stmt, after in zip(body, body[1:], strict=False):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -67,8 +71,11 @@ def flag_kwargs(cls: type, name: str, *, default: Any = None) -> dict[str, Any]:
     """``add_argument`` keywords for the field: positive ints and floats checked in one line,
     a Literal's values as choices, a bool as a switch; the help is the field's docstring."""
     hint = _hint(cls, name)
-    kwargs: dict[str, Any] = {"help": field_docs(cls).get(name, ""), "dest": name,
-                              "default": default}
+    kwargs: dict[str, Any] = {
+        "help": field_docs(cls).get(name, ""),
+        "dest": name,
+        "default": default,
+    }
     if hint is bool:
         return {**kwargs, "action": "store_true", "default": default or False}
     if typing.get_origin(hint) is Literal:
@@ -82,8 +89,13 @@ def flag_kwargs(cls: type, name: str, *, default: Any = None) -> dict[str, Any]:
     return {**kwargs, "metavar": "TEXT"}
 
 
-def add_flags(group: argparse._ActionsContainer, *flags: str, required: bool = False,
-              help_prefix: str = "", **defaults: Any) -> None:
+def add_flags(
+    group: argparse._ActionsContainer,
+    *flags: str,
+    required: bool = False,
+    help_prefix: str = "",
+    **defaults: Any,
+) -> None:
     """Add the named ``FLAGS`` to a parser or group; ``defaults`` by field name (None: the
     flag was not given, and the config's own value stands)."""
     for flag in flags:
@@ -93,8 +105,15 @@ def add_flags(group: argparse._ActionsContainer, *flags: str, required: bool = F
         group.add_argument(flag, **kwargs, **({"required": True} if required else {}))
 
 
-KNOB_FLAGS = ("--sp", "--cp", "--virtual-stages", "--dp-replicate", "--ac-layers", "--compile",
-              "--fp8")
+KNOB_FLAGS = (
+    "--sp",
+    "--cp",
+    "--virtual-stages",
+    "--dp-replicate",
+    "--ac-layers",
+    "--compile",
+    "--fp8",
+)
 """The newer layout knobs' flags (issue 26's sequence and context parallelism, HSDP, virtual
 stages, partial checkpointing, compile, float8)."""
 
@@ -109,5 +128,8 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The fields of ``cls`` the command line set (a flag not given is None; a switch not
     given is False and left out too)."""
     names = {name for c, name in FLAGS.values() if c is cls}
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-            if f.name in names and getattr(args, f.name, None) not in (None, False)}
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.name in names and getattr(args, f.name, None) not in (None, False)
+    }

@@ -23,37 +23,37 @@ import json
 import math
 import sys
 
-from autotune.cli.config_flags import add_flags, add_knob_args, given
 from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
-    builtin_workload,
     add_engine_arg,
     add_precision_args,
+    builtin_workload,
     precision_arg,
 )
-from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.cli.config_flags import add_flags, add_knob_args, given
 from autotune.config import (
     TrialConfig,
     WorkloadSpec,
 )
 from autotune.errors import ConfigError
+from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import (
     CATEGORIES,
     estimate_all_stages,
     gathered_parameter_bytes,
     model_state_bytes,
 )
-from autotune.shapes import ModelShape, model_names
-from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.perf_model import (
     TERMS,
-    engine_traits,
     Calibration,
     StepTimeEstimate,
+    engine_traits,
     predict_step_time,
 )
+from autotune.shapes import ModelShape, model_names
 
 EXPLICIT_WORKLOAD = "explicit:architecture"
 """Workload name of an explicit architecture in the printed / JSON config."""
@@ -63,38 +63,69 @@ SHAPE_FLAGS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 
 def add_estimate_parser(sub) -> None:
     p = sub.add_parser(
-        "estimate", help="predict per-rank memory of a configuration, without running it",
+        "estimate",
+        help="predict per-rank memory of a configuration, without running it",
         description="Print the predicted peak memory of the worst rank (the worst pipeline "
         "stage) by category — parameters, gradients, optimizer state, activations, "
         "communication buffers, other — for a TrialConfig, a built-in model with knob flags, "
         "or an explicit architecture. Formulas: ZeRO (Rajbhandari et al. 2020) for model "
         "states, Korthikanti et al. 2022 for activations, calibrated to this implementation "
-        "(see autotune/model/memory.py). With --cluster, also the predicted step time, tokens/s, MFU "
-        "and where the time goes (autotune/model/perf_model.py).",
+        "(see autotune/model/memory.py). With --cluster, also the predicted step time, "
+        "tokens/s, MFU and where the time goes (autotune/model/perf_model.py).",
         epilog="example: autotune estimate --model llama-70b --world-size 512 --tp 8 --pp 8 "
         "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --precision bf16-mixed "
-        "--cluster a100-sxm4-80gb")
-    p.add_argument("--config", metavar="FILE",
-                   help="TrialConfig JSON; knob flags given as well override its fields")
-    p.add_argument("--model", metavar="NAME",
-                   help=f"built-in model: {', '.join(model_names())} (default gpt-tiny), or "
-                   "hf:PATH_OR_ID, a Hugging Face causal LM's config.json")
+        "--cluster a100-sxm4-80gb",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TrialConfig JSON; knob flags given as well override its fields",
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"built-in model: {', '.join(model_names())} (default gpt-tiny), or "
+        "hf:PATH_OR_ID, a Hugging Face causal LM's config.json",
+    )
     knobs = p.add_argument_group("layout and batch (default: the config's, else TrialConfig's)")
-    add_flags(knobs, "--world-size", "--tp", "--pp", "--zero", "--micro-batch", "--global-batch",
-              "--seq-len", "--ac", "--schedule")
+    add_flags(
+        knobs,
+        "--world-size",
+        "--tp",
+        "--pp",
+        "--zero",
+        "--micro-batch",
+        "--global-batch",
+        "--seq-len",
+        "--ac",
+        "--schedule",
+    )
     add_precision_args(knobs)
     add_flags(knobs, "--attention", "--bucket-mb")
-    knobs.add_argument("--no-overlap", action="store_true",
-                       help="overlap_enabled false (one bucketed all-reduce after backward)")
+    knobs.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="overlap_enabled false (one bucketed all-reduce after backward)",
+    )
     add_knob_args(knobs)
     arch = add_architecture_args(p)
-    arch.add_argument("--params", type=float, metavar="N",
-                      help="parameter count only (e.g. 7e9): model states, activations unknown")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="whose memory: cuda (default unless the config says cpu) or cpu, "
-                   "which adds the CPU measurement's allowance")
-    add_cluster_args(p, nodes_help="nodes of the cluster (default: the fewest that hold the "
-                     "world size; nodes × devices per node must equal it when given)")
+    arch.add_argument(
+        "--params",
+        type=float,
+        metavar="N",
+        help="parameter count only (e.g. 7e9): model states, activations unknown",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="whose memory: cuda (default unless the config says cpu) or cpu, "
+        "which adds the CPU measurement's allowance",
+    )
+    add_cluster_args(
+        p,
+        nodes_help="nodes of the cluster (default: the fewest that hold the "
+        "world size; nodes × devices per node must equal it when given)",
+    )
     add_engine_arg(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     add_debug_arg(p)
@@ -108,8 +139,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     config = config.with_precision(device)
     if args.nodes is not None and args.cluster is None:
         raise ConfigError("--nodes sizes the cluster of --cluster NAME|FILE: give --cluster too")
-    cluster = cluster_for_world(args.cluster, args.nodes, config.world_size) if (
-        args.cluster) else None
+    cluster = (
+        cluster_for_world(args.cluster, args.nodes, config.world_size) if (args.cluster) else None
+    )
     if args.params is not None:
         return _print_states_only(args, config, device, cluster)
     shape = explicit_shape(args, config)
@@ -119,25 +151,49 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     worst = max(stages, key=lambda e: e.total)
     refusal = _engine_refusal(config, shape)
     engine = engine_traits(args.engine)
-    time = None if cluster is None else predict_step_time(
-        config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=engine)
+    time = (
+        None
+        if cluster is None
+        else predict_step_time(
+            config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=engine
+        )
+    )
     traits = MEMORY_TRAITS[engine.name]
-    engine_peak = None if traits is None else estimate_engine_memory(
-        config, shape, traits, device_type=device).total
+    engine_peak = (
+        None
+        if traits is None
+        else estimate_engine_memory(config, shape, traits, device_type=device).total
+    )
     if args.json:
-        extra = {} if cluster is None else {"cluster": cluster.name,
-                                            "nodes": cluster.num_nodes, "time": time.as_dict()}
+        extra = (
+            {}
+            if cluster is None
+            else {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": time.as_dict()}
+        )
         extra |= {"engine": engine.name, "engine_peak_bytes": engine_peak}
-        print(json.dumps({
-            "config": config.resolved(), "shape": dataclasses.asdict(shape) if shape else None,
-            "device": device, "per_rank": worst.as_dict(), "stage": worst.stage,
-            "phase": worst.phase,
-            "stages": [e.as_dict() for e in stages], "engine_refusal": refusal, **extra},
-            indent=2))
+        print(
+            json.dumps(
+                {
+                    "config": config.resolved(),
+                    "shape": dataclasses.asdict(shape) if shape else None,
+                    "device": device,
+                    "per_rank": worst.as_dict(),
+                    "stage": worst.stage,
+                    "phase": worst.phase,
+                    "stages": [e.as_dict() for e in stages],
+                    "engine_refusal": refusal,
+                    **extra,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(_describe(config, shape, device))
-    where = "" if config.pp_degree == 1 else (
-        f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
+    where = (
+        ""
+        if config.pp_degree == 1
+        else (f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
+    )
     title = f"per rank{where}, peak {worst.phase}"
     if time is None:
         print(f"{title}:")
@@ -147,13 +203,17 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
         print(_time_summary(time, cluster, engine.name))
     if engine_peak is not None:
-        print(f"as {engine.name} runs it: {_human(engine_peak)} reserved on the worst pipeline "
-              "rank (engine_memory)")
+        print(
+            f"as {engine.name} runs it: {_human(engine_peak)} reserved on the worst pipeline "
+            "rank (engine_memory)"
+        )
     if config.pp_degree > 1:
         print("total per stage: " + ", ".join(f"{e.stage}: {_human(e.total)}" for e in stages))
     if refusal:
-        print(f"note: the trial engine refuses this layout ({refusal}); the estimate is of the "
-              "layout itself")
+        print(
+            f"note: the trial engine refuses this layout ({refusal}); the estimate is of the "
+            "layout itself"
+        )
     return 0
 
 
@@ -164,25 +224,27 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
     if args.model is not None:
         workload = builtin_workload(workload, args.model)
     wl_fields = {**given(args, WorkloadSpec), "dtype": args.dtype, "vocab_size": args.vocab_size}
-    workload = dataclasses.replace(workload, **{k: v for k, v in wl_fields.items()
-                                                if v is not None})
+    workload = dataclasses.replace(
+        workload, **{k: v for k, v in wl_fields.items() if v is not None}
+    )
     fields = given(args, TrialConfig)
     if args.no_overlap:
         fields["overlap_enabled"] = False
     if precision_arg(args.precision) is not None:
         fields["precision"] = args.precision
-    config = dataclasses.replace(config, workload=workload,
-                                 **{k: v for k, v in fields.items() if v is not None})
+    config = dataclasses.replace(
+        config, workload=workload, **{k: v for k, v in fields.items() if v is not None}
+    )
     if args.global_batch_size is None and not args.config:
         # No batch given: one micro-batch per data-parallel rank (no accumulation).
         tp_pp = config.tp_degree * config.pp_degree * config.cp_degree
         if tp_pp > 0 and config.world_size % tp_pp == 0 and config.world_size >= tp_pp:
             batch = config.micro_batch_size * config.dp_degree
             if config.pp_degree > 1:  # enough micro-batches for the schedule to fill
-                batch *= config.pp_degree * (2 if config.pp_schedule == "interleaved_1f1b"
-                                             else 1)
-            config = dataclasses.replace(config, workload=dataclasses.replace(
-                config.workload, global_batch_size=batch))
+                batch *= config.pp_degree * (2 if config.pp_schedule == "interleaved_1f1b" else 1)
+            config = dataclasses.replace(
+                config, workload=dataclasses.replace(config.workload, global_batch_size=batch)
+            )
     return config
 
 
@@ -200,41 +262,50 @@ def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape 
     given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
     if not given:
         if args.num_kv_heads or args.ffn_hidden_size or args.family:
-            raise ConfigError("--num-kv-heads, --ffn-hidden-size and --family describe an "
-                              "explicit architecture: give --num-layers, --hidden-size, "
-                              "--num-heads, --seq-len and --vocab-size too")
+            raise ConfigError(
+                "--num-kv-heads, --ffn-hidden-size and --family describe an "
+                "explicit architecture: give --num-layers, --hidden-size, "
+                "--num-heads, --seq-len and --vocab-size too"
+            )
         return None
     if args.model is not None:
-        raise ConfigError("give either --model or an explicit architecture (--num-layers "
-                          "--hidden-size --num-heads --seq-len --vocab-size), not both")
+        raise ConfigError(
+            "give either --model or an explicit architecture (--num-layers "
+            "--hidden-size --num-heads --seq-len --vocab-size), not both"
+        )
     missing = [f for f in SHAPE_FLAGS if getattr(args, f) is None]
     if args.seq_len is None:
         missing.append("seq_len")
     if missing:
-        raise ConfigError("an explicit architecture needs "
-                          + ", ".join("--" + f.replace("_", "-") for f in missing))
+        raise ConfigError(
+            "an explicit architecture needs "
+            + ", ".join("--" + f.replace("_", "-") for f in missing)
+        )
     h, a = args.hidden_size, args.num_heads
     for name in (*SHAPE_FLAGS, "num_kv_heads", "ffn_hidden_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, "
-                              f"not {value}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, not {value}")
     if h % a:
         raise ConfigError(f"--num-heads {a} must divide --hidden-size {h}")
     kv = args.num_kv_heads or a
     if a % kv:
         raise ConfigError(f"--num-kv-heads {kv} must divide --num-heads {a}")
     family = args.family or "gpt"
-    ffn = args.ffn_hidden_size or (4 * h if family == "gpt"
-                                   else 256 * math.ceil(8 * h / 3 / 256))
-    return ModelShape(family, args.num_layers, h, a, kv, ffn, args.vocab_size,
-                      max_seq_len=config.workload.seq_len)
+    ffn = args.ffn_hidden_size or (4 * h if family == "gpt" else 256 * math.ceil(8 * h / 3 / 256))
+    return ModelShape(
+        family, args.num_layers, h, a, kv, ffn, args.vocab_size, max_seq_len=config.workload.seq_len
+    )
 
 
 def mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
     """The config as estimated: its workload named as the explicit architecture."""
-    return dataclasses.replace(config, workload=dataclasses.replace(
-        config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD))
+    return dataclasses.replace(
+        config,
+        workload=dataclasses.replace(
+            config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD
+        ),
+    )
 
 
 def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None:
@@ -244,8 +315,10 @@ def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None
             config.validate()
         else:
             config.validate(
-                num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
-                num_layers=shape.num_layers)
+                num_heads=shape.num_heads,
+                num_kv_heads=shape.num_kv_heads,
+                num_layers=shape.num_layers,
+            )
     except ConfigError as e:
         return str(e)
     return None
@@ -254,29 +327,41 @@ def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None
 # ---- output --------------------------------------------------------------------------------
 def _describe(config: TrialConfig, shape: ModelShape | None, device: str) -> str:
     wl = config.workload
-    name = wl.name if shape is None else (
-        f"{shape.family} architecture ({shape.num_layers} layers, hidden "
-        f"{shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size}, "
-        f"{shape.num_params():,} parameters)")
+    name = (
+        wl.name
+        if shape is None
+        else (
+            f"{shape.family} architecture ({shape.num_layers} layers, hidden "
+            f"{shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size}, "
+            f"{shape.num_params():,} parameters)"
+        )
+    )
     schedule = f", schedule {config.pp_schedule}" if config.pp_degree > 1 else ""
     cp = f" × cp {config.cp_degree}" if config.cp_degree > 1 else ""
-    return (f"{name}: world {config.world_size} = tp {config.tp_degree} × pp "
-            f"{config.pp_degree}{cp} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
-            f"micro-batch {config.micro_batch_size} × {config.grad_accum_steps} accumulation, "
-            f"seq {wl.seq_len}, {config.precision}, checkpointing "
-            f"{config.activation_checkpointing}"
-            f"{schedule}{''.join(', ' + k for k in knobs_text(config))} (device {device})")
+    return (
+        f"{name}: world {config.world_size} = tp {config.tp_degree} × pp "
+        f"{config.pp_degree}{cp} × dp {config.dp_degree}, ZeRO-{config.zero_stage}, "
+        f"micro-batch {config.micro_batch_size} × {config.grad_accum_steps} accumulation, "
+        f"seq {wl.seq_len}, {config.precision}, checkpointing "
+        f"{config.activation_checkpointing}"
+        f"{schedule}{''.join(', ' + k for k in knobs_text(config))} (device {device})"
+    )
 
 
 def knobs_text(config: TrialConfig) -> list[str]:
     """The newer knobs ``config`` sets away from their defaults, in words."""
     interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
-    given = ((config.sequence_parallel, "sequence parallel"),
-             (config.dp_replicate > 1,
-              f"HSDP {config.dp_replicate} replicas × {config.dp_shard} shards"),
-             (interleaved, f"{config.virtual_stages} virtual stages per rank"),
-             (config.ac_layers is not None, f"{config.ac_layers} blocks per stage recomputed"),
-             (config.compile, "compiled"), (config.float8, "float8 linears"))
+    given = (
+        (config.sequence_parallel, "sequence parallel"),
+        (
+            config.dp_replicate > 1,
+            f"HSDP {config.dp_replicate} replicas × {config.dp_shard} shards",
+        ),
+        (interleaved, f"{config.virtual_stages} virtual stages per rank"),
+        (config.ac_layers is not None, f"{config.ac_layers} blocks per stage recomputed"),
+        (config.compile, "compiled"),
+        (config.float8, "float8 linears"),
+    )
     return [text for flag, text in given if flag]
 
 
@@ -309,16 +394,20 @@ def _time_lines(time: StepTimeEstimate) -> list[str]:
 
 def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec, engine: str) -> str:
     mfu = f", MFU {time.mfu:.1%}" if time.mfu is not None else ""
-    return (f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
-            f"({describe_cluster(cluster, engine)})")
+    return (
+        f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
+        f"({describe_cluster(cluster, engine)})"
+    )
 
 
 def describe_cluster(cluster: ClusterSpec, engine: str = "autotune") -> str:
     """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
     nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
     calibration = "stored calibration" if cluster.calibration else "default calibration"
-    return (f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
-            f"{engine} engine")
+    return (
+        f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
+        f"{engine} engine"
+    )
 
 
 def _side_by_side(left: list[str], right: list[str], gap: int = 4) -> str:
@@ -332,49 +421,83 @@ def _human(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _print_states_only(args: argparse.Namespace, config: TrialConfig, device: str,
-                       cluster: ClusterSpec | None) -> int:
+def _print_states_only(
+    args: argparse.Namespace, config: TrialConfig, device: str, cluster: ClusterSpec | None
+) -> int:
     if args.model is not None or any(getattr(args, f) is not None for f in SHAPE_FLAGS[:3]):
-        raise ConfigError("--params gives the parameter count alone: drop --model and the "
-                          "architecture flags, or drop --params")
+        raise ConfigError(
+            "--params gives the parameter count alone: drop --model and the "
+            "architecture flags, or drop --params"
+        )
     if not (args.params >= 1 and math.isfinite(args.params)):
         raise ConfigError(f"--params must be a positive parameter count, not {args.params:g}")
-    checked = dataclasses.replace(config, workload=dataclasses.replace(
-        config.workload, workload=EXPLICIT_WORKLOAD))
+    checked = dataclasses.replace(
+        config, workload=dataclasses.replace(config.workload, workload=EXPLICIT_WORKLOAD)
+    )
     checked.validate()
-    kw = dict(zero_stage=config.zero_stage, dp_degree=config.dp_degree,
-              tp_degree=config.tp_degree, pp_degree=config.pp_degree,
-              precision=config.precision)
+    kw = dict(
+        zero_stage=config.zero_stage,
+        dp_degree=config.dp_degree,
+        tp_degree=config.tp_degree,
+        pp_degree=config.pp_degree,
+        precision=config.precision,
+    )
     parameters, gradients, optimizer_state = model_state_bytes(int(args.params), **kw)
     gathered = gathered_parameter_bytes(int(args.params), **kw)
     # Model states at the step's peak: at rest, plus what ZeRO-2 keeps gathered from forward
     # through backward (the ZeRO paper's unpartitioned 2Φ of fp16 parameters).
     row: dict[str, int | None] = {
-        "parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state,
-        "activations": None, "comm_buffers": None, "other": None, "total": None,
+        "parameters": parameters,
+        "gradients": gradients,
+        "optimizer_state": optimizer_state,
+        "activations": None,
+        "comm_buffers": None,
+        "other": None,
+        "total": None,
         "gathered_parameters": gathered,
-        "model_states": parameters + gradients + optimizer_state + gathered}
-    no_time = ("note: --params gives no architecture, so no step time is predicted on "
-               f"cluster '{cluster.name}'; give --model or the architecture flags instead"
-               ) if cluster is not None else None
+        "model_states": parameters + gradients + optimizer_state + gathered,
+    }
+    no_time = (
+        (
+            "note: --params gives no architecture, so no step time is predicted on "
+            f"cluster '{cluster.name}'; give --model or the architecture flags instead"
+        )
+        if cluster is not None
+        else None
+    )
     if args.json:
         extra = {} if cluster is None else {"cluster": cluster.name, "time": None}
-        print(json.dumps({"config": config.resolved(), "params": int(args.params),
-                          "device": device, "per_rank": row, **extra}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "config": config.resolved(),
+                    "params": int(args.params),
+                    "device": device,
+                    "per_rank": row,
+                    **extra,
+                },
+                indent=2,
+            )
+        )
         if no_time:
             print(no_time, file=sys.stderr)
         return 0
-    print(f"{int(args.params):,} parameters: world {config.world_size} = tp "
-          f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, "
-          f"ZeRO-{config.zero_stage}, {config.precision}")
-    print("per rank, model states only (parameters spread evenly over tp × pp; activations "
-          "need the architecture):")
+    print(
+        f"{int(args.params):,} parameters: world {config.world_size} = tp "
+        f"{config.tp_degree} × pp {config.pp_degree} × dp {config.dp_degree}, "
+        f"ZeRO-{config.zero_stage}, {config.precision}"
+    )
+    print(
+        "per rank, model states only (parameters spread evenly over tp × pp; activations "
+        "need the architecture):"
+    )
     _print_table(row)
     if gathered:
-        print(f"  {'+ gathered':<16} {gathered:>18,} {_human(gathered):>12}  (ZeRO-2 "
-              "parameters gathered from forward through backward)")
-    print(f"  {'model states':<16} {row['model_states']:>18,} "
-          f"{_human(row['model_states']):>12}")
+        print(
+            f"  {'+ gathered':<16} {gathered:>18,} {_human(gathered):>12}  (ZeRO-2 "
+            "parameters gathered from forward through backward)"
+        )
+    print(f"  {'model states':<16} {row['model_states']:>18,} {_human(row['model_states']):>12}")
     if no_time:
         print(no_time)
     return 0

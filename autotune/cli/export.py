@@ -10,9 +10,12 @@ from autotune.search.spec import SearchSpec
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write best_config.json, ds_config.json, the "
-                       "Accelerate / torchtitan configs and megatron_args.txt again",
-                       description="Export a stored study's best configuration.")
+    p = sub.add_parser(
+        "export",
+        help="write best_config.json, ds_config.json, the "
+        "Accelerate / torchtitan configs and megatron_args.txt again",
+        description="Export a stored study's best configuration.",
+    )
     add_db_arg(p, with_help=False)
     p.add_argument("--study", default=SearchSpec().study_name, metavar="NAME")
     p.add_argument("--out", default=".", metavar="DIR")
@@ -23,8 +26,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.export.best_config import export_study
 
-    with opened_db(args.db, create=False,
-                   required_by="autotune export reads the study from a database") as database:
+    with opened_db(
+        args.db, create=False, required_by="autotune export reads the study from a database"
+    ) as database:
         paths = export_study(database, args.study, args.out)
     print(f"wrote {', '.join(map(str, paths))}")
     return 0

@@ -77,8 +77,7 @@ class _Watcher:
         self.writer.setblocking(False)  # set_wakeup_fd requires it
         self.interrupted = threading.Event()
         self._timer: threading.Timer | None = None
-        self._thread = threading.Thread(target=self._run, name="autotune-interrupt",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="autotune-interrupt", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -116,8 +115,10 @@ def interrupt_guard(grace_s: float = FORCE_EXIT_AFTER_S) -> Iterator[None]:
     process within ``grace_s`` seconds, a second Ctrl-C at once. Outside the main thread, or
     where SIGINT is not Python's default handler (an embedding program's own), it does nothing.
     """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     watcher = _Watcher(grace_s)

@@ -22,15 +22,25 @@ from autotune.cli.estimate import add_estimate_parser
 from autotune.cli.interrupt import interrupt_guard
 from autotune.cli.rank import add_rank_parser
 
-VERBS = (trial.add_parser, trace.add_parser, search.add_parser, export.add_parser,
-         dashboard.add_parser, add_estimate_parser, add_rank_parser, add_calibrate_parser)
+VERBS = (
+    trial.add_parser,
+    trace.add_parser,
+    search.add_parser,
+    export.add_parser,
+    dashboard.add_parser,
+    add_estimate_parser,
+    add_rank_parser,
+    add_calibrate_parser,
+)
 """Each adds its subcommand(s) and sets ``run``, its handler; in the order --help lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="autotune", description="Find the fastest distributed-training configuration "
-        "that fits in memory, by measuring.")
+        prog="autotune",
+        description="Find the fastest distributed-training configuration "
+        "that fits in memory, by measuring.",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_parser in VERBS:

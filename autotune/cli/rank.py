@@ -41,17 +41,22 @@ import time as timer
 from dataclasses import dataclass
 from typing import get_args
 
-from autotune.cli.config_flags import add_flags, add_knob_args
 from autotune.cli.args import (
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
-    builtin_workload,
     add_engine_arg,
     add_precision_args,
+    builtin_workload,
     precision_arg,
 )
-from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.cli.config_flags import add_flags, add_knob_args
+from autotune.cli.estimate import (
+    describe_cluster,
+    explicit_shape,
+    mark_explicit,
+)
+from autotune.cli.rank_space import Screened, knob_choices, screened_layouts
 from autotune.config import (
     GIB,
     ActivationCheckpointing,
@@ -61,15 +66,10 @@ from autotune.config import (
     ZeroStage,
 )
 from autotune.errors import AutotuneError, ConfigError
-from autotune.cli.estimate import (
-    describe_cluster,
-    explicit_shape,
-    mark_explicit,
-)
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors, short_name
+from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
-from autotune.shapes import ModelShape, model_names
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
@@ -79,15 +79,17 @@ from autotune.model.perf_model import (
     predict_step_time,
 )
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
-from autotune.cli.rank_space import Screened, knob_choices, screened_layouts
+from autotune.shapes import ModelShape, model_names
 
 ZERO_STAGES = get_args(ZeroStage)
 CHECKPOINTING = get_args(ActivationCheckpointing)
 SCHEDULES = get_args(PipelineSchedule)
-ENUMERATED = (f"tp × pp × dp, micro-batch (× accumulation), ZeRO stage {ZERO_STAGES[0]}-"
-              f"{ZERO_STAGES[-1]}, activation checkpointing {'/'.join(CHECKPOINTING)}, pipeline "
-              f"schedule {'/'.join(SCHEDULES)} (pp > 1), overlap on/off and bucket size "
-              f"{'/'.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)} MB (dp > 1)")
+ENUMERATED = (
+    f"tp × pp × dp, micro-batch (× accumulation), ZeRO stage {ZERO_STAGES[0]}-"
+    f"{ZERO_STAGES[-1]}, activation checkpointing {'/'.join(CHECKPOINTING)}, pipeline "
+    f"schedule {'/'.join(SCHEDULES)} (pp > 1), overlap on/off and bucket size "
+    f"{'/'.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)} MB (dp > 1)"
+)
 """The knobs ``autotune rank`` enumerates (the search's grid, ``space.SearchSpace``), as its
 --help says."""
 
@@ -104,11 +106,15 @@ class ScoredLayout:
     predicted the same (``collapse_equivalent``)."""
 
     def as_dict(self) -> dict:
-        return {"config": self.config.resolved(), "step_time_s": self.time.step_time_s,
-                "tokens_per_s": self.time.tokens_per_s, "mfu": self.time.mfu,
-                "peak_memory_bytes": self.peak_memory_bytes,
-                "breakdown": dict(self.time.breakdown),
-                "collapsed_bucket_mb": list(self.collapsed_buckets_mb)}
+        return {
+            "config": self.config.resolved(),
+            "step_time_s": self.time.step_time_s,
+            "tokens_per_s": self.time.tokens_per_s,
+            "mfu": self.time.mfu,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "breakdown": dict(self.time.breakdown),
+            "collapsed_bucket_mb": list(self.collapsed_buckets_mb),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +137,8 @@ class Ranking:
 # ---- the command line ----------------------------------------------------------------------
 def add_rank_parser(sub) -> None:
     p = sub.add_parser(
-        "rank", help="rank every valid layout on a cluster by predicted throughput, nothing run",
+        "rank",
+        help="rank every valid layout on a cluster by predicted throughput, nothing run",
         description="Enumerate every valid layout of a model on a cluster — "
         f"{ENUMERATED} — predict each one's peak memory (autotune/model/memory.py) and step time "
         "(autotune/model/perf_model.py, with the cluster's stored calibration), drop those "
@@ -140,29 +147,47 @@ def add_rank_parser(sub) -> None:
         "predicted alike share a row. Attention (sdpa) stays at TrialConfig's default. With "
         "dp 1, only ZeRO-0 with overlap on is listed (nothing to shard or overlap).",
         epilog="example: autotune rank --model llama-70b --cluster a100-sxm4-80gb --nodes 64 "
-        "--global-batch 1024 --seq-len 4096")
-    p.add_argument("--model", metavar="NAME",
-                   help=f"built-in model: {', '.join(model_names())}, or hf:PATH_OR_ID (a "
-                   "Hugging Face causal LM's config.json)")
-    add_cluster_args(p, required=True, nodes_help="nodes of the cluster (default: the "
-                     "cluster's own, 1 for the built-in ones); world size = nodes × devices "
-                     "per node")
+        "--global-batch 1024 --seq-len 4096",
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"built-in model: {', '.join(model_names())}, or hf:PATH_OR_ID (a "
+        "Hugging Face causal LM's config.json)",
+    )
+    add_cluster_args(
+        p,
+        required=True,
+        nodes_help="nodes of the cluster (default: the "
+        "cluster's own, 1 for the built-in ones); world size = nodes × devices "
+        "per node",
+    )
     add_flags(p, "--global-batch", "--seq-len", required=True)
     add_precision_args(p)
-    add_knob_args(p.add_argument_group(
-        "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
-        "HSDP shard groups of 8 and 64, virtual stages 2/4; compile and fp8 "
-        "off)"), rank=True)
-    p.add_argument("--memory-limit", type=float, metavar="GIB",
-                   help="per-device memory limit in GiB (default: the cluster device's memory)")
-    p.add_argument("--top", type=int, default=10, metavar="K",
-                   help="layouts to print (default 10)")
+    add_knob_args(
+        p.add_argument_group(
+            "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
+            "HSDP shard groups of 8 and 64, virtual stages 2/4; compile and fp8 "
+            "off)"
+        ),
+        rank=True,
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=float,
+        metavar="GIB",
+        help="per-device memory limit in GiB (default: the cluster device's memory)",
+    )
+    p.add_argument("--top", type=int, default=10, metavar="K", help="layouts to print (default 10)")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
-    p.add_argument("--compare", metavar="LAYOUT",
-                   help="a reference layout, e.g. 'tp=8,pp=2,mb=4,zero=1,ac=full,"
-                   "schedule=interleaved_1f1b,v=3': print its place in the ranking and, when "
-                   "the top pick is faster, the term (compute, tp_comm, pp_bubble, dp_comm...) "
-                   "that makes it so")
+    p.add_argument(
+        "--compare",
+        metavar="LAYOUT",
+        help="a reference layout, e.g. 'tp=8,pp=2,mb=4,zero=1,ac=full,"
+        "schedule=interleaved_1f1b,v=3': print its place in the ranking and, when "
+        "the top pick is faster, the term (compute, tp_comm, pp_bubble, dp_comm...) "
+        "that makes it so",
+    )
     add_engine_arg(p)
     add_architecture_args(p)
     add_debug_arg(p)
@@ -175,8 +200,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, not {args.top}")
     if args.memory_limit is not None and not args.memory_limit > 0:
-        raise ConfigError(f"--memory-limit must be a positive number of GiB, not "
-                          f"{args.memory_limit:g}")
+        raise ConfigError(
+            f"--memory-limit must be a positive number of GiB, not {args.memory_limit:g}"
+        )
     cluster = load_cluster(args.cluster, nodes=args.nodes)
     device_type = cluster.device_type
     base, shape = _base_config(args, cluster)
@@ -185,17 +211,26 @@ def cmd_rank(args: argparse.Namespace) -> int:
     limit_gib = args.memory_limit or cluster.device.memory_gib
     engine = engine_traits(args.engine)
     memory_traits = MEMORY_TRAITS[engine.name]
-    screened = screen_layouts(args, base, shape, int(limit_gib * GIB), device_type,
-                              traits=memory_traits)
+    screened = screen_layouts(
+        args, base, shape, int(limit_gib * GIB), device_type, traits=memory_traits
+    )
     layouts = screened.layouts
     if not layouts and screened.smallest is None:
         raise ConfigError(_no_layout_message(base, shape))
-    ranking = rank_layouts(layouts, cluster, shape=shape, limit_bytes=int(limit_gib * GIB),
-                           device_type=device_type, progress=_Progress(len(layouts)),
-                           engine=engine, memory_traits=memory_traits)
+    ranking = rank_layouts(
+        layouts,
+        cluster,
+        shape=shape,
+        limit_bytes=int(limit_gib * GIB),
+        device_type=device_type,
+        progress=_Progress(len(layouts)),
+        engine=engine,
+        memory_traits=memory_traits,
+    )
     if not ranking.fitting:
-        config, peak = min(filter(None, (ranking.smallest_peak, screened.smallest)),
-                           key=lambda cp: cp[1])
+        config, peak = min(
+            filter(None, (ranking.smallest_peak, screened.smallest)), key=lambda cp: cp[1]
+        )
         least = "" if ranking.smallest_peak and peak == ranking.smallest_peak[1] else "at least "
         raise AutotuneError(
             f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB "
@@ -203,47 +238,76 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"{peak / GIB:.1f} GiB ({_layout_name(config)}), "
             f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
             f"{allowance(device_type).describe()}; "
-            "add nodes (--nodes) or raise --memory-limit")
-    top = ranking.rows[:args.top]
+            "add nodes (--nodes) or raise --memory-limit"
+        )
+    top = ranking.rows[: args.top]
     if args.json:
-        print(json.dumps({
-            "cluster": cluster.name, "nodes": cluster.num_nodes, "world_size": base.world_size,
-            "memory_limit_bytes": int(limit_gib * GIB),
-            "shape": dataclasses.asdict(shape) if shape else None,
-            "scored": ranking.scored, "fit": len(ranking.fitting),
-            "screened_groups": screened.groups_dropped,
-            "screened_branches": screened.branches_dropped,
-            "collapsed": ranking.collapsed,
-            "layouts": [s.as_dict() for s in top]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "cluster": cluster.name,
+                    "nodes": cluster.num_nodes,
+                    "world_size": base.world_size,
+                    "memory_limit_bytes": int(limit_gib * GIB),
+                    "shape": dataclasses.asdict(shape) if shape else None,
+                    "scored": ranking.scored,
+                    "fit": len(ranking.fitting),
+                    "screened_groups": screened.groups_dropped,
+                    "screened_branches": screened.branches_dropped,
+                    "collapsed": ranking.collapsed,
+                    "layouts": [s.as_dict() for s in top],
+                },
+                indent=2,
+            )
+        )
         return 0
     wl = base.workload
-    name = wl.name if shape is None else (
-        f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
-        f"{shape.num_heads} heads, vocab {shape.vocab_size})")
-    print(f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, "
-          f"global batch "
-          f"{wl.global_batch_size} × seq {wl.seq_len}, "
-          f"{base.resolved_precision(device_type)}")
+    name = (
+        wl.name
+        if shape is None
+        else (
+            f"{shape.family} architecture ({shape.num_layers} layers, hidden {shape.hidden_size}, "
+            f"{shape.num_heads} heads, vocab {shape.vocab_size})"
+        )
+    )
+    print(
+        f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, "
+        f"global batch "
+        f"{wl.global_batch_size} × seq {wl.seq_len}, "
+        f"{base.resolved_precision(device_type)}"
+    )
     print(format_table(top))
-    print(f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
-          f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
-          "predicted tokens/s")
+    print(
+        f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
+        f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
+        "predicted tokens/s"
+    )
     if screened.groups_dropped or screened.branches_dropped:
         print(f"screened by memory before scoring: {_screened_text(screened)}")
     if ranking.collapsed:
-        print(f"folded: {ranking.collapsed:,} layouts that differ from a listed one only in "
-              f"bucket size, with the same prediction (step and peak within "
-              f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes")
+        print(
+            f"folded: {ranking.collapsed:,} layouts that differ from a listed one only in "
+            f"bucket size, with the same prediction (step and peak within "
+            f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes"
+        )
     if args.compare:
         reference = parse_layout(args.compare, base)
         print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
     return 0
 
 
-LAYOUT_KEYS = {"tp": "tp_degree", "pp": "pp_degree", "mb": "micro_batch_size",
-               "zero": "zero_stage", "ac": "activation_checkpointing", "schedule": "pp_schedule",
-               "v": "virtual_stages", "bucket": "bucket_mb", "overlap": "overlap_enabled",
-               "sp": "sequence_parallel"}
+LAYOUT_KEYS = {
+    "tp": "tp_degree",
+    "pp": "pp_degree",
+    "mb": "micro_batch_size",
+    "zero": "zero_stage",
+    "ac": "activation_checkpointing",
+    "schedule": "pp_schedule",
+    "v": "virtual_stages",
+    "bucket": "bucket_mb",
+    "overlap": "overlap_enabled",
+    "sp": "sequence_parallel",
+}
 """``--compare``'s keys and the TrialConfig fields they set."""
 
 
@@ -253,8 +317,9 @@ def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         if key not in LAYOUT_KEYS or not value:
-            raise ConfigError(f"--compare: '{item}' is not KEY=VALUE with KEY one of "
-                              f"{', '.join(LAYOUT_KEYS)}")
+            raise ConfigError(
+                f"--compare: '{item}' is not KEY=VALUE with KEY one of {', '.join(LAYOUT_KEYS)}"
+            )
         field_name = LAYOUT_KEYS[key]
         if field_name in ("activation_checkpointing", "pp_schedule"):
             fields[field_name] = value
@@ -285,8 +350,13 @@ class Comparison:
     gain_s: float
 
 
-def compare_to_top(ranking: Ranking, reference: TrialConfig, cluster: ClusterSpec,
-                   shape: ModelShape | None, engine: EngineTraits) -> Comparison:
+def compare_to_top(
+    ranking: Ranking,
+    reference: TrialConfig,
+    cluster: ClusterSpec,
+    shape: ModelShape | None,
+    engine: EngineTraits,
+) -> Comparison:
     """The reference layout's predicted step, its place among ``ranking.fitting`` and the term
     (``perf_model.TERMS``) that most separates it from the top pick."""
     time = predict_step_time(reference, cluster, shape=shape, engine=engine)
@@ -294,36 +364,52 @@ def compare_to_top(ranking: Ranking, reference: TrialConfig, cluster: ClusterSpe
     top = ranking.fitting[0]
     gains = {k: time.breakdown[k] - top.time.breakdown[k] for k in time.breakdown}
     term = max(gains, key=gains.get)
-    return Comparison(reference, time, faster + 1, faster / max(len(ranking.fitting), 1), top,
-                      term, gains[term])
+    return Comparison(
+        reference, time, faster + 1, faster / max(len(ranking.fitting), 1), top, term, gains[term]
+    )
 
 
 def describe_comparison(c: Comparison) -> str:
-    line = (f"reference {_layout_name(c.reference)}: predicted {_seconds(c.time.step_time_s)}, "
-            f"place {c.position:,} ({c.percentile:.1%} of those that fit)")
+    line = (
+        f"reference {_layout_name(c.reference)}: predicted {_seconds(c.time.step_time_s)}, "
+        f"place {c.position:,} ({c.percentile:.1%} of those that fit)"
+    )
     if c.position > 1:
         faster = c.time.step_time_s - c.top.time.step_time_s
-        line += (f"; the top pick ({_layout_name(c.top.config)}) is faster by "
-                 f"{_seconds(faster)}, most in {c.term} ({_seconds(c.gain_s)} less)")
+        line += (
+            f"; the top pick ({_layout_name(c.top.config)}) is faster by "
+            f"{_seconds(faster)}, most in {c.term} ({_seconds(c.gain_s)} less)"
+        )
     return line
 
 
-def _base_config(args: argparse.Namespace,
-                 cluster: ClusterSpec) -> tuple[TrialConfig, ModelShape | None]:
+def _base_config(
+    args: argparse.Namespace, cluster: ClusterSpec
+) -> tuple[TrialConfig, ModelShape | None]:
     """The layout-free part: workload, world size, device; and the explicit shape, if any."""
-    workload = WorkloadSpec(seq_len=args.seq_len, global_batch_size=args.global_batch_size,
-                            dtype=args.dtype, vocab_size=args.vocab_size)
+    workload = WorkloadSpec(
+        seq_len=args.seq_len,
+        global_batch_size=args.global_batch_size,
+        dtype=args.dtype,
+        vocab_size=args.vocab_size,
+    )
     if args.model is not None:
         workload = builtin_workload(workload, args.model)
-    base = TrialConfig(workload=workload, world_size=cluster.world_size,
-                       device=cluster.device_type, precision=precision_arg(args.precision))
+    base = TrialConfig(
+        workload=workload,
+        world_size=cluster.world_size,
+        device=cluster.device_type,
+        precision=precision_arg(args.precision),
+    )
     base.validate_precision()
     # Spelled out once (the search's default: bf16-mixed on GPUs), so every layout carries it.
     base = base.with_precision(cluster.device_type)
     shape = explicit_shape(args, base)
     if shape is None and args.model is None:
-        raise ConfigError("give --model NAME or an explicit architecture (--num-layers "
-                          "--hidden-size --num-heads --vocab-size) to rank")
+        raise ConfigError(
+            "give --model NAME or an explicit architecture (--num-layers "
+            "--hidden-size --num-heads --vocab-size) to rank"
+        )
     if shape is not None:
         base = mark_explicit(base, shape)
     base.workload.validate()
@@ -341,8 +427,11 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
     would refuse one by one.
     """
     heads = shape or base.workload.shape
-    tp_degrees = [tp for tp in divisors(base.world_size)
-                  if not heads or not (heads.num_heads % tp or heads.num_kv_heads % tp)]
+    tp_degrees = [
+        tp
+        for tp in divisors(base.world_size)
+        if not heads or not (heads.num_heads % tp or heads.num_kv_heads % tp)
+    ]
     try:
         grid = SearchSpace(base, narrowed={"tp_degree": tp_degrees}).configs
     except ConfigError:  # no valid layout: the caller says why (_no_layout_message)
@@ -351,38 +440,59 @@ def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> lis
         return grid
     # The heads' rule was applied to tp above; the layers' rule (pipeline stages) is the only
     # other one the shape decides, so only pipelined layouts are validated again.
-    rules = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
-             "num_layers": shape.num_layers}
+    rules = {
+        "num_heads": shape.num_heads,
+        "num_kv_heads": shape.num_kv_heads,
+        "num_layers": shape.num_layers,
+    }
     return [c for c in grid if c.pp_degree == 1 or _valid(c, rules)]
 
 
-def screen_layouts(args: argparse.Namespace, base: TrialConfig, shape: ModelShape | None,
-                   limit_bytes: int, device_type: str,
-                   traits: MemoryTraits | None = None) -> Screened:
+def screen_layouts(
+    args: argparse.Namespace,
+    base: TrialConfig,
+    shape: ModelShape | None,
+    limit_bytes: int,
+    device_type: str,
+    traits: MemoryTraits | None = None,
+) -> Screened:
     """The layouts to score (``rank_space.screened_layouts``): the newer knobs as the flags
     choose them (``rank_space.knob_choices``), screened on autotune's runtime's memory bounds
     (none for another engine's memory, ``traits``, whose layouts are all scored)."""
     from autotune.search.screen import predicted_to_fit
 
     if args.ac_layers is not None:
-        base = dataclasses.replace(base, activation_checkpointing="full",
-                                   ac_layers=args.ac_layers)
+        base = dataclasses.replace(base, activation_checkpointing="full", ac_layers=args.ac_layers)
     of = shape or base.workload.shape
-    tp_degrees = [tp for tp in divisors(base.world_size)
-                  if not (of.num_heads % tp or of.num_kv_heads % tp)]
-    rules = None if shape is None else {"num_heads": shape.num_heads,
-                                        "num_kv_heads": shape.num_kv_heads,
-                                        "num_layers": shape.num_layers}
+    tp_degrees = [
+        tp for tp in divisors(base.world_size) if not (of.num_heads % tp or of.num_kv_heads % tp)
+    ]
+    rules = (
+        None
+        if shape is None
+        else {
+            "num_heads": shape.num_heads,
+            "num_kv_heads": shape.num_kv_heads,
+            "num_layers": shape.num_layers,
+        }
+    )
     limit = None if traits is not None else limit_bytes
-    return screened_layouts(base, of, knob_choices(args, base, traits), tp_degrees=tp_degrees,
-                            fits=lambda b: predicted_to_fit(b, limit, device_type),
-                            rules=rules)
+    return screened_layouts(
+        base,
+        of,
+        knob_choices(args, base, traits),
+        tp_degrees=tp_degrees,
+        fits=lambda b: predicted_to_fit(b, limit, device_type),
+        rules=rules,
+    )
 
 
 def _screened_text(s: Screened) -> str:
-    return (f"{s.groups_dropped:,} (tp, pp, cp, ZeRO, HSDP, schedule) groups whose model states "
-            f"alone, and {s.branches_dropped:,} (micro-batch, checkpointing, SP) branches whose "
-            "states and held activations, cannot fit, dropped before their layouts were built")
+    return (
+        f"{s.groups_dropped:,} (tp, pp, cp, ZeRO, HSDP, schedule) groups whose model states "
+        f"alone, and {s.branches_dropped:,} (micro-batch, checkpointing, SP) branches whose "
+        "states and held activations, cannot fit, dropped before their layouts were built"
+    )
 
 
 def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
@@ -397,36 +507,58 @@ def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
     """Why no layout splits the global batch, and the batches that would split."""
     world, batch = base.world_size, base.workload.global_batch_size
     structural = []  # dp of each (tp, pp, cp) the model allows, one micro-batch each
-    for tp, pp, cp in itertools.product(divisors(world), divisors(world),
-                                        SEARCHED_BY_DEFAULT["cp_degree"]):
+    for tp, pp, cp in itertools.product(
+        divisors(world), divisors(world), SEARCHED_BY_DEFAULT["cp_degree"]
+    ):
         if world % (tp * pp * cp):
             continue
         dp = world // (tp * pp * cp)
         config = dataclasses.replace(
-            base, tp_degree=tp, pp_degree=pp, cp_degree=cp, micro_batch_size=1,
+            base,
+            tp_degree=tp,
+            pp_degree=pp,
+            cp_degree=cp,
+            micro_batch_size=1,
             pp_schedule="gpipe",
-            workload=dataclasses.replace(base.workload, global_batch_size=dp))
+            workload=dataclasses.replace(base.workload, global_batch_size=dp),
+        )
         try:
-            config.validate(**({} if shape is None else {
-                "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
-                "num_layers": shape.num_layers}))
+            config.validate(
+                **(
+                    {}
+                    if shape is None
+                    else {
+                        "num_heads": shape.num_heads,
+                        "num_kv_heads": shape.num_kv_heads,
+                        "num_layers": shape.num_layers,
+                    }
+                )
+            )
         except ConfigError:
             continue
         structural.append(dp)
     name = base.workload.name if shape is None else "the architecture"
-    return (f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
-            "data-parallel degree dp = world / (tp × pp × cp) must divide it, and tp must divide "
-            "the heads and pp must not exceed the layers, so dp is at least "
-            f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}")
+    return (
+        f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
+        "data-parallel degree dp = world / (tp × pp × cp) must divide it, and tp must divide "
+        "the heads and pp must not exceed the layers, so dp is at least "
+        f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}"
+    )
 
 
 # ---- scoring -------------------------------------------------------------------------------
-def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
-                 shape: ModelShape | None = None, limit_bytes: int | None,
-                 device_type: str = "cuda", calibration: Calibration | None = None,
-                 progress: _Progress | None = None,
-                 memory_traits: MemoryTraits | None = None,
-                 engine: EngineTraits = AUTOTUNE_ENGINE) -> Ranking:
+def rank_layouts(
+    layouts: list[TrialConfig],
+    cluster: ClusterSpec,
+    *,
+    shape: ModelShape | None = None,
+    limit_bytes: int | None,
+    device_type: str = "cuda",
+    calibration: Calibration | None = None,
+    progress: _Progress | None = None,
+    memory_traits: MemoryTraits | None = None,
+    engine: EngineTraits = AUTOTUNE_ENGINE,
+) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
     search's margin), the step time; fastest first (ties: smaller peak first).
 
@@ -442,17 +574,25 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     shape_of = shape or (layouts[0].workload.shape if layouts else None)
     # The largest peak predicted_to_fit accepts: a rank above it settles the layout.
     rule = allowance(device_type)
-    stop = None if limit_bytes is None else int(
-        (limit_bytes - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation))
+    stop = (
+        None
+        if limit_bytes is None
+        else int(
+            (limit_bytes - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation)
+        )
+    )
     fitting = []
     for done, config in enumerate(layouts, 1):
         if memory_traits is not None:
-            peak = estimate_engine_memory(config, shape_of, memory_traits,
-                                          device_type=device_type, checked=True).total
-        elif predicted_to_fit(peak_lower_bound(config, shape_of, device_type=device_type),
-                              limit_bytes, device_type):
-            peak = estimate_memory(config, shape_of, device_type=device_type, checked=True,
-                                   stop_above=stop).total
+            peak = estimate_engine_memory(
+                config, shape_of, memory_traits, device_type=device_type, checked=True
+            ).total
+        elif predicted_to_fit(
+            peak_lower_bound(config, shape_of, device_type=device_type), limit_bytes, device_type
+        ):
+            peak = estimate_memory(
+                config, shape_of, device_type=device_type, checked=True, stop_above=stop
+            ).total
         else:
             peak = None
         if peak is not None and predicted_to_fit(peak, limit_bytes, device_type):
@@ -465,11 +605,22 @@ def rank_layouts(layouts: list[TrialConfig], cluster: ClusterSpec, *,
     fitting.sort(key=lambda s: (-s.time.tokens_per_s, s.peak_memory_bytes))
     smallest = None
     if not fitting and layouts:
-        peaks = ((c, estimate_engine_memory(c, shape_of, memory_traits, device_type=device_type,
-                                            checked=True).total) for c in layouts)
+        peaks = (
+            (
+                c,
+                estimate_engine_memory(
+                    c, shape_of, memory_traits, device_type=device_type, checked=True
+                ).total,
+            )
+            for c in layouts
+        )
         smallest = min(peaks, key=lambda cp: cp[1])
-    return Ranking(scored=len(layouts), fitting=tuple(fitting), smallest_peak=smallest,
-                   rows=tuple(collapse_equivalent(fitting)))
+    return Ranking(
+        scored=len(layouts),
+        fitting=tuple(fitting),
+        smallest_peak=smallest,
+        rows=tuple(collapse_equivalent(fitting)),
+    )
 
 
 COLLAPSE_TOLERANCE = 1e-3
@@ -492,15 +643,17 @@ def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
             rows.append(s)
         else:
             rows[i] = dataclasses.replace(
-                rows[i], collapsed_buckets_mb=(*rows[i].collapsed_buckets_mb, s.config.bucket_mb))
+                rows[i], collapsed_buckets_mb=(*rows[i].collapsed_buckets_mb, s.config.bucket_mb)
+            )
     return rows
 
 
 def _same_prediction(a: ScoredLayout, b: ScoredLayout) -> bool:
-    return (abs(a.time.step_time_s - b.time.step_time_s)
-            <= COLLAPSE_TOLERANCE * a.time.step_time_s
-            and abs(a.peak_memory_bytes - b.peak_memory_bytes)
-            <= COLLAPSE_TOLERANCE * a.peak_memory_bytes)
+    return (
+        abs(a.time.step_time_s - b.time.step_time_s) <= COLLAPSE_TOLERANCE * a.time.step_time_s
+        and abs(a.peak_memory_bytes - b.peak_memory_bytes)
+        <= COLLAPSE_TOLERANCE * a.peak_memory_bytes
+    )
 
 
 class _Progress:
@@ -514,22 +667,27 @@ class _Progress:
 
     def update(self, done: int) -> None:
         if self.tty and (done % self.every == 0 or done == self.total):
-            sys.stderr.write(f"\rscoring layouts: {done / self.total:4.0%} "
-                             f"({done:,}/{self.total:,})")
+            sys.stderr.write(
+                f"\rscoring layouts: {done / self.total:4.0%} ({done:,}/{self.total:,})"
+            )
             sys.stderr.flush()
 
     def close(self, fit: int) -> None:
         elapsed = timer.perf_counter() - self.start
-        sys.stderr.write(f"{chr(13) if self.tty else ''}scored {self.total:,} layouts in "
-                         f"{elapsed:.1f} s; {fit:,} predicted to fit\n")
+        sys.stderr.write(
+            f"{chr(13) if self.tty else ''}scored {self.total:,} layouts in "
+            f"{elapsed:.1f} s; {fit:,} predicted to fit\n"
+        )
         sys.stderr.flush()
 
 
 # ---- output --------------------------------------------------------------------------------
 def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
-    lines = [f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
-             f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} "
-             f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  {'knobs':<14} largest term"]
+    lines = [
+        f"{'rank':>4} {'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'micro×acc':>10}  "
+        f"{'AC':<9} {'schedule':<16} {'overlap':<7} {'bucket':>8} {'step':>9} "
+        f"{'tokens/s':>11} {'MFU':>6} {'peak GiB':>8}  {'knobs':<14} largest term"
+    ]
     for i, s in enumerate(layouts, 1):
         c, t = s.config, s.time
         term = max(t.breakdown, key=t.breakdown.get)
@@ -541,7 +699,8 @@ def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
             f"{'on' if c.overlap_enabled else 'off':<7} "
             f"{_buckets(s) if c.dp_degree > 1 else '-':>8} {_seconds(t.step_time_s):>9} "
             f"{t.tokens_per_s:>11,.0f} {mfu:>6} {s.peak_memory_bytes / GIB:>8.1f}  "
-            f"{_knobs(c):<14} {term} {t.breakdown[term] / t.step_time_s:.0%}")
+            f"{_knobs(c):<14} {term} {t.breakdown[term] / t.step_time_s:.0%}"
+        )
     return "\n".join(lines)
 
 
@@ -549,8 +708,14 @@ def _knobs(c: TrialConfig) -> str:
     """The newer knobs a layout sets, as short names mark them: sp, cp2, hsdp2, v4, l2,
     compile, fp8 ('-' for none)."""
     marks = short_name(c).split("-ac_")[1].split("-")[1:]
-    keep = [m for m in marks if m in ("sp", "compile", "fp8") or m[:1] in "vl" and
-            m[1:].isdigit() or m.startswith(("cp", "hsdp"))]
+    keep = [
+        m
+        for m in marks
+        if m in ("sp", "compile", "fp8")
+        or m[:1] in "vl"
+        and m[1:].isdigit()
+        or m.startswith(("cp", "hsdp"))
+    ]
     return ",".join(keep) or "-"
 
 
@@ -565,6 +730,8 @@ def _seconds(t: float) -> str:
 
 def _layout_name(c: TrialConfig) -> str:
     schedule = f" {c.pp_schedule}" if c.pp_degree > 1 else ""
-    return (f"tp {c.tp_degree} × pp {c.pp_degree} × dp {c.dp_degree}, ZeRO-{c.zero_stage}, "
-            f"micro-batch {c.micro_batch_size} × {c.grad_accum_steps}, checkpointing "
-            f"{c.activation_checkpointing}{schedule}")
+    return (
+        f"tp {c.tp_degree} × pp {c.pp_degree} × dp {c.dp_degree}, ZeRO-{c.zero_stage}, "
+        f"micro-batch {c.micro_batch_size} × {c.grad_accum_steps}, checkpointing "
+        f"{c.activation_checkpointing}{schedule}"
+    )

@@ -53,8 +53,9 @@ replica counts dp / 8 and dp / 64 of each layout's dp; ``--dp-replicate N`` asks
 count."""
 
 
-def knob_choices(args: argparse.Namespace, base: TrialConfig,
-                 traits: MemoryTraits | None = None) -> dict[str, tuple]:
+def knob_choices(
+    args: argparse.Namespace, base: TrialConfig, traits: MemoryTraits | None = None
+) -> dict[str, tuple]:
     """The newer knobs' values ``rank`` lists: the flag's value where one is given, otherwise
     every value (sequence parallelism on and off wherever tp > 1 — on only, for an engine
     whose recipes turn it on —, every context-parallel degree the sequence allows, every HSDP
@@ -65,11 +66,17 @@ def knob_choices(args: argparse.Namespace, base: TrialConfig,
     world, seq = base.world_size, base.workload.seq_len
     return {
         "sequence_parallel": (True,),
-        "cp_degree": (args.cp_degree,) if args.cp_degree is not None else tuple(
-            d for d in divisors(world) if d == 1 or (seq % (2 * d) == 0
-                                                     and seq // d >= CP_MIN_TOKENS)),
+        "cp_degree": (args.cp_degree,)
+        if args.cp_degree is not None
+        else tuple(
+            d
+            for d in divisors(world)
+            if d == 1 or (seq % (2 * d) == 0 and seq // d >= CP_MIN_TOKENS)
+        ),
         "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else None,
-        "virtual_stages": (args.virtual_stages,) if args.virtual_stages is not None else VIRTUAL_STAGES,
+        "virtual_stages": (args.virtual_stages,)
+        if args.virtual_stages is not None
+        else VIRTUAL_STAGES,
         "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
         "float8": (True,) if args.float8 else SEARCHED_BY_DEFAULT["float8"],
     }
@@ -94,9 +101,15 @@ class Screened:
             self.smallest = (config, bound)
 
 
-def screened_layouts(base: TrialConfig, shape: ModelShape, choices: dict[str, tuple], *,
-                     tp_degrees: list[int], fits, rules: dict[str, int] | None = None
-                     ) -> Screened:
+def screened_layouts(
+    base: TrialConfig,
+    shape: ModelShape,
+    choices: dict[str, tuple],
+    *,
+    tp_degrees: list[int],
+    fits,
+    rules: dict[str, int] | None = None,
+) -> Screened:
     """The grid of ``base`` with the newer knobs' ``choices`` (``knob_choices``), walked as
     the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound."""
     out = Screened()
@@ -124,17 +137,26 @@ def screened_layouts(base: TrialConfig, shape: ModelShape, choices: dict[str, tu
 def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict[str, tuple]):
     """One config per (ZeRO stage, HSDP replicas, schedule, virtual stages) of a (tp, pp, cp)."""
     zeros = (0,) if dp == 1 else ZERO_STAGES
-    for zero, schedule in itertools.product(zeros, PP_SCHEDULES if pp > 1 else
-                                            (base.pp_schedule,)):
-        replicas = [r for r in _replica_counts(dp, choices["dp_replicate"])
-                    if r == 1 or (zero >= 2 and dp % r == 0 and dp > 1)]
+    for zero, schedule in itertools.product(zeros, PP_SCHEDULES if pp > 1 else (base.pp_schedule,)):
+        replicas = [
+            r
+            for r in _replica_counts(dp, choices["dp_replicate"])
+            if r == 1 or (zero >= 2 and dp % r == 0 and dp > 1)
+        ]
         interleaved = pp > 1 and schedule == "interleaved_1f1b"
         stages = choices["virtual_stages"] if interleaved else (base.virtual_stages,)
         for rep, v in itertools.product(replicas, stages):
-            yield dataclasses.replace(base, tp_degree=tp, pp_degree=pp, cp_degree=cp,
-                                      zero_stage=zero, dp_replicate=rep, pp_schedule=schedule,
-                                      virtual_stages=v, micro_batch_size=base.workload.
-                                      global_batch_size // dp)
+            yield dataclasses.replace(
+                base,
+                tp_degree=tp,
+                pp_degree=pp,
+                cp_degree=cp,
+                zero_stage=zero,
+                dp_replicate=rep,
+                pp_schedule=schedule,
+                virtual_stages=v,
+                micro_batch_size=base.workload.global_batch_size // dp,
+            )
 
 
 def _replica_counts(dp: int, given: tuple[int, ...] | None) -> list[int]:
@@ -150,8 +172,11 @@ def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
     """Rank 0's model states, the least over the grid's overlap and bucket choices: they
     matter only to the distributed optimizer's bucketed partition (ZeRO-1 with TP, or with a
     pipeline and overlap; ``memory._uses_distributed_optimizer``)."""
-    varies = group.zero_stage == 1 and group.dp_degree > 1 and (
-        group.tp_degree > 1 or group.pp_degree > 1)
+    varies = (
+        group.zero_stage == 1
+        and group.dp_degree > 1
+        and (group.tp_degree > 1 or group.pp_degree > 1)
+    )
     configs = _overlap_bucket(group) if varies else [group]
     return min(states_lower_bound(c, shape, device_type=c.device) for c in configs)
 
@@ -159,14 +184,22 @@ def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
 def _overlap_bucket(config: TrialConfig) -> list[TrialConfig]:
     """``config`` with each overlap and bucket size the grid lists (one when dp is 1)."""
     if config.dp_degree == 1:
-        return [dataclasses.replace(config, overlap_enabled=True,
-                                    bucket_mb=DEFAULT_BUCKETS_MB[0])]
-    return [dataclasses.replace(config, overlap_enabled=ov, bucket_mb=b)
-            for ov, b in itertools.product(OVERLAP_CHOICES, DEFAULT_BUCKETS_MB)]
+        return [dataclasses.replace(config, overlap_enabled=True, bucket_mb=DEFAULT_BUCKETS_MB[0])]
+    return [
+        dataclasses.replace(config, overlap_enabled=ov, bucket_mb=b)
+        for ov, b in itertools.product(OVERLAP_CHOICES, DEFAULT_BUCKETS_MB)
+    ]
 
 
-def _branches(group: TrialConfig, shape: ModelShape, choices: dict[str, tuple], states: int,
-              fits, out: Screened, rules: dict[str, int] | None) -> None:
+def _branches(
+    group: TrialConfig,
+    shape: ModelShape,
+    choices: dict[str, tuple],
+    states: int,
+    fits,
+    out: Screened,
+    rules: dict[str, int] | None,
+) -> None:
     """Each (micro-batch, checkpointing, SP) under ``group``: dropped on its bound, or its
     valid layouts kept."""
     dp = group.dp_degree
@@ -178,23 +211,27 @@ def _branches(group: TrialConfig, shape: ModelShape, choices: dict[str, tuple], 
     # larger ones (listed after it) cannot either.
     monotone = group.pp_degree == 1 or group.pp_schedule == "1f1b"
     over: set[tuple[str, bool]] = set()
-    for micro, ac, sp in itertools.product(divisors(group.workload.global_batch_size // dp),
-                                           modes, sps):
+    for micro, ac, sp in itertools.product(
+        divisors(group.workload.global_batch_size // dp), modes, sps
+    ):
         if (ac, sp) in over:
             out.branches_dropped += 1
             continue
-        branch = dataclasses.replace(group, micro_batch_size=micro,
-                                     activation_checkpointing=ac, sequence_parallel=sp)
-        bound = states + activation_lower_bound(dataclasses.replace(branch, **lean), shape,
-                                                device_type=branch.device)
+        branch = dataclasses.replace(
+            group, micro_batch_size=micro, activation_checkpointing=ac, sequence_parallel=sp
+        )
+        bound = states + activation_lower_bound(
+            dataclasses.replace(branch, **lean), shape, device_type=branch.device
+        )
         if not fits(bound):
             out.branches_dropped += 1
             out.drop(branch, bound)
             if monotone:
                 over.add((ac, sp))
             continue
-        for leaf, comp, f8 in itertools.product(_overlap_bucket(branch), choices["compile"],
-                                                choices["float8"]):
+        for leaf, comp, f8 in itertools.product(
+            _overlap_bucket(branch), choices["compile"], choices["float8"]
+        ):
             config = dataclasses.replace(leaf, compile=comp, float8=f8)
             try:
                 config.validate(**(rules or {}))

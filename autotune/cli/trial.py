@@ -25,23 +25,32 @@ PROFILED_STEPS = TrialConfig().num_profiled_steps
 
 def add_parser(sub) -> None:
     """Adds ``trial`` and ``profile``."""
-    trial = sub.add_parser("trial", help="run one configuration as a real multi-process trial",
-                           description="Run one TrialConfig on a Ray worker group and print "
-                           "step time, throughput, losses and per-rank memory. " + EXAMPLES)
-    trial.add_argument("--config", metavar="FILE",
-                       help="TrialConfig JSON (default: the built-in tiny GPT on 2 ranks)")
-    trial.add_argument("--json", action="store_true",
-                       help="print the full result as JSON on stdout")
+    trial = sub.add_parser(
+        "trial",
+        help="run one configuration as a real multi-process trial",
+        description="Run one TrialConfig on a Ray worker group and print "
+        "step time, throughput, losses and per-rank memory. " + EXAMPLES,
+    )
+    trial.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TrialConfig JSON (default: the built-in tiny GPT on 2 ranks)",
+    )
+    trial.add_argument(
+        "--json", action="store_true", help="print the full result as JSON on stdout"
+    )
     add_store_db_arg(trial)
     add_ray_args(trial)
     add_debug_arg(trial)
     trial.set_defaults(run=run)
 
     profile = sub.add_parser(
-        "profile", help="run one configuration and print its per-rank timeline breakdown",
+        "profile",
+        help="run one configuration and print its per-rank timeline breakdown",
         description="Run a TrialConfig with profiled steps after the timed ones, store it, and "
         "print compute / communication / overlap / exposed communication / idle per rank and "
-        "the bytes each collective moves per step. " + EXAMPLES)
+        "the bytes each collective moves per step. " + EXAMPLES,
+    )
     profile.add_argument("--config", metavar="FILE", help="TrialConfig JSON (default: built-in)")
     add_store_db_arg(profile)
     add_ray_args(profile)
@@ -83,11 +92,15 @@ def run_one(args: argparse.Namespace, *, quiet: bool, profiled: bool = False):
 
         settings = executor_settings(args)
         if not quiet:
-            print(f"running {config.workload.name}: world {config.world_size} = tp "
-                  f"{config.tp_degree} × pp {config.pp_degree} × cp {config.cp_degree} × dp "
-                  f"{config.dp_degree}, ZeRO-"
-                  f"{config.zero_stage}, micro-batch {config.micro_batch_size} × "
-                  f"{config.grad_accum_steps} accumulation …", file=sys.stderr, flush=True)
+            print(
+                f"running {config.workload.name}: world {config.world_size} = tp "
+                f"{config.tp_degree} × pp {config.pp_degree} × cp {config.cp_degree} × dp "
+                f"{config.dp_degree}, ZeRO-"
+                f"{config.zero_stage}, micro-batch {config.micro_batch_size} × "
+                f"{config.grad_accum_steps} accumulation …",
+                file=sys.stderr,
+                flush=True,
+            )
         with RayExecutor(settings) as executor:
             result = executor.run(config)
         trial_id = None
@@ -96,8 +109,7 @@ def run_one(args: argparse.Namespace, *, quiet: bool, profiled: bool = False):
 
             trial_id = store_result(database, result)
             if not quiet:
-                print(f"stored as trial {trial_id} in {database.url_for_display}",
-                      file=sys.stderr)
+                print(f"stored as trial {trial_id} in {database.url_for_display}", file=sys.stderr)
         return result, trial_id
 
 
@@ -114,14 +126,17 @@ def format_breakdown(spans) -> str:
             f"{b.rank:>4} {b.window_ns / per / 1e6:>11.2f} {b.compute_ns / per / 1e6:>11.2f} "
             f"{b.comm_ns / per / 1e6:>8.2f} {b.overlap:>8.1%} "
             f"{b.exposed_comm_ns / per / 1e6:>11.2f} {b.idle_ns / per / 1e6:>8.2f} "
-            f"{b.num_steps:>6}")
-    lines.append("(per step, averaged over the profiled steps; overlap = |comm ∩ compute| / "
-                 "|comm|)")
+            f"{b.num_steps:>6}"
+        )
+    lines.append(
+        "(per step, averaged over the profiled steps; overlap = |comm ∩ compute| / |comm|)"
+    )
     lines += ["", "rank  kind  collective        group        MB/step"]
     for rank, by_key in sorted(bytes_per_step(spans).items()):
         for (kind, name, group), nbytes in sorted(by_key.items()):
-            lines.append(f"{rank:>4}  {kind:<5} {name:<17} {group or '-':<8} "
-                         f"{nbytes / 2**20:>11.3f}")
+            lines.append(
+                f"{rank:>4}  {kind:<5} {name:<17} {group or '-':<8} {nbytes / 2**20:>11.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -130,13 +145,16 @@ def format_result(result) -> str:
 
     assert isinstance(result, TrialResult)
     c, derived = result.config, result.config["derived"]
+    w = c["workload"]
+    name = w["workload"] or f"{w['family']}-{w['size']}"
+    overlap = "on" if c["overlap_enabled"] else "off"
     lines = [
-        f"workload     {c['workload']['workload'] or c['workload']['family'] + '-' + c['workload']['size']}"
+        f"workload     {name}"
         f"  seq {c['workload']['seq_len']}  global batch {c['workload']['global_batch_size']}",
         f"layout       world {c['world_size']} = tp {c['tp_degree']} × pp {c['pp_degree']} × "
-        f"cp {c.get('cp_degree', 1)} × dp {derived['dp_degree']}   ZeRO-{c['zero_stage']}   micro-batch "
-        f"{c['micro_batch_size']} × accumulation {derived['grad_accum_steps']}",
-        f"knobs        bucket {c['bucket_mb']:g} MB   overlap {'on' if c['overlap_enabled'] else 'off'}"
+        f"cp {c.get('cp_degree', 1)} × dp {derived['dp_degree']}   ZeRO-{c['zero_stage']}   "
+        f"micro-batch {c['micro_batch_size']} × accumulation {derived['grad_accum_steps']}",
+        f"knobs        bucket {c['bucket_mb']:g} MB   overlap {overlap}"
         f"   activation ckpt {c['activation_checkpointing']}"
         + (f" (first {c['ac_layers']} blocks per stage)" if c.get("ac_layers") else "")
         + f"   attention {c['attention']}"
@@ -152,8 +170,12 @@ def format_result(result) -> str:
         f"losses       {' '.join(f'{x:.4f}' for x in result.losses)}",
         f"overhead     {result.overhead_s:.3f} s ({'cold' if result.cold_start else 'warm'} "
         f"worker group; wall {result.wall_s:.2f} s)"
-        + (f"\ncompile      {result.compile_s:.2f} s (setup: the first warm-up step's excess "
-           "over a timed step)" if result.compile_s is not None else ""),
+        + (
+            f"\ncompile      {result.compile_s:.2f} s (setup: the first warm-up step's excess "
+            "over a timed step)"
+            if result.compile_s is not None
+            else ""
+        ),
         "",
         "rank  pp dp tp   params MB   grads MB   optim MB   activ. MB   other MB    peak MB",
     ]
@@ -161,8 +183,9 @@ def format_result(result) -> str:
     for r in result.ranks:
         m = r.memory
         lines.append(
-            f"{r.rank:>4}  {r.pp_rank:>2} {r.dp_rank:>2} {r.tp_rank:>2}  {m.parameters / mb:>10.2f} "
-            f"{m.gradients / mb:>10.2f} {m.optimizer_state / mb:>10.2f} "
-            f"{m.activations / mb:>11.2f} {m.other / mb:>10.2f} {m.peak / mb:>10.2f}")
+            f"{r.rank:>4}  {r.pp_rank:>2} {r.dp_rank:>2} {r.tp_rank:>2}  "
+            f"{m.parameters / mb:>10.2f} {m.gradients / mb:>10.2f} {m.optimizer_state / mb:>10.2f} "
+            f"{m.activations / mb:>11.2f} {m.other / mb:>10.2f} {m.peak / mb:>10.2f}"
+        )
     lines.append(f"memory measured by {result.ranks[0].memory.source}")
     return "\n".join(lines)

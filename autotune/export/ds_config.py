@@ -23,8 +23,13 @@ def _precision_sections(precision: str) -> dict:
     dtype = PRECISION_COMPUTE_DTYPE[precision]
     fp16: dict = {"enabled": dtype == "float16"}
     if precision == "16-mixed":
-        fp16.update(loss_scale=0, initial_scale_power=16, loss_scale_window=2000,
-                    hysteresis=1, min_loss_scale=1)
+        fp16.update(
+            loss_scale=0,
+            initial_scale_power=16,
+            loss_scale_window=2000,
+            hysteresis=1,
+            min_loss_scale=1,
+        )
     return {"bf16": {"enabled": dtype == "bfloat16"}, "fp16": fp16}
 
 
@@ -33,8 +38,9 @@ def ds_config(config: TrialConfig) -> dict:
     w = config.workload
     device_type = "cpu" if config.device == "cpu" else "cuda"
     precision = config.resolved_precision(device_type)
-    bucket_elements = int(config.bucket_mb * 2**20
-                          // BYTES_PER_ELEMENT[config.compute_dtype(device_type)])
+    bucket_elements = int(
+        config.bucket_mb * 2**20 // BYTES_PER_ELEMENT[config.compute_dtype(device_type)]
+    )
     ds: dict = {
         "train_batch_size": w.global_batch_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
@@ -59,34 +65,48 @@ def ds_config(config: TrialConfig) -> dict:
         if config.zero_stage == 3:
             zero_optimization["offload_param"] = {"device": "cpu", "pin_memory": True}
     if config.activation_checkpointing != "none":
-        ds["activation_checkpointing"] = {"partition_activations": False,
-                                          "contiguous_memory_optimization": False}
+        ds["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+        }
     if config.tp_degree > 1:
         ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
     notes = []
     if precision not in MIXED_PRECISIONS and precision != "32-true":
-        notes.append(f"precision {precision} (no fp32 master copy) has no DeepSpeed "
-                     "equivalent: its bf16/fp16 modes keep fp32 master weights and optimizer "
-                     "state, as bf16-mixed/16-mixed do")
+        notes.append(
+            f"precision {precision} (no fp32 master copy) has no DeepSpeed "
+            "equivalent: its bf16/fp16 modes keep fp32 master weights and optimizer "
+            "state, as bf16-mixed/16-mixed do"
+        )
     if config.pp_degree > 1:
-        notes.append(f"pipeline parallelism (pp_degree {config.pp_degree}, schedule "
-                     f"{config.pp_schedule}) is configured in DeepSpeed's PipelineModule "
-                     "(num_stages), not in this file")
+        notes.append(
+            f"pipeline parallelism (pp_degree {config.pp_degree}, schedule "
+            f"{config.pp_schedule}) is configured in DeepSpeed's PipelineModule "
+            "(num_stages), not in this file"
+        )
         if config.zero_stage >= 2:
-            notes.append("DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; with "
-                         "DeepSpeed use zero_stage ≤ 1 for this layout")
+            notes.append(
+                "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; with "
+                "DeepSpeed use zero_stage ≤ 1 for this layout"
+            )
     if config.tp_degree > 1 and config.zero_stage > 2:
         notes.append("DeepSpeed AutoTP needs ZeRO stage ≤ 2")
     if config.optimizer_offload_enabled and config.zero_stage < 3:
-        notes.append(f"DeepSpeed offloads parameters only at ZeRO stage 3 (offload_param): at "
-                     f"stage {config.zero_stage} its parameters stay on the GPU, where autotune's "
-                     "offload (FSDP2 CPUOffloadPolicy) keeps their shards in host memory")
+        notes.append(
+            f"DeepSpeed offloads parameters only at ZeRO stage 3 (offload_param): at "
+            f"stage {config.zero_stage} its parameters stay on the GPU, where autotune's "
+            "offload (FSDP2 CPUOffloadPolicy) keeps their shards in host memory"
+        )
     if config.activation_checkpointing == "selective":
-        notes.append("selective recomputation (attention core) has no DeepSpeed key: apply "
-                     "deepspeed.checkpointing to the attention core in the model")
+        notes.append(
+            "selective recomputation (attention core) has no DeepSpeed key: apply "
+            "deepspeed.checkpointing to the attention core in the model"
+        )
     if config.activation_checkpointing == "op":
-        notes.append("op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
-                     "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules")
+        notes.append(
+            "op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
+            "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules"
+        )
     notes += newer_knob_notes(config)
     if notes:
         ds["autotune_notes"] = notes
@@ -98,37 +118,47 @@ def newer_knob_notes(config: TrialConfig) -> list[str]:
     stages, compile and float8 (its configuration reference; ``runtime/config.py`` of 0.19)."""
     notes = []
     if config.sequence_parallel:
-        notes.append("sequence parallelism here is Megatron's (norms and dropout on sequence "
-                     "shards inside TP); DeepSpeed's sequence_parallel_size is Ulysses (an "
-                     "all-to-all over attention heads), a different scheme, and AutoTP has no SP: "
-                     "not written")
+        notes.append(
+            "sequence parallelism here is Megatron's (norms and dropout on sequence "
+            "shards inside TP); DeepSpeed's sequence_parallel_size is Ulysses (an "
+            "all-to-all over attention heads), a different scheme, and AutoTP has no SP: "
+            "not written"
+        )
     if config.cp_degree > 1:
-        notes.append(f"context parallelism cp {config.cp_degree} (K/V all-gathered, causal load "
-                     "balancing) has no DeepSpeed key; its nearest is Ulysses "
-                     "(sequence_parallel_size), an all-to-all over heads: not written")
+        notes.append(
+            f"context parallelism cp {config.cp_degree} (K/V all-gathered, causal load "
+            "balancing) has no DeepSpeed key; its nearest is Ulysses "
+            "(sequence_parallel_size), an all-to-all over heads: not written"
+        )
     if config.dp_replicate > 1:
-        notes.append(f"HSDP ({config.dp_replicate} replica groups of {config.dp_shard} shards): "
-                     "DeepSpeed removed MiCS (mics_shard_size); ZeRO++ hpZ "
-                     "(zero_hpz_partition_size) shards only a secondary parameter copy within "
-                     "groups: written as ZeRO over the whole dp")
+        notes.append(
+            f"HSDP ({config.dp_replicate} replica groups of {config.dp_shard} shards): "
+            "DeepSpeed removed MiCS (mics_shard_size); ZeRO++ hpZ "
+            "(zero_hpz_partition_size) shards only a secondary parameter copy within "
+            "groups: written as ZeRO over the whole dp"
+        )
     if config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b":
-        notes.append(f"interleaved 1F1B with {config.virtual_stages} virtual stages per rank: "
-                     "DeepSpeed's pipeline engine runs one stage per rank (1F1B)")
+        notes.append(
+            f"interleaved 1F1B with {config.virtual_stages} virtual stages per rank: "
+            "DeepSpeed's pipeline engine runs one stage per rank (1F1B)"
+        )
     if config.compile:
-        notes.append("compile: call engine.compile() after deepspeed.initialize; it compiles "
-                     "the whole module, where the trial compiled each block")
+        notes.append(
+            "compile: call engine.compile() after deepspeed.initialize; it compiles "
+            "the whole module, where the trial compiled each block"
+        )
     if config.float8:
-        notes.append("float8 linears have no DeepSpeed key: use Transformer Engine's or "
-                     "torchao's float8 linears in the model")
+        notes.append(
+            "float8 linears have no DeepSpeed key: use Transformer Engine's or "
+            "torchao's float8 linears in the model"
+        )
     return notes
 
 
 def check_batch_identity(ds: dict, dp_degree: int) -> None:
     """The identity DeepSpeed asserts at start-up."""
-    expected = (ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
-                * dp_degree)
+    expected = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * dp_degree
     if ds["train_batch_size"] != expected:
-        raise ConfigError(f"train_batch_size {ds['train_batch_size']} != micro × accumulation "
-                          f"× dp = {expected}")
-
-
+        raise ConfigError(
+            f"train_batch_size {ds['train_batch_size']} != micro × accumulation × dp = {expected}"
+        )

@@ -12,6 +12,7 @@ def write_json_atomically(path: Path, data: dict) -> None:
     def write(f) -> None:
         json.dump(data, f, indent=2)
         f.write("\n")
+
     _write_atomically(path, write)
 
 
@@ -38,5 +39,3 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-

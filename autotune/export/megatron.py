@@ -39,9 +39,11 @@ def megatron_args(config: TrialConfig) -> tuple[list[list[str]], list[str]]:
     """(the flags, each with its values, what Megatron cannot express)."""
     notes: list[str] = []
     w = config.workload
-    flags = [["--tensor-model-parallel-size", str(config.tp_degree)],
-             ["--pipeline-model-parallel-size", str(config.pp_degree)],
-             ["--context-parallel-size", str(config.cp_degree)]]
+    flags = [
+        ["--tensor-model-parallel-size", str(config.tp_degree)],
+        ["--pipeline-model-parallel-size", str(config.pp_degree)],
+        ["--context-parallel-size", str(config.cp_degree)],
+    ]
     if config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b":
         flags.append(["--num-virtual-stages-per-pipeline-rank", str(config.virtual_stages)])
     elif config.pp_degree > 1 and config.pp_schedule == "gpipe":
@@ -52,17 +54,22 @@ def megatron_args(config: TrialConfig) -> tuple[list[list[str]], list[str]]:
         flags.append(["--cp-comm-type", "allgather"])
     flags += _data_parallel_flags(config, notes)
     flags += _recompute_flags(config, notes)
-    flags += [["--micro-batch-size", str(config.micro_batch_size)],
-              ["--global-batch-size", str(w.global_batch_size)],
-              ["--seq-length", str(w.seq_len)]]
+    flags += [
+        ["--micro-batch-size", str(config.micro_batch_size)],
+        ["--global-batch-size", str(w.global_batch_size)],
+        ["--seq-length", str(w.seq_len)],
+    ]
     flags += _shape_flags(config, notes)
     flags += _precision_flags(config, notes)
     if config.compile:
-        notes.append("compile: Megatron-LM has no torch.compile flag for its blocks (it fuses "
-                      "kernels through Transformer Engine and its fusions instead)")
+        notes.append(
+            "compile: Megatron-LM has no torch.compile flag for its blocks (it fuses "
+            "kernels through Transformer Engine and its fusions instead)"
+        )
     if config.attention == "eager":
-        notes.append("eager attention: Megatron chooses its attention backend itself "
-                     "(--attention-backend)")
+        notes.append(
+            "eager attention: Megatron chooses its attention backend itself (--attention-backend)"
+        )
     if config.device == "cpu":
         notes.append("measured on CPU (gloo); Megatron-LM trains on GPUs (NCCL)")
     return flags, notes
@@ -73,21 +80,26 @@ def _data_parallel_flags(config: TrialConfig, notes: list[str]) -> list[list[str
     if zero == 1:
         flags.append(["--use-distributed-optimizer"])
     elif zero >= 2:
-        flags += [["--use-megatron-fsdp"],
-                  ["--data-parallel-sharding-strategy", _SHARDING[zero]]]
+        flags += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", _SHARDING[zero]]]
     if config.dp_replicate > 1:
-        flags += [["--num-distributed-optimizer-instances", str(config.dp_replicate)],
-                  ["--outer-dp-sharding-strategy", "no_shard"]]
+        flags += [
+            ["--num-distributed-optimizer-instances", str(config.dp_replicate)],
+            ["--outer-dp-sharding-strategy", "no_shard"],
+        ]
     if config.overlap_enabled and config.dp_degree > 1:
         flags.append(["--overlap-grad-reduce"])
         if zero >= 1:
             flags.append(["--overlap-param-gather"])
     if config.optimizer_offload_enabled:
         flags += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
-        notes.append("optimizer offload: Megatron's --optimizer-cpu-offload moves the optimizer "
-                     "state and step to the CPU; the parameters stay on the GPU")
-    notes.append(f"bucket size {config.bucket_mb:g} MB: Megatron sizes its buckets in elements "
-                 "(--ddp-bucket-size), not written")
+        notes.append(
+            "optimizer offload: Megatron's --optimizer-cpu-offload moves the optimizer "
+            "state and step to the CPU; the parameters stay on the GPU"
+        )
+    notes.append(
+        f"bucket size {config.bucket_mb:g} MB: Megatron sizes its buckets in elements "
+        "(--ddp-bucket-size), not written"
+    )
     return flags
 
 
@@ -98,40 +110,57 @@ def _recompute_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
     if mode == "selective":
         return [["--recompute-granularity", "selective"]]
     if mode == "full" and config.ac_layers is not None:
-        return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
-                ["--recompute-num-layers", str(config.ac_layers)]]
+        return [
+            ["--recompute-granularity", "full"],
+            ["--recompute-method", "block"],
+            ["--recompute-num-layers", str(config.ac_layers)],
+        ]
     if mode == "full":
-        return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
-                ["--recompute-num-layers", "1"]]
+        return [
+            ["--recompute-granularity", "full"],
+            ["--recompute-method", "uniform"],
+            ["--recompute-num-layers", "1"],
+        ]
     # op: torchtitan's op-level policy (every second matmul recomputed) is no Megatron
     # granularity; --recompute-modules recomputes whole modules (core_attn, mlp, layernorm, ...).
-    notes.append(f"activation checkpointing {mode!r} (op-level, every second matmul recomputed) "
-                 "has no Megatron flag: not written, so the job keeps every activation; add "
-                 "--recompute-granularity full --recompute-method uniform --recompute-num-layers "
-                 "1 if it does not fit")
+    notes.append(
+        f"activation checkpointing {mode!r} (op-level, every second matmul recomputed) "
+        "has no Megatron flag: not written, so the job keeps every activation; add "
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers "
+        "1 if it does not fit"
+    )
     return []
 
 
 def _shape_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
     shape = config.workload.shape
     if shape is None:
-        notes.append("a user workload: add the model's --num-layers, --hidden-size and "
-                     "--num-attention-heads")
+        notes.append(
+            "a user workload: add the model's --num-layers, --hidden-size and --num-attention-heads"
+        )
         return []
-    flags = [["--num-layers", str(shape.num_layers)], ["--hidden-size", str(shape.hidden_size)],
-             ["--num-attention-heads", str(shape.num_heads)],
-             ["--ffn-hidden-size", str(shape.ffn_hidden_size)],
-             ["--max-position-embeddings", str(shape.max_seq_len)]]
+    flags = [
+        ["--num-layers", str(shape.num_layers)],
+        ["--hidden-size", str(shape.hidden_size)],
+        ["--num-attention-heads", str(shape.num_heads)],
+        ["--ffn-hidden-size", str(shape.ffn_hidden_size)],
+        ["--max-position-embeddings", str(shape.max_seq_len)],
+    ]
     if shape.num_kv_heads != shape.num_heads:
         flags += [["--group-query-attention"], ["--num-query-groups", str(shape.num_kv_heads)]]
     if shape.family == "llama":
-        flags += [["--normalization", "RMSNorm"], ["--swiglu"],
-                  ["--position-embedding-type", "rope"]]
+        flags += [
+            ["--normalization", "RMSNorm"],
+            ["--swiglu"],
+            ["--position-embedding-type", "rope"],
+        ]
     stages = config.num_pp_stages
     if stages > 1 and shape.num_layers % stages:
-        notes.append(f"{shape.num_layers} layers on {stages} stages: the trial gave the first "
-                     "and last stage a layer fewer (shapes.stage_layer_counts); set "
-                     "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers")
+        notes.append(
+            f"{shape.num_layers} layers on {stages} stages: the trial gave the first "
+            "and last stage a layer fewer (shapes.stage_layer_counts); set "
+            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"
+        )
     return flags
 
 
@@ -139,8 +168,10 @@ def _precision_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
     precision = export_precision(config)
     flags = {"bf16": [["--bf16"]], "16": [["--fp16"]], "32": []}[precision.split("-")[0]]
     if precision.endswith("-true") and precision != "32-true":
-        notes.append(f"{precision} (no fp32 master copy): Megatron keeps fp32 main parameters; "
-                     "written as its mixed precision")
+        notes.append(
+            f"{precision} (no fp32 master copy): Megatron keeps fp32 main parameters; "
+            "written as its mixed precision"
+        )
     if config.float8:
         flags += [["--fp8-format", "hybrid"], ["--fp8-recipe", "tensorwise"]]
     return flags
@@ -148,8 +179,10 @@ def _precision_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
 
 def megatron_text(config: TrialConfig) -> str:
     flags, notes = megatron_args(config)
-    head = [f"# Megatron-LM arguments of autotune's best layout of {config.workload.name}",
-            "# (torchrun ... pretrain_gpt.py $(grep -v '^#' megatron_args.txt) <data flags>).",
-            "# What Megatron cannot express:"]
+    head = [
+        f"# Megatron-LM arguments of autotune's best layout of {config.workload.name}",
+        "# (torchrun ... pretrain_gpt.py $(grep -v '^#' megatron_args.txt) <data flags>).",
+        "# What Megatron cannot express:",
+    ]
     head += [f"#   - {n}" for n in notes]
     return "\n".join(head + [" ".join(f) for f in flags]) + "\n"

@@ -26,19 +26,25 @@ import pprint
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.errors import ConfigError
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 TORCHTITAN_FILE = "torchtitan_config.py"
 
 # Accelerate's mixed_precision: autocast with fp32 master weights, i.e. the *-mixed precisions.
-_ACCELERATE_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16",
-                         "bf16-true": "bf16", "16-true": "fp16"}
+_ACCELERATE_PRECISION = {
+    "32-true": "no",
+    "bf16-mixed": "bf16",
+    "16-mixed": "fp16",
+    "bf16-true": "bf16",
+    "16-true": "fp16",
+}
 
 
 def export_precision(config: TrialConfig) -> str:
     """The precision the exported job trains in: the trial's, or the GPU default."""
     return config.resolved_precision("cuda")
+
+
 _TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 
 
@@ -57,40 +63,64 @@ def decoder_layer_class(config: TrialConfig) -> str:
 # ---- Accelerate ------------------------------------------------------------------------------
 def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list[str]]:
     """(the config dict, what Accelerate cannot express)."""
-    tp, pp, dp, zero, cp = (config.tp_degree, config.pp_degree, config.dp_degree,
-                            config.zero_stage, config.cp_degree)
-    notes = [f"micro-batch {config.micro_batch_size} and {config.grad_accum_steps} accumulation "
-             "steps belong in the training script (DataLoader batch_size, "
-             "Accelerator(gradient_accumulation_steps=...)), not in this file"]
+    tp, pp, dp, zero, cp = (
+        config.tp_degree,
+        config.pp_degree,
+        config.dp_degree,
+        config.zero_stage,
+        config.cp_degree,
+    )
+    notes = [
+        f"micro-batch {config.micro_batch_size} and {config.grad_accum_steps} accumulation "
+        "steps belong in the training script (DataLoader batch_size, "
+        "Accelerator(gradient_accumulation_steps=...)), not in this file"
+    ]
     processes = dp * tp * cp
     if pp > 1:
-        notes.append(f"pipeline parallelism (pp {pp}, {config.pp_schedule}) has no Accelerate "
-                     f"training key: this file runs the dp × cp × tp = {processes} part of the "
-                     f"world of {config.world_size}")
+        notes.append(
+            f"pipeline parallelism (pp {pp}, {config.pp_schedule}) has no Accelerate "
+            f"training key: this file runs the dp × cp × tp = {processes} part of the "
+            f"world of {config.world_size}"
+        )
     use_fsdp = zero >= 2 or tp > 1 or cp > 1
     precision = export_precision(config)
     if precision.endswith("-true") and precision != "32-true":
-        notes.append(f"{precision} (the whole model in half precision, no fp32 master copy) "
-                     "has no Accelerate key: written as its mixed precision")
-    doc: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False,
-                 "distributed_type": "FSDP" if use_fsdp else (
-                     "MULTI_GPU" if processes > 1 else "NO"),
-                 "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
-                 "mixed_precision": "fp8" if config.float8 else _ACCELERATE_PRECISION[precision],
-                 "num_machines": 1, "num_processes": processes, "rdzv_backend": "static",
-                 "same_network": True, "use_cpu": config.device == "cpu"}
+        notes.append(
+            f"{precision} (the whole model in half precision, no fp32 master copy) "
+            "has no Accelerate key: written as its mixed precision"
+        )
+    doc: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "FSDP" if use_fsdp else ("MULTI_GPU" if processes > 1 else "NO"),
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": "fp8" if config.float8 else _ACCELERATE_PRECISION[precision],
+        "num_machines": 1,
+        "num_processes": processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": config.device == "cpu",
+    }
     doc.update(_accelerate_knobs(config, notes))
     if zero == 1:
-        notes.append("ZeRO-1 (optimizer state sharded, gradients all-reduced) has no FSDP "
-                     "equivalent: written as plain data parallelism; use ds_config.json "
-                     "(Accelerate's DeepSpeed plugin) to keep it")
+        notes.append(
+            "ZeRO-1 (optimizer state sharded, gradients all-reduced) has no FSDP "
+            "equivalent: written as plain data parallelism; use ds_config.json "
+            "(Accelerate's DeepSpeed plugin) to keep it"
+        )
     if use_fsdp:
         doc.update(_accelerate_fsdp(config, layer_class, notes))
     elif config.activation_checkpointing != "none":
-        notes.append("activation checkpointing without FSDP has no Accelerate key: call "
-                     "model.gradient_checkpointing_enable() in the script")
-    notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
-                 f"{'on' if config.overlap_enabled else 'off'} have no Accelerate key")
+        notes.append(
+            "activation checkpointing without FSDP has no Accelerate key: call "
+            "model.gradient_checkpointing_enable() in the script"
+        )
+    notes.append(
+        f"bucket size {config.bucket_mb:g} MB and overlap "
+        f"{'on' if config.overlap_enabled else 'off'} have no Accelerate key"
+    )
     if config.device == "cpu":
         notes.append("measured on CPU (gloo); on GPUs set use_cpu false")
     return doc, notes
@@ -100,17 +130,24 @@ def _accelerate_knobs(config: TrialConfig, notes: list[str]) -> dict:
     """compile (regional compilation of the repeated blocks) and float8 (torchao's backend)."""
     doc: dict = {}
     if config.compile:
-        doc["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_use_fullgraph": True,
-                                "dynamo_use_regional_compilation": True}
+        doc["dynamo_config"] = {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_use_fullgraph": True,
+            "dynamo_use_regional_compilation": True,
+        }
     if config.float8:
         doc["fp8_config"] = {"backend": "AO"}
-        notes.append("float8: Accelerate's torchao backend converts the linears with its own "
-                     "filter (first and last linear kept in bf16), not every 16-aligned one")
+        notes.append(
+            "float8: Accelerate's torchao backend converts the linears with its own "
+            "filter (first and last linear kept in bf16), not every 16-aligned one"
+        )
     if config.sequence_parallel:
-        notes.append("sequence parallelism (Megatron-style norms and dropout on sequence "
-                     "shards) is chosen by the model's tp_plan in transformers, not by a key "
-                     "here; parallelism_config_sp_size is DeepSpeed's Ulysses, a different "
-                     "scheme")
+        notes.append(
+            "sequence parallelism (Megatron-style norms and dropout on sequence "
+            "shards) is chosen by the model's tp_plan in transformers, not by a key "
+            "here; parallelism_config_sp_size is DeepSpeed's Ulysses, a different "
+            "scheme"
+        )
     return doc
 
 
@@ -138,23 +175,31 @@ def _accelerate_fsdp(config: TrialConfig, layer_class: str, notes: list[str]) ->
         parallelism["parallelism_config_cp_backend"] = "torch"
         parallelism["parallelism_config_cp_comm_strategy"] = "allgather"
     if zero < 2:
-        notes.append(f"ZeRO-{zero} with tp {config.tp_degree}: FSDP2 with dp_shard_size 1 "
-                     "replicates over dp (DDP-like), the closest Accelerate layout")
+        notes.append(
+            f"ZeRO-{zero} with tp {config.tp_degree}: FSDP2 with dp_shard_size 1 "
+            "replicates over dp (DDP-like), the closest Accelerate layout"
+        )
     if config.activation_checkpointing in ("selective", "op"):
-        notes.append(f"{config.activation_checkpointing} recomputation (attention core / "
-                     "op-level) has no key: fsdp_activation_checkpointing recomputes whole "
-                     "decoder layers")
+        notes.append(
+            f"{config.activation_checkpointing} recomputation (attention core / "
+            "op-level) has no key: fsdp_activation_checkpointing recomputes whole "
+            "decoder layers"
+        )
     if config.ac_layers is not None:
-        notes.append(f"ac_layers {config.ac_layers}: fsdp_activation_checkpointing "
-                     "recomputes every decoder layer")
+        notes.append(
+            f"ac_layers {config.ac_layers}: fsdp_activation_checkpointing "
+            "recomputes every decoder layer"
+        )
     return {"fsdp_config": fsdp, "parallelism_config": parallelism}
 
 
 def accelerate_yaml(config: TrialConfig, layer_class: str) -> str:
     doc, notes = accelerate_config(config, layer_class)
-    head = [f"# Accelerate launch config for autotune's best layout of {config.workload.name}",
-            "# (accelerate launch --config_file accelerate_config.yaml train.py).",
-            "# What Accelerate cannot express:"]
+    head = [
+        f"# Accelerate launch config for autotune's best layout of {config.workload.name}",
+        "# (accelerate launch --config_file accelerate_config.yaml train.py).",
+        "# What Accelerate cannot express:",
+    ]
     head += [f"#   - {n}" for n in notes]
     return "\n".join(head) + "\n" + _yaml(doc) + "\n"
 
@@ -176,56 +221,78 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
     """(fields to set on torchtitan's Trainer.Config, what torchtitan cannot express)."""
     tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
     w = config.workload
-    notes = ["torchtitan trains its own model implementations: BASE_MODULE / BASE_CONFIG name "
-             "the torchtitan model config this layout is applied to; pick the flavor matching "
-             f"{w.name}"]
+    notes = [
+        "torchtitan trains its own model implementations: BASE_MODULE / BASE_CONFIG name "
+        "the torchtitan model config this layout is applied to; pick the flavor matching "
+        f"{w.name}"
+    ]
     # ZeRO-2/3 are FSDP (dp_shard, within each of dp_replicate groups under HSDP); ZeRO-0 is
     # replication (dp_replicate, DDP).
     shard = config.dp_shard if zero >= 2 else 1
     if zero == 1:
-        notes.append("ZeRO-1 has no torchtitan equivalent: written as dp_replicate (DDP); "
-                     "ZeRO-2 (dp_shard with fsdp_reshard_after_forward 'never') is the nearest "
-                     "sharded choice")
+        notes.append(
+            "ZeRO-1 has no torchtitan equivalent: written as dp_replicate (DDP); "
+            "ZeRO-2 (dp_shard with fsdp_reshard_after_forward 'never') is the nearest "
+            "sharded choice"
+        )
     per_dp = w.global_batch_size // dp
-    parallelism = {"data_parallel_replicate_degree": dp // shard,
-                   "data_parallel_shard_degree": shard,
-                   "fsdp_reshard_after_forward": "always" if zero == 3 else "never",
-                   "tensor_parallel_degree": tp,
-                   "enable_sequence_parallel": config.sequence_parallel,
-                   "context_parallel_degree": config.cp_degree,
-                   "pipeline_parallel_degree": pp,
-                   "pipeline_parallel_schedule": _TORCHTITAN_SCHEDULES[config.pp_schedule],
-                   "pipeline_parallel_microbatch_size": config.micro_batch_size,
-                   **_torchtitan_stages(config, notes)}
+    parallelism = {
+        "data_parallel_replicate_degree": dp // shard,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": "always" if zero == 3 else "never",
+        "tensor_parallel_degree": tp,
+        "enable_sequence_parallel": config.sequence_parallel,
+        "context_parallel_degree": config.cp_degree,
+        "pipeline_parallel_degree": pp,
+        "pipeline_parallel_schedule": _TORCHTITAN_SCHEDULES[config.pp_schedule],
+        "pipeline_parallel_microbatch_size": config.micro_batch_size,
+        **_torchtitan_stages(config, notes),
+    }
     # Without a pipeline torchtitan accumulates global / (local × dp) micro-batches of
     # local_batch_size; with one, local_batch_size is the rank's batch, cut into microbatches.
-    training = {"local_batch_size": per_dp if pp > 1 else config.micro_batch_size,
-                "global_batch_size": w.global_batch_size, "seq_len": w.seq_len,
-                "enable_cpu_offload": config.optimizer_offload_enabled}
+    training = {
+        "local_batch_size": per_dp if pp > 1 else config.micro_batch_size,
+        "global_batch_size": w.global_batch_size,
+        "seq_len": w.seq_len,
+        "enable_cpu_offload": config.optimizer_offload_enabled,
+    }
     if pp > 1:  # torchtitan 0.3 refuses CUDA graphs under a pipeline (Trainer.Config)
         training["disable_cuda_graphs"] = True
     precision = export_precision(config)
     if precision.startswith("16-"):
-        notes.append(f"{precision}: torchtitan has no float16 key (bfloat16 or float32 only): "
-                     "written as bfloat16 mixed precision")
+        notes.append(
+            f"{precision}: torchtitan has no float16 key (bfloat16 or float32 only): "
+            "written as bfloat16 mixed precision"
+        )
     elif precision == "bf16-true":
-        notes.append("bf16-true: torchtitan keeps fp32 master weights under FSDP: written as "
-                     "bfloat16 mixed precision")
+        notes.append(
+            "bf16-true: torchtitan keeps fp32 master weights under FSDP: written as "
+            "bfloat16 mixed precision"
+        )
     training["mixed_precision_param"] = "float32" if precision == "32-true" else "bfloat16"
     if config.attention == "eager":
-        notes.append("eager attention: torchtitan's models choose their attention backend "
-                     "in the model config")
-    notes.append(f"bucket size {config.bucket_mb:g} MB and overlap "
-                 f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key")
+        notes.append(
+            "eager attention: torchtitan's models choose their attention backend "
+            "in the model config"
+        )
+    notes.append(
+        f"bucket size {config.bucket_mb:g} MB and overlap "
+        f"{'on' if config.overlap_enabled else 'off'} have no torchtitan key"
+    )
     ac = _torchtitan_ac(config, notes)
     if config.float8:
-        notes.append("float8: torchtitan 0.3's Float8LinearConverter scales row-wise (its "
-                     "recipes are rowwise and rowwise_with_gw_hp); the trial scaled per tensor "
-                     "(torchao's default recipe)")
-    return {"parallelism": parallelism, "training": training,
-            "activation_checkpoint": ac,
-            "compile": {"enable": config.compile, "components": ["model"]},
-            "float8": config.float8}, notes
+        notes.append(
+            "float8: torchtitan 0.3's Float8LinearConverter scales row-wise (its "
+            "recipes are rowwise and rowwise_with_gw_hp); the trial scaled per tensor "
+            "(torchao's default recipe)"
+        )
+    return {
+        "parallelism": parallelism,
+        "training": training,
+        "activation_checkpoint": ac,
+        "compile": {"enable": config.compile, "components": ["model"]},
+        "float8": config.float8,
+    }, notes
 
 
 def _torchtitan_ac(config: TrialConfig, notes: list[str]) -> str | None:
@@ -239,13 +306,17 @@ def _torchtitan_ac(config: TrialConfig, notes: list[str]) -> str | None:
     recomputes every block — slower than the measured layout, never larger — with a note."""
     mode = config.activation_checkpointing
     if config.ac_layers is not None:
-        notes.append(f"ac_layers {config.ac_layers}: torchtitan cannot recompute only the first "
-                     f"{config.ac_layers} blocks of each stage; written as FullAC (every block: "
-                     "slower than measured, no more memory); megatron_args.txt runs it as "
-                     "measured (--recompute-method block)")
+        notes.append(
+            f"ac_layers {config.ac_layers}: torchtitan cannot recompute only the first "
+            f"{config.ac_layers} blocks of each stage; written as FullAC (every block: "
+            "slower than measured, no more memory); megatron_args.txt runs it as "
+            "measured (--recompute-method block)"
+        )
     if mode == "selective":
-        notes.append("selective: torchtitan has no attention-core recomputation; written as "
-                     "SelectiveAC, its op-level policy (autotune's op), which recomputes more")
+        notes.append(
+            "selective: torchtitan has no attention-core recomputation; written as "
+            "SelectiveAC, its op-level policy (autotune's op), which recomputes more"
+        )
     return {"none": None, "full": "FullAC", "selective": "SelectiveAC", "op": "SelectiveAC"}[mode]
 
 
@@ -262,12 +333,16 @@ def _torchtitan_stages(config: TrialConfig, notes: list[str]) -> dict:
     weight = 0 if layers % stages == 0 else 1
     per_stage = -(-(layers + 2 * weight) // stages)
     if -(-(layers + 2 * weight) // per_stage) != stages:
-        notes.append(f"{stages} pipeline stages of {layers} layers: no "
-                     "pipeline_parallel_layers_per_stage gives torchtitan that many; set "
-                     "module_fqns_per_model_part by hand")
-    return {"pipeline_parallel_first_stage_less_layers": weight,
-            "pipeline_parallel_last_stage_less_layers": weight,
-            "pipeline_parallel_layers_per_stage": per_stage}
+        notes.append(
+            f"{stages} pipeline stages of {layers} layers: no "
+            "pipeline_parallel_layers_per_stage gives torchtitan that many; set "
+            "module_fqns_per_model_part by hand"
+        )
+    return {
+        "pipeline_parallel_first_stage_less_layers": weight,
+        "pipeline_parallel_last_stage_less_layers": weight,
+        "pipeline_parallel_layers_per_stage": per_stage,
+    }
 
 
 def torchtitan_module(config: TrialConfig) -> str:
@@ -275,8 +350,11 @@ def torchtitan_module(config: TrialConfig) -> str:
     family = config.workload.shape.family if config.workload.shape else "llama"
     base_module, base_config = "torchtitan.models.llama3.config_registry", "llama3_debugmodel"
     if family != "llama":
-        notes.insert(1, f"torchtitan has no {family.upper()}-style model: the base is its "
-                     "Llama 3 config; change BASE_MODULE / BASE_CONFIG")
+        notes.insert(
+            1,
+            f"torchtitan has no {family.upper()}-style model: the base is its "
+            "Llama 3 config; change BASE_MODULE / BASE_CONFIG",
+        )
     note_lines = "\n".join(f"- {n}" for n in notes)
     return f'''"""autotune's best layout of {config.workload.name} as a torchtitan job config.
 

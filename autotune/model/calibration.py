@@ -20,40 +20,65 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.model.cluster import ClusterSpec
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.shapes import ModelShape
+from autotune.model.cluster import ClusterSpec
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
     EngineTraits,
     predict_step_time,
 )
+from autotune.shapes import ModelShape
 
-FITTED = ("compute_efficiency", "half_efficiency_rows",
-          "half_efficiency_cols", "elementwise_bytes",
-          "elementwise_sharded_bytes", "score_bytes",
-          "layer_overhead_s", "tp_layer_overhead_s", "collective_overhead_s",
-          "microbatch_overhead_s", "unit_overhead_s", "p2p_overhead_s", "step_overhead_s",
-          "comm_efficiency", "overlap_efficiency", "optimizer_bytes_per_param")
+FITTED = (
+    "compute_efficiency",
+    "half_efficiency_rows",
+    "half_efficiency_cols",
+    "elementwise_bytes",
+    "elementwise_sharded_bytes",
+    "score_bytes",
+    "layer_overhead_s",
+    "tp_layer_overhead_s",
+    "collective_overhead_s",
+    "microbatch_overhead_s",
+    "unit_overhead_s",
+    "p2p_overhead_s",
+    "step_overhead_s",
+    "comm_efficiency",
+    "overlap_efficiency",
+    "optimizer_bytes_per_param",
+)
 """The parameters a step-time fit may move."""
 FEW_SAMPLES = 24
 """Below this many samples only ``FEW_FITTED`` are fitted."""
-FEW_FITTED = ("compute_efficiency", "layer_overhead_s", "tp_layer_overhead_s",
-              "collective_overhead_s",
-              "microbatch_overhead_s", "unit_overhead_s", "p2p_overhead_s", "step_overhead_s",
-              "comm_efficiency")
+FEW_FITTED = (
+    "compute_efficiency",
+    "layer_overhead_s",
+    "tp_layer_overhead_s",
+    "collective_overhead_s",
+    "microbatch_overhead_s",
+    "unit_overhead_s",
+    "p2p_overhead_s",
+    "step_overhead_s",
+    "comm_efficiency",
+)
 START_SAMPLES = 200
 """Samples the multi-start search uses before the best start is refined on all of them."""
 PRIOR_SIGMA = 1.5
 """Width of the log-normal prior on each parameter (a factor of e^1.5 ≈ 4.5 is one sigma)."""
-FLOOR = {"layer_overhead_s": 1e-7, "collective_overhead_s": 1e-7,
-         "tp_layer_overhead_s": 1e-6,
-         "microbatch_overhead_s": 1e-5, "unit_overhead_s": 1e-5, "p2p_overhead_s": 1e-5,
-         "step_overhead_s": 1e-4,
-         "score_bytes": 0.1, "elementwise_bytes": 0.1,
-         "elementwise_sharded_bytes": 0.1}
+FLOOR = {
+    "layer_overhead_s": 1e-7,
+    "collective_overhead_s": 1e-7,
+    "tp_layer_overhead_s": 1e-6,
+    "microbatch_overhead_s": 1e-5,
+    "unit_overhead_s": 1e-5,
+    "p2p_overhead_s": 1e-5,
+    "step_overhead_s": 1e-4,
+    "score_bytes": 0.1,
+    "elementwise_bytes": 0.1,
+    "elementwise_sharded_bytes": 0.1,
+}
 """Smallest starting value of parameters that may start at zero (log space needs > 0)."""
 
 
@@ -86,14 +111,22 @@ class FitReport:
         rows = [f"{'parameter':<28} {'value':>14}"]
         for name in self.fitted:
             rows.append(f"{name:<28} {getattr(self.calibration, name):>14.6g}")
-        rows.append(f"fitted on {self.num_samples} measured step times: mean |error| "
-                    f"{100 * self.mape:.1f}%, worst {100 * max(map(abs, self.residuals)):.1f}%")
+        rows.append(
+            f"fitted on {self.num_samples} measured step times: mean |error| "
+            f"{100 * self.mape:.1f}%, worst {100 * max(map(abs, self.residuals)):.1f}%"
+        )
         return "\n".join(rows)
 
 
-def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
-                    start: Calibration | None = None, engine: EngineTraits = AUTOTUNE_ENGINE,
-                    fitted: Sequence[str] = FITTED, fit_shapes: bool = True) -> FitReport:
+def fit_calibration(
+    samples: Sequence[Sample],
+    cluster: ClusterSpec,
+    *,
+    start: Calibration | None = None,
+    engine: EngineTraits = AUTOTUNE_ENGINE,
+    fitted: Sequence[str] = FITTED,
+    fit_shapes: bool = True,
+) -> FitReport:
     """Least-squares fit of ``fitted`` parameters to the samples' step times, then (with
     ``fit_shapes``) one correction factor per measured layer shape."""
     import numpy as np
@@ -115,18 +148,30 @@ def fit_calibration(samples: Sequence[Sample], cluster: ClusterSpec, *,
     # only where the search begins); the others keep their log-normal prior.
     prior_weight = np.array([0.0 if getattr(start, n) <= 0 else 1.0 for n in names])
     lower, upper = _bounds(names)
-    objective = _Objective(samples, cluster, engine, start, names, np.clip(x0, lower, upper),
-                           prior_weight, np.log([smp.step_time_s for smp in samples]))
+    objective = _Objective(
+        samples,
+        cluster,
+        engine,
+        start,
+        names,
+        np.clip(x0, lower, upper),
+        prior_weight,
+        np.log([smp.step_time_s for smp in samples]),
+    )
     # A parameter no sample's time depends on (the TP overhead when every trial ran tp 1)
     # has a zero column in the Jacobian: the solver may move it anywhere, and it would then
     # predict the layouts it does matter for absurdly. It keeps its starting value.
-    informed = _informed(names, objective.x0,
-                         lambda x: objective.predict(objective.calibration_at(x), subset=None))
+    informed = _informed(
+        names, objective.x0, lambda x: objective.predict(objective.calibration_at(x), subset=None)
+    )
     if not all(informed):
         keep = [i for i, ok in enumerate(informed) if ok]
         objective = dataclasses.replace(
-            objective, names=[names[i] for i in keep], x0=objective.x0[keep],
-            prior_weight=prior_weight[keep])
+            objective,
+            names=[names[i] for i in keep],
+            x0=objective.x0[keep],
+            prior_weight=prior_weight[keep],
+        )
         lower, upper = lower[keep], upper[keep]
     cal = start  # nothing the samples can inform: only the shapes are fitted
     if objective.names:
@@ -168,9 +213,18 @@ class _Objective:
         import numpy as np
 
         chosen = self.samples if subset is None else [self.samples[i] for i in subset]
-        return np.log([predict_step_time(smp.config, smp.cluster or self.cluster, cal,
-                                         shape=smp.shape, engine=self.engine).step_time_s
-                       for smp in chosen])
+        return np.log(
+            [
+                predict_step_time(
+                    smp.config,
+                    smp.cluster or self.cluster,
+                    cal,
+                    shape=smp.shape,
+                    engine=self.engine,
+                ).step_time_s
+                for smp in chosen
+            ]
+        )
 
     def residuals(self, x, subset=None):
         import numpy as np
@@ -223,13 +277,26 @@ def _solve(objective: _Objective, lower, upper):
         subset = np.random.default_rng(0).choice(num_samples, START_SAMPLES, replace=False)
     best = None
     for x_start in starts:
-        result = least_squares(objective.residuals, x_start, bounds=(lower, upper), x_scale=1.0,
-                               diff_step=1e-3, max_nfev=400, args=(subset,))
+        result = least_squares(
+            objective.residuals,
+            x_start,
+            bounds=(lower, upper),
+            x_scale=1.0,
+            diff_step=1e-3,
+            max_nfev=400,
+            args=(subset,),
+        )
         if best is None or result.cost < best.cost:
             best = result
     if subset is not None:
-        best = least_squares(objective.residuals, best.x, bounds=(lower, upper), x_scale=1.0,
-                             diff_step=1e-3, max_nfev=200)
+        best = least_squares(
+            objective.residuals,
+            best.x,
+            bounds=(lower, upper),
+            x_scale=1.0,
+            diff_step=1e-3,
+            max_nfev=200,
+        )
     return best.x
 
 
@@ -260,8 +327,9 @@ SHAPE_SHRINK = 0.5
 one measurement alone moves it halfway, so a single noisy trial cannot swing it."""
 
 
-def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
-                       engine: EngineTraits) -> Calibration:
+def _fit_shape_factors(
+    samples: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineTraits
+) -> Calibration:
     """Per layer shape, the factor on its layers' device time that zeroes the mean log error of
     the samples with that shape (bisection on log factor), shrunk toward 1 by sample count."""
     from autotune.model.perf_model import layer_shape_key
@@ -273,8 +341,7 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
         # cluster's default (gloo: float32), not the GPU's bfloat16.
         key = layer_shape_key(smp.config, shape, (smp.cluster or cluster).device_type)
         by_key.setdefault(key, []).append(smp)
-    factors: dict[str, dict[str, float]] = {"layer_shape_factors": {},
-                                             "host_shape_factors": {}}
+    factors: dict[str, dict[str, float]] = {"layer_shape_factors": {}, "host_shape_factors": {}}
     for key, group in by_key.items():
         n = len(group)
         # The device's work or the host's launch time: of the two corrections that zero the
@@ -285,8 +352,9 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
             log_f = _zero_mean_log_error(group, cluster, cal, engine, table, key)
             if log_f is None:
                 continue
-            spread = _squared_log_errors(group, cluster, dataclasses.replace(
-                cal, **{table: {key: math.exp(log_f)}}), engine)
+            spread = _squared_log_errors(
+                group, cluster, dataclasses.replace(cal, **{table: {key: math.exp(log_f)}}), engine
+            )
             if best is None or spread < best[0] - 1e-12:
                 best = (spread, table, log_f)
         if best is not None:
@@ -294,22 +362,43 @@ def _fit_shape_factors(samples: Sequence[Sample], cluster: ClusterSpec, cal: Cal
     return dataclasses.replace(cal, **factors)
 
 
-def _squared_log_errors(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
-                        engine: EngineTraits) -> float:
-    return sum(math.log(predict_step_time(smp.config, smp.cluster or cluster, cal,
-                                          shape=smp.shape, engine=engine).step_time_s
-                        / smp.step_time_s) ** 2 for smp in group)
+def _squared_log_errors(
+    group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineTraits
+) -> float:
+    return sum(
+        math.log(
+            predict_step_time(
+                smp.config, smp.cluster or cluster, cal, shape=smp.shape, engine=engine
+            ).step_time_s
+            / smp.step_time_s
+        )
+        ** 2
+        for smp in group
+    )
 
 
-def _zero_mean_log_error(group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration,
-                         engine: EngineTraits, table: str, key: str) -> float | None:
+def _zero_mean_log_error(
+    group: Sequence[Sample],
+    cluster: ClusterSpec,
+    cal: Calibration,
+    engine: EngineTraits,
+    table: str,
+    key: str,
+) -> float | None:
     """The log factor in ``table`` for ``key`` at which the group's mean log error is zero,
     or None when no factor in [e⁻², e²] reaches it."""
+
     def mean_log_error(log_f: float) -> float:
         trial = dataclasses.replace(cal, **{table: {key: math.exp(log_f)}})
-        return sum(math.log(predict_step_time(smp.config, smp.cluster or cluster, trial,
-                                              shape=smp.shape, engine=engine).step_time_s
-                            / smp.step_time_s) for smp in group) / len(group)
+        return sum(
+            math.log(
+                predict_step_time(
+                    smp.config, smp.cluster or cluster, trial, shape=smp.shape, engine=engine
+                ).step_time_s
+                / smp.step_time_s
+            )
+            for smp in group
+        ) / len(group)
 
     lo, hi = -2.0, 2.0
     if mean_log_error(lo) > 0 or mean_log_error(hi) < 0:

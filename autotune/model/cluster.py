@@ -1,6 +1,7 @@
 """The cluster a layout runs on: nodes, devices, and the links between them.
 
-A :class:`ClusterSpec` is what the performance model (``autotune/model/perf_model.py``) needs to turn
+A :class:`ClusterSpec` is what the performance model (``autotune/model/perf_model.py``) needs to
+turn
 FLOPs and bytes into seconds: how many nodes of how many devices, each device's dense peak
 FLOP/s per dtype and memory bandwidth, the intra-node link as an all-reduce bus-bandwidth curve
 over message size (what nccl-tests' ``all_reduce_perf`` prints) or latency + bandwidth, and the
@@ -28,9 +29,9 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, get_args
 
 from autotune.config import DType
@@ -59,8 +60,10 @@ class DeviceSpec:
 
     def flops(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
-            raise ConfigError(f"device {self.name} gives no peak FLOP/s for {dtype}; add "
-                              f"'{dtype}' to its peak_flops")
+            raise ConfigError(
+                f"device {self.name} gives no peak FLOP/s for {dtype}; add "
+                f"'{dtype}' to its peak_flops"
+            )
         return self.peak_flops[dtype]
 
 
@@ -157,33 +160,46 @@ class ClusterSpec:
         for name in ("num_nodes", "devices_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"cluster '{self.name}': {name} must be a positive integer, "
-                                  f"not {value!r}")
+                raise ConfigError(
+                    f"cluster '{self.name}': {name} must be a positive integer, not {value!r}"
+                )
         if self.backend not in ("nccl", "gloo"):
-            raise ConfigError(f"cluster '{self.name}': backend must be nccl or gloo, not "
-                              f"{self.backend!r}")
+            raise ConfigError(
+                f"cluster '{self.name}': backend must be nccl or gloo, not {self.backend!r}"
+            )
         d = self.device
         if not d.peak_flops or any(not _positive_number(v) for v in d.peak_flops.values()):
-            raise ConfigError(f"cluster '{self.name}': device.peak_flops needs a positive FLOP/s "
-                              "per dtype, e.g. {\"bfloat16\": 312e12}")
+            raise ConfigError(
+                f"cluster '{self.name}': device.peak_flops needs a positive FLOP/s "
+                'per dtype, e.g. {"bfloat16": 312e12}'
+            )
         for name in ("memory_bandwidth_gbs", "memory_gib"):
             if not _positive_number(getattr(d, name)):
-                raise ConfigError(f"cluster '{self.name}': device.{name} must be a positive "
-                                  "number")
+                raise ConfigError(f"cluster '{self.name}': device.{name} must be a positive number")
         for link_name in ("intra_node", "inter_node"):
             link: LinkSpec = getattr(self, link_name)
             if not _positive_number(link.bandwidth_gbs) or not (
-                    _positive_number(link.latency_us) or link.latency_us == 0):
-                raise ConfigError(f"cluster '{self.name}': {link_name} needs a positive "
-                                  "bandwidth_gbs and a latency_us ≥ 0")
+                _positive_number(link.latency_us) or link.latency_us == 0
+            ):
+                raise ConfigError(
+                    f"cluster '{self.name}': {link_name} needs a positive "
+                    "bandwidth_gbs and a latency_us ≥ 0"
+                )
             for group, points in link.busbw_curve.items():
-                if not str(group).isdigit() or not points or any(
-                        len(p) != 2 or not all(_positive_number(x) for x in p) for p in points):
-                    raise ConfigError(f"cluster '{self.name}': {link_name}.busbw_curve must map "
-                                      "a group size to [[bytes, GB/s], ...] pairs")
+                if (
+                    not str(group).isdigit()
+                    or not points
+                    or any(len(p) != 2 or not all(_positive_number(x) for x in p) for p in points)
+                ):
+                    raise ConfigError(
+                        f"cluster '{self.name}': {link_name}.busbw_curve must map "
+                        "a group size to [[bytes, GB/s], ...] pairs"
+                    )
                 if [p[0] for p in points] != sorted(p[0] for p in points):
-                    raise ConfigError(f"cluster '{self.name}': {link_name}.busbw_curve[{group}] "
-                                      "must be sorted by size")
+                    raise ConfigError(
+                        f"cluster '{self.name}': {link_name}.busbw_curve[{group}] "
+                        "must be sorted by size"
+                    )
 
     def check_world(self, world_size: int) -> None:
         """Refuse a layout whose world size is not the cluster's nodes × devices."""
@@ -191,7 +207,8 @@ class ClusterSpec:
             raise ConfigError(
                 f"world size {world_size} ≠ {self.num_nodes} nodes × {self.devices_per_node} "
                 f"devices of cluster '{self.name}'; pass --nodes "
-                f"{max(1, world_size // self.devices_per_node)} or a matching --world-size")
+                f"{max(1, world_size // self.devices_per_node)} or a matching --world-size"
+            )
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -208,10 +225,12 @@ class ClusterSpec:
             device = _build(DeviceSpec, data.get("device"), f"{where}: device")
             intra = _build(LinkSpec, data.get("intra_node"), f"{where}: intra_node")
             inter = _build(LinkSpec, data.get("inter_node"), f"{where}: inter_node")
-            rest = {k: v for k, v in data.items()
-                    if k not in ("device", "intra_node", "inter_node")}
-            spec = _build(cls, {**rest, "device": device, "intra_node": intra,
-                                "inter_node": inter}, where)
+            rest = {
+                k: v for k, v in data.items() if k not in ("device", "intra_node", "inter_node")
+            }
+            spec = _build(
+                cls, {**rest, "device": device, "intra_node": intra, "inter_node": inter}, where
+            )
         except TypeError as e:  # a field of the wrong kind that dataclass construction met
             raise ConfigError(f"{where}: {e}") from None
         spec.validate()
@@ -227,8 +246,10 @@ class ClusterSpec:
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cluster file '{path}' is not valid "
-                              f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
+            raise ConfigError(
+                f"cluster file '{path}' is not valid "
+                f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {e}"
+            ) from None
         return cls.from_dict(data, where=f"cluster file '{path}'")
 
 
@@ -264,10 +285,14 @@ def _build(cls: type, data: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: "
-                          f"{', '.join(sorted(fields))}")
-    required = [n for n, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}"
+        )
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [n for n in required if n not in data]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
@@ -301,16 +326,28 @@ def gpu_cluster(gpu: Gpu) -> ClusterSpec:
     """One node of ``gpu`` (``hardware.GPUS``): its peaks per compute dtype, memory, the
     intra-node link as its all-reduce bus bandwidth, the node's NICs as the inter-node link,
     and the calibration fitted on published A100 runs (``shipped_calibration``)."""
-    device = DeviceSpec(name=gpu.name, memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
-                        memory_gib=gpu.memory_gib,
-                        peak_flops={dtype: gpu.dense_flops[dtype] for dtype in (
-                            *get_args(DType), "float8") if dtype in gpu.dense_flops})
+    device = DeviceSpec(
+        name=gpu.name,
+        memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
+        memory_gib=gpu.memory_gib,
+        peak_flops={
+            dtype: gpu.dense_flops[dtype]
+            for dtype in (*get_args(DType), "float8")
+            if dtype in gpu.dense_flops
+        },
+    )
     return ClusterSpec(
-        name=gpu.key, num_nodes=1, devices_per_node=gpu.devices_per_node, device=device,
-        intra_node=LinkSpec(bandwidth_gbs=gpu.allreduce_busbw_gbs,
-                            latency_us=INTRA_NODE_LATENCY_US),
+        name=gpu.key,
+        num_nodes=1,
+        devices_per_node=gpu.devices_per_node,
+        device=device,
+        intra_node=LinkSpec(
+            bandwidth_gbs=gpu.allreduce_busbw_gbs, latency_us=INTRA_NODE_LATENCY_US
+        ),
         inter_node=LinkSpec(bandwidth_gbs=gpu.nic_gbits / 8, latency_us=INTER_NODE_LATENCY_US),
-        source=gpu.source, calibration=shipped_calibration())
+        source=gpu.source,
+        calibration=shipped_calibration(),
+    )
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "clusters"
@@ -329,8 +366,9 @@ def builtin_gpu_cluster(device_name: str) -> ClusterSpec | None:
     return gpu_cluster(gpu) if gpu is not None else None
 
 
-def gpu_node(device_name: str, properties: Any = None, *,
-             warn: Callable[[str], None]) -> ClusterSpec:
+def gpu_node(
+    device_name: str, properties: Any = None, *, warn: Callable[[str], None]
+) -> ClusterSpec:
     """A node of the GPU torch names ``device_name``: its built-in node, or, for a GPU not in
     ``hardware.GPUS``, one described from its CUDA properties (``gpu_properties``), saying
     in one line through ``warn`` what was assumed. Never a CPU's figures."""
@@ -362,8 +400,10 @@ def load_cluster(name_or_path: str, *, nodes: int | None = None) -> ClusterSpec:
     elif (gpu := gpu_by_name(name_or_path)) is not None:
         spec = gpu_cluster(gpu)
     else:
-        raise ConfigError(f"unknown cluster '{name_or_path}': choose one of "
-                          f"{', '.join(builtin_names())}, or give a cluster file (.json/.toml)")
+        raise ConfigError(
+            f"unknown cluster '{name_or_path}': choose one of "
+            f"{', '.join(builtin_names())}, or give a cluster file (.json/.toml)"
+        )
     return spec.with_nodes(nodes) if nodes is not None else spec
 
 
@@ -378,12 +418,20 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
     per_rank = cores / world_size
     flops = per_rank * 2.5e9 * 32
     return ClusterSpec(
-        name="cpu-local", num_nodes=1, devices_per_node=world_size,
-        device=DeviceSpec(name="cpu", peak_flops=dict.fromkeys(get_args(DType), flops),
-                          memory_bandwidth_gbs=20.0, memory_gib=16.0, asynchronous=False),
+        name="cpu-local",
+        num_nodes=1,
+        devices_per_node=world_size,
+        device=DeviceSpec(
+            name="cpu",
+            peak_flops=dict.fromkeys(get_args(DType), flops),
+            memory_bandwidth_gbs=20.0,
+            memory_gib=16.0,
+            asynchronous=False,
+        ),
         intra_node=LinkSpec(bandwidth_gbs=5.0, latency_us=100.0),
         inter_node=LinkSpec(bandwidth_gbs=1.0, latency_us=200.0),
-        backend="gloo", cores_per_node=cores,
+        backend="gloo",
+        cores_per_node=cores,
         source=f"nominal figures for {cores} CPU cores; calibrated by trials",
         # Where a fit starts on CPU ranks, whose small layers cost the interpreter and the
         # operator dispatch far more than their FLOPs: the fits of all the rows of sweeps A-C
@@ -396,9 +444,16 @@ def local_cpu_cluster(world_size: int, *, cores: int | None = None) -> ClusterSp
         # A pipeline boundary's host cost (perf_model.stage_boundaries) came out of those
         # fits at 0 (A), 0.79 (B) and 0.66 ms (C): the start takes the lowest nonzero one,
         # since a zero start would leave it no prior.
-        calibration={"layer_overhead_s": 2e-3, "collective_overhead_s": 4e-3,
-                     "microbatch_overhead_s": 7e-4, "step_overhead_s": 1e-3,
-                     "tp_layer_overhead_s": 1e-4, "unit_overhead_s": 1.4e-3,
-                     "p2p_overhead_s": 6.6e-4,
-                     # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
-                     "half_efficiency_rows": 16.0, "half_efficiency_cols": 8.0})
+        calibration={
+            "layer_overhead_s": 2e-3,
+            "collective_overhead_s": 4e-3,
+            "microbatch_overhead_s": 7e-4,
+            "step_overhead_s": 1e-3,
+            "tp_layer_overhead_s": 1e-4,
+            "unit_overhead_s": 1.4e-3,
+            "p2p_overhead_s": 6.6e-4,
+            # A CPU core's matmul reaches its rate at far smaller sizes than a GPU's.
+            "half_efficiency_rows": 16.0,
+            "half_efficiency_cols": 8.0,
+        },
+    )

@@ -83,8 +83,17 @@ class _Dims:
     """Sequence parallelism (the config's ``sequence_parallel``, with tp > 1)."""
 
 
-def block_activation_bytes(shape: ModelShape, traits: MemoryTraits, *, tokens: int, keys: int,
-                           tp: int, e: int, mode: str, sp: bool = False) -> int:
+def block_activation_bytes(
+    shape: ModelShape,
+    traits: MemoryTraits,
+    *,
+    tokens: int,
+    keys: int,
+    tp: int,
+    e: int,
+    mode: str,
+    sp: bool = False,
+) -> int:
     """Bytes one transformer block keeps for backward, per micro-batch on one rank, under
     checkpointing ``mode``: 'none', 'selective' (Megatron: the attention core recomputed),
     'op' (torchtitan: matmul and SDPA outputs kept, every second matmul recomputed) or 'full'
@@ -137,8 +146,10 @@ def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> 
         kept = block_activation_bytes(shape, traits, mode=mode, **kw)
         rebuilt = none - kept if mode != "full" else none
     # Backward's gradient buffers of the block's widest tensors (memory.block_backward_bytes).
-    grads = (2 * d.elem_bytes * d.tokens * shape.ffn_hidden_size // d.tp
-             + d.elem_bytes * d.tokens * shape.hidden_size)
+    grads = (
+        2 * d.elem_bytes * d.tokens * shape.ffn_hidden_size // d.tp
+        + d.elem_bytes * d.tokens * shape.hidden_size
+    )
     return kept, rebuilt + grads
 
 
@@ -159,8 +170,14 @@ def _loss_bytes(traits: MemoryTraits, d: _Dims, vocab: int) -> tuple[int, int]:
     return kept, d.elem_bytes * logits + FP32_BYTES * logits * fp32 - kept
 
 
-def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, vocab: int,
-                  parts: tuple, precision: str) -> tuple[int, int, int, int]:
+def engine_states(
+    config: TrialConfig,
+    shape: ModelShape,
+    traits: MemoryTraits,
+    vocab: int,
+    parts: tuple,
+    precision: str,
+) -> tuple[int, int, int, int]:
     """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank."""
     tp, dp, zero = config.tp_degree, config.dp_degree, config.zero_stage
     fsdp = fsdp_shards(config)
@@ -172,8 +189,9 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
     numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
     n = dp if dp > 1 and zero >= 1 else 1
     if traits.optimizer == "fsdp2":
-        states = _states(shape, vocab, parts, tp, dp, zero, bytes_per,
-                         config.bucket_mb)  # TP-local vocab
+        states = _states(
+            shape, vocab, parts, tp, dp, zero, bytes_per, config.bucket_mb
+        )  # TP-local vocab
         return states.parameters, states.gradients, states.optimizer_state, 0
     if traits.optimizer == "megatron":
         # Megatron-LM: 16-bit parameters, fp32 main_grad buffers, fp32 master copy and Adam
@@ -195,12 +213,20 @@ def engine_states(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
             # at the step (fused_optimizer.py ``step``)
             return params, grads, 12 * numel, 2 * FP32_BYTES * numel
         return params, grads, -(-12 * numel // n), FP32_BYTES * -(-numel // n)
-    raise ConfigError(f"unknown optimizer layout {traits.optimizer!r}; choose fsdp2, megatron, "
-                      "deepspeed-fp16 or deepspeed-bf16")
+    raise ConfigError(
+        f"unknown optimizer layout {traits.optimizer!r}; choose fsdp2, megatron, "
+        "deepspeed-fp16 or deepspeed-bf16"
+    )
 
 
-def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
-                 traits: MemoryTraits, virtual_stages: int = 2) -> tuple[_Part, ...]:
+def engine_parts(
+    num_layers: int,
+    pp: int,
+    interleaved: bool,
+    pp_rank: int,
+    traits: MemoryTraits,
+    virtual_stages: int = 2,
+) -> tuple[_Part, ...]:
     """The rank's (virtual) stages: the L layers split evenly, earlier stages taking the
     remainder, or with ``embedding_counts_as_layer`` the L + 2 units so, the first and last
     stage one transformer layer short for their embeddings (interleaved: ``memory._parts``)."""
@@ -215,9 +241,14 @@ def engine_parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
     return (_Part(pp_rank, counts[pp_rank], pp_rank == 0, pp_rank == pp - 1),)
 
 
-def estimate_engine_memory(config: TrialConfig, shape: ModelShape | None,
-                           traits: MemoryTraits | None, *, device_type: str = "cuda",
-                           checked: bool = False) -> MemoryEstimate:
+def estimate_engine_memory(
+    config: TrialConfig,
+    shape: ModelShape | None,
+    traits: MemoryTraits | None,
+    *,
+    device_type: str = "cuda",
+    checked: bool = False,
+) -> MemoryEstimate:
     """The worst pipeline rank's reserved bytes when ``traits``' engine runs ``config``
     (``traits`` None: autotune's own runtime, ``memory.estimate_memory``). ``checked``: the
     caller validated ``config`` against ``shape`` already."""
@@ -233,17 +264,24 @@ def estimate_engine_memory(config: TrialConfig, shape: ModelShape | None,
     return worst
 
 
-def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int,
-                  precision: str) -> MemoryEstimate:
+def _engine_stage(
+    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int, precision: str
+) -> MemoryEstimate:
     tp, pp = config.tp_degree, config.pp_degree
     layout = LayoutQuantities.of(config, shape, precision)
     microbatches, vocab, elem_bytes = layout.num_microbatches, layout.vocab, layout.elem_bytes
-    parts = engine_parts(shape.num_layers, pp, layout.interleaved, pp_rank, traits,
-                         config.virtual_stages)
+    parts = engine_parts(
+        shape.num_layers, pp, layout.interleaved, pp_rank, traits, config.virtual_stages
+    )
     # The config's knobs: context parallelism divides each sequence, sequence parallelism what
     # lies outside the TP region.
-    d = _Dims(tokens=layout.microbatch_tokens, keys=config.workload.seq_len, tp=tp,
-              elem_bytes=elem_bytes, sp=layout.sequence_shards > 1)
+    d = _Dims(
+        tokens=layout.microbatch_tokens,
+        keys=config.workload.seq_len,
+        tp=tp,
+        elem_bytes=elem_bytes,
+        sp=layout.sequence_shards > 1,
+    )
     kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
     if config.ac_layers is not None:  # --recompute-num-layers: the others keep everything
         whole, whole_peak = _block_bytes(shape, traits, d, "none")
@@ -265,27 +303,44 @@ def _engine_stage(config: TrialConfig, shape: ModelShape, traits: MemoryTraits, 
     elif layout.interleaved:
         held_counts = _interleaved_peak(pp, pp_rank, microbatches, tuple(per_mb))
     else:
-        held_counts = microbatches_in_flight(config.pp_schedule, pp, pp_rank, microbatches,
-                                             config.virtual_stages)
+        held_counts = microbatches_in_flight(
+            config.pp_schedule, pp, pp_rank, microbatches, config.virtual_stages
+        )
     saved = sum(n * a for n, a in zip(held_counts, per_mb))
     last = any(p.last for p in parts)
     transient = max(block_peak, loss_peak if last else 0)
-    params, grads, optimizer, step_temps = engine_states(config, shape, traits, vocab, parts,
-                                                         precision)
+    params, grads, optimizer, step_temps = engine_states(
+        config, shape, traits, vocab, parts, precision
+    )
     comm = _fsdp_gathered(config, shape, traits, parts, vocab, elem_bytes)
     pipe = 2 * stage_io if pp > 1 else 0  # send and receive buffers in use
     fb, post = saved + transient + comm + pipe, step_temps
     allocated = params + grads + optimizer + max(fb, post)
     overhead = int((traits.fragmentation - 1) * allocated) + traits.context_bytes
     if fb >= post:
-        return MemoryEstimate(params, grads, optimizer, saved + transient, comm,
-                              pipe + overhead, pp_rank, PHASE_FORWARD_BACKWARD)
-    return MemoryEstimate(params, grads, optimizer, 0, 0, post + overhead, pp_rank,
-                          PHASE_AFTER_BACKWARD)
+        return MemoryEstimate(
+            params,
+            grads,
+            optimizer,
+            saved + transient,
+            comm,
+            pipe + overhead,
+            pp_rank,
+            PHASE_FORWARD_BACKWARD,
+        )
+    return MemoryEstimate(
+        params, grads, optimizer, 0, 0, post + overhead, pp_rank, PHASE_AFTER_BACKWARD
+    )
 
 
-def _fsdp_gathered(config: TrialConfig, shape: ModelShape, traits: MemoryTraits,
-                   parts: tuple[_Part, ...], vocab: int, elem_bytes: int) -> int:
+def _fsdp_gathered(
+    config: TrialConfig,
+    shape: ModelShape,
+    traits: MemoryTraits,
+    parts: tuple[_Part, ...],
+    vocab: int,
+    elem_bytes: int,
+) -> int:
     """FSDP2's unsharded bytes during forward/backward (torchtitan: one unit per block, the
     root holding embeddings, final norm and head): the unit in use and the one prefetched in
     the compute dtype, the gradients of one unit in the compute dtype and cast to fp32 for the
@@ -311,37 +366,68 @@ buffers, the cached blocks of the fp32 model Megatron builds before casting it),
 least-squares line through the even-numbered rows of BigScience's sweep with a stated peak
 (``bench/published_memory.py --fit``: 1.152 and 7.35 GiB); the odd-numbered rows are predicted."""
 TORCHTITAN = MemoryTraits(
-    name="torchtitan", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
-    loss_forward_fp32=2, loss_backward_fp32=3, loss_parallel_extra_fp32=1, fused_norm=True,
-    flash_attention=True, dropout=False, repeat_kv=True, selective_mode="op",
-    optimizer="fsdp2", fragmentation=1.0, context_bytes=0)
+    name="torchtitan",
+    sequence_parallel=True,
+    vocab_parallel_loss=True,
+    loss_kept_fp32=1,
+    loss_forward_fp32=2,
+    loss_backward_fp32=3,
+    loss_parallel_extra_fp32=1,
+    fused_norm=True,
+    flash_attention=True,
+    dropout=False,
+    repeat_kv=True,
+    selective_mode="op",
+    optimizer="fsdp2",
+    fragmentation=1.0,
+    context_bytes=0,
+)
 """torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
 (``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
 (``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
 kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
 and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its
 single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``,
-under which freed segments are remapped rather than split: no fragmentation factor. ``TORCHTITAN_MULTINODE`` is its multi-node launch."""
-TORCHTITAN_MULTINODE = dataclasses.replace(TORCHTITAN, name="torchtitan-multinode",
-                                           fragmentation=BIGSCIENCE_FRAGMENTATION)
+under which freed segments are remapped rather than split: no fragmentation factor.
+``TORCHTITAN_MULTINODE`` is its multi-node launch."""
+TORCHTITAN_MULTINODE = dataclasses.replace(
+    TORCHTITAN, name="torchtitan-multinode", fragmentation=BIGSCIENCE_FRAGMENTATION
+)
 """torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
 default (no expandable segments): the caching allocator's fragmentation as measured on
 BigScience's sweep, still without context (max reserved)."""
 MEGATRON = MemoryTraits(
-    name="megatron", sequence_parallel=True, vocab_parallel_loss=True, loss_kept_fp32=1,
-    loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True, flash_attention=True,
-    dropout=False, selective_mode="selective", optimizer="megatron")
+    name="megatron",
+    sequence_parallel=True,
+    vocab_parallel_loss=True,
+    loss_kept_fp32=1,
+    loss_forward_fp32=1,
+    loss_backward_fp32=1,
+    fused_norm=True,
+    flash_attention=True,
+    dropout=False,
+    selective_mode="selective",
+    optimizer="megatron",
+)
 """Megatron-LM (megatron/core, 2024–25) as its large-model recipes run it: sequence parallelism
 with TP (``--sequence-parallel``), ``vocab_parallel_cross_entropy`` (one fp32 copy, in place),
 Transformer Engine's fused norms and flash attention, dropout 0 (the Llama recipes), selective
 recomputation of the attention core, the distributed optimizer with fp32 main gradients. The
 allocator factor is unmeasured for it (1.0)."""
 BIGSCIENCE = MemoryTraits(
-    name="megatron-deepspeed", sequence_parallel=False, vocab_parallel_loss=True,
-    loss_kept_fp32=1, loss_forward_fp32=1, loss_backward_fp32=1, fused_norm=True,
+    name="megatron-deepspeed",
+    sequence_parallel=False,
+    vocab_parallel_loss=True,
+    loss_kept_fp32=1,
+    loss_forward_fp32=1,
+    loss_backward_fp32=1,
+    fused_norm=True,
     flash_attention=False,
-    dropout=False, optimizer="deepspeed-fp16", fragmentation=BIGSCIENCE_FRAGMENTATION,
-    context_bytes=BIGSCIENCE_CONTEXT_BYTES)
+    dropout=False,
+    optimizer="deepspeed-fp16",
+    fragmentation=BIGSCIENCE_FRAGMENTATION,
+    context_bytes=BIGSCIENCE_CONTEXT_BYTES,
+)
 """Megatron-DeepSpeed as BigScience trained BLOOM in 2022 (bigscience-workshop/bigscience,
 train/tr11-176B-ml): TP without sequence parallelism, ``vocab_parallel_cross_entropy`` on an fp32
 copy of the logits (one in-place fp32 softmax kept), apex's fused LayerNorm, the fused
@@ -351,7 +437,11 @@ DEEPSPEED = dataclasses.replace(BIGSCIENCE, name="deepspeed")
 allocator factor and context."""
 
 MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
-    "autotune": None, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "deepspeed": DEEPSPEED}
+    "autotune": None,
+    "megatron": MEGATRON,
+    "torchtitan": TORCHTITAN,
+    "deepspeed": DEEPSPEED,
+}
 """Each engine's memory traits by the engine's name (``--engine``); None: autotune's own
 runtime (``memory.estimate_memory``). torchtitan across nodes is ``TORCHTITAN_MULTINODE``."""
 
@@ -359,7 +449,11 @@ runtime (``memory.estimate_memory``). torchtitan across nodes is ``TORCHTITAN_MU
 def engine_layout(config: TrialConfig, traits: MemoryTraits | None) -> TrialConfig:
     """``config`` as ``traits``' engine runs it: sequence parallelism on wherever TP is, for the
     engines whose recipes turn it on (``MemoryTraits.sequence_parallel``); otherwise as given."""
-    if (traits is not None and traits.sequence_parallel and config.tp_degree > 1
-            and not config.sequence_parallel):
+    if (
+        traits is not None
+        and traits.sequence_parallel
+        and config.tp_degree > 1
+        and not config.sequence_parallel
+    ):
         return dataclasses.replace(config, sequence_parallel=True)
     return config

@@ -62,8 +62,12 @@ class EngineTraits:
 
 
 AUTOTUNE_ENGINE = EngineTraits(
-    name="autotune", vocab_parallel=False, fused_column_inputs=False, fsdp2_data_parallel=True,
-    source="autotune/trial/parallel: DTensor ColwiseParallel q/k/v, FSDP2/DDP data parallelism")
+    name="autotune",
+    vocab_parallel=False,
+    fused_column_inputs=False,
+    fsdp2_data_parallel=True,
+    source="autotune/trial/parallel: DTensor ColwiseParallel q/k/v, FSDP2/DDP data parallelism",
+)
 TORCHTITAN_EAGER_ELEMENTWISE = 4.0
 """torchtitan without ``torch.compile`` (its 2024 defaults) runs the element-wise ops eagerly,
 one kernel each (torchtitan/models/llama3/model.py): RMSNorm as ``x.float()``, ``pow``,
@@ -72,45 +76,81 @@ norm's 4), rotary embeddings on q and k in fp32 complex arithmetic, SwiGLU's ``s
 ``mul`` apart: about 4× the fused kernels' bytes (~100 against 22 per b·s·h element; 35
 against 16 per sharded element)."""
 MEGATRON_LEGACY_ENGINE = EngineTraits(
-    name="megatron-legacy", vocab_parallel=True, fused_column_inputs=True,
+    name="megatron-legacy",
+    vocab_parallel=True,
+    fused_column_inputs=True,
     source="Megatron-LM's TP plan alone, as autotune modelled it before engines had overlap: "
-           "what bench/perf_model_accuracy.py calibrates on vTrain's single-node table")
+    "what bench/perf_model_accuracy.py calibrates on vTrain's single-node table",
+)
 """Megatron's TP plan without SP or overlap, on the size curve: the engine the vTrain table's
 fits (``bench/perf_model_accuracy.py``) were made with, kept so their figures stay comparable."""
 MEGATRON_ENGINE = EngineTraits(
-    name="megatron", vocab_parallel=True, fused_column_inputs=True, sequence_parallel=True,
-    tp_comm_overlap=0.8, grad_reduce_overlap=True, param_gather_overlap=True,
-    distributed_optimizer=True, fp32_grad_reduce=True, roofline=True,
+    name="megatron",
+    vocab_parallel=True,
+    fused_column_inputs=True,
+    sequence_parallel=True,
+    tp_comm_overlap=0.8,
+    grad_reduce_overlap=True,
+    param_gather_overlap=True,
+    distributed_optimizer=True,
+    fp32_grad_reduce=True,
+    roofline=True,
     ac_modes=("none", "selective", "full"),
     source="NVIDIA/Megatron-LM megatron/core: VocabParallelEmbedding and "
-           "vocab_parallel_cross_entropy (tensor_parallel/layers.py, cross_entropy.py); fused "
-           "linear_qkv and linear_fc1 (transformer/attention.py, mlp.py); --sequence-parallel; "
-           "--tp-comm-overlap (Transformer Engine userbuffers: GEMM/collective pipelining, "
-           "most but not all of the bytes hidden, 0.8 assumed); --overlap-grad-reduce and "
-           "--overlap-param-gather (distributed/param_and_grad_buffer.py); "
-           "--use-distributed-optimizer (optimizer/distrib_optimizer.py); main gradients in "
-           "fp32 under bf16 (arguments.py: accumulate_allreduce_grads_in_fp32); "
-           "--recompute-granularity selective|full with --recompute-num-layers")
+    "vocab_parallel_cross_entropy (tensor_parallel/layers.py, cross_entropy.py); fused "
+    "linear_qkv and linear_fc1 (transformer/attention.py, mlp.py); --sequence-parallel; "
+    "--tp-comm-overlap (Transformer Engine userbuffers: GEMM/collective pipelining, "
+    "most but not all of the bytes hidden, 0.8 assumed); --overlap-grad-reduce and "
+    "--overlap-param-gather (distributed/param_and_grad_buffer.py); "
+    "--use-distributed-optimizer (optimizer/distrib_optimizer.py); main gradients in "
+    "fp32 under bf16 (arguments.py: accumulate_allreduce_grads_in_fp32); "
+    "--recompute-granularity selective|full with --recompute-num-layers",
+)
 TORCHTITAN_ENGINE = EngineTraits(
-    name="torchtitan", vocab_parallel=True, fused_column_inputs=False, sequence_parallel=True,
-    tp_comm_overlap=0.0, grad_reduce_overlap=True, param_gather_overlap=True,
-    fp32_grad_reduce=True, roofline=True, selective_recompute="op",
-    ac_modes=("none", "selective", "full"), elementwise_factor=TORCHTITAN_EAGER_ELEMENTWISE,
+    name="torchtitan",
+    vocab_parallel=True,
+    fused_column_inputs=False,
+    sequence_parallel=True,
+    tp_comm_overlap=0.0,
+    grad_reduce_overlap=True,
+    param_gather_overlap=True,
+    fp32_grad_reduce=True,
+    roofline=True,
+    selective_recompute="op",
+    ac_modes=("none", "selective", "full"),
+    elementwise_factor=TORCHTITAN_EAGER_ELEMENTWISE,
     source="pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py: ColwiseParallel "
-           "wq/wk/wv and w1/w3 (separate), SequenceParallel norms, loss_parallel; FSDP2 "
-           "fully_shard with implicit prefetch and MixedPrecisionPolicy(reduce_dtype=float32); "
-           "async TP only with enable_async_tensor_parallel (off by default: 0 here); AC "
-           "'selective' op|layer and 'full'")
+    "wq/wk/wv and w1/w3 (separate), SequenceParallel norms, loss_parallel; FSDP2 "
+    "fully_shard with implicit prefetch and MixedPrecisionPolicy(reduce_dtype=float32); "
+    "async TP only with enable_async_tensor_parallel (off by default: 0 here); AC "
+    "'selective' op|layer and 'full'",
+)
 DEEPSPEED_ENGINE = EngineTraits(
-    name="deepspeed", vocab_parallel=True, fused_column_inputs=True, sequence_parallel=False,
-    tp_comm_overlap=0.0, grad_reduce_overlap=True, param_gather_overlap=False,
-    distributed_optimizer=True, roofline=True, ac_modes=("none", "full"),
+    name="deepspeed",
+    vocab_parallel=True,
+    fused_column_inputs=True,
+    sequence_parallel=False,
+    tp_comm_overlap=0.0,
+    grad_reduce_overlap=True,
+    param_gather_overlap=False,
+    distributed_optimizer=True,
+    roofline=True,
+    ac_modes=("none", "full"),
     source="microsoft/Megatron-DeepSpeed with deepspeed/runtime/zero: Megatron's TP plan "
-           "without sequence parallelism (BigScience tr11), ZeRO-1/2 reduce-scatter with "
-           "overlap_comm, ZeRO-3 parameter prefetch (stage3.py); "
-           "deepspeed.checkpointing full recomputation")
-ENGINES = {e.name: e for e in (AUTOTUNE_ENGINE, MEGATRON_ENGINE, TORCHTITAN_ENGINE,
-                               DEEPSPEED_ENGINE, MEGATRON_LEGACY_ENGINE)}
+    "without sequence parallelism (BigScience tr11), ZeRO-1/2 reduce-scatter with "
+    "overlap_comm, ZeRO-3 parameter prefetch (stage3.py); "
+    "deepspeed.checkpointing full recomputation",
+)
+ENGINES = {
+    e.name: e
+    for e in (
+        AUTOTUNE_ENGINE,
+        MEGATRON_ENGINE,
+        TORCHTITAN_ENGINE,
+        DEEPSPEED_ENGINE,
+        MEGATRON_LEGACY_ENGINE,
+    )
+}
 ENGINE_NAMES = ("autotune", "megatron", "torchtitan", "deepspeed")
 """What ``--engine`` offers."""
 

@@ -63,8 +63,9 @@ def fsdp_shards(config: TrialConfig) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def pipeline_chunk_layers(num_layers: int, pp: int, chunks_per_rank: int
-                          ) -> tuple[tuple[int, ...], ...]:
+def pipeline_chunk_layers(
+    num_layers: int, pp: int, chunks_per_rank: int
+) -> tuple[tuple[int, ...], ...]:
     """Per pipeline rank, the layers of each model chunk it holds: the L layers over pp·v
     stages by ``shapes.stage_layer_counts`` (earlier stages take the remainder), stage i on
     rank i mod pp (Narayanan et al. 2021 §2.2: rank r holds stages r, r + pp, …)."""
@@ -114,16 +115,18 @@ class LayoutQuantities:
         tp, fsdp, interleaved = config.tp_degree, fsdp_shards(config), is_interleaved(config)
         chunks_per_rank = config.virtual_stages if interleaved else 1
         return cls(
-            precision=precision, state_bytes=state_bytes(precision, fsdp=fsdp), fsdp=fsdp,
+            precision=precision,
+            state_bytes=state_bytes(precision, fsdp=fsdp),
+            fsdp=fsdp,
             vocab=config.workload.vocab_size or shape.vocab_size,
             hidden_size=shape.hidden_size,
-            microbatch_tokens=config.workload.seq_len * config.micro_batch_size
-            // config.cp_degree,
+            microbatch_tokens=config.workload.seq_len * config.micro_batch_size // config.cp_degree,
             sequence_shards=tp if config.sequence_parallel else 1,
-            num_microbatches=config.grad_accum_steps, interleaved=interleaved,
+            num_microbatches=config.grad_accum_steps,
+            interleaved=interleaved,
             chunks_per_rank=chunks_per_rank,
-            chunk_layers=pipeline_chunk_layers(shape.num_layers, config.pp_degree,
-                                               chunks_per_rank))
+            chunk_layers=pipeline_chunk_layers(shape.num_layers, config.pp_degree, chunks_per_rank),
+        )
 
     @property
     def elem_bytes(self) -> int:

@@ -29,7 +29,8 @@ implementation* wherever it stores something differently from the paper's settin
   is exact); for DTensor parameters (tp > 1, or a pipeline with overlap) ZeRO-1 is Megatron's
   distributed optimizer, which splits each bucket of the TP-local parameters into N equal
   shares (reproduced exactly too); ZeRO-2/3 (FSDP2) shard parameters, gradients and state at
-  rest, each tensor on dim 0 padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor parallelism divides the
+  rest, each tensor on dim 0 padded to a multiple of N. With dp_degree 1 nothing is sharded. Tensor
+  parallelism divides the
   Megatron-sharded Linear weights by tp (``builtin_tp_plan``); embeddings, norms and the output
   head are replicated. A pipeline rank holds its stages' layers (``split_for_pipeline``), the
   first stage the embeddings, the last the final norm and head.
@@ -90,6 +91,7 @@ from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state
     state_bytes,
 )
 from autotune.shapes import ModelShape, stage_layer_counts  # noqa: F401  (re-exported)
+
 ADAM_STEP_BYTES = 4
 """AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
 
@@ -101,8 +103,7 @@ PIPELINE_RETURNS_OUTPUTS = False
 PHASE_FORWARD_BACKWARD = "forward/backward"
 PHASE_AFTER_BACKWARD = "after backward"
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "comm_buffers",
-              "other")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +128,14 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         """Predicted peak bytes on this rank: the sum of the categories."""
-        return (self.parameters + self.gradients + self.optimizer_state + self.activations
-                + self.comm_buffers + self.other)
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_state
+            + self.activations
+            + self.comm_buffers
+            + self.other
+        )
 
     @property
     def model_states(self) -> int:
@@ -211,15 +218,22 @@ def _layer_tensors(shape: ModelShape, tp: int) -> _Tensors:
     column-wise (rows ÷ tp), wo/w2 row-wise (columns ÷ tp), norms replicated."""
     h, f = shape.hidden_size, shape.ffn_hidden_size
     kv = shape.num_kv_heads * shape.head_dim
-    linears = [(_ceil(h, tp), h), (_ceil(kv, tp), h), (_ceil(kv, tp), h), (h, _ceil(h, tp)),
-               (_ceil(f, tp), h), (h, _ceil(f, tp))]
+    linears = [
+        (_ceil(h, tp), h),
+        (_ceil(kv, tp), h),
+        (_ceil(kv, tp), h),
+        (h, _ceil(h, tp)),
+        (_ceil(f, tp), h),
+        (h, _ceil(f, tp)),
+    ]
     if shape.family == "llama":
         linears.append((_ceil(f, tp), h))  # SwiGLU gate w3
         norms = [(h, 1)] * 2  # RMSNorm weight
     else:
         norms = [(h, 1)] * 4  # LayerNorm weight + bias, twice
-    return _Tensors(tuple(norms[: len(norms) // 2] + linears[:4] + norms[len(norms) // 2:]
-                          + linears[4:]))
+    return _Tensors(
+        tuple(norms[: len(norms) // 2] + linears[:4] + norms[len(norms) // 2 :] + linears[4:])
+    )
 
 
 def _root_tensors(shape: ModelShape, vocab: int, first: bool, last: bool) -> _Tensors:
@@ -248,15 +262,21 @@ class _Part:
 
 
 @lru_cache(maxsize=4096)
-def _parts(num_layers: int, pp: int, interleaved: bool, pp_rank: int,
-           virtual_stages: int = INTERLEAVED_STAGES_PER_RANK) -> tuple[_Part, ...]:
+def _parts(
+    num_layers: int,
+    pp: int,
+    interleaved: bool,
+    pp_rank: int,
+    virtual_stages: int = INTERLEAVED_STAGES_PER_RANK,
+) -> tuple[_Part, ...]:
     """The (virtual) stages of pipeline rank ``pp_rank``: stage i of pp·v on rank i mod pp
     (``virtual_stages`` v per rank when ``interleaved``), layers by ``pipeline_chunk_layers``."""
     chunks_per_rank = virtual_stages if interleaved else 1
     stages = pp * chunks_per_rank
     layers = pipeline_chunk_layers(num_layers, pp, chunks_per_rank)[pp_rank]
-    return tuple(_Part(i, n, i == 0, i == stages - 1)
-                 for i, n in zip(range(pp_rank, stages, pp), layers))
+    return tuple(
+        _Part(i, n, i == 0, i == stages - 1) for i, n in zip(range(pp_rank, stages, pp), layers)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,9 +300,17 @@ class _States:
 
 
 @lru_cache(maxsize=65536)
-def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp: int,
-            zero: int, bytes_per: StateBytes, bucket_mb: float,
-            flat_zero1: bool = False) -> _States:
+def _states(
+    shape: ModelShape,
+    vocab: int,
+    parts: tuple[_Part, ...],
+    tp: int,
+    dp: int,
+    zero: int,
+    bytes_per: StateBytes,
+    bucket_mb: float,
+    flat_zero1: bool = False,
+) -> _States:
     layer = _layer_tensors(shape, tp)
     roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
@@ -304,9 +332,16 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
     if dp == 1 or zero == 0:
         # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
         # per tensor.
-        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
-                       state * numel + ADAM_STEP_BYTES * num_tensors,
-                       numel, root_numel, tuple(units), biggest, numel)
+        return _States(
+            numel * bytes_per.parameter,
+            numel * bytes_per.gradient,
+            state * numel + ADAM_STEP_BYTES * num_tensors,
+            numel,
+            root_numel,
+            tuple(units),
+            biggest,
+            numel,
+        )
     if zero == 1 and flat_zero1:
         # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
         # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
@@ -317,10 +352,19 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
             sizes += [a * b for a, b in layer.shapes] * p.num_layers
             sizes += [a * b for a, b in r.shapes[head:]]
         worst_numel, worst_count, gather = _flat_partition(
-            tuple(sizes), dp, bucket_mb * MIB / bytes_per.parameter, state)
-        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
-                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
-                       numel, root_numel, tuple(units), biggest, worst_numel, gather)
+            tuple(sizes), dp, bucket_mb * MIB / bytes_per.parameter, state
+        )
+        return _States(
+            numel * bytes_per.parameter,
+            numel * bytes_per.gradient,
+            state * worst_numel + ADAM_STEP_BYTES * worst_count,
+            numel,
+            root_numel,
+            tuple(units),
+            biggest,
+            worst_numel,
+            gather,
+        )
     if zero == 1:
         # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
         # (``_partition_parameters``); the worst rank's moments and step counters.
@@ -328,14 +372,28 @@ def _states(shape: ModelShape, vocab: int, parts: tuple[_Part, ...], tp: int, dp
         for root in roots:
             sizes += [r * c for r, c in root.shapes]
         worst_numel, worst_count = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
-        return _States(numel * bytes_per.parameter, numel * bytes_per.gradient,
-                       state * worst_numel + ADAM_STEP_BYTES * worst_count,
-                       numel, root_numel, tuple(units), biggest, worst_numel)
+        return _States(
+            numel * bytes_per.parameter,
+            numel * bytes_per.gradient,
+            state * worst_numel + ADAM_STEP_BYTES * worst_count,
+            numel,
+            root_numel,
+            tuple(units),
+            biggest,
+            worst_numel,
+        )
     # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
     shard = layers * layer.fsdp_shard_numel(dp) + sum(r.fsdp_shard_numel(dp) for r in roots)
-    return _States(shard * bytes_per.parameter, shard * bytes_per.gradient,
-                   state * shard + ADAM_STEP_BYTES * num_tensors,
-                   numel, root_numel, tuple(units), biggest, shard)
+    return _States(
+        shard * bytes_per.parameter,
+        shard * bytes_per.gradient,
+        state * shard + ADAM_STEP_BYTES * num_tensors,
+        numel,
+        root_numel,
+        tuple(units),
+        biggest,
+        shard,
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -353,13 +411,17 @@ def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
 def _uses_distributed_optimizer(config: TrialConfig) -> bool:
     """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
     which carries data parallelism under a pipeline with overlap on."""
-    return (config.zero_stage == 1 and config.dp_degree > 1
-            and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled)))
+    return (
+        config.zero_stage == 1
+        and config.dp_degree > 1
+        and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled))
+    )
 
 
 @lru_cache(maxsize=4096)
-def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
-                    state_bytes_per_element: int) -> tuple[int, int, int]:
+def _flat_partition(
+    sizes: tuple[int, ...], n: int, bucket_numel: float, state_bytes_per_element: int
+) -> tuple[int, int, int]:
     """(elements, tensors) of the rank of n with the most optimizer-state bytes, and the largest
     padded bucket, under the
     distributed optimizer's partition of tensors of ``sizes`` (in order): buckets closed once
@@ -381,14 +443,21 @@ def _flat_partition(sizes: tuple[int, ...], n: int, bucket_numel: float,
                 elements[r] += hi - lo
                 tensors[r] += bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo) + 1
         start = stop
-    worst = max(range(n), key=lambda r: state_bytes_per_element * elements[r]
-                + ADAM_STEP_BYTES * tensors[r])
+    worst = max(
+        range(n), key=lambda r: state_bytes_per_element * elements[r] + ADAM_STEP_BYTES * tensors[r]
+    )
     return elements[worst], tensors[worst], largest
 
 
-def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
-                      tp_degree: int = 1, pp_degree: int = 1, precision: str = "32-true"
-                      ) -> tuple[int, int, int]:
+def model_state_bytes(
+    num_params: int,
+    *,
+    zero_stage: int,
+    dp_degree: int,
+    tp_degree: int = 1,
+    pp_degree: int = 1,
+    precision: str = "32-true",
+) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer state) bytes per rank at rest for Φ parameters spread
     evenly over tp × pp, when only the count is known (no tensor shapes: no padding, no step
     counters). The optimizer state includes the fp32 master copy.
@@ -412,9 +481,15 @@ def model_state_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
     return parameters, gradients, optimizer_state
 
 
-def gathered_parameter_bytes(num_params: int, *, zero_stage: int, dp_degree: int,
-                             tp_degree: int = 1, pp_degree: int = 1,
-                             precision: str = "32-true") -> int:
+def gathered_parameter_bytes(
+    num_params: int,
+    *,
+    zero_stage: int,
+    dp_degree: int,
+    tp_degree: int = 1,
+    pp_degree: int = 1,
+    precision: str = "32-true",
+) -> int:
     """Parameter bytes ZeRO-2 holds gathered, in the compute dtype, from forward through
     backward (FSDP2 ``reshard_after_forward=False``); 0 for the other stages (ZeRO-3 gathers
     one unit at a time, which needs the architecture)."""
@@ -441,16 +516,28 @@ class LayoutKnobs:
 
     @classmethod
     def of(cls, config: TrialConfig) -> LayoutKnobs:
-        return cls(config.sequence_parallel and config.tp_degree > 1, config.cp_degree,
-                   config.compile, config.float8)
+        return cls(
+            config.sequence_parallel and config.tp_degree > 1,
+            config.cp_degree,
+            config.compile,
+            config.float8,
+        )
 
 
 NO_KNOBS = LayoutKnobs()
 
 
-def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
-                           checkpointing: str, attention: str, dtype: str,
-                           knobs: LayoutKnobs = NO_KNOBS) -> int:
+def layer_activation_bytes(
+    shape: ModelShape,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    checkpointing: str,
+    attention: str,
+    dtype: str,
+    knobs: LayoutKnobs = NO_KNOBS,
+) -> int:
     """Bytes one transformer block saves for backward, for one micro-batch on one TP rank.
 
     Korthikanti et al. 2022 (Table 2) give sbh(34 + 5as/h) bytes per layer with no parallelism
@@ -500,8 +587,11 @@ def layer_activation_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int,
     norms = 2 * _norm_bytes(shape, t, e, sp, knobs.compiled)
     if shape.family == "llama":
         norms += 2 * e * (s // knobs.cp) * shape.head_dim  # rotary cos and sin: 4 × (s, d/2)
-    return (norms + _mlp_bytes(shape, t, tp, e, knobs.compiled)
-            + _attention_bytes(shape, s, b, tp, e, knobs.cp, checkpointing, attention))
+    return (
+        norms
+        + _mlp_bytes(shape, t, tp, e, knobs.compiled)
+        + _attention_bytes(shape, s, b, tp, e, knobs.cp, checkpointing, attention)
+    )
 
 
 def _norm_bytes(shape: ModelShape, t: int, e: int, sp: int, compiled: bool) -> int:
@@ -536,8 +626,9 @@ def _mlp_bytes(shape: ModelShape, t: int, tp: int, e: int, compiled: bool) -> in
     return wide * e * tf // tp
 
 
-def _attention_bytes(shape: ModelShape, s: int, b: int, tp: int, e: int, cp: int,
-                     checkpointing: str, attention: str) -> int:
+def _attention_bytes(
+    shape: ModelShape, s: int, b: int, tp: int, e: int, cp: int, checkpointing: str, attention: str
+) -> int:
     """q and the attention output for the rank's s/cp queries, k and v (repeated to all heads)
     for the keys they attend over, and the core: SDPA's fp32 log-sum-exp, or eager's softmax
     and causal mask (none under selective recomputation). With context parallelism the keys
@@ -571,9 +662,17 @@ def _op_kept_bytes(shape: ModelShape, t: int, tp: int, e: int, sp: int, attentio
     return kept
 
 
-def block_backward_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, tp: int,
-                         checkpointing: str, attention: str, dtype: str,
-                         knobs: LayoutKnobs = NO_KNOBS) -> int:
+def block_backward_bytes(
+    shape: ModelShape,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    checkpointing: str,
+    attention: str,
+    dtype: str,
+    knobs: LayoutKnobs = NO_KNOBS,
+) -> int:
     """Temporary bytes while one block runs its backward, above what it saved (measured).
 
     Gradient buffers of the block's widest tensors (measured with the profiler's allocation
@@ -600,8 +699,7 @@ def block_backward_bytes(shape: ModelShape, *, seq_len: int, micro_batch: int, t
         grads += f * h // tp + t * h + t * f // tp
     if checkpointing == "none":
         return grads
-    kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype,
-                  knobs=knobs)
+    kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype, knobs=knobs)
     rebuilt = layer_activation_bytes(shape, checkpointing="none", **kwargs)
     if checkpointing in ("selective", "op"):
         rebuilt -= layer_activation_bytes(shape, checkpointing=checkpointing, **kwargs)
@@ -613,9 +711,13 @@ def _head_bytes(shape: ModelShape, t: int, e: int, sp: int) -> int:
     return _norm_bytes(shape, t, e, sp, compiled=False)
 
 
-def microbatches_in_flight(schedule: str, pp: int, pp_rank: int, num_microbatches: int,
-                           virtual_stages: int = INTERLEAVED_STAGES_PER_RANK
-                           ) -> tuple[int, ...]:
+def microbatches_in_flight(
+    schedule: str,
+    pp: int,
+    pp_rank: int,
+    num_microbatches: int,
+    virtual_stages: int = INTERLEAVED_STAGES_PER_RANK,
+) -> tuple[int, ...]:
     """Micro-batches whose activations a pipeline rank holds at once, per local stage.
 
     GPipe (Huang et al. 2019): every micro-batch's forward runs before any backward: M.
@@ -633,8 +735,7 @@ def microbatches_in_flight(schedule: str, pp: int, pp_rank: int, num_microbatche
 
 
 @lru_cache(maxsize=4096)
-def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]
-                      ) -> tuple[int, ...]:
+def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]) -> tuple[int, ...]:
     """Per local stage, the micro-batches held when the weighted sum held is largest.
 
     Replays torch's order (``_get_warmup_ops`` / ``_get_1f1b_rank_ops``): with v local stages
@@ -664,15 +765,15 @@ def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]
     return best_held
 
 
-def estimate_all_stages(config: TrialConfig, shape: ModelShape | None = None, *,
-                        device_type: str = "cpu") -> list[MemoryEstimate]:
+def estimate_all_stages(
+    config: TrialConfig, shape: ModelShape | None = None, *, device_type: str = "cpu"
+) -> list[MemoryEstimate]:
     """One estimate per pipeline rank (pp rank 0 … pp − 1), in the precision the config
     trains in on ``device_type``."""
     shape = _resolve_shape(config, shape)
     config = config.with_precision(device_type)
     layout = LayoutQuantities.of(config, shape, config.precision)
-    return [_estimate_stage(config, shape, r, device_type, layout)
-            for r in range(config.pp_degree)]
+    return [_estimate_stage(config, shape, r, device_type, layout) for r in range(config.pp_degree)]
 
 
 def worst_rank_candidates(pp: int) -> tuple[int, ...]:
@@ -689,9 +790,14 @@ def worst_rank_candidates(pp: int) -> tuple[int, ...]:
     return tuple(sorted({0, min(1, pp - 1), pp - 1}))
 
 
-def estimate_memory(config: TrialConfig, shape: ModelShape | None = None, *,
-                    device_type: str = "cpu", checked: bool = False,
-                    stop_above: int | None = None) -> MemoryEstimate:
+def estimate_memory(
+    config: TrialConfig,
+    shape: ModelShape | None = None,
+    *,
+    device_type: str = "cpu",
+    checked: bool = False,
+    stop_above: int | None = None,
+) -> MemoryEstimate:
     """The worst rank's predicted peak memory by category (the first such rank on a tie).
 
     ``shape`` None takes the built-in workload's shape; a user workload needs an explicit
@@ -718,8 +824,9 @@ def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str
     """At most ``estimate_memory(config, shape).total``, in a few dictionary look-ups: rank 0's
     model states (``states_lower_bound``) plus the blocks' activations its schedule holds
     (``activation_lower_bound``). ``rank`` screens layouts with it before estimating them."""
-    return (states_lower_bound(config, shape, device_type=device_type)
-            + activation_lower_bound(config, shape, device_type=device_type))
+    return states_lower_bound(config, shape, device_type=device_type) + activation_lower_bound(
+        config, shape, device_type=device_type
+    )
 
 
 def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
@@ -728,11 +835,20 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
     changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
     return _rank0_states(
-        shape, config.workload.vocab_size or shape.vocab_size, config.tp_degree,
-        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage,
+        shape,
+        config.workload.vocab_size or shape.vocab_size,
+        config.tp_degree,
+        config.pp_degree,
+        config.dp_degree,
+        config.dp_shard,
+        config.zero_stage,
         is_interleaved(config),
-        config.virtual_stages, precision, config.bucket_mb, _uses_distributed_optimizer(config),
-        config.optimizer_offload_enabled and device_type == "cuda")[0]
+        config.virtual_stages,
+        precision,
+        config.bucket_mb,
+        _uses_distributed_optimizer(config),
+        config.optimizer_offload_enabled and device_type == "cuda",
+    )[0]
 
 
 def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
@@ -742,8 +858,15 @@ def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_typ
     pp, v, m = config.pp_degree, config.virtual_stages, config.grad_accum_steps
     interleaved = is_interleaved(config)
     part_layers = tuple(p.num_layers for p in _parts(shape.num_layers, pp, interleaved, 0, v))
-    kw = (shape, config.workload.seq_len, config.micro_batch_size, config.tp_degree,
-          config.attention, PRECISION_COMPUTE_DTYPE[precision], LayoutKnobs.of(config))
+    kw = (
+        shape,
+        config.workload.seq_len,
+        config.micro_batch_size,
+        config.tp_degree,
+        config.attention,
+        PRECISION_COMPUTE_DTYPE[precision],
+        LayoutKnobs.of(config),
+    )
     ac = config.activation_checkpointing
     none = full = _cached_layer_bytes(*kw, ac)
     if ac == "full" and config.ac_layers is not None:
@@ -771,26 +894,52 @@ def _part_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int
 
 
 @lru_cache(maxsize=65536)
-def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, dp_shard: int,
-                  zero: int, interleaved: bool, virtual_stages: int, precision: str,
-                  bucket_mb: float, flat_zero1: bool, offloaded: bool
-                  ) -> tuple[int, tuple[int, ...]]:
+def _rank0_states(
+    shape: ModelShape,
+    vocab: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    dp_shard: int,
+    zero: int,
+    interleaved: bool,
+    virtual_stages: int,
+    precision: str,
+    bucket_mb: float,
+    flat_zero1: bool,
+    offloaded: bool,
+) -> tuple[int, tuple[int, ...]]:
     """(model-state bytes, layers per part) of pipeline rank 0, as ``_stage`` computes them."""
     parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
     bytes_per = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
-    states = _states(shape, vocab, parts, tp, dp_shard, zero, bytes_per, bucket_mb,
-                     flat_zero1=flat_zero1)
+    states = _states(
+        shape, vocab, parts, tp, dp_shard, zero, bytes_per, bucket_mb, flat_zero1=flat_zero1
+    )
     held = 0 if offloaded else states.parameters + states.gradients + states.optimizer_state
     return held, tuple(p.num_layers for p in parts)
 
 
 @lru_cache(maxsize=65536)
-def _cached_layer_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp: int,
-                        attention: str, dtype: str, knobs: LayoutKnobs,
-                        checkpointing: str) -> int:
-    return layer_activation_bytes(shape, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                  checkpointing=checkpointing, attention=attention, dtype=dtype,
-                                  knobs=knobs)
+def _cached_layer_bytes(
+    shape: ModelShape,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    attention: str,
+    dtype: str,
+    knobs: LayoutKnobs,
+    checkpointing: str,
+) -> int:
+    return layer_activation_bytes(
+        shape,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        checkpointing=checkpointing,
+        attention=attention,
+        dtype=dtype,
+        knobs=knobs,
+    )
 
 
 def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
@@ -802,16 +951,21 @@ def _resolve_shape(config: TrialConfig, shape: ModelShape | None) -> ModelShape:
             raise ConfigError(
                 f"cannot estimate the memory of user workload '{config.workload.workload}' "
                 "without its shape; pass an explicit ModelShape (autotune estimate: "
-                "--num-layers, --hidden-size, --num-heads, --vocab-size)")
+                "--num-layers, --hidden-size, --num-heads, --vocab-size)"
+            )
         checked.validate()
     else:
         checked = dataclasses.replace(
-            checked, workload=dataclasses.replace(config.workload, workload="explicit:shape"))
-        checked.validate(num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
-                         num_layers=shape.num_layers)
+            checked, workload=dataclasses.replace(config.workload, workload="explicit:shape")
+        )
+        checked.validate(
+            num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers
+        )
         if shape.family == "gpt" and config.workload.seq_len > shape.max_seq_len:
-            raise ConfigError(f"seq_len {config.workload.seq_len} exceeds the shape's context "
-                              f"{shape.max_seq_len}; lower seq_len")
+            raise ConfigError(
+                f"seq_len {config.workload.seq_len} exceeds the shape's context "
+                f"{shape.max_seq_len}; lower seq_len"
+            )
     return shape
 
 
@@ -850,8 +1004,13 @@ class _Stage:
         return sum(sorted(self.states.unit_numels, reverse=True)[:2]) * self.layout.elem_bytes
 
 
-def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str,
-                    layout: LayoutQuantities | None = None) -> MemoryEstimate:
+def _estimate_stage(
+    config: TrialConfig,
+    shape: ModelShape,
+    pp_rank: int,
+    device_type: str,
+    layout: LayoutQuantities | None = None,
+) -> MemoryEstimate:
     stage = _stage(config, shape, pp_rank, device_type, layout)
     saved, transient, pp_outputs = _activations(stage)
     comm_held, extra, comm_post = _comm_buffers(stage, transient)
@@ -861,23 +1020,30 @@ def _estimate_stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device
     # ---- the peak: the larger of forward/backward and after backward -------------------
     # Each candidate peak is (activations, comm_buffers, other) during forward/backward;
     # ``after_backward`` is after the last backward (gradient sync, optimizer step).
-    forward_backward = max(((saved + pp_outputs + a, comm_held + c, other) for a, c in extra),
-                           key=sum)
+    forward_backward = max(
+        ((saved + pp_outputs + a, comm_held + c, other) for a, c in extra), key=sum
+    )
     after_backward = (2 * pp_outputs, comm_post, other + optimizer_temps)
-    phase = (PHASE_AFTER_BACKWARD if sum(after_backward) > sum(forward_backward)
-             else PHASE_FORWARD_BACKWARD)
-    activations, comm, other = (after_backward if phase == PHASE_AFTER_BACKWARD
-                                else forward_backward)
+    phase = (
+        PHASE_AFTER_BACKWARD
+        if sum(after_backward) > sum(forward_backward)
+        else PHASE_FORWARD_BACKWARD
+    )
+    activations, comm, other = after_backward if phase == PHASE_AFTER_BACKWARD else forward_backward
     states = stage.states
-    parameters, grads, optimizer_state = (states.parameters, states.gradients,
-                                          states.optimizer_state)
+    parameters, grads, optimizer_state = (
+        states.parameters,
+        states.gradients,
+        states.optimizer_state,
+    )
     if _offloaded(config, device_type):
         # ZeRO-Offload through FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
         # optimizer state live in host memory, where the step runs; the device holds what is
         # gathered and the unsharded gradients before their reduce-scatter (comm_buffers).
         parameters = grads = optimizer_state = 0
-    return MemoryEstimate(parameters, grads, optimizer_state, activations, comm, other, pp_rank,
-                          phase)
+    return MemoryEstimate(
+        parameters, grads, optimizer_state, activations, comm, other, pp_rank, phase
+    )
 
 
 def _offloaded(config: TrialConfig, device_type: str) -> bool:
@@ -886,19 +1052,33 @@ def _offloaded(config: TrialConfig, device_type: str) -> bool:
     return config.optimizer_offload_enabled and device_type == "cuda"
 
 
-def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: str,
-           layout: LayoutQuantities | None = None) -> _Stage:
+def _stage(
+    config: TrialConfig,
+    shape: ModelShape,
+    pp_rank: int,
+    device_type: str,
+    layout: LayoutQuantities | None = None,
+) -> _Stage:
     """The rank's parts (virtual stages) and model states (``_states``); ``layout``: the
     config's ``LayoutQuantities`` (derived here when not given)."""
     if layout is None:
         layout = LayoutQuantities.of(config, shape, config.resolved_precision(device_type))
-    parts = _parts(shape.num_layers, config.pp_degree, layout.interleaved, pp_rank,
-                   config.virtual_stages)
+    parts = _parts(
+        shape.num_layers, config.pp_degree, layout.interleaved, pp_rank, config.virtual_stages
+    )
     # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
     # across the groups (FSDP2 ``fully_shard`` on a 2-D mesh): a rank's shard is 1/dp_shard.
-    states = _states(shape, layout.vocab, parts, config.tp_degree, config.dp_shard,
-                     config.zero_stage, layout.state_bytes, config.bucket_mb,
-                     flat_zero1=_uses_distributed_optimizer(config))
+    states = _states(
+        shape,
+        layout.vocab,
+        parts,
+        config.tp_degree,
+        config.dp_shard,
+        config.zero_stage,
+        layout.state_bytes,
+        config.bucket_mb,
+        flat_zero1=_uses_distributed_optimizer(config),
+    )
     return _Stage(config, shape, pp_rank, device_type, layout, parts, states)
 
 
@@ -912,17 +1092,24 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     config, shape, layout = stage.config, stage.shape, stage.layout
     elem_bytes, microbatches, pp = layout.elem_bytes, layout.num_microbatches, config.pp_degree
     modes = _block_modes(config)
-    kw = dict(seq_len=config.workload.seq_len, micro_batch=config.micro_batch_size,
-              tp=config.tp_degree, attention=config.attention,
-              dtype=PRECISION_COMPUTE_DTYPE[layout.precision], knobs=LayoutKnobs.of(config))
+    kw = dict(
+        seq_len=config.workload.seq_len,
+        micro_batch=config.micro_batch_size,
+        tp=config.tp_degree,
+        attention=config.attention,
+        dtype=PRECISION_COMPUTE_DTYPE[layout.precision],
+        knobs=LayoutKnobs.of(config),
+    )
     kept = {mode: layer_activation_bytes(shape, checkpointing=mode, **kw) for mode in modes}
     logits_elems = stage.logits_elems
     per_microbatch = []
     for part in stage.parts:
         saved = _part_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
         if part.last:  # the final norm, and the fp32 log-probabilities
-            saved += (_head_bytes(shape, layout.microbatch_tokens, elem_bytes,
-                                  layout.sequence_shards) + FP32_BYTES * logits_elems)
+            saved += (
+                _head_bytes(shape, layout.microbatch_tokens, elem_bytes, layout.sequence_shards)
+                + FP32_BYTES * logits_elems
+            )
         elif pp > 1:
             # the stage output, kept by the schedule until backward
             saved += elem_bytes * layout.stream_elems
@@ -936,13 +1123,18 @@ def _activations(stage: _Stage) -> tuple[int, int, int]:
     saved = sum(n * a for n, a in zip(held, per_microbatch))
     # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
-    transient = max(2 * FP32_BYTES * logits_elems if stage.last else 0,
-                    *(block_backward_bytes(shape, checkpointing=mode, **kw) for mode in modes))
+    transient = max(
+        2 * FP32_BYTES * logits_elems if stage.last else 0,
+        *(block_backward_bytes(shape, checkpointing=mode, **kw) for mode in modes),
+    )
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
     # with its default return_outputs=True (see PIPELINE_RETURNS_OUTPUTS).
-    pp_outputs = (microbatches * elem_bytes * logits_elems
-                  if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS) else 0)
+    pp_outputs = (
+        microbatches * elem_bytes * logits_elems
+        if (pp > 1 and stage.last and PIPELINE_RETURNS_OUTPUTS)
+        else 0
+    )
     return saved, transient, pp_outputs
 
 
@@ -969,8 +1161,9 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     comm_post = 0
     if dp > 1 and zero <= 1 and not config.overlap_enabled:
         # BucketedAllReduce: one flat bucket (bucket_mb plus the tensor that overfilled it).
-        comm_post = min(grads, int(config.bucket_mb * MIB)
-                        + states.largest_tensor_numel * bytes_per.gradient)
+        comm_post = min(
+            grads, int(config.bucket_mb * MIB) + states.largest_tensor_numel * bytes_per.gradient
+        )
     elif dp > 1 and zero <= 1:
         # DDP (gradient_as_bucket_view) and replicate: while no_sync accumulates, gradients
         # live outside the buckets, which hold a second copy from the last micro-batch on.
@@ -1000,8 +1193,9 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     if states.gather_numel:
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
-        comm_post = max(comm_post, (states.gather_numel + states.gather_numel // dp)
-                        * bytes_per.parameter)
+        comm_post = max(
+            comm_post, (states.gather_numel + states.gather_numel // dp) * bytes_per.parameter
+        )
     return comm_held, extra, comm_post
 
 
@@ -1016,8 +1210,7 @@ def _other(stage: _Stage) -> int:
         # Receive buffers, one per micro-batch, allocated when the schedule first runs:
         # activations into every stage but the first, gradients into every one but the last.
         for part in stage.parts:
-            other += (microbatches * elem_bytes * stream_elems
-                      * ((not part.first) + (not part.last)))
+            other += microbatches * elem_bytes * stream_elems * ((not part.first) + (not part.last))
     if stage.device_type == "cpu":
         # The CPU measurement (the profiler's allocation events, runner.measure_memory) misses
         # frees that happen on gloo's threads — a collective's buffers released when its work
@@ -1029,8 +1222,13 @@ def _other(stage: _Stage) -> int:
             two_largest = stage.two_largest_units
             other += two_largest // 4 + 3 * two_largest * (microbatches - 1) // 20
         if tp > 1:
-            other += (microbatches * sum(p.num_layers for p in stage.parts) * elem_bytes
-                      * stream_elems // 2)
+            other += (
+                microbatches
+                * sum(p.num_layers for p in stage.parts)
+                * elem_bytes
+                * stream_elems
+                // 2
+            )
     return other
 
 
@@ -1050,8 +1248,9 @@ def _optimizer_temporaries(stage: _Stage) -> int:
     if _offloaded(config, stage.device_type):
         return 0
     if bytes_per.master:
-        return FP32_BYTES * min(states.optimizer_numel,
-                                max(states.largest_tensor_numel, MASTER_STEP_CHUNK_NUMEL))
+        return FP32_BYTES * min(
+            states.optimizer_numel, max(states.largest_tensor_numel, MASTER_STEP_CHUNK_NUMEL)
+        )
     optimizer_temps = 2 * states.largest_tensor_numel * bytes_per.moment
     # ZeRO-1's optimizers step on plain tensors (the distributed optimizer on slices of the
     # DTensors' local tensors).

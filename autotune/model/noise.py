@@ -40,14 +40,18 @@ def t_cdf(t: float, df: int) -> float:
         raise ValueError(f"degrees of freedom must be a positive integer, not {df}")
     theta = math.atan(abs(t) / math.sqrt(df))
     s, c = math.sin(theta), math.cos(theta)
-    if df % 2:  # 26.7.3: A = 2/π [θ + sin θ (cos θ + 2/3 cos³θ + … + 2·4⋯(ν−3)/(1·3⋯(ν−2)) cos^(ν−2)θ)]
+    # 26.7.3 (odd ν):
+    #   A = 2/π [θ + sin θ (cos θ + 2/3 cos³θ + … + 2·4⋯(ν−3)/(1·3⋯(ν−2)) cos^(ν−2)θ)]
+    # 26.7.4 (even ν):
+    #   A = sin θ [1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + … + 1·3⋯(ν−3)/(2·4⋯(ν−2)) cos^(ν−2)θ]
+    if df % 2:
         term, total = c, 0.0
         for k in range(1, (df - 1) // 2 + 1):
             if k > 1:
                 term *= c * c * (2 * k - 2) / (2 * k - 1)
             total += term
         a = 2 / math.pi * (theta + s * total)
-    else:  # 26.7.4: A = sin θ [1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + … + 1·3⋯(ν−3)/(2·4⋯(ν−2)) cos^(ν−2)θ]
+    else:
         term, total = 1.0, 1.0
         for k in range(1, df // 2):
             term *= c * c * (2 * k - 1) / (2 * k)
@@ -113,13 +117,23 @@ class Interval:
         return self.low <= value <= self.high
 
     def to_dict(self) -> dict:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "n": self.n,
-                "source": self.source, "confidence": self.confidence}
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "source": self.source,
+            "confidence": self.confidence,
+        }
 
 
-def throughput_interval(run_throughputs: Sequence[float], step_times: Sequence[float] = (),
-                        tokens_per_step: float | None = None, *,
-                        confidence: float = CONFIDENCE) -> Interval | None:
+def throughput_interval(
+    run_throughputs: Sequence[float],
+    step_times: Sequence[float] = (),
+    tokens_per_step: float | None = None,
+    *,
+    confidence: float = CONFIDENCE,
+) -> Interval | None:
     """The interval of a configuration's tokens/s: over its runs when it has two or more, else
     over the timed steps (seconds, the slowest rank's) of its one run; None when neither gives
     two positive figures."""
@@ -136,13 +150,13 @@ def throughput_interval(run_throughputs: Sequence[float], step_times: Sequence[f
     return Interval(math.exp(mean), math.exp(low), math.exp(high), len(logs), source, confidence)
 
 
-def paired_ratio_interval(numerator: Sequence[float], denominator: Sequence[float], *,
-                          confidence: float = CONFIDENCE) -> Interval | None:
+def paired_ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], *, confidence: float = CONFIDENCE
+) -> Interval | None:
     """The interval of numerator / denominator from figures measured in the same rounds
     (element i of each in round i); None with fewer than two rounds."""
     pairs = [(a, b) for a, b in zip(numerator, denominator, strict=True) if a > 0 and b > 0]
     if len(pairs) < 2:
         return None
     mean, low, high = _t_interval([math.log(a / b) for a, b in pairs], confidence)
-    return Interval(math.exp(mean), math.exp(low), math.exp(high), len(pairs), "rounds",
-                    confidence)
+    return Interval(math.exp(mean), math.exp(low), math.exp(high), len(pairs), "rounds", confidence)

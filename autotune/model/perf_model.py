@@ -71,14 +71,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
+from autotune.model import roofline
+from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.model.engines import (  # noqa: F401  (re-exported)
     AUTOTUNE_ENGINE,
     DEEPSPEED_ENGINE,
@@ -95,13 +96,10 @@ from autotune.model.layout_quantities import (
     fsdp_shards,
     state_bytes,
 )
-from autotune.model import roofline
 from autotune.shapes import ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
-
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -169,20 +167,28 @@ class Calibration:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
-                              f"{', '.join(sorted(names))}")
+            raise ConfigError(
+                f"unknown calibration key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted(names))}"
+            )
         data = dict(data)
         tables = {name: data.pop(name, {}) for name in SHAPE_TABLES}
         for name, table in tables.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"calibration '{name}' must map shapes to numbers")
         for key, value in [*data.items(), *(kv for t in tables.values() for kv in t.items())]:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    math.isfinite(value) and value >= 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value >= 0)
+            ):
                 raise ConfigError(f"calibration '{key}' must be a number ≥ 0, not {value!r}")
-        return cls(**{k: float(v) for k, v in data.items()},
-                   **{name: {str(k): float(v) for k, v in table.items()}
-                      for name, table in tables.items()})
+        return cls(
+            **{k: float(v) for k, v in data.items()},
+            **{
+                name: {str(k): float(v) for k, v in table.items()} for name, table in tables.items()
+            },
+        )
 
     @classmethod
     def for_cluster(cls, cluster: ClusterSpec) -> Calibration:
@@ -208,14 +214,19 @@ class StepTimeEstimate:
     """The pipeline rank whose per-micro-batch time sets the pace."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
-                "mfu": self.mfu, "bottleneck_stage": self.bottleneck_stage,
-                "breakdown": dict(self.breakdown)}
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "bottleneck_stage": self.bottleneck_stage,
+            "breakdown": dict(self.breakdown),
+        }
 
 
 # ---- the model's arithmetic ----------------------------------------------------------------
-def layer_forward_flops(shape: ModelShape, *, seq_len: int, micro_batch: int) -> tuple[float,
-                                                                                        float]:
+def layer_forward_flops(
+    shape: ModelShape, *, seq_len: int, micro_batch: int
+) -> tuple[float, float]:
     """(matmul FLOPs, attention-score FLOPs) of one layer's forward for one micro-batch, whole
     (divide by tp for a rank). Narayanan et al. 2021 §5.1, generalised to GQA and SwiGLU."""
     b, s, h, f = micro_batch, seq_len, shape.hidden_size, shape.ffn_hidden_size
@@ -241,9 +252,11 @@ def layer_shape_key(config: TrialConfig, shape: ModelShape, device_type: str = "
     """The key of a per-rank layer shape: the block's architecture (family, hidden, MLP width,
     heads), the tokens per micro-batch, tp and dtype — what decides its kernels."""
     rows = config.micro_batch_size * config.workload.seq_len
-    return (f"{shape.family} h{shape.hidden_size} f{shape.ffn_hidden_size} "
-            f"a{shape.num_heads}/{shape.num_kv_heads} rows{rows} tp{config.tp_degree} "
-            f"{config.compute_dtype(device_type)}")
+    return (
+        f"{shape.family} h{shape.hidden_size} f{shape.ffn_hidden_size} "
+        f"a{shape.num_heads}/{shape.num_kv_heads} rows{rows} tp{config.tp_degree} "
+        f"{config.compute_dtype(device_type)}"
+    )
 
 
 SOFT_MAX_POWER = 32.0
@@ -254,16 +267,21 @@ def _soft_max(a: float, b: float) -> float:
     if a <= 0 or b <= 0:
         return max(a, b)
     big = max(a, b)
-    return big * ((a / big) ** SOFT_MAX_POWER + (b / big) ** SOFT_MAX_POWER) ** (
-        1 / SOFT_MAX_POWER)
+    return big * ((a / big) ** SOFT_MAX_POWER + (b / big) ** SOFT_MAX_POWER) ** (1 / SOFT_MAX_POWER)
 
 
 def matmul_efficiency(cal: Calibration, rows: float, cols: float) -> float:
     """Fraction of peak a (rows × h) · (h × cols) matmul reaches: e_max · r/(r + r½) ·
     c/(c + c½). Each dimension saturates on its own (tiles fill the GPU's SMs along both);
     a thin per-rank width h/tp is what makes high tensor parallelism inefficient."""
-    return max(cal.compute_efficiency * rows / (rows + cal.half_efficiency_rows)
-               * cols / (cols + cal.half_efficiency_cols), 1e-6)
+    return max(
+        cal.compute_efficiency
+        * rows
+        / (rows + cal.half_efficiency_rows)
+        * cols
+        / (cols + cal.half_efficiency_cols),
+        1e-6,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +310,14 @@ def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group,
     return tp_group, dp_group, pp_crosses, min(n, span)
 
 
-def collective_time(cluster: ClusterSpec, calibration: Calibration, group: _Group,
-                    nbytes: float, *, kind: str = "all_reduce") -> float:
+def collective_time(
+    cluster: ClusterSpec,
+    calibration: Calibration,
+    group: _Group,
+    nbytes: float,
+    *,
+    kind: str = "all_reduce",
+) -> float:
     """Seconds of one collective of ``nbytes`` (nccl-tests' size) over ``group``.
 
     all_reduce moves 2(n−1)/n·S per rank, all_gather and reduce_scatter (n−1)/n·S (nccl-tests
@@ -312,13 +336,20 @@ def collective_time(cluster: ClusterSpec, calibration: Calibration, group: _Grou
         inter = cluster.inter_node
         node_bw = inter.bandwidth_gbs * GB * eff
         t_inter = inter.latency_us * 1e-6 + (
-            group.concurrent * factor * _ring_factor(n) * nbytes / node_bw)
+            group.concurrent * factor * _ring_factor(n) * nbytes / node_bw
+        )
         t = max(t, t_inter)
     return t
 
 
-def p2p_time(cluster: ClusterSpec, calibration: Calibration, nbytes: float, *,
-             crosses_nodes: bool, concurrent: int) -> float:
+def p2p_time(
+    cluster: ClusterSpec,
+    calibration: Calibration,
+    nbytes: float,
+    *,
+    crosses_nodes: bool,
+    concurrent: int,
+) -> float:
     """Seconds of one point-to-point transfer between adjacent pipeline stages."""
     eff = calibration.comm_efficiency
     if crosses_nodes:
@@ -373,8 +404,7 @@ def core_sharing(cluster: ClusterSpec, active: int) -> float:
     when all ``devices_per_node`` do (the stage times' speed): the ratio of the ranks per core
     (``ranks_per_core``), max(1, active/cores) / max(1, ranks/cores). 1 without
     ``cores_per_node`` (a device per rank)."""
-    return (ranks_per_core(cluster, active)
-            / ranks_per_core(cluster, cluster.devices_per_node))
+    return ranks_per_core(cluster, active) / ranks_per_core(cluster, cluster.devices_per_node)
 
 
 def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
@@ -390,8 +420,9 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
     return ranks_per_core(cluster, group)  # the members on one node
 
 
-def hooked_units(config: TrialConfig, chunk_layers: Sequence[int], per_layer_bytes: float,
-                 engine: EngineTraits) -> int:
+def hooked_units(
+    config: TrialConfig, chunk_layers: Sequence[int], per_layer_bytes: float, engine: EngineTraits
+) -> int:
     """FSDP2 units on one pipeline rank whose Python hooks run every micro-batch.
 
     autotune's engine (``parallel/zero.py``) shards ZeRO-2/3 with ``fully_shard`` and, with
@@ -408,8 +439,9 @@ def hooked_units(config: TrialConfig, chunk_layers: Sequence[int], per_layer_byt
     ``per_layer_bytes``: one block's parameter bytes on the rank."""
     if not engine.fsdp2_data_parallel or config.dp_degree <= 1:
         return 0
-    fsdp2 = config.zero_stage >= 2 or (config.overlap_enabled and (
-        config.tp_degree > 1 or config.pp_degree > 1))
+    fsdp2 = config.zero_stage >= 2 or (
+        config.overlap_enabled and (config.tp_degree > 1 or config.pp_degree > 1)
+    )
     if not fsdp2:
         return 0
     per_unit = max(1, math.ceil(config.bucket_mb * 2**20 / max(per_layer_bytes, 1.0)))
@@ -471,9 +503,14 @@ class _LayerCost:
     """What the host adds beyond the device's work (all of it on a CPU rank)."""
 
 
-def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
-                      calibration: Calibration | None = None, *, shape: ModelShape | None = None,
-                      engine: EngineTraits = AUTOTUNE_ENGINE) -> StepTimeEstimate:
+def predict_step_time(
+    config: TrialConfig,
+    cluster: ClusterSpec,
+    calibration: Calibration | None = None,
+    *,
+    shape: ModelShape | None = None,
+    engine: EngineTraits = AUTOTUNE_ENGINE,
+) -> StepTimeEstimate:
     """Predicted step time of ``config`` on ``cluster`` (see the module docstring).
 
     ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
@@ -506,32 +543,54 @@ def predict_step_time(config: TrialConfig, cluster: ClusterSpec,
     step_s = sum(breakdown.values())
     tokens = config.tokens_per_step
     total_params = step.shape.num_params(layout.vocab)
-    model_flops = flops_per_token(total_params, step.shape.num_layers, step.shape.hidden_size,
-                                  config.workload.seq_len) * tokens
+    model_flops = (
+        flops_per_token(
+            total_params, step.shape.num_layers, step.shape.hidden_size, config.workload.seq_len
+        )
+        * tokens
+    )
     mfu = model_flops / step_s / (config.world_size * step.peak_flops)
-    return StepTimeEstimate(step_time_s=step_s, breakdown=breakdown,
-                            tokens_per_s=tokens / step_s, mfu=mfu, bottleneck_stage=slowest)
+    return StepTimeEstimate(
+        step_time_s=step_s,
+        breakdown=breakdown,
+        tokens_per_s=tokens / step_s,
+        mfu=mfu,
+        bottleneck_stage=slowest,
+    )
 
 
-def _setup(config: TrialConfig, cluster: ClusterSpec, calibration: Calibration | None,
-           shape: ModelShape | None, engine: EngineTraits) -> _Step:
+def _setup(
+    config: TrialConfig,
+    cluster: ClusterSpec,
+    calibration: Calibration | None,
+    shape: ModelShape | None,
+    engine: EngineTraits,
+) -> _Step:
     """The step's inputs, checked, and the figures every term reads."""
     cal = calibration or Calibration.for_cluster(cluster)
     shape = shape or config.workload.shape
     if shape is None:
-        raise ConfigError(f"cannot predict the step time of user workload "
-                          f"'{config.workload.workload}' without its shape; pass a ModelShape")
+        raise ConfigError(
+            f"cannot predict the step time of user workload "
+            f"'{config.workload.workload}' without its shape; pass a ModelShape"
+        )
     # Mixed precision computes at the half-precision peak; a config naming no precision
     # trains in the cluster's default (gloo: CPU ranks).
     device_type = cluster.device_type
     precision = config.resolved_precision(device_type)
-    return _Step(config=config, cluster=cluster, cal=cal, shape=shape, engine=engine,
-                 device_type=device_type,
-                 layout=LayoutQuantities.of(config, shape, precision),
-                 peak_flops=cluster.device.flops(config.compute_dtype(device_type)),
-                 mem_bw=cluster.device.memory_bandwidth_gbs * GB,
-                 # CPU ranks that outnumber the cores run their interpreter on a share of one.
-                 host_share=ranks_per_core(cluster, cluster.devices_per_node))
+    return _Step(
+        config=config,
+        cluster=cluster,
+        cal=cal,
+        shape=shape,
+        engine=engine,
+        device_type=device_type,
+        layout=LayoutQuantities.of(config, shape, precision),
+        peak_flops=cluster.device.flops(config.compute_dtype(device_type)),
+        mem_bw=cluster.device.memory_bandwidth_gbs * GB,
+        # CPU ranks that outnumber the cores run their interpreter on a share of one.
+        host_share=ranks_per_core(cluster, cluster.devices_per_node),
+    )
 
 
 def _layer_cost(step: _Step) -> _LayerCost:
@@ -553,28 +612,42 @@ def _layer_cost(step: _Step) -> _LayerCost:
         layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(step)
         head_s = 3 * roofline.gemm_time(
             roofline.Gemm(tokens, step.layout.vocab / step.vocab_shards, h),
-            peak=step.peak_flops, mem_bw=mem_bw, elem_bytes=elem_bytes,
-            e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
+            peak=step.peak_flops,
+            mem_bw=mem_bw,
+            elem_bytes=elem_bytes,
+            e_max=cal.compute_efficiency,
+            half_dim=cal.gemm_half_dim,
+        )
     else:
         # A context-parallel rank computes its s/cp queries against all s keys: the matmuls
         # and the scores both divide by cp (Liu et al. 2023, ring attention).
-        mat_flops, score_flops = (f / cp for f in layer_forward_flops(shape, seq_len=s,
-                                                                       micro_batch=b))
+        mat_flops, score_flops = (
+            f / cp for f in layer_forward_flops(shape, seq_len=s, micro_batch=b)
+        )
         flop_rate = step.peak_flops * matmul_efficiency(cal, tokens, h / tp)
         eager = config.attention == "eager"
         act_elems = tokens * h
         # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
         # parallelism); the MLP activation and biases on the rank's shard.
         elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
-            act_elems * elem_bytes / mem_bw)
-        score_s = ((cal.score_bytes * b * (a / tp) * s * s / cp * elem_bytes / mem_bw)
-                   if eager else 0.0)
+            act_elems * elem_bytes / mem_bw
+        )
+        score_s = (
+            (cal.score_bytes * b * (a / tp) * s * s / cp * elem_bytes / mem_bw) if eager else 0.0
+        )
         layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
         layer_bwd_s = 2 * layer_fwd_s
         attn_core_s = score_flops / tp / flop_rate + score_s
         head_work = tokens * h * step.layout.vocab / step.vocab_shards
-        head_s = 3 * 2 * head_work / (step.peak_flops * matmul_efficiency(
-            cal, tokens, step.layout.vocab / step.vocab_shards))
+        head_s = (
+            3
+            * 2
+            * head_work
+            / (
+                step.peak_flops
+                * matmul_efficiency(cal, tokens, step.layout.vocab / step.vocab_shards)
+            )
+        )
     if full:
         recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
     elif ac == "selective":
@@ -584,13 +657,15 @@ def _layer_cost(step: _Step) -> _LayerCost:
     else:
         recompute_s = 0.0
     device_s = (layer_fwd_s + layer_bwd_s + recompute_s) * cal.layer_shape_factors.get(
-        shape_key, 1.0)
+        shape_key, 1.0
+    )
 
     # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
     tp_group = _groups(config, step.cluster.devices_per_node)[0]
     if tp > 1:
-        backward_inputs = 2 if engine.fused_column_inputs else (
-            3 + (2 if shape.family == "llama" else 1))
+        backward_inputs = (
+            2 if engine.fused_column_inputs else (3 + (2 if shape.family == "llama" else 1))
+        )
         tp_collectives = 2 * (2 if full else 1) + backward_inputs
         allreduce_s = collective_time(step.cluster, cal, tp_group, step.activation_bytes)
         # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
@@ -612,8 +687,9 @@ def _layer_cost(step: _Step) -> _LayerCost:
 def _inner_group(size: int, inner: int, devices_per_node: int) -> _Group:
     """A group of ``size`` ranks strided by ``inner`` ranks (the mesh dimensions inside it):
     the nodes it spans and how many such groups share each node's network."""
-    nodes = size if inner >= devices_per_node else max(
-        1, math.ceil(size * inner / devices_per_node))
+    nodes = (
+        size if inner >= devices_per_node else max(1, math.ceil(size * inner / devices_per_node))
+    )
     per_node = max(1, size // nodes)
     return _Group(size, nodes, max(1, devices_per_node // per_node) if nodes > 1 else 1)
 
@@ -656,8 +732,9 @@ def selective_op_recompute(layer_fwd_s: float, attn_core_s: float) -> float:
 def sequence_parallel(step: _Step) -> bool:
     """Whether the layout runs sequence parallelism: the config asks for it, or the engine
     runs it whenever tp > 1 (``EngineTraits.sequence_parallel``)."""
-    return step.config.tp_degree > 1 and (step.config.sequence_parallel
-                                          or step.engine.sequence_parallel)
+    return step.config.tp_degree > 1 and (
+        step.config.sequence_parallel or step.engine.sequence_parallel
+    )
 
 
 def _roofline_layer(step: _Step) -> tuple[float, float, float]:
@@ -668,13 +745,22 @@ def _roofline_layer(step: _Step) -> tuple[float, float, float]:
     element-wise kernels by their bytes, on s/t tokens under sequence parallelism (Korthikanti
     et al. 2022 §4.2.2) and their sharded part on the rank's shard."""
     config, cal, shape = step.config, step.cal, step.shape
-    tp, b, s, h = config.tp_degree, config.micro_batch_size, config.workload.seq_len, \
-        shape.hidden_size
+    tp, b, s, h = (
+        config.tp_degree,
+        config.micro_batch_size,
+        config.workload.seq_len,
+        shape.hidden_size,
+    )
     elem_bytes = step.layout.elem_bytes
     s_rank = s / config.cp_degree  # the queries of one sequence on the rank
     tokens = float(step.layout.microbatch_tokens)
-    fig = dict(peak=step.peak_flops, mem_bw=step.mem_bw, elem_bytes=elem_bytes,
-               e_max=cal.compute_efficiency, half_dim=cal.gemm_half_dim)
+    fig = dict(
+        peak=step.peak_flops,
+        mem_bw=step.mem_bw,
+        elem_bytes=elem_bytes,
+        e_max=cal.compute_efficiency,
+        half_dim=cal.gemm_half_dim,
+    )
     fp8 = float8_peak(step)
     gemm_fig = fig if fp8 is None else {**fig, "peak": fp8, "elem_bytes": 1}
     gemm_s = roofline.layer_gemm_time(shape, tokens=tokens, tp=tp, **gemm_fig)
@@ -691,7 +777,8 @@ def _roofline_layer(step: _Step) -> tuple[float, float, float]:
         attn_bwd = 2 * attn_fwd
     whole = cal.elementwise_bytes / (tp if sequence_parallel(step) else 1)
     elementwise_s = (whole + cal.elementwise_sharded_bytes / tp) * (
-        elementwise_factor(step) * tokens * h * elem_bytes / step.mem_bw)
+        elementwise_factor(step) * tokens * h * elem_bytes / step.mem_bw
+    )
     forward = gemm_s + attn_fwd + elementwise_s + cast_s / 3
     backward = 2 * (gemm_s + elementwise_s + cast_s / 3) + attn_bwd
     return forward, backward, attn_fwd
@@ -739,13 +826,20 @@ def _host_layer_time(step: _Step, tp_collectives: int, passes: int, shape_key: s
     (``uncoscheduled``)."""
     cal, tp = step.cal, step.config.tp_degree
     tp_dispatch_s = passes * cal.tp_layer_overhead_s if tp > 1 else 0.0
-    return (passes * cal.layer_overhead_s + tp_dispatch_s
+    return (
+        (
+            passes * cal.layer_overhead_s
+            + tp_dispatch_s
             + tp_collectives * cal.collective_overhead_s * uncoscheduled(step.cluster, tp)
-            ) * cal.host_shape_factors.get(shape_key, 1.0) * step.host_share
+        )
+        * cal.host_shape_factors.get(shape_key, 1.0)
+        * step.host_share
+    )
 
 
-def _stage_times(step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], ...],
-                 v: int) -> list[tuple[float, float, float, float]]:
+def _stage_times(
+    step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], ...], v: int
+) -> list[tuple[float, float, float, float]]:
     """Per pipeline rank, seconds per micro-batch of (compute, TP collectives, point-to-point
     transfers, overheads); ``chunks``: per rank, its chunks' layers. Each boundary the rank
     takes part in (``stage_boundaries``) moves the b·s·h activation or its gradient
@@ -753,13 +847,24 @@ def _stage_times(step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], 
     config, cal, cluster = step.config, step.cal, step.cluster
     pp, tp = config.pp_degree, config.tp_degree
     _, _, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
-    transfer_s = p2p_time(cluster, cal, step.activation_bytes / step.vocab_shards,
-                          crosses_nodes=pp_crosses, concurrent=boundary_ranks) if pp > 1 else 0.0
+    transfer_s = (
+        p2p_time(
+            cluster,
+            cal,
+            step.activation_bytes / step.vocab_shards,
+            crosses_nodes=pp_crosses,
+            concurrent=boundary_ranks,
+        )
+        if pp > 1
+        else 0.0
+    )
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
     at_rest = step.data_parallel_bytes.at_rest
     per_layer_bytes = layer_params(step.shape) / tp * at_rest
-    unit_s = [hooked_units(config, chunks[r], per_layer_bytes, step.engine)
-              * cal.unit_overhead_s for r in range(pp)]
+    unit_s = [
+        hooked_units(config, chunks[r], per_layer_bytes, step.engine) * cal.unit_overhead_s
+        for r in range(pp)
+    ]
     busy = layer.device_s + layer.tp_s
     stages = []
     for rank in range(pp):
@@ -774,12 +879,14 @@ def _stage_times(step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], 
         if unit_s[rank] and cluster.device.asynchronous:
             # The hooks are host work too: on a GPU they hide behind queued kernels as the
             # layers' launches do (the same max, over the rank's layers and units).
-            hooks_s = _soft_max(layers * layer.host_s + unit_s[rank], layers * busy) - (
-                layers * busy) - layers * layer.excess_s
+            hooks_s = (
+                _soft_max(layers * layer.host_s + unit_s[rank], layers * busy)
+                - (layers * busy)
+                - layers * layer.excess_s
+            )
         else:
             hooks_s = unit_s[rank] * step.host_share
-        overhead = (layers * layer.excess_s + cal.microbatch_overhead_s * step.host_share
-                    + hooks_s)
+        overhead = layers * layer.excess_s + cal.microbatch_overhead_s * step.host_share + hooks_s
         stages.append((compute, tp_s, p2p, overhead))
     return stages
 
@@ -806,9 +913,13 @@ def _params_per_rank(step: _Step, rank_layers: list[int]) -> float:
     embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
     head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
     return max(
-        (rank_layers[r] * layer_params(shape) / tp
-         + (embed_params if r == 0 else 0.0) + (head_params if r == pp - 1 else 0.0))
-        for r in range(pp))
+        (
+            rank_layers[r] * layer_params(shape) / tp
+            + (embed_params if r == 0 else 0.0)
+            + (head_params if r == pp - 1 else 0.0)
+        )
+        for r in range(pp)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -839,13 +950,14 @@ def data_parallel_bytes(config: TrialConfig, device_type: str) -> DataParallelBy
 def _moved_bytes(bytes_per: StateBytes, fsdp: bool) -> DataParallelBytes:
     """``data_parallel_bytes`` from the model states' element sizes (``fsdp``: ZeRO-2/3 over
     dp > 1, whose gather moves the compute dtype)."""
-    return DataParallelBytes(reduce=bytes_per.gradient,
-                             gather=bytes_per.compute if fsdp else bytes_per.parameter,
-                             at_rest=bytes_per.parameter)
+    return DataParallelBytes(
+        reduce=bytes_per.gradient,
+        gather=bytes_per.compute if fsdp else bytes_per.parameter,
+        at_rest=bytes_per.parameter,
+    )
 
 
-def _dp_time(step: _Step, params_rank: float, rank_layers: list[int],
-             compute_s: float) -> float:
+def _dp_time(step: _Step, params_rank: float, rank_layers: list[int], compute_s: float) -> float:
     """Exposed seconds of data-parallel synchronisation per step, by ZeRO stage (Rajbhandari
     et al. 2020, §7), with its host launch costs.
 
@@ -874,15 +986,15 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int],
             gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     else:
         if config.dp_replicate > 1:
-            dp_group = _inner_group(config.dp_shard, config.tp_degree * config.cp_degree,
-                                    cluster.devices_per_node)
+            dp_group = _inner_group(
+                config.dp_shard, config.tp_degree * config.cp_degree, cluster.devices_per_node
+            )
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
         sync_s += hsdp_replica_time(step, grad_bytes)
         gathers = microbatches * (2 if zero == 3 else 1)
         if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
             gathers += microbatches  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
-        gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes,
-                                             kind="all_gather")
+        gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
         if engine.roofline and zero == 3:
             gather_s += _zero3_ring_latency(step, dp_group, gathers)
     if config.overlap_enabled and engine.grad_reduce_overlap:
@@ -898,9 +1010,16 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int],
             gather_exposed = gather_s
     else:
         sync_exposed, gather_exposed = sync_s, gather_s
-    return sync_exposed + gather_exposed + (
-        _dp_collectives(step, grad_bytes, rank_layers) * cal.collective_overhead_s
-        * step.host_share * uncoscheduled(cluster, dp))
+    return (
+        sync_exposed
+        + gather_exposed
+        + (
+            _dp_collectives(step, grad_bytes, rank_layers)
+            * cal.collective_overhead_s
+            * step.host_share
+            * uncoscheduled(cluster, dp)
+        )
+    )
 
 
 def hsdp_replica_time(step: _Step, grad_bytes: float) -> float:
@@ -917,8 +1036,9 @@ def hsdp_replica_time(step: _Step, grad_bytes: float) -> float:
     return collective_time(step.cluster, step.cal, group, grad_bytes / config.dp_shard)
 
 
-def _distributed_optimizer_time(step: _Step, dp_group: _Group, grad_bytes: float,
-                                param_bytes: float, compute_s: float) -> float:
+def _distributed_optimizer_time(
+    step: _Step, dp_group: _Group, grad_bytes: float, param_bytes: float, compute_s: float
+) -> float:
     """Exposed seconds of a distributed optimizer's step (Megatron's
     ``--use-distributed-optimizer``, DeepSpeed ZeRO-1/2): a reduce-scatter of the gradients and
     an all-gather of the updated parameters, together the all-reduce's bytes. With
@@ -936,8 +1056,11 @@ def _distributed_optimizer_time(step: _Step, dp_group: _Group, grad_bytes: float
     if overlap and engine.param_gather_overlap:
         gather_s = max(bucket * gather_s, gather_s - hide * compute_s / 3)
     launches = 2 * math.ceil(1 / bucket) if bucket > 0 else 2
-    return sync_s + gather_s + launches * cal.collective_overhead_s * uncoscheduled(
-        cluster, config.dp_degree)
+    return (
+        sync_s
+        + gather_s
+        + launches * cal.collective_overhead_s * uncoscheduled(cluster, config.dp_degree)
+    )
 
 
 def _zero3_ring_latency(step: _Step, dp_group: _Group, gathers: int) -> float:
@@ -968,8 +1091,7 @@ def _dp_collectives(step: _Step, grad_bytes: float, rank_layers: list[int]) -> i
     bucket = config.bucket_mb * 2**20
     if zero <= 1:
         return math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
-    unit_bytes = (layer_params(step.shape) / config.tp_degree
-                  * step.data_parallel_bytes.at_rest)
+    unit_bytes = layer_params(step.shape) / config.tp_degree * step.data_parallel_bytes.at_rest
     per_unit = max(1, math.ceil(bucket / max(unit_bytes, 1.0)))
     units = math.ceil(max(rank_layers) / per_unit) + 1  # + the root's unit
     return units * (1 + microbatches * (2 if zero == 3 else 1))

@@ -45,8 +45,9 @@ def gemm_efficiency(g: Gemm, e_max: float, half_dim: float) -> float:
     return max(eff, 1e-6)
 
 
-def gemm_time(g: Gemm, *, peak: float, mem_bw: float, elem_bytes: float, e_max: float,
-              half_dim: float) -> float:
+def gemm_time(
+    g: Gemm, *, peak: float, mem_bw: float, elem_bytes: float, e_max: float, half_dim: float
+) -> float:
     """Seconds of one GEMM: the longer of its FLOPs at the curve's efficiency and its bytes."""
     flops_s = 2 * g.m * g.n * g.k / (peak * gemm_efficiency(g, e_max, half_dim))
     bytes_s = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) / mem_bw
@@ -58,24 +59,41 @@ def layer_gemms(shape: ModelShape, *, tokens: float, tp: int) -> list[Gemm]:
     h, f = shape.hidden_size, shape.ffn_hidden_size
     kv = shape.num_kv_heads * shape.head_dim
     gated = 2 if shape.family == "llama" else 1
-    return [Gemm(tokens, (h + 2 * kv) / tp, h), Gemm(tokens, h, h / tp),
-            Gemm(tokens, gated * f / tp, h), Gemm(tokens, h, f / tp)]
+    return [
+        Gemm(tokens, (h + 2 * kv) / tp, h),
+        Gemm(tokens, h, h / tp),
+        Gemm(tokens, gated * f / tp, h),
+        Gemm(tokens, h, f / tp),
+    ]
 
 
-def layer_gemm_time(shape: ModelShape, *, tokens: float, tp: int, peak: float, mem_bw: float,
-                    elem_bytes: float, e_max: float, half_dim: float) -> float:
+def layer_gemm_time(
+    shape: ModelShape,
+    *,
+    tokens: float,
+    tp: int,
+    peak: float,
+    mem_bw: float,
+    elem_bytes: float,
+    e_max: float,
+    half_dim: float,
+) -> float:
     """Forward seconds of one layer's GEMMs on one rank (``layer_gemms``)."""
-    return sum(gemm_time(g, peak=peak, mem_bw=mem_bw, elem_bytes=elem_bytes, e_max=e_max,
-                         half_dim=half_dim)
-               for g in layer_gemms(shape, tokens=tokens, tp=tp))
+    return sum(
+        gemm_time(
+            g, peak=peak, mem_bw=mem_bw, elem_bytes=elem_bytes, e_max=e_max, half_dim=half_dim
+        )
+        for g in layer_gemms(shape, tokens=tokens, tp=tp)
+    )
 
 
 FLASH_BACKWARD_RATIO = 2.5
 """FlashAttention's backward over its forward: five matmuls against two (Dao 2023, §3.1.2)."""
 
 
-def causal_flash_flops(shape: ModelShape, *, batch: float, seq: float, keys: float,
-                       tp: int) -> float:
+def causal_flash_flops(
+    shape: ModelShape, *, batch: float, seq: float, keys: float, tp: int
+) -> float:
     """Forward FLOPs of causal flash attention on one TP rank: 4·b·s·keys·h / 2 / t (the
     blocks above the diagonal skipped). ``keys``: the keys each query block sees (s without
     context parallelism)."""

@@ -37,8 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.model.cluster import GB, ClusterSpec
 from autotune.config import TrialConfig
+from autotune.model.cluster import GB, ClusterSpec
 from autotune.model.perf_model import Calibration, predict_step_time
 from profiler.analysis import clip, length, merge
 from profiler.spans import COMM, COMPUTE, STEP
@@ -163,38 +163,49 @@ class SpanFit:
         return dataclasses.replace(base, **values)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"links": {k: dataclasses.asdict(v) for k, v in self.links.items()},
-                "compute": dataclasses.asdict(self.compute) if self.compute else None,
-                "comm_efficiency": self.comm_efficiency}
+        return {
+            "links": {k: dataclasses.asdict(v) for k, v in self.links.items()},
+            "compute": dataclasses.asdict(self.compute) if self.compute else None,
+            "comm_efficiency": self.comm_efficiency,
+        }
 
 
 # ---- from spans to points ------------------------------------------------------------------
 def group_size(config: TrialConfig, group: str) -> int:
     """Ranks in a collective's group: the mesh dimension it talks on ('' → the whole world)."""
-    return {"tp": config.tp_degree, "dp": config.dp_degree, "dp_shard": config.dp_shard,
-            "dp_replicate": config.dp_replicate,
-            "pp": config.pp_degree}.get(group, config.world_size)
+    return {
+        "tp": config.tp_degree,
+        "dp": config.dp_degree,
+        "dp_shard": config.dp_shard,
+        "dp_replicate": config.dp_replicate,
+        "pp": config.pp_degree,
+    }.get(group, config.world_size)
 
 
 def link_class(config: TrialConfig, group: str, devices_per_node: int) -> str:
     """The link a group's collectives cross. Ranks are numbered (pp, dp, tp) with tp fastest
     and nodes filled in order (the executor's PACK placement), so a TP group spans ⌈tp / n⌉
     nodes and a DP group ⌈tp·dp / n⌉ for n devices per node."""
-    span = {"tp": config.tp_degree, "dp": config.tp_degree * config.dp_degree,
-            "dp_shard": config.tp_degree * config.dp_shard,  # HSDP: consecutive within dp
-            "dp_replicate": config.tp_degree * config.dp_degree}.get(group, config.world_size)
+    span = {
+        "tp": config.tp_degree,
+        "dp": config.tp_degree * config.dp_degree,
+        "dp_shard": config.tp_degree * config.dp_shard,  # HSDP: consecutive within dp
+        "dp_replicate": config.tp_degree * config.dp_degree,
+    }.get(group, config.world_size)
     return INTER if span > devices_per_node else INTRA
 
 
 def summarize(spans: Iterable, config: TrialConfig, cluster: ClusterSpec) -> TrialSpans:
     """A trial's collective points and compute time, from its spans (all ranks)."""
     spans = list(spans)
-    return TrialSpans(tuple(collective_points(spans, config, cluster)),
-                      compute_point(spans, config))
+    return TrialSpans(
+        tuple(collective_points(spans, config, cluster)), compute_point(spans, config)
+    )
 
 
-def collective_points(spans: Iterable, config: TrialConfig,
-                      cluster: ClusterSpec) -> list[CollectivePoint]:
+def collective_points(
+    spans: Iterable, config: TrialConfig, cluster: ClusterSpec
+) -> list[CollectivePoint]:
     """One point per collective instance of the profiled steps (see the module docstring)."""
     by_rank: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     for s in spans:
@@ -212,8 +223,9 @@ def collective_points(spans: Iterable, config: TrialConfig,
             instance = [r[k] for r in ordered]
             fastest = min(instance, key=lambda s: s.dur_ns)
             if fastest.dur_ns > 0:
-                points.append(CollectivePoint(link, name, n, fastest.bytes,
-                                              fastest.dur_ns * 1e-9, factor))
+                points.append(
+                    CollectivePoint(link, name, n, fastest.bytes, fastest.dur_ns * 1e-9, factor)
+                )
     return points
 
 
@@ -268,8 +280,8 @@ def fit_link(points: Sequence[CollectivePoint], *, prior_latency_s: float = 0.0)
 
 def _two_parameter(x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
     # Rows (1/t, x/t), target 1: normal equations of the weighted regression.
-    a11 = sum(1 / ti ** 2 for ti in t)
-    a12 = sum(xi / ti ** 2 for xi, ti in zip(x, t))
+    a11 = sum(1 / ti**2 for ti in t)
+    a12 = sum(xi / ti**2 for xi, ti in zip(x, t))
     a22 = sum((xi / ti) ** 2 for xi, ti in zip(x, t))
     b1 = sum(1 / ti for ti in t)
     b2 = sum(xi / ti for xi, ti in zip(x, t))
@@ -281,13 +293,14 @@ def _two_parameter(x: Sequence[float], t: Sequence[float]) -> tuple[float, float
 
 def _slope_given(latency: float, x: Sequence[float], t: Sequence[float]) -> float:
     # argmin_c Σ ((latency + c·x) / t − 1)²
-    num = sum(xi * (ti - latency) / ti ** 2 for xi, ti in zip(x, t))
+    num = sum(xi * (ti - latency) / ti**2 for xi, ti in zip(x, t))
     den = sum((xi / ti) ** 2 for xi, ti in zip(x, t))
     return num / den
 
 
-def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
-                start: Calibration) -> ComputeFit | None:
+def fit_compute(
+    points: Sequence[ComputePoint], cluster: ClusterSpec, start: Calibration
+) -> ComputeFit | None:
     """Rate and compute-efficiency prior from trials of built-in workloads (None without any).
 
     The model's compute term is A / compute_efficiency + E (matmuls at the calibrated rate plus
@@ -301,9 +314,15 @@ def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
     usable = [p for p in points if p.config.workload.shape is not None and p.seconds > 0]
     if not usable:
         return None
-    flops_cal = dataclasses.replace(start, compute_efficiency=1.0, half_efficiency_rows=0.0,
-                                    half_efficiency_cols=0.0, elementwise_bytes=0.0,
-                                    elementwise_sharded_bytes=0.0, score_bytes=0.0)
+    flops_cal = dataclasses.replace(
+        start,
+        compute_efficiency=1.0,
+        half_efficiency_rows=0.0,
+        half_efficiency_cols=0.0,
+        elementwise_bytes=0.0,
+        elementwise_sharded_bytes=0.0,
+        score_bytes=0.0,
+    )
     total_flops = total_s = total_peak_s = 0.0
     terms = []
     for p in usable:
@@ -312,10 +331,12 @@ def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
         total_flops += flops
         total_s += p.seconds
         total_peak_s += p.seconds * peak
-        at_one = _compute_term(p.config, cluster,
-                               dataclasses.replace(start, compute_efficiency=1.0))
-        at_half = _compute_term(p.config, cluster,
-                                dataclasses.replace(start, compute_efficiency=0.5))
+        at_one = _compute_term(
+            p.config, cluster, dataclasses.replace(start, compute_efficiency=1.0)
+        )
+        at_half = _compute_term(
+            p.config, cluster, dataclasses.replace(start, compute_efficiency=0.5)
+        )
         terms.append((at_half - at_one, 2 * at_one - at_half, p.seconds))  # (A, E, T)
     solutions = [a / (t - e) for a, e, t in terms if t > e and a > 0]
     efficiency = _geomean(solutions) if solutions else start.compute_efficiency
@@ -324,21 +345,28 @@ def fit_compute(points: Sequence[ComputePoint], cluster: ClusterSpec,
         sizes = [w for w in (_half_work_matching(p, cluster, start) for p in usable) if w]
         if sizes:
             efficiency, half_work = 1.0, _geomean(sizes)
-    fitted = dataclasses.replace(start, compute_efficiency=efficiency,
-                                 half_efficiency_rows=half_work)
+    fitted = dataclasses.replace(
+        start, compute_efficiency=efficiency, half_efficiency_rows=half_work
+    )
     errors = [_compute_term(p.config, cluster, fitted) / p.seconds - 1 for p in usable]
-    return ComputeFit(flops_per_s=total_flops / total_s,
-                      fraction_of_peak=total_flops / total_peak_s,
-                      compute_efficiency=efficiency, half_efficiency_rows=half_work,
-                      num_trials=len(usable),
-                      residual=math.sqrt(sum(x * x for x in errors) / len(errors)))
+    return ComputeFit(
+        flops_per_s=total_flops / total_s,
+        fraction_of_peak=total_flops / total_peak_s,
+        compute_efficiency=efficiency,
+        half_efficiency_rows=half_work,
+        num_trials=len(usable),
+        residual=math.sqrt(sum(x * x for x in errors) / len(errors)),
+    )
 
 
-def _half_work_matching(point: ComputePoint, cluster: ClusterSpec,
-                        start: Calibration) -> float | None:
+def _half_work_matching(
+    point: ComputePoint, cluster: ClusterSpec, start: Calibration
+) -> float | None:
     """The half_efficiency_rows at which the compute term (asymptote 1) equals the measured
-    time; None if none does. With efficiency ``r / (r + r½)`` in the rows r the term is linear in r½, so the
+    time; None if none does. With efficiency ``r / (r + r½)`` in the rows r the term is linear in
+    r½, so the
     secant from w½ = 0 lands on it at once; a few more steps cover a curve that is not."""
+
     def term(half_work: float) -> float:
         cal = dataclasses.replace(start, compute_efficiency=1.0, half_efficiency_rows=half_work)
         return _compute_term(point.config, cluster, cal)
@@ -367,8 +395,9 @@ def _compute_term(config: TrialConfig, cluster: ClusterSpec, cal: Calibration) -
     return predict_step_time(config, cluster, cal).breakdown["compute"]
 
 
-def fit_spans(trials: Iterable[TrialSpans], cluster: ClusterSpec,
-              start: Calibration | None = None) -> SpanFit:
+def fit_spans(
+    trials: Iterable[TrialSpans], cluster: ClusterSpec, start: Calibration | None = None
+) -> SpanFit:
     """Fit every link class that has points, and compute, over the trials' span summaries."""
     start = start or Calibration.for_cluster(cluster)
     trials = list(trials)
@@ -381,8 +410,9 @@ def fit_spans(trials: Iterable[TrialSpans], cluster: ClusterSpec,
         if by_link.get(name):
             prior = getattr(cluster, name).latency_us * 1e-6
             fit = links[name] = fit_link(by_link[name], prior_latency_s=prior)
-            ratios += [described_seconds(p, cluster) / fit.seconds(p.wire_bytes)
-                       for p in by_link[name]]
+            ratios += [
+                described_seconds(p, cluster) / fit.seconds(p.wire_bytes) for p in by_link[name]
+            ]
     comm = _geomean(ratios) if ratios else None
     compute = fit_compute([t.compute for t in trials if t.compute is not None], cluster, start)
     return SpanFit(links, compute, comm)
@@ -398,4 +428,3 @@ def described_seconds(point: CollectivePoint, cluster: ClusterSpec) -> float:
         return point.wire_bytes / cluster.intra_node.busbw(point.bytes, ranks)
     link = cluster.inter_node
     return link.latency_us * 1e-6 + point.wire_bytes / (link.bandwidth_gbs * GB)
-

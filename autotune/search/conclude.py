@@ -87,10 +87,21 @@ def of_result(result: TrialResult, limit: int | None, predicted: int | None) -> 
     measured = result.device_peak_bytes
     peak = measured or predicted or 0
     if limit is not None and measured > limit:
-        return Verdict(TrialStatus.INFEASIBLE_MEASURED, 0.0, (measured - limit) / GIB,
-                       peak, measured_over_limit(result, limit), result=result)
-    return Verdict(TrialStatus.COMPLETE, result.throughput_tokens_per_s,
-                   _feasible(measured, limit), peak, result=result)
+        return Verdict(
+            TrialStatus.INFEASIBLE_MEASURED,
+            0.0,
+            (measured - limit) / GIB,
+            peak,
+            measured_over_limit(result, limit),
+            result=result,
+        )
+    return Verdict(
+        TrialStatus.COMPLETE,
+        result.throughput_tokens_per_s,
+        _feasible(measured, limit),
+        peak,
+        result=result,
+    )
 
 
 def of_failure(failure: TrialFailed, predicted: int | None) -> Verdict:
@@ -98,16 +109,14 @@ def of_failure(failure: TrialFailed, predicted: int | None) -> Verdict:
     nodes cannot hold (a TP group wider than a node) ran nothing."""
     error = f"not run: {failure}" if isinstance(failure, PlacementError) else str(failure)
     if failure.kind == FailureKind.OOM:
-        return Verdict(TrialStatus.INFEASIBLE_MEASURED, 0.0, OOM_EXCESS_GIB, predicted or 0,
-                       error)
+        return Verdict(TrialStatus.INFEASIBLE_MEASURED, 0.0, OOM_EXCESS_GIB, predicted or 0, error)
     return Verdict(TrialStatus.FAILED, peak=predicted or 0, error=error)
 
 
 def of_screen(predicted: int, required: int, limit: int, why: str) -> Verdict:
     """Screened out: the predicted peak with the screen's allowances (``required``) is over
     the limit."""
-    return Verdict(TrialStatus.INFEASIBLE_PREDICTED, 0.0, (required - limit) / GIB, predicted,
-                   why)
+    return Verdict(TrialStatus.INFEASIBLE_PREDICTED, 0.0, (required - limit) / GIB, predicted, why)
 
 
 def of_known(known: Known, limit: int | None) -> Verdict:
@@ -124,8 +133,9 @@ def of_passed(passed: PassedOver, over_limit: str) -> Verdict:
     """A configuration the strategy passed over: skipped, or kept out by the memory screen
     (``over_limit`` says why); no trial, so nothing is told."""
     if passed.over_memory_peak is not None:
-        return Verdict(TrialStatus.INFEASIBLE_PREDICTED, peak=passed.over_memory_peak,
-                       error=over_limit)
+        return Verdict(
+            TrialStatus.INFEASIBLE_PREDICTED, peak=passed.over_memory_peak, error=over_limit
+        )
     return Verdict(TrialStatus.SKIPPED_PREDICTED, error=f"skipped: {passed.reason}")
 
 
@@ -150,8 +160,9 @@ class Concluder:
     extra_metrics: Callable[[TrialConfig, Any], dict[str, Any]] = lambda config, result: {}
     """Metrics a measured trial's record adds (the loop's cold-start figure, the interval)."""
 
-    def conclude(self, trial, config: TrialConfig, verdict: Verdict, *,
-                 predicted: int | None = None) -> int | None:
+    def conclude(
+        self, trial, config: TrialConfig, verdict: Verdict, *, predicted: int | None = None
+    ) -> int | None:
         """Set the constraint, store the record, tell Optuna: the one place each is done.
         ``trial`` is None for a configuration passed over (stored, not told). The stored
         trial's id, or None when nothing is stored."""
@@ -167,28 +178,43 @@ class Concluder:
                 self.study.tell(trial, verdict.value)
         return trial_id
 
-    def _store(self, trial, config: TrialConfig, verdict: Verdict,
-               predicted: int | None) -> int:
+    def _store(self, trial, config: TrialConfig, verdict: Verdict, predicted: int | None) -> int:
         from autotune.study.store import search_record, unmeasured_record
 
         number = trial.number if trial is not None else None
-        predictions = (self.predictions.pop(number, {}) if number is not None
-                       else self.calibration.predict(config))
+        predictions = (
+            self.predictions.pop(number, {})
+            if number is not None
+            else self.calibration.predict(config)
+        )
         if verdict.result is None:
-            trial_id = self.database.add_trial(unmeasured_record(
-                config, study_id=self.study_id, number=number, status=verdict.status,
-                predicted_peak=predicted, predictions=predictions, error=verdict.error))
+            trial_id = self.database.add_trial(
+                unmeasured_record(
+                    config,
+                    study_id=self.study_id,
+                    number=number,
+                    status=verdict.status,
+                    predicted_peak=predicted,
+                    predictions=predictions,
+                    error=verdict.error,
+                )
+            )
         else:
             result = verdict.result
             record, spans = search_record(
-                result, study_id=self.study_id, number=number, status=verdict.status,
+                result,
+                study_id=self.study_id,
+                number=number,
+                status=verdict.status,
                 predicted_peak=predicted,
                 predictions={**predictions, **self.extra_metrics(config, result)},
-                error=verdict.error)
+                error=verdict.error,
+            )
             trial_id = self.database.add_trial(record, spans)
             if verdict.status == TrialStatus.COMPLETE:
-                self.calibration.remember_spans(trial_id, config,
-                                                [s for r in result.ranks for s in r.spans])
+                self.calibration.remember_spans(
+                    trial_id, config, [s for r in result.ranks for s in r.spans]
+                )
                 self.calibration.refit()
         self.known[config] = Known(verdict.status, verdict.value, verdict.peak or 0)
         return trial_id

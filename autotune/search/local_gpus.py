@@ -4,7 +4,8 @@ The driver (the CLI, the search) never imports torch (``tests/test_driver_import
 trains nothing, torch costs it a second and hundreds of MB, and ``get_device_properties`` would
 open a CUDA context on GPU 0 in a process that holds no tensors. The search's device questions —
 is there a GPU, how many, GPU 0's memory, name and properties — are answered by one
-short-lived interpreter that imports torch, at most once per driver process and only when a question is asked (a search
+short-lived interpreter that imports torch, at most once per driver process and only when a
+question is asked (a search
 on ``device="cpu"`` with a memory limit asks none). The answers are torch's own, under the same
 environment (``CUDA_VISIBLE_DEVICES`` included), as if the driver had imported it.
 """
@@ -33,8 +34,17 @@ print(json.dumps({
     "properties": {k: getattr(props, k) for k in PROPERTIES if hasattr(props, k)},
 }))
 """
-PROPERTIES = ("name", "major", "minor", "multi_processor_count", "total_memory", "clock_rate",
-              "memory_clock_rate", "memory_bus_width", "gcnArchName")
+PROPERTIES = (
+    "name",
+    "major",
+    "minor",
+    "multi_processor_count",
+    "total_memory",
+    "clock_rate",
+    "memory_clock_rate",
+    "memory_bus_width",
+    "gcnArchName",
+)
 """The ``torch.cuda.get_device_properties`` fields the probe reports (all plain values)."""
 
 

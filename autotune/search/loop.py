@@ -46,13 +46,21 @@ from autotune.study.leaderboard import Entry, best_entry, build_leaderboard
 
 if TYPE_CHECKING:
     from autotune.search.space import SearchSpace
-    from autotune.shapes import ModelShape
     from autotune.search.spec import SearchSpec
     from autotune.search.study_calibration import StudyCalibration
+    from autotune.shapes import ModelShape
     from autotune.trial.result import TrialResult
 
-__all__ = ["CONSTRAINT_ATTR", "MAX_DUPLICATES", "SearchLoop", "SearchOutcome", "TrialExecutor",
-           "executor_slots", "finalist_ids", "run_interval"]
+__all__ = [
+    "CONSTRAINT_ATTR",
+    "MAX_DUPLICATES",
+    "SearchLoop",
+    "SearchOutcome",
+    "TrialExecutor",
+    "executor_slots",
+    "finalist_ids",
+    "run_interval",
+]
 
 MAX_DUPLICATES = 20
 """Proposals of already-measured configurations tolerated in a row before an untried one is
@@ -78,11 +86,23 @@ class SearchLoop:
     """One run of the loop over a study that ``search.Search`` has opened (see the module
     docstring); ``run`` schedules, ``_propose`` / ``_screen`` / ``_finish`` are its phases."""
 
-    def __init__(self, *, spec: SearchSpec, space: SearchSpace, study, database, study_id: int,
-                 executor: TrialExecutor, limit: int | None, device_type: str,
-                 calibration: StudyCalibration, say: Callable[[str], None],
-                 strategy: Strategy, until: Callable[[], str | None] | None = None,
-                 shape: ModelShape | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        spec: SearchSpec,
+        space: SearchSpace,
+        study,
+        database,
+        study_id: int,
+        executor: TrialExecutor,
+        limit: int | None,
+        device_type: str,
+        calibration: StudyCalibration,
+        say: Callable[[str], None],
+        strategy: Strategy,
+        until: Callable[[], str | None] | None = None,
+        shape: ModelShape | None = None,
+    ) -> None:
         self.spec, self.space, self.study, self.db = spec, space, study, database
         self.study_id, self.limit, self.device_type = study_id, limit, device_type
         self.strategy, self._say = strategy, say
@@ -91,8 +111,9 @@ class SearchLoop:
         where the workload is not built in (a replayed table's)."""
         self.measurer = Measurer(executor)
         self.executor = executor
-        self.concluder = Concluder(study, database, study_id, calibration,
-                                   extra_metrics=self._extra_metrics)
+        self.concluder = Concluder(
+            study, database, study_id, calibration, extra_metrics=self._extra_metrics
+        )
         self.calibration = calibration
         self._duplicates = 0
         self._strategy_stopped: str | None = None
@@ -125,14 +146,27 @@ class SearchLoop:
                 if not slots.in_flight:
                     break
                 for trial, config, predicted, outcome in slots.finished():
-                    self._finish(trial, config, predicted, outcome,
-                                 len(self._tried) - len(slots.in_flight))
+                    self._finish(
+                        trial, config, predicted, outcome, len(self._tried) - len(slots.in_flight)
+                    )
         finally:
             slots.close()
-        board = remeasure_top(self.spec, self.db, self.study_id, self.measurer, self._say,
-                              lambda: self._cluster_stopped)
-        return SearchOutcome(self.study_id, board, self._num_run, self._num_predicted,
-                             time.monotonic() - start, stopped or "trial budget")
+        board = remeasure_top(
+            self.spec,
+            self.db,
+            self.study_id,
+            self.measurer,
+            self._say,
+            lambda: self._cluster_stopped,
+        )
+        return SearchOutcome(
+            self.study_id,
+            board,
+            self._num_run,
+            self._num_predicted,
+            time.monotonic() - start,
+            stopped or "trial budget",
+        )
 
     def _fill(self, slots: Slots, stopped: str | None) -> str | None:
         """Start trials until the slots are full or a budget is spent: why it is, or None."""
@@ -157,11 +191,17 @@ class SearchLoop:
         study's)."""
         board = self.leaderboard()
         for e in board:
-            self.known.setdefault(e.config, Known(
-                e.status, e.throughputs[0] if e.throughputs else 0.0,
-                e.device_peak or e.measured_peak or e.predicted_peak or 0))
-        self._best = max((e.throughput for e in board if e.status == TrialStatus.COMPLETE),
-                         default=0.0)
+            self.known.setdefault(
+                e.config,
+                Known(
+                    e.status,
+                    e.throughputs[0] if e.throughputs else 0.0,
+                    e.device_peak or e.measured_peak or e.predicted_peak or 0,
+                ),
+            )
+        self._best = max(
+            (e.throughput for e in board if e.status == TrialStatus.COMPLETE), default=0.0
+        )
         self._since_best = 0
 
     def _stop_reason(self, done: int) -> str | None:
@@ -192,8 +232,11 @@ class SearchLoop:
         # Proposed again: tell the stored outcome instead of paying for the trial again; after
         # a run of these, take an untried configuration so the search keeps moving. One still
         # running has no outcome yet: it is dropped.
-        verdict = (conclude.DROPPED if config in running
-                   else conclude.of_known(self.known[config], self.limit))
+        verdict = (
+            conclude.DROPPED
+            if config in running
+            else conclude.of_known(self.known[config], self.limit)
+        )
         self.concluder.conclude(trial, config, verdict)
         self._duplicates += 1
         if self._duplicates < MAX_DUPLICATES:
@@ -213,8 +256,7 @@ class SearchLoop:
             if proposal.trial is not None:
                 return proposal
             self.study.enqueue_trial(self.space.params_for(proposal.config))
-            self._say(f"{self.strategy.label}: next {_short(proposal.config)}: "
-                      f"{proposal.reason}")
+            self._say(f"{self.strategy.label}: next {_short(proposal.config)}: {proposal.reason}")
         trial = self.study.ask()
         return Proposal(self.space.suggest(trial), trial=trial)
 
@@ -224,10 +266,17 @@ class SearchLoop:
         return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def _state(self) -> SearchState:
-        history = [Measured(c, c.tokens_per_step / k.value if k.value > 0 else None,
-                            _row_status(k.status)) for c, k in self.known.items()]
-        return SearchState(configs=self.space.configs, tried=frozenset(self._tried),
-                           history=history, fits=self._fits_with_peak, shape=self._shape)
+        history = [
+            Measured(c, c.tokens_per_step / k.value if k.value > 0 else None, _row_status(k.status))
+            for c, k in self.known.items()
+        ]
+        return SearchState(
+            configs=self.space.configs,
+            tried=frozenset(self._tried),
+            history=history,
+            fits=self._fits_with_peak,
+            shape=self._shape,
+        )
 
     def _strategy_done(self, state: SearchState, running: set[TrialConfig]) -> None:
         """The strategy proposes nothing more: store what it passed over (when nothing runs)."""
@@ -238,11 +287,17 @@ class SearchLoop:
                 peak = passed.over_memory_peak
                 over = self._over_limit(peak) if peak is not None else ""
                 self.concluder.conclude(
-                    None, passed.config, conclude.of_passed(passed, over),
-                    predicted=peak if peak is not None
-                    else screen.predict_peak(passed.config, self.device_type))
-                self._say(f"{'ruled out by memory' if peak is not None else 'skipped'} "
-                          f"{_short(passed.config)}: {passed.reason}")
+                    None,
+                    passed.config,
+                    conclude.of_passed(passed, over),
+                    predicted=peak
+                    if peak is not None
+                    else screen.predict_peak(passed.config, self.device_type),
+                )
+                self._say(
+                    f"{'ruled out by memory' if peak is not None else 'skipped'} "
+                    f"{_short(passed.config)}: {passed.reason}"
+                )
         self._strategy_stopped = self.strategy.stop_reason()
 
     def _untried(self) -> TrialConfig:
@@ -261,9 +316,11 @@ class SearchLoop:
         from autotune.search import screen
 
         allowance = screen.allowance(self.device_type)
-        return (f"predicted peak {predicted / GIB:.3g} GiB ({allowance.describe()}: "
-                f"{allowance.required_bytes(predicted) / GIB:.3g} GiB) > "
-                f"limit {self.limit / GIB:.3g} GiB")
+        return (
+            f"predicted peak {predicted / GIB:.3g} GiB ({allowance.describe()}: "
+            f"{allowance.required_bytes(predicted) / GIB:.3g} GiB) > "
+            f"limit {self.limit / GIB:.3g} GiB"
+        )
 
     def _screen(self, trial, config: TrialConfig, done: int) -> tuple[bool, int | None]:
         """(run it?, predicted peak or None if unknown); one predicted not to fit is concluded
@@ -276,15 +333,15 @@ class SearchLoop:
         if screen.predicted_to_fit(predicted, self.limit, self.device_type):
             return True, predicted
         required = screen.required_bytes(predicted, self.device_type)
-        verdict = conclude.of_screen(predicted, required, self.limit,
-                                     self._over_limit(predicted))
+        verdict = conclude.of_screen(predicted, required, self.limit, self._over_limit(predicted))
         self.concluder.conclude(trial, config, verdict, predicted=predicted)
         self._progress(done, config, "infeasible (predicted)")
         return False, predicted
 
     # ---- conclude ---------------------------------------------------------------------------
-    def _finish(self, trial, config: TrialConfig, predicted: int | None, outcome,
-                done: int) -> None:
+    def _finish(
+        self, trial, config: TrialConfig, predicted: int | None, outcome, done: int
+    ) -> None:
         if isinstance(outcome, ClusterError):
             # Nothing ran: the cluster cannot hold the world size. Before any trial that is
             # the user's error to fix; later (a node was lost, say) the search stops on that
@@ -294,8 +351,11 @@ class SearchLoop:
                 raise outcome
             self._cluster_stopped = f"the Ray cluster cannot run more trials: {outcome}"
             return
-        verdict = (conclude.of_failure(outcome, predicted) if isinstance(outcome, Exception)
-                   else conclude.of_result(outcome, self.limit, predicted))
+        verdict = (
+            conclude.of_failure(outcome, predicted)
+            if isinstance(outcome, Exception)
+            else conclude.of_result(outcome, self.limit, predicted)
+        )
         self.concluder.conclude(trial, config, verdict, predicted=predicted)
         self._num_run += 1
         if verdict.status == TrialStatus.COMPLETE and verdict.value > self._best:
@@ -320,8 +380,10 @@ class SearchLoop:
         per = elapsed / max(1, i - self._initial_done)
         left = max(0, self.spec.n_trials - i)
         eta = f", ~{per * left:.0f}s left" if per else ""
-        self._say(f"[{i}/{self.spec.n_trials}] {_short(config)}: {status}; best "
-                  f"{self._best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}")
+        self._say(
+            f"[{i}/{self.spec.n_trials}] {_short(config)}: {status}; best "
+            f"{self._best:,.0f} tok/s; {elapsed:.0f}s elapsed{eta}"
+        )
 
 
 def run_interval(result: TrialResult, config: TrialConfig):
@@ -330,8 +392,7 @@ def run_interval(result: TrialResult, config: TrialConfig):
     from autotune.model.noise import throughput_interval
 
     steps = [max(r.step_times[i] for r in result.ranks) for i in config.timed_steps]
-    return throughput_interval([result.throughput_tokens_per_s], steps,
-                               config.tokens_per_step)
+    return throughput_interval([result.throughput_tokens_per_s], steps, config.tokens_per_step)
 
 
 def _row_status(status: TrialStatus) -> RowStatus:

@@ -25,14 +25,18 @@ if TYPE_CHECKING:
     from autotune.search.spec import SearchSpec
 
 
-def remeasure_top(spec: SearchSpec, database, study_id: int, measurer: Measurer,
-                  say: Callable[[str], None],
-                  cluster_stopped: Callable[[], str | None]) -> list[Entry]:
+def remeasure_top(
+    spec: SearchSpec,
+    database,
+    study_id: int,
+    measurer: Measurer,
+    say: Callable[[str], None],
+    cluster_stopped: Callable[[], str | None],
+) -> list[Entry]:
     """Measure the finalists again in interleaved rounds (see the module docstring); the
     final leaderboard. ``cluster_stopped`` says when the cluster can run no more."""
     board = build_leaderboard(database.list_trials(study_id))
-    most = (max(spec.remeasure_repeats, spec.remeasure_max_repeats)
-            if spec.remeasure_repeats else 0)
+    most = max(spec.remeasure_repeats, spec.remeasure_max_repeats) if spec.remeasure_repeats else 0
     next_round = 1 + max((r for e in board for r in e.rounds if r > 0), default=0)
     finalists = finalist_ids(board, spec.top_k)
     failed: set[int] = set()
@@ -85,8 +89,12 @@ def _tie_to_resolve(board: list[Entry], top: list[Entry]) -> bool:
     top_k 1 another round cannot separate them)."""
     verdict = declare_best(board)
     ids = {e.trial_id for e in top}
-    return (verdict is not None and verdict.is_tie and verdict.fastest.trial_id in ids
-            and verdict.runner_up.trial_id in ids)
+    return (
+        verdict is not None
+        and verdict.is_tie
+        and verdict.fastest.trial_id in ids
+        and verdict.runner_up.trial_id in ids
+    )
 
 
 def add_remeasurement(database, trial_id: int, throughput: float, round_: int) -> None:
@@ -97,8 +105,10 @@ def add_remeasurement(database, trial_id: int, throughput: float, round_: int) -
     record = database.get_trial(trial_id)
     m = record.metrics
     runs = m.get("remeasured_throughputs", []) + [throughput]
-    metrics = {**m, "remeasured_throughputs": runs,
-               "remeasured_rounds": m.get("remeasured_rounds", []) + [round_],
-               "throughput_interval": throughput_interval(
-                   [m["throughput_tokens_per_s"], *runs]).to_dict()}
+    metrics = {
+        **m,
+        "remeasured_throughputs": runs,
+        "remeasured_rounds": m.get("remeasured_rounds", []) + [round_],
+        "throughput_interval": throughput_interval([m["throughput_tokens_per_s"], *runs]).to_dict(),
+    }
     database.update_trial(trial_id, status=record.status, metrics=metrics)

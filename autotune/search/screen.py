@@ -33,8 +33,9 @@ class MemoryAllowance:
     def required_bytes(self, predicted: int) -> int:
         """The device bytes a configuration whose allocated peak is predicted at ``predicted``
         needs, allowances included."""
-        return int(predicted * (1 + self.model_margin) * self.fragmentation
-                   + self.outside_allocator)
+        return int(
+            predicted * (1 + self.model_margin) * self.fragmentation + self.outside_allocator
+        )
 
     def describe(self) -> str:
         """The allowances in words, for the messages that give a screen's verdict."""
@@ -48,8 +49,9 @@ class MemoryAllowance:
 
 ALLOWANCES: dict[str, MemoryAllowance] = {
     "cpu": MemoryAllowance(model_margin=0.15, fragmentation=1.0, outside_allocator=0),
-    "cuda": MemoryAllowance(model_margin=0.15, fragmentation=1.10,
-                            outside_allocator=int(1.5 * GIB)),
+    "cuda": MemoryAllowance(
+        model_margin=0.15, fragmentation=1.10, outside_allocator=int(1.5 * GIB)
+    ),
 }
 """The screen's allowances per device type, and where each number comes from.
 
@@ -77,7 +79,8 @@ margin is kept there as a bound on what one GPU did not show (other layouts, oth
   other memory is not the trial's to fit).
 - CUDA 1.5 GiB: measured 1,338.8 to 1,340.8 MiB on the H200 (torch 2.11, CUDA 13, NCCL
   2.28.9, one rank), rounded up; more ranks add NCCL buffers. It is the CUDA context (the
-  driver's and the loaded kernels' memory, which torch never allocates) plus NCCL's communicator buffers
+  driver's and the loaded kernels' memory, which torch never allocates) plus NCCL's communicator
+  buffers
   (``NCCL_BUFFSIZE``, 4 MiB by default, per channel and peer, and more with NVLink SHARP). The
   runner reports the measured figure (total − free − reserved, ``torch.cuda.mem_get_info``) in
   ``RankResult.extra["non_allocator_bytes"]``.
@@ -87,8 +90,9 @@ margin is kept there as a bound on what one GPU did not show (other layouts, oth
 def allowance(device_type: str) -> MemoryAllowance:
     """The screen's allowances on ``device_type`` ('cpu' or 'cuda')."""
     if device_type not in ALLOWANCES:
-        raise ValueError(f"no memory allowances for device type '{device_type}'; "
-                         f"known: {', '.join(ALLOWANCES)}")
+        raise ValueError(
+            f"no memory allowances for device type '{device_type}'; known: {', '.join(ALLOWANCES)}"
+        )
     return ALLOWANCES[device_type]
 
 
@@ -116,4 +120,3 @@ def predict_peak(config: TrialConfig, device_type: str) -> int | None:
     if config.workload.shape is None:
         return None
     return estimate_memory(config, device_type=device_type).total
-

@@ -26,32 +26,49 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from autotune.search import screen
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.layouts import DEFAULT_BUCKET_MB
-from autotune.study.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
-from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit
-from autotune.search.local_gpus import local_gpus
+from autotune.search import screen
 from autotune.search.conclude import CONSTRAINT_ATTR
+from autotune.search.local_gpus import local_gpus
 from autotune.search.loop import SearchLoop, SearchOutcome
 from autotune.search.schedule import TrialExecutor
+from autotune.search.screen import MEMORY_MARGIN, predicted_to_fit
+from autotune.search.space import SearchSpace
+from autotune.search.spec import DEFAULT_SAMPLER, DEFAULT_STRATEGY, SAMPLERS, STRATEGIES, SearchSpec
 from autotune.search.strategies.base import Strategy
 from autotune.search.strategies.optuna_strategy import OptunaStrategy, make_sampler
-from autotune.search.space import SearchSpace
-from autotune.search.spec import (DEFAULT_SAMPLER, DEFAULT_STRATEGY, SAMPLERS, STRATEGIES,
-                                  SearchSpec)
+from autotune.study.leaderboard import Entry, build_leaderboard, format_leaderboard, simplicity
 
 if TYPE_CHECKING:
     from autotune.search.study_calibration import StudyCalibration
 
-__all__ = ["CONSTRAINT_ATTR", "DEFAULT_SAMPLER", "DEFAULT_STRATEGY", "GIB", "MEMORY_MARGIN",
-           "SAMPLERS", "STRATEGIES", "Entry", "resolve_strategy",
-           "Search", "SearchOutcome", "SearchSpec", "base_config", "default_world_size",
-           "device_type", "format_leaderboard", "make_sampler", "memory_limit_bytes",
-           "plain_baseline", "predicted_to_fit"]
+__all__ = [
+    "CONSTRAINT_ATTR",
+    "DEFAULT_SAMPLER",
+    "DEFAULT_STRATEGY",
+    "GIB",
+    "MEMORY_MARGIN",
+    "SAMPLERS",
+    "STRATEGIES",
+    "Entry",
+    "resolve_strategy",
+    "Search",
+    "SearchOutcome",
+    "SearchSpec",
+    "base_config",
+    "default_world_size",
+    "device_type",
+    "format_leaderboard",
+    "make_sampler",
+    "memory_limit_bytes",
+    "plain_baseline",
+    "predicted_to_fit",
+]
 """This module's own names, and those of the loop, the leaderboard and the screen that a
 caller of ``Search`` uses (each also importable from its own module)."""
+
 
 def default_world_size() -> int:
     gpus = local_gpus()
@@ -74,15 +91,19 @@ def device_type(spec: SearchSpec) -> str:
 
 
 def base_config(spec: SearchSpec) -> TrialConfig:
-    return TrialConfig(workload=spec.workload, world_size=spec.world_size, seed=spec.seed,
-                       num_warmup_steps=spec.num_warmup_steps,
-                       num_timed_steps=spec.num_timed_steps,
-                       num_profiled_steps=spec.num_profiled_steps, device=spec.device,
-                       precision=spec.precision).with_precision(device_type(spec))
+    return TrialConfig(
+        workload=spec.workload,
+        world_size=spec.world_size,
+        seed=spec.seed,
+        num_warmup_steps=spec.num_warmup_steps,
+        num_timed_steps=spec.num_timed_steps,
+        num_profiled_steps=spec.num_profiled_steps,
+        device=spec.device,
+        precision=spec.precision,
+    ).with_precision(device_type(spec))
 
 
-def plain_baseline(space: SearchSpace, device_type: str,
-                   limit: int | None) -> TrialConfig | None:
+def plain_baseline(space: SearchSpace, device_type: str, limit: int | None) -> TrialConfig | None:
     """The configuration an engineer (or DeepSpeed's autotuner) tries first: no tensor or
     pipeline parallelism, no recomputation, the lowest ZeRO stage and then the largest
     micro-batch predicted to fit; None when nothing is predicted to fit."""
@@ -92,8 +113,13 @@ def plain_baseline(space: SearchSpace, device_type: str,
 
     candidates = sorted(
         (c for c in space.configs if fits(c)),
-        key=lambda c: (*simplicity(c), -c.micro_batch_size, not c.overlap_enabled,
-                       abs(c.bucket_mb - DEFAULT_BUCKET_MB)))
+        key=lambda c: (
+            *simplicity(c),
+            -c.micro_batch_size,
+            not c.overlap_enabled,
+            abs(c.bucket_mb - DEFAULT_BUCKET_MB),
+        ),
+    )
     return candidates[0] if candidates else None
 
 
@@ -126,11 +152,18 @@ class Search:
     """The study's calibration, once ``run`` begins it."""
 
     @classmethod
-    def open(cls, spec: SearchSpec, database, executor: TrialExecutor | None, *,
-             resume: bool = False, out: TextIO | None = sys.stderr,
-             baseline: TrialConfig | Literal["plain"] | None = "plain",
-             include: Callable[[TrialConfig], bool] | None = None,
-             strategy: Strategy | None = None) -> Search:
+    def open(
+        cls,
+        spec: SearchSpec,
+        database,
+        executor: TrialExecutor | None,
+        *,
+        resume: bool = False,
+        out: TextIO | None = sys.stderr,
+        baseline: TrialConfig | Literal["plain"] | None = "plain",
+        include: Callable[[TrialConfig], bool] | None = None,
+        strategy: Strategy | None = None,
+    ) -> Search:
         """Check ``spec``, build the space, and create (or, with ``resume``, reopen) the study.
 
         ``executor`` runs the trials (a ``RayExecutor``, or a ``TrialPool`` whose ``slots`` > 1
@@ -160,8 +193,20 @@ class Search:
         study = _open_optuna_study(spec, database, name if name in SAMPLERS else "tpe")
         if baseline is not None:
             study.enqueue_trial(space.params_for(baseline), skip_if_exists=True)
-        return cls(spec, database, executor, out, space, limit, device, cluster, record,
-                   name, study, proposer=strategy)
+        return cls(
+            spec,
+            database,
+            executor,
+            out,
+            space,
+            limit,
+            device,
+            cluster,
+            record,
+            name,
+            study,
+            proposer=strategy,
+        )
 
     def _say(self, text: str) -> None:
         _say(self.out, text)
@@ -173,12 +218,18 @@ class Search:
         if self.study_calibration is not None:
             return
         self.study_calibration = StudyCalibration.begin(
-            self.db, self.study_record.id, self.cluster,
-            lambda: describe_cluster(self.spec.world_size, self.device_type), say=self._say)
+            self.db,
+            self.study_record.id,
+            self.cluster,
+            lambda: describe_cluster(self.spec.world_size, self.device_type),
+            say=self._say,
+        )
         c = self.study_calibration.cluster
-        self._say(f"cluster '{c.name}': {c.num_nodes} × {c.devices_per_node} "
-                  f"{c.device.name} ({c.backend}); step times predicted, the calibration "
-                  "refitted after each complete trial")
+        self._say(
+            f"cluster '{c.name}': {c.num_nodes} × {c.devices_per_node} "
+            f"{c.device.name} ({c.backend}); step times predicted, the calibration "
+            "refitted after each complete trial"
+        )
 
     def _make_strategy(self) -> Strategy:
         """The strategy that proposes: the one given, model-guided, or the study's sampler."""
@@ -190,8 +241,9 @@ class Search:
             # The study refits after every trial already; the strategy reads that fit
             # rather than fitting the same trials again.
             study = self.study_calibration
-            return ModelGuided(study.cluster, calibration=study.calibration,
-                               fitted=lambda: study.last_report)
+            return ModelGuided(
+                study.cluster, calibration=study.calibration, fitted=lambda: study.last_report
+            )
         return OptunaStrategy(self.strategy, self.study, self.space)
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -199,15 +251,24 @@ class Search:
         """Run the loop (``search.loop.SearchLoop``) until a budget is spent, then re-measure
         the best; the outcome's leaderboard ranks every trial of the study."""
         if self.executor is None:
-            raise ConfigError("this search was set up without an executor; pass one to "
-                              "Search.open(...) to run it")
+            raise ConfigError(
+                "this search was set up without an executor; pass one to Search.open(...) to run it"
+            )
         start = time.monotonic()
         self._begin_calibration()
-        loop = SearchLoop(spec=self.spec, space=self.space, study=self.study, database=self.db,
-                          study_id=self.study_record.id, executor=self.executor,
-                          limit=self.limit, device_type=self.device_type,
-                          calibration=self.study_calibration, say=self._say,
-                          strategy=self._make_strategy())
+        loop = SearchLoop(
+            spec=self.spec,
+            space=self.space,
+            study=self.study,
+            database=self.db,
+            study_id=self.study_record.id,
+            executor=self.executor,
+            limit=self.limit,
+            device_type=self.device_type,
+            calibration=self.study_calibration,
+            say=self._say,
+            strategy=self._make_strategy(),
+        )
         return loop.run(start)
 
     def leaderboard(self) -> list[Entry]:
@@ -220,19 +281,23 @@ def _say(out: TextIO | None, text: str) -> None:
         print(text, file=out, flush=True)
 
 
-def _resolve_baseline(baseline, space: SearchSpace, device: str,
-                      limit: int | None) -> TrialConfig | None:
+def _resolve_baseline(
+    baseline, space: SearchSpace, device: str, limit: int | None
+) -> TrialConfig | None:
     """The first trial of a new study: ``plain_baseline``'s, the configuration given (one of
     the space's), or None."""
     if baseline == "plain":
         return plain_baseline(space, device, limit)
-    if baseline is not None and not (isinstance(baseline, TrialConfig)
-                                     and baseline in space.configs):
+    if baseline is not None and not (
+        isinstance(baseline, TrialConfig) and baseline in space.configs
+    ):
         from autotune.layouts import short_name
 
         name = short_name(baseline) if isinstance(baseline, TrialConfig) else repr(baseline)
-        raise ConfigError(f"the baseline {name} is not a configuration of this search's "
-                          "space; give one of its configurations, 'plain' or None")
+        raise ConfigError(
+            f"the baseline {name} is not a configuration of this search's "
+            "space; give one of its configurations, 'plain' or None"
+        )
     return baseline
 
 
@@ -248,7 +313,8 @@ def _check_something_fits(space: SearchSpace, limit: int | None, device: str) ->
             f"no configuration fits in {limit / GIB:.3g} GiB per device: the smallest "
             f"predicted peak is {lowest / GIB:.3g} GiB "
             f"({screen.allowance(device).describe()}); raise --memory-limit, add "
-            "ranks, or allow more ZeRO/activation checkpointing")
+            "ranks, or allow more ZeRO/activation checkpointing"
+        )
 
 
 def _open_study_record(spec: SearchSpec, database, limit: int | None, resume: bool):
@@ -256,18 +322,23 @@ def _open_study_record(spec: SearchSpec, database, limit: int | None, resume: bo
     keeps the limit the search used (on a GPU, the device's memory by default)."""
     names = {s.name for s in database.list_studies()}
     if resume and spec.study_name not in names:
-        raise ConfigError(f"no study named '{spec.study_name}' to resume in "
-                          f"{database.url_for_display}; existing: "
-                          f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
-                          "a new one)")
+        raise ConfigError(
+            f"no study named '{spec.study_name}' to resume in "
+            f"{database.url_for_display}; existing: "
+            f"{', '.join(sorted(names)) or 'none'} (drop --resume to start "
+            "a new one)"
+        )
     if spec.study_name in names and not resume:
-        raise ConfigError(f"a study named '{spec.study_name}' already exists in "
-                          f"{database.url_for_display}; pass --resume to continue it or "
-                          "choose another --study")
+        raise ConfigError(
+            f"a study named '{spec.study_name}' already exists in "
+            f"{database.url_for_display}; pass --resume to continue it or "
+            "choose another --study"
+        )
     if resume:
         return database.get_study(spec.study_name)
-    resolved = dataclasses.replace(spec, memory_limit_gib=limit / GIB
-                                   if limit is not None else None)
+    resolved = dataclasses.replace(
+        spec, memory_limit_gib=limit / GIB if limit is not None else None
+    )
     return database.create_study(spec.study_name, resolved.to_dict())
 
 
@@ -279,16 +350,19 @@ def _open_optuna_study(spec: SearchSpec, database, sampler: str):
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=f"autotune:{spec.study_name}",
-                                storage=_optuna_storage(database), direction="maximize",
-                                sampler=make_sampler(sampler, spec.seed), load_if_exists=True)
+    study = optuna.create_study(
+        study_name=f"autotune:{spec.study_name}",
+        storage=_optuna_storage(database),
+        direction="maximize",
+        sampler=make_sampler(sampler, spec.seed),
+        load_if_exists=True,
+    )
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
     return study
 
 
-def resolve_strategy(name: str, device_type: str,
-                     workload: WorkloadSpec) -> tuple[str, str]:
+def resolve_strategy(name: str, device_type: str, workload: WorkloadSpec) -> tuple[str, str]:
     """(the strategy to run, a note to print or ''): auto becomes model on GPUs and TPE on CPU
     ranks; model (auto on GPUs too) falls back to TPE for a workload the performance model
     cannot describe, and says so.
@@ -303,9 +377,11 @@ def resolve_strategy(name: str, device_type: str,
     if name != "model":
         return name, ""
     if workload.shape is None:
-        return "tpe", (f"--strategy model needs a model the performance model can describe; "
-                       f"user workload '{workload.name}' has no known shape, so the search "
-                       "uses TPE")
+        return "tpe", (
+            f"--strategy model needs a model the performance model can describe; "
+            f"user workload '{workload.name}' has no known shape, so the search "
+            "uses TPE"
+        )
     return "model", ""
 
 
@@ -317,7 +393,8 @@ def _optuna_storage(database):
     import optuna
 
     url = database.connect_url
-    kwargs = ({"connect_args": {"timeout": 30}} if url.startswith("sqlite")
-              else {"pool_pre_ping": True})
+    kwargs = (
+        {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     with database.setup_lock():
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

@@ -17,8 +17,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from autotune.config import (CHECKPOINTING_MODES, OVERLAP_CHOICES, PP_SCHEDULES, ZERO_STAGES,
-                             TrialConfig)
+from autotune.config import (
+    CHECKPOINTING_MODES,
+    OVERLAP_CHOICES,
+    PP_SCHEDULES,
+    ZERO_STAGES,
+    TrialConfig,
+)
 from autotune.errors import ConfigError
 from autotune.layouts import KNOB_ORDER, SEARCHED_BY_DEFAULT, enumerate_configs
 
@@ -53,21 +58,30 @@ def load_space_file(path: str | Path) -> dict[str, list]:
     except json.JSONDecodeError as e:
         raise ConfigError(f"space file '{path}' is not valid JSON: {e.msg}") from None
     if not isinstance(data, dict) or not all(isinstance(v, list) and v for v in data.values()):
-        raise ConfigError(f"space file '{path}' must be an object of non-empty lists, e.g. "
-                          '{"zero_stage": [2, 3]}')
+        raise ConfigError(
+            f"space file '{path}' must be an object of non-empty lists, e.g. "
+            '{"zero_stage": [2, 3]}'
+        )
     unknown = sorted(set(data) - set(KNOB_ORDER))
     if unknown:
-        raise ConfigError(f"space file '{path}': unknown knob(s) {', '.join(unknown)}; "
-                          f"knobs: {', '.join(KNOB_ORDER)}")
+        raise ConfigError(
+            f"space file '{path}': unknown knob(s) {', '.join(unknown)}; "
+            f"knobs: {', '.join(KNOB_ORDER)}"
+        )
     return data
 
 
 class SearchSpace:
     """The valid configurations of ``base`` under the fixed and narrowed knobs."""
 
-    def __init__(self, base: TrialConfig, *, fixed: dict[str, Any] | None = None,
-                 narrowed: dict[str, list] | None = None,
-                 buckets_mb: tuple[float, ...] = DEFAULT_BUCKETS_MB) -> None:
+    def __init__(
+        self,
+        base: TrialConfig,
+        *,
+        fixed: dict[str, Any] | None = None,
+        narrowed: dict[str, list] | None = None,
+        buckets_mb: tuple[float, ...] = DEFAULT_BUCKETS_MB,
+    ) -> None:
         fixed = dict(fixed or {})
         narrowed = {k: list(v) for k, v in (narrowed or {}).items()}
         for key, value in fixed.items():
@@ -83,28 +97,34 @@ class SearchSpace:
         _check_values(base, narrowed)
         choice = {k: tuple(narrowed[k]) for k in KNOB_ORDER if k in narrowed}
         grid = enumerate_configs(
-            base, zero_stages=choice.get("zero_stage", ZERO_STAGES),
-            activation_checkpointing=choice.get("activation_checkpointing",
-                                                CHECKPOINTING_MODES),
+            base,
+            zero_stages=choice.get("zero_stage", ZERO_STAGES),
+            activation_checkpointing=choice.get("activation_checkpointing", CHECKPOINTING_MODES),
             pp_schedules=choice.get("pp_schedule", PP_SCHEDULES),
             overlap=choice.get("overlap_enabled", OVERLAP_CHOICES),
-            tp_degrees=choice.get("tp_degree"), pp_degrees=choice.get("pp_degree"),
+            tp_degrees=choice.get("tp_degree"),
+            pp_degrees=choice.get("pp_degree"),
             dedupe_zero_at_dp1=True,
-            extra={k: choice[k] for k in SEARCHED_BY_DEFAULT if k in choice})
+            extra={k: choice[k] for k in SEARCHED_BY_DEFAULT if k in choice},
+        )
         buckets = tuple(float(b) for b in choice.get("bucket_mb", buckets_mb))
         configs = []
         for c in grid:
-            if "micro_batch_size" in choice and c.micro_batch_size not in choice["micro_batch_size"]:
+            if (
+                "micro_batch_size" in choice
+                and c.micro_batch_size not in choice["micro_batch_size"]
+            ):
                 continue
             if c.dp_degree == 1 and not c.overlap_enabled:
                 continue  # nothing to overlap without data parallelism
-            for b in (buckets if c.dp_degree > 1 else buckets[:1]):
+            for b in buckets if c.dp_degree > 1 else buckets[:1]:
                 configs.append(dataclasses.replace(c, bucket_mb=b))
         if not configs:
             raise ConfigError(
                 f"the search space holds no valid configuration for {base.workload.name} on "
                 f"{base.world_size} ranks under the fixed/narrowed knobs; loosen --fix or the "
-                "space file (see `autotune trial` for the rule a single config breaks)")
+                "space file (see `autotune trial` for the rule a single config breaks)"
+            )
         self.configs = configs
 
     def __len__(self) -> int:
@@ -123,8 +143,10 @@ class SearchSpace:
         kept = copy.copy(self)
         kept.configs = [c for c in self.configs if include(c)]
         if not kept.configs:
-            raise ConfigError("no configuration of the search space is among those "
-                              "included (a replay table must hold this workload's layouts)")
+            raise ConfigError(
+                "no configuration of the search space is among those "
+                "included (a replay table must hold this workload's layouts)"
+            )
         return kept
 
     def _walk(self, choose) -> TrialConfig:

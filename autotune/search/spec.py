@@ -77,8 +77,8 @@ class SearchSpec:
         if self.patience is not None and self.patience < 1:
             raise ConfigError(f"patience must be ≥ 1, not {self.patience}")
         if self.sampler not in STRATEGIES:
-            raise ConfigError(f"unknown strategy '{self.sampler}'; choose one of "
-                              f"{', '.join(STRATEGIES)}")
+            raise ConfigError(
+                f"unknown strategy '{self.sampler}'; choose one of {', '.join(STRATEGIES)}"
+            )
         if self.top_k < 1 or self.remeasure_repeats < 0 or self.remeasure_max_repeats < 0:
-            raise ConfigError("top_k must be ≥ 1, remeasure_repeats and remeasure_max_repeats "
-                              "≥ 0")
+            raise ConfigError("top_k must be ≥ 1, remeasure_repeats and remeasure_max_repeats ≥ 0")

@@ -12,7 +12,8 @@ How a fit is made (``fit_study``), the same in a search and in ``autotune calibr
 1. the span summaries of the complete trials (``autotune.model.span_fit``) give the links' latency
    and bandwidth and the compute rate, which set the starting ``comm_efficiency`` and
    ``compute_efficiency`` (and half-efficiency size) over the cluster's own calibration;
-2. ``autotune.model.calibration.fit_calibration`` fits the model's parameters to the trials' measured
+2. ``autotune.model.calibration.fit_calibration`` fits the model's parameters to the trials'
+measured
    step times from that start (its prior is centred there).
 
 Every refit starts from the cluster's calibration, not from the previous fit, so the prior stays
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
 from autotune.model.calibration import FitReport, Sample, fit_calibration
 from autotune.model.cluster import (
     ClusterSpec,
@@ -39,8 +42,6 @@ from autotune.model.cluster import (
     load_cluster,
     local_cpu_cluster,
 )
-from autotune.config import TrialConfig
-from autotune.errors import ConfigError
 from autotune.model.perf_model import Calibration, predict_step_time
 from autotune.model.span_fit import SpanFit, TrialSpans, fit_spans, summarize
 from autotune.status import TrialStatus
@@ -54,12 +55,14 @@ def resolve_cluster(name_or_path: str, world_size: int) -> ClusterSpec:
         raise ConfigError(
             f"cluster '{cluster.name}' has {cluster.num_nodes} node(s) × "
             f"{cluster.devices_per_node} devices = {cluster.world_size}, fewer than the world "
-            f"size {world_size}; give a cluster with more nodes or a smaller --world-size")
+            f"size {world_size}; give a cluster with more nodes or a smaller --world-size"
+        )
     return cluster
 
 
-def describe_cluster(world_size: int, device_type: str, *,
-                     warn: Callable[[str], None] | None = None) -> ClusterSpec:
+def describe_cluster(
+    world_size: int, device_type: str, *, warn: Callable[[str], None] | None = None
+) -> ClusterSpec:
     """The machine the trials run on. CPU ranks: ``local_cpu_cluster``. GPUs: the nodes of the
     Ray cluster that have GPUs (or this host's, before Ray starts), each GPU its built-in node
     by the name torch reports (``model.cluster.gpu_node``), or, when the table does not know
@@ -122,17 +125,27 @@ class StudyFit:
         out = []
         for trial, error in zip(self.trials, self.report.residuals):
             measured = trial.metrics["step_time_s"]
-            out.append({"trial_id": trial.id, "number": trial.number,
-                        "config": short_name(TrialConfig.from_dict(trial.config)),
-                        "measured_s": measured, "predicted_s": measured * (1 + error),
-                        "error": error})
+            out.append(
+                {
+                    "trial_id": trial.id,
+                    "number": trial.number,
+                    "config": short_name(TrialConfig.from_dict(trial.config)),
+                    "measured_s": measured,
+                    "predicted_s": measured * (1 + error),
+                    "error": error,
+                }
+            )
         return out
 
     def residuals(self) -> dict[str, Any]:
         """What the database keeps beside the calibration."""
-        return {"trials": self.rows(), "mape": self.report.mape,
-                "fitted": list(self.report.fitted), "fit_s": self.seconds,
-                "spans": self.spans.as_dict() if self.spans is not None else None}
+        return {
+            "trials": self.rows(),
+            "mape": self.report.mape,
+            "fitted": list(self.report.fitted),
+            "fit_s": self.seconds,
+            "spans": self.spans.as_dict() if self.spans is not None else None,
+        }
 
     def cluster_with_calibration(self) -> ClusterSpec:
         return dataclasses.replace(self.cluster, calibration=self.calibration.to_dict())
@@ -151,8 +164,13 @@ def complete_trials(database, study_id: int) -> list:
     return trials
 
 
-def fit_study(database, study_id: int, cluster: ClusterSpec, *,
-              span_cache: dict[int, TrialSpans] | None = None) -> StudyFit | None:
+def fit_study(
+    database,
+    study_id: int,
+    cluster: ClusterSpec,
+    *,
+    span_cache: dict[int, TrialSpans] | None = None,
+) -> StudyFit | None:
     """Fit the study's calibration on its complete trials (None when there are none).
 
     ``span_cache`` maps trial id → span summary; missing ones are loaded from the database once
@@ -167,8 +185,9 @@ def fit_study(database, study_id: int, cluster: ClusterSpec, *,
     summaries = []
     for t in trials:
         if t.id not in cache:
-            cache[t.id] = summarize(load_spans(database, t.id), TrialConfig.from_dict(t.config),
-                                    cluster)
+            cache[t.id] = summarize(
+                load_spans(database, t.id), TrialConfig.from_dict(t.config), cluster
+            )
         summaries.append(cache[t.id])
     base = Calibration.for_cluster(cluster)
     spans = None
@@ -180,8 +199,9 @@ def fit_study(database, study_id: int, cluster: ClusterSpec, *,
     return StudyFit(cluster, tuple(trials), spans, report, time.perf_counter() - start_time)
 
 
-def prediction_metrics(config: TrialConfig, cluster: ClusterSpec,
-                       calibration: Calibration) -> dict[str, Any]:
+def prediction_metrics(
+    config: TrialConfig, cluster: ClusterSpec, calibration: Calibration
+) -> dict[str, Any]:
     """``predicted_step_time_s`` and ``predicted_breakdown`` (seconds per term) for a trial's
     metrics; empty for a user workload (no shape) or a layout the model cannot place."""
     if config.workload.shape is None:
@@ -190,8 +210,10 @@ def prediction_metrics(config: TrialConfig, cluster: ClusterSpec,
         estimate = predict_step_time(config, cluster, calibration)
     except (ConfigError, ValueError, ZeroDivisionError):
         return {}
-    return {"predicted_step_time_s": estimate.step_time_s,
-            "predicted_breakdown": dict(estimate.breakdown)}
+    return {
+        "predicted_step_time_s": estimate.step_time_s,
+        "predicted_breakdown": dict(estimate.breakdown),
+    }
 
 
 # ---- during a search -------------------------------------------------------------------------
@@ -199,8 +221,15 @@ class StudyCalibration:
     """The cluster and current calibration of a running search; refits after each complete
     trial. Called on the search's own thread only."""
 
-    def __init__(self, database, study_id: int, cluster: ClusterSpec, calibration: Calibration,
-                 *, say: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(
+        self,
+        database,
+        study_id: int,
+        cluster: ClusterSpec,
+        calibration: Calibration,
+        *,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> None:
         self.db, self.study_id, self.cluster = database, study_id, cluster
         self.calibration = calibration
         self._say = say
@@ -212,21 +241,33 @@ class StudyCalibration:
         """The latest refit's step-time fit (its residuals), None before the first."""
 
     @classmethod
-    def begin(cls, database, study_id: int, cluster: ClusterSpec | None,
-              describe: Callable[[], ClusterSpec], *,
-              say: Callable[[str], None] = lambda text: None) -> StudyCalibration:
+    def begin(
+        cls,
+        database,
+        study_id: int,
+        cluster: ClusterSpec | None,
+        describe: Callable[[], ClusterSpec],
+        *,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> StudyCalibration:
         """The study's stored cluster and calibration when it has some and no cluster is
         given (a resumed search); otherwise ``cluster`` (or the described machine), stored
         with its own calibration as the study's first row."""
         latest = database.latest_calibration(study_id)
         if cluster is None and latest is not None:
             stored = ClusterSpec.from_dict(latest.cluster, where="the study's stored cluster")
-            return cls(database, study_id, stored, Calibration.from_dict(latest.calibration),
-                       say=say)
+            return cls(
+                database, study_id, stored, Calibration.from_dict(latest.calibration), say=say
+            )
         cluster = cluster or describe()
         calibration = Calibration.for_cluster(cluster)
-        database.add_calibration(study_id, num_trials=0, cluster=cluster.to_dict(),
-                                 calibration=calibration.to_dict(), residuals={})
+        database.add_calibration(
+            study_id,
+            num_trials=0,
+            cluster=cluster.to_dict(),
+            calibration=calibration.to_dict(),
+            residuals={},
+        )
         return cls(database, study_id, cluster, calibration, say=say)
 
     def predict(self, config: TrialConfig) -> dict[str, Any]:
@@ -243,15 +284,20 @@ class StudyCalibration:
             fit = fit_study(self.db, self.study_id, self.cluster, span_cache=self._spans)
             if fit is None:
                 return None
-            self.db.add_calibration(self.study_id, num_trials=len(fit.trials),
-                                    cluster=self.cluster.to_dict(),
-                                    calibration=fit.calibration.to_dict(),
-                                    residuals=fit.residuals())
+            self.db.add_calibration(
+                self.study_id,
+                num_trials=len(fit.trials),
+                cluster=self.cluster.to_dict(),
+                calibration=fit.calibration.to_dict(),
+                residuals=fit.residuals(),
+            )
         except Exception as e:  # noqa: BLE001 - a refit is advice; the search goes on
             if not self._warned:
                 self._warned = True
-                self._say(f"calibration refit failed ({type(e).__name__}: {e}); predictions "
-                          "keep the previous calibration")
+                self._say(
+                    f"calibration refit failed ({type(e).__name__}: {e}); predictions "
+                    "keep the previous calibration"
+                )
             return None
         self.calibration = fit.calibration
         self.last_report = fit.report

@@ -63,8 +63,7 @@ class Entry:
         complete with two runs or two timed steps."""
         if self.status != TrialStatus.COMPLETE:
             return None
-        return throughput_interval(self.throughputs, self.step_times,
-                                   self.config.tokens_per_step)
+        return throughput_interval(self.throughputs, self.step_times, self.config.tokens_per_step)
 
     def by_round(self) -> dict[int, float]:
         """Re-measured tokens/s by interleaved round."""
@@ -104,12 +103,23 @@ def build_leaderboard(records: Iterable[TrialRecord]) -> list[Entry]:
         if t.status == TrialStatus.COMPLETE:
             throughputs = [t.metrics["throughput_tokens_per_s"]] + throughputs
         predicted = next((m.predicted_bytes for m in t.memory if m.category == "peak"), None)
-        entries.append(Entry(t.id, t.number, TrialConfig.from_dict(t.config),
-                             TrialStatus(t.status), throughputs, predicted,
-                             t.metrics.get("peak_memory_bytes"), t.error,
-                             _seconds(t.metrics.get("step_time_s")),
-                             _seconds(t.metrics.get("predicted_step_time_s")),
-                             rounds, timed_steps(t), t.metrics.get("device_peak_bytes")))
+        entries.append(
+            Entry(
+                t.id,
+                t.number,
+                TrialConfig.from_dict(t.config),
+                TrialStatus(t.status),
+                throughputs,
+                predicted,
+                t.metrics.get("peak_memory_bytes"),
+                t.error,
+                _seconds(t.metrics.get("step_time_s")),
+                _seconds(t.metrics.get("predicted_step_time_s")),
+                rounds,
+                timed_steps(t),
+                t.metrics.get("device_peak_bytes"),
+            )
+        )
     entries.sort(key=lambda e: (status_rank(e.status), not e.rounds, -e.throughput, e.number))
     return entries
 
@@ -135,17 +145,22 @@ EQUIVALENT_WITHIN = 0.03
 """Two configurations are equivalent when the paired interval of their ratio lies within
 1 ± 3%: the 3% within which the project calls two throughputs equal (``replay.WITHIN``, the
 model-guided strategy's tolerance)."""
-TIE_RULE = ("tied within noise: the fastest by median is kept, unless a configuration tied with "
-            "it is shown equivalent — the paired interval of its ratio to the fastest within "
-            f"1 ± {EQUIVALENT_WITHIN:.0%} — and uses less measured peak memory or, with equal "
-            "memory, a simpler layout (fewer tp × pp ranks, less recomputation, a lower ZeRO "
-            "stage)")
+TIE_RULE = (
+    "tied within noise: the fastest by median is kept, unless a configuration tied with "
+    "it is shown equivalent — the paired interval of its ratio to the fastest within "
+    f"1 ± {EQUIVALENT_WITHIN:.0%} — and uses less measured peak memory or, with equal "
+    "memory, a simpler layout (fewer tp × pp ranks, less recomputation, a lower ZeRO "
+    "stage)"
+)
 
 
 def simplicity(config: TrialConfig) -> tuple[int, int, int]:
     """Smaller is simpler: tp × pp, recomputation, ZeRO stage."""
-    return (config.tp_degree * config.pp_degree, AC_ORDER[config.activation_checkpointing],
-            config.zero_stage)
+    return (
+        config.tp_degree * config.pp_degree,
+        AC_ORDER[config.activation_checkpointing],
+        config.zero_stage,
+    )
 
 
 def compare(fastest: Entry, other: Entry) -> tuple[bool, Interval | None]:
@@ -168,8 +183,11 @@ def equivalent(fastest: Entry, other: Entry) -> bool:
     1 ± ``EQUIVALENT_WITHIN`` (an equivalence test by two one-sided intervals, Schuirmann 1987,
     here at the 95% two-sided level: conservative). Without two shared rounds, never."""
     _, ratio = compare(fastest, other)
-    return (ratio is not None and ratio.low >= 1 - EQUIVALENT_WITHIN
-            and ratio.high <= 1 + EQUIVALENT_WITHIN)
+    return (
+        ratio is not None
+        and ratio.low >= 1 - EQUIVALENT_WITHIN
+        and ratio.high <= 1 + EQUIVALENT_WITHIN
+    )
 
 
 @dataclass(frozen=True)
@@ -196,37 +214,49 @@ class Verdict:
         """The verdict in a few lines, as the CLI prints it."""
         from autotune.layouts import short_name
 
-        lines = [f"best: trial {self.pick.number} {short_name(self.pick.config)}, "
-                 f"{self.pick.throughput:,.0f} tok/s ({_interval_text(self.pick.interval)})"]
+        lines = [
+            f"best: trial {self.pick.number} {short_name(self.pick.config)}, "
+            f"{self.pick.throughput:,.0f} tok/s ({_interval_text(self.pick.interval)})"
+        ]
         if self.runner_up is None:
             return lines[0] + "; the only complete trial"
         second = self.runner_up
-        how = (f"runner-up / fastest {_ratio_text(self.runner_up_ratio)} over "
-               f"{self.runner_up_ratio.n} interleaved rounds" if self.runner_up_ratio
-               else "their intervals " + ("overlap" if self.is_tie else "do not overlap"))
+        how = (
+            f"runner-up / fastest {_ratio_text(self.runner_up_ratio)} over "
+            f"{self.runner_up_ratio.n} interleaved rounds"
+            if self.runner_up_ratio
+            else "their intervals " + ("overlap" if self.is_tie else "do not overlap")
+        )
         if self.is_tie:
             names = ", ".join(f"trial {e.number}" for e in (self.fastest, *self.tied))
             lines.append(f"tied within noise: {names} ({how})")
-            lines.append(f"picked by the rule — {TIE_RULE}" if self.pick is not self.fastest
-                         else "kept the fastest: no tied configuration is shown within "
-                              f"{EQUIVALENT_WITHIN:.0%} of it with less memory or a simpler "
-                              "layout")
+            lines.append(
+                f"picked by the rule — {TIE_RULE}"
+                if self.pick is not self.fastest
+                else "kept the fastest: no tied configuration is shown within "
+                f"{EQUIVALENT_WITHIN:.0%} of it with less memory or a simpler "
+                "layout"
+            )
         else:
-            lines.append(f"ahead of trial {second.number} ({second.throughput:,.0f} tok/s) "
-                         f"beyond noise: {how}")
+            lines.append(
+                f"ahead of trial {second.number} ({second.throughput:,.0f} tok/s) "
+                f"beyond noise: {how}"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         """For best_config.json: the pick's interval and the tie, if any."""
         interval = self.pick.interval
-        return {"throughput_interval": interval.to_dict() if interval else None,
-                "fastest_trial": self.fastest.number, "picked_trial": self.pick.number,
-                "tied_within_noise": self.is_tie,
-                "tied_trials": [e.number for e in self.tied],
-                "runner_up_trial": self.runner_up.number if self.runner_up else None,
-                "runner_up_ratio": (self.runner_up_ratio.to_dict() if self.runner_up_ratio
-                                    else None),
-                "rule": TIE_RULE if self.is_tie else "the fastest by median tokens/s"}
+        return {
+            "throughput_interval": interval.to_dict() if interval else None,
+            "fastest_trial": self.fastest.number,
+            "picked_trial": self.pick.number,
+            "tied_within_noise": self.is_tie,
+            "tied_trials": [e.number for e in self.tied],
+            "runner_up_trial": self.runner_up.number if self.runner_up else None,
+            "runner_up_ratio": (self.runner_up_ratio.to_dict() if self.runner_up_ratio else None),
+            "rule": TIE_RULE if self.is_tie else "the fastest by median tokens/s",
+        }
 
 
 def declare_best(entries: Sequence[Entry]) -> Verdict | None:
@@ -251,19 +281,29 @@ def declare_best(entries: Sequence[Entry]) -> Verdict | None:
     pick = fastest
     if runner_up is not None and runner_up in tied:
         candidates = [fastest] + [e for e in tied if equivalent(fastest, e)]
-        pick = min(candidates, key=lambda e: (
-            e.measured_peak if e.measured_peak is not None else math.inf,
-            simplicity(e.config), -e.throughput))
+        pick = min(
+            candidates,
+            key=lambda e: (
+                e.measured_peak if e.measured_peak is not None else math.inf,
+                simplicity(e.config),
+                -e.throughput,
+            ),
+        )
     return Verdict(fastest, pick, runner_up, ratio, tuple(tied))
 
 
 def _interval_text(interval: Interval | None) -> str:
     if interval is None:
         return "no interval: one measurement"
-    what = ("runs" if interval.source == "runs"
-            else "timed steps of one run; drift between trials not seen")
-    return (f"{interval.confidence:.0%} CI {interval.low:,.0f}–{interval.high:,.0f} over "
-            f"{interval.n} {what}")
+    what = (
+        "runs"
+        if interval.source == "runs"
+        else "timed steps of one run; drift between trials not seen"
+    )
+    return (
+        f"{interval.confidence:.0%} CI {interval.low:,.0f}–{interval.high:,.0f} over "
+        f"{interval.n} {what}"
+    )
 
 
 def _ratio_text(ratio: Interval) -> str:
@@ -280,8 +320,11 @@ def _seconds(value) -> float | None:
 def step_time_mape(entries: Sequence[Entry]) -> tuple[float, int] | None:
     """(mean absolute percentage error of the predicted step time, trials counted) over the
     complete entries that have both a prediction and a measurement; None when none has."""
-    errors = [abs(e.step_time_error) for e in entries
-              if e.status == TrialStatus.COMPLETE and e.step_time_error is not None]
+    errors = [
+        abs(e.step_time_error)
+        for e in entries
+        if e.status == TrialStatus.COMPLETE and e.step_time_error is not None
+    ]
     return (sum(errors) / len(errors), len(errors)) if errors else None
 
 
@@ -296,9 +339,11 @@ def format_leaderboard(outcome: Ranked, limit_bytes: int | None, top: int = 10) 
     from autotune.layouts import short_name
 
     verdict = declare_best(outcome.leaderboard)
-    lines = [f"{'#':>3} {'trial':>5}  {'configuration':<44} {'tok/s':>10} "
-             f"{'95% CI':>17} {'n':>3} {'step ms':>9} {'pred ms':>9} {'error':>8} "
-             f"{'peak MiB':>9} {'pred MiB':>9}  status"]
+    lines = [
+        f"{'#':>3} {'trial':>5}  {'configuration':<44} {'tok/s':>10} "
+        f"{'95% CI':>17} {'n':>3} {'step ms':>9} {'pred ms':>9} {'error':>8} "
+        f"{'peak MiB':>9} {'pred MiB':>9}  status"
+    ]
     for i, e in enumerate(outcome.leaderboard[:top], 1):
         complete = e.status == TrialStatus.COMPLETE
         peak = f"{e.measured_peak / 2**20:.1f}" if e.measured_peak else "-"
@@ -306,27 +351,40 @@ def format_leaderboard(outcome: Ranked, limit_bytes: int | None, top: int = 10) 
         tput = f"{e.throughput:,.0f}" if complete else "-"
         interval = e.interval
         ci = f"{interval.low:,.0f}–{interval.high:,.0f}" if interval else "-"
-        n = (f"{len(e.throughputs)}" + ("" if interval is None or interval.source == "runs"
-                                        else "s")) if complete else "-"
+        n = (
+            (
+                f"{len(e.throughputs)}"
+                + ("" if interval is None or interval.source == "runs" else "s")
+            )
+            if complete
+            else "-"
+        )
         step = f"{e.step_time_s * 1e3:.1f}" if e.step_time_s is not None else "-"
-        pred_step = (f"{e.predicted_step_time_s * 1e3:.1f}"
-                     if e.predicted_step_time_s is not None else "-")
+        pred_step = (
+            f"{e.predicted_step_time_s * 1e3:.1f}" if e.predicted_step_time_s is not None else "-"
+        )
         error = f"{e.step_time_error:+.1%}" if e.step_time_error is not None else "-"
         status = e.status if not e.error or complete else f"{e.status}: {e.error}"
         mark = "*" if verdict and e is verdict.pick else " "
-        lines.append(f"{i:>3}{mark}{e.number:>5}  {short_name(e.config):<44} {tput:>10} "
-                     f"{ci:>17} {n:>3} {step:>9} {pred_step:>9} {error:>8} {peak:>9} "
-                     f"{pred:>9}  {status[:120]}")
+        lines.append(
+            f"{i:>3}{mark}{e.number:>5}  {short_name(e.config):<44} {tput:>10} "
+            f"{ci:>17} {n:>3} {step:>9} {pred_step:>9} {error:>8} {peak:>9} "
+            f"{pred:>9}  {status[:120]}"
+        )
     limit = f"{limit_bytes / 2**20:.1f} MiB" if limit_bytes else "none"
-    lines.append(f"memory limit per device: {limit}; tok/s = median of the n runs (first trial "
-                 "and interleaved re-measurements); 95% CI = Student-t interval of the mean "
-                 "log tokens/s over the runs, or over the timed steps where n ends in s (one "
-                 "run: drift between trials not seen)")
+    lines.append(
+        f"memory limit per device: {limit}; tok/s = median of the n runs (first trial "
+        "and interleaved re-measurements); 95% CI = Student-t interval of the mean "
+        "log tokens/s over the runs, or over the timed steps where n ends in s (one "
+        "run: drift between trials not seen)"
+    )
     if any(e.predicted_step_time_s is not None for e in outcome.leaderboard):
         mape = step_time_mape(outcome.leaderboard)
-        lines.append("pred ms = the performance model's step time before the trial ran; error "
-                     "= predicted / measured − 1" + (
-                         f"; MAPE {mape[0]:.1%} over {mape[1]} complete trials" if mape else ""))
+        lines.append(
+            "pred ms = the performance model's step time before the trial ran; error "
+            "= predicted / measured − 1"
+            + (f"; MAPE {mape[0]:.1%} over {mape[1]} complete trials" if mape else "")
+        )
     if verdict is not None:
         lines.append(verdict.describe() + "  (* on the board)")
     return "\n".join(lines)

@@ -4,5 +4,6 @@
 boundary (``result``, which imports neither torch nor ray).
 
 May import: the vocabulary (``autotune.config``, ``errors``, ``status``, ``shapes``, ``hf_config``,
-``layouts``, ``hardware``), ``profiler`` and ``db``; never ``autotune.model``, ``study``, ``search``,
+``layouts``, ``hardware``), ``profiler`` and ``db``; never ``autotune.model``, ``study``,
+``search``,
 ``export`` or ``cli``."""

@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import TrialConfig
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
+from autotune.status import FailureKind
 from autotune.trial.oom import is_out_of_memory
 from autotune.trial.placement import (
     assign_groups,
@@ -35,7 +36,6 @@ from autotune.trial.placement import (
     visible_index,
 )
 from autotune.trial.result import RankResult, TrialResult, rank_from_dict, summarize_steps
-from autotune.status import FailureKind
 
 # Errors raised before a trial's first collective: all ranks raise them alike and the process
 # group stays healthy.
@@ -104,21 +104,33 @@ class RankWorker:
 
     def gpu_indices(self) -> list[int]:
         """The CUDA device indices, among all of the node's GPUs, that Ray assigned here."""
-        return [visible_index(i, os.environ.get("CUDA_VISIBLE_DEVICES"))
-                for i in ray.get_gpu_ids()]
+        return [visible_index(i, os.environ.get("CUDA_VISIBLE_DEVICES")) for i in ray.get_gpu_ids()]
 
-    def init_process_group(self, backend: str, host: str, port: int, rank: int,
-                           world_size: int, timeout_s: float,
-                           device_index: int | None = None) -> None:
+    def init_process_group(
+        self,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        device_index: int | None = None,
+    ) -> None:
         from datetime import timedelta
 
         import torch.distributed as dist
 
         timeout = timedelta(seconds=timeout_s)
         listener = getattr(self, "_listener", None)
-        store = dist.TCPStore(host, port, world_size, is_master=listener is not None,
-                              timeout=timeout, wait_for_workers=False,
-                              master_listen_fd=listener.fileno() if listener else None)
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size,
+            is_master=listener is not None,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listener.fileno() if listener else None,
+        )
         init_rank_group(backend, store, rank, world_size, timeout, device_index)
         self.rank = rank
 
@@ -128,17 +140,28 @@ class RankWorker:
         try:
             result = run_rank(TrialConfig.from_dict(config))
             # Where the rank ran: the Ray node (several may share a host) and its host name.
-            return {"ok": True, "result": {**result.to_dict(),
-                                           "node_id": ray.get_runtime_context().get_node_id(),
-                                           "hostname": socket.gethostname()}}
+            return {
+                "ok": True,
+                "result": {
+                    **result.to_dict(),
+                    "node_id": ray.get_runtime_context().get_node_id(),
+                    "hostname": socket.gethostname(),
+                },
+            }
         except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
-            return {"ok": False, "type": type(e).__name__, "message": str(e),
-                    "setup": isinstance(e, _SETUP_ERRORS), "kind": _failure_kind(e),
-                    "traceback": traceback.format_exc()}
+            return {
+                "ok": False,
+                "type": type(e).__name__,
+                "message": str(e),
+                "setup": isinstance(e, _SETUP_ERRORS),
+                "kind": _failure_kind(e),
+                "traceback": traceback.format_exc(),
+            }
 
 
-def init_rank_group(backend: str, store, rank: int, world_size: int, timeout,
-                    device_index: int | None = None) -> None:
+def init_rank_group(
+    backend: str, store, rank: int, world_size: int, timeout, device_index: int | None = None
+) -> None:
     """Initialise this rank's default process group as a trial needs it (run on the rank).
 
     On NCCL the rank's GPU (the one ``device_map`` gave it; every GPU of the node is visible)
@@ -158,13 +181,15 @@ def init_rank_group(backend: str, store, rank: int, world_size: int, timeout,
     if backend == "nccl":
         torch.cuda.set_device(device_index)
         device_id = torch.device("cuda", device_index)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout, device_id=device_id)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
     cpu_group()
 
 
-def check_capacity(subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings,
-                   fix: str) -> None:
+def check_capacity(
+    subject: str, num_ranks: int, use_gpu: bool, settings: ExecutorSettings, fix: str
+) -> None:
     """Refuse, in one line, more ranks than the Ray cluster's alive nodes have GPUs (or CPUs)
     for: a node that has just died may still count in ``ray.cluster_resources()``."""
     resources: dict[str, float] = {}
@@ -186,8 +211,9 @@ def rank_cpus(use_gpu: bool, settings: ExecutorSettings) -> float:
     return 1.0 if use_gpu else settings.cpus_per_rank
 
 
-def rank_actor_options(rank_nodes: list[str], nodes: list[dict], use_gpu: bool,
-                       settings: ExecutorSettings) -> list[tuple[dict, int]]:
+def rank_actor_options(
+    rank_nodes: list[str], nodes: list[dict], use_gpu: bool, settings: ExecutorSettings
+) -> list[tuple[dict, int]]:
     """The Ray actor options (less the placement) and the torch thread count of every rank,
     given the node of each rank and the cluster's nodes as ``ray.nodes()`` describes them.
 
@@ -236,9 +262,9 @@ def first_failure(outcomes: list[dict]) -> tuple[int, dict] | None:
 
     def order(failure: tuple[int, dict]) -> tuple:
         rank, o = failure
-        kind = (_CAUSE_ORDER.index(o["kind"]) if o["kind"] in _CAUSE_ORDER
-                else len(_CAUSE_ORDER))
+        kind = _CAUSE_ORDER.index(o["kind"]) if o["kind"] in _CAUSE_ORDER else len(_CAUSE_ORDER)
         return o["type"] == "Aborted", kind, rank
+
     return min(failures, key=order)
 
 
@@ -248,8 +274,11 @@ def keeps_group(outcomes: list[dict]) -> bool:
     (a collective may be half done, an NCCL communicator left in error) or any other failure,
     it is rebuilt."""
     failures = [o for o in outcomes if not o["ok"]]
-    return (len(failures) == len(outcomes) and all(o["setup"] for o in failures)
-            and not any(o["kind"] == FailureKind.OOM for o in failures))
+    return (
+        len(failures) == len(outcomes)
+        and all(o["setup"] for o in failures)
+        and not any(o["kind"] == FailureKind.OOM for o in failures)
+    )
 
 
 class WorkerGroup:
@@ -277,8 +306,7 @@ class WorkerGroup:
         table = ray.util.placement_group_table(self.pg)
         bundle_nodes = [table["bundles_to_node_id"][i] for i in range(world_size // tp)]
         # A pipeline stage holds dp × cp TP groups (mesh (pp, dp, cp, tp)).
-        groups = assign_groups(bundle_nodes, config.pp_degree,
-                               config.dp_degree * config.cp_degree)
+        groups = assign_groups(bundle_nodes, config.pp_degree, config.dp_degree * config.cp_degree)
         self.rank_nodes = ranks_of(groups, bundle_nodes, tp)
         """The Ray node id of every rank."""
         nodes = ray.nodes()
@@ -290,31 +318,49 @@ class WorkerGroup:
         self.pids: list[int] = []
         try:
             for rank, (options, threads) in enumerate(
-                    rank_actor_options(self.rank_nodes, nodes, use_gpu, settings)):
-                self.workers.append(RankWorker.options(
-                    **options, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self.pg, placement_group_bundle_index=groups[rank // tp]),
-                ).remote(sys.path, threads))
+                rank_actor_options(self.rank_nodes, nodes, use_gpu, settings)
+            ):
+                self.workers.append(
+                    RankWorker.options(
+                        **options,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            self.pg, placement_group_bundle_index=groups[rank // tp]
+                        ),
+                    ).remote(sys.path, threads)
+                )
             devices: list[int | None] = [None] * world_size
             if use_gpu:
                 node_devices: dict[str, list[int]] = {}
-                for node, held in zip(self.rank_nodes, ray.get(
-                        [w.gpu_indices.remote() for w in self.workers])):
+                for node, held in zip(
+                    self.rank_nodes, ray.get([w.gpu_indices.remote() for w in self.workers])
+                ):
                     node_devices.setdefault(node, []).extend(held)
                 devices = [d.device_index for d in device_map(self.rank_nodes, node_devices)]
             host, port = ray.get(self.workers[0].listen.remote())
-            ray.get([w.init_process_group.remote(self.backend, host, port, rank, world_size,
-                                                 settings.trial_timeout_s, devices[rank])
-                     for rank, w in enumerate(self.workers)])
-            self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote()
-                                                    for w in self.workers])]
+            ray.get(
+                [
+                    w.init_process_group.remote(
+                        self.backend,
+                        host,
+                        port,
+                        rank,
+                        world_size,
+                        settings.trial_timeout_s,
+                        devices[rank],
+                    )
+                    for rank, w in enumerate(self.workers)
+                ]
+            )
+            self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote() for w in self.workers])]
         except ray.exceptions.RayActorError:
             # A node lost while the group starts: nothing of the group may stay behind.
             self.shutdown()
             lost = self.lost_nodes()
-            raise TrialFailed("the worker group could not start: "
-                              + (describe_lost(lost) if lost else "a rank's worker died"),
-                              kind=FailureKind.CRASH) from None
+            raise TrialFailed(
+                "the worker group could not start: "
+                + (describe_lost(lost) if lost else "a rank's worker died"),
+                kind=FailureKind.CRASH,
+            ) from None
         except BaseException:
             self.shutdown()
             raise
@@ -327,8 +373,10 @@ class WorkerGroup:
             return True  # one node: every layout is as well placed as it can be
         per_stage = config.dp_degree * config.cp_degree  # TP groups in a pipeline stage
         best = best_cost(self.rank_nodes, config.tp_degree, per_stage, config.pp_degree)
-        return best is not None and placement_cost(
-            self.rank_nodes, config.tp_degree, per_stage) == best
+        return (
+            best is not None
+            and placement_cost(self.rank_nodes, config.tp_degree, per_stage) == best
+        )
 
     def lost_nodes(self, wait_s: float = 0.0) -> list[tuple[str, str]]:
         """(node id, host name) of this group's nodes that Ray reports dead, waiting up to
@@ -336,8 +384,11 @@ class WorkerGroup:
         deadline = time.monotonic() + wait_s
         while True:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-            lost = [(node, self.hostnames.get(node, "")) for node in dict.fromkeys(
-                self.rank_nodes) if node not in alive]
+            lost = [
+                (node, self.hostnames.get(node, ""))
+                for node in dict.fromkeys(self.rank_nodes)
+                if node not in alive
+            ]
             if lost or time.monotonic() >= deadline:
                 return lost
             time.sleep(0.2)
@@ -351,8 +402,11 @@ class WorkerGroup:
 def describe_lost(lost: list[tuple[str, str]]) -> str:
     """'Ray node 3f2a… (host) was lost' for the nodes a trial lost."""
     names = [f"{node}" + (f" ({host})" if host else "") for node, host in lost]
-    return (f"Ray node {names[0]} was lost" if len(names) == 1
-            else f"Ray nodes {', '.join(names)} were lost")
+    return (
+        f"Ray node {names[0]} was lost"
+        if len(names) == 1
+        else f"Ray nodes {', '.join(names)} were lost"
+    )
 
 
 class RayExecutor:
@@ -381,23 +435,31 @@ class RayExecutor:
             # Ray starts workers at niceness 15; a trial must run at the priority the real job
             # would, or any other process on the node distorts its step time.
             os.environ.setdefault("RAY_worker_niceness", "0")
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=False, configure_logging=False)
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                configure_logging=False,
+            )
         else:
             address = _joinable(self.settings.ray_address)
             try:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as e:
-                raise ClusterError(f"cannot join the Ray cluster at "
-                                   f"'{self.settings.ray_address}': {e}") from None
+                raise ClusterError(
+                    f"cannot join the Ray cluster at '{self.settings.ray_address}': {e}"
+                ) from None
         self._started_ray = True
 
     def _use_gpu(self, config: TrialConfig) -> bool:
         gpus = ray.cluster_resources().get("GPU", 0)
         if config.device == "cuda":
             if gpus < 1:
-                raise ClusterError("device 'cuda' was asked for but the Ray cluster has no "
-                                   "GPU; use device 'cpu' or 'auto'")
+                raise ClusterError(
+                    "device 'cuda' was asked for but the Ray cluster has no "
+                    "GPU; use device 'cpu' or 'auto'"
+                )
             return True
         return config.device == "auto" and gpus >= 1
 
@@ -406,11 +468,19 @@ class RayExecutor:
         if g is not None and g.suits(config, use_gpu):
             return g, False
         # Refused layouts leave the warm group in place for the next trial.
-        check_capacity(f"world_size {config.world_size} needs", config.world_size, use_gpu,
-                       self.settings, "lower world_size or add nodes (--ray-address)")
-        check_tp_fits(config.tp_degree, config.world_size,
-                      read_nodes(use_gpu, self.settings.cpus_per_rank),
-                      "1 GPU" if use_gpu else f"{self.settings.cpus_per_rank:g} CPU")
+        check_capacity(
+            f"world_size {config.world_size} needs",
+            config.world_size,
+            use_gpu,
+            self.settings,
+            "lower world_size or add nodes (--ray-address)",
+        )
+        check_tp_fits(
+            config.tp_degree,
+            config.world_size,
+            read_nodes(use_gpu, self.settings.cpus_per_rank),
+            "1 GPU" if use_gpu else f"{self.settings.cpus_per_rank:g} CPU",
+        )
         self.discard_group()
         self._group = WorkerGroup(config, use_gpu, self.settings)
         return self._group, True
@@ -448,16 +518,26 @@ class RayExecutor:
                 raise ConfigError(first["message"])
             if first["type"] in ("WorkloadError",):
                 raise WorkloadError(first["message"])
-            raise TrialFailed(f"rank {rank}: {first['type']}: {first['message']}", rank=rank,
-                              kind=first["kind"], traceback=first["traceback"])
+            raise TrialFailed(
+                f"rank {rank}: {first['type']}: {first['message']}",
+                rank=rank,
+                kind=first["kind"],
+                traceback=first["traceback"],
+            )
         ranks = [rank_from_dict(o["result"]) for o in outcomes]
         step_time, steps_s = summarize_steps(ranks, config.timed_steps)
         return TrialResult(
-            config=config.resolved(), step_time_s=step_time,
+            config=config.resolved(),
+            step_time_s=step_time,
             throughput_tokens_per_s=config.tokens_per_step / step_time,
-            losses=ranks[0].losses, ranks=ranks, wall_s=wall, steps_s=steps_s,
-            cold_start=cold, env=_environment(group, ranks[0]),
-            mfu=_mfu(config, step_time, ranks[0]))
+            losses=ranks[0].losses,
+            ranks=ranks,
+            wall_s=wall,
+            steps_s=steps_s,
+            cold_start=cold,
+            env=_environment(group, ranks[0]),
+            mfu=_mfu(config, step_time, ranks[0]),
+        )
 
     def _collect(self, refs: list, closes: int) -> list[dict]:
         """Wait for every rank, up to the trial timeout; a dead actor becomes a failure, and a
@@ -471,8 +551,11 @@ class RayExecutor:
             limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
             # In slices: Ctrl-C (in the main thread) and close() (from another) are seen
             # within COLLECT_POLL_S whatever Ray's wait does with signals.
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(
-                0.0, min(limit - time.monotonic(), COLLECT_POLL_S)))
+            ready, pending = ray.wait(
+                pending,
+                num_returns=1,
+                timeout=max(0.0, min(limit - time.monotonic(), COLLECT_POLL_S)),
+            )
             if self._closes != closes:
                 raise ClusterError("the executor was closed while a trial ran")
             if not ready and time.monotonic() < limit:
@@ -483,27 +566,44 @@ class RayExecutor:
                     # Another rank failed and these ones are stuck in a collective with it.
                     for ref in pending:
                         outcomes[index[ref]] = {
-                            "ok": False, "type": "Aborted", "setup": False,
+                            "ok": False,
+                            "type": "Aborted",
+                            "setup": False,
                             "kind": FailureKind.ERROR,
-                            "message": "aborted after another rank failed", "traceback": ""}
+                            "message": "aborted after another rank failed",
+                            "traceback": "",
+                        }
                     break
-                raise TrialTimeout(f"trial did not finish within "
-                                   f"{self.settings.trial_timeout_s:g}s (a hung collective?); "
-                                   "raise --timeout if the trial is just slow")
+                raise TrialTimeout(
+                    f"trial did not finish within "
+                    f"{self.settings.trial_timeout_s:g}s (a hung collective?); "
+                    "raise --timeout if the trial is just slow"
+                )
             ref = ready[0]
             try:
                 outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 group = self._group
-                lost = (group.lost_nodes(wait_s=NODE_DEATH_WAIT_S if group.off_driver_node
-                                         else 0.0) if group else [])
-                message = (f"{describe_lost(lost)} mid-trial; its ranks died with it" if lost
-                           else "worker process died (killed by a signal, e.g. the kernel's "
-                                "OOM killer: see dmesg; or a crash in native code) "
-                                f"[{e.__class__.__name__}]")
-                outcome = {"ok": False, "type": "NodeLost" if lost else "WorkerDied",
-                           "setup": False, "kind": FailureKind.CRASH, "message": message,
-                           "traceback": ""}
+                lost = (
+                    group.lost_nodes(wait_s=NODE_DEATH_WAIT_S if group.off_driver_node else 0.0)
+                    if group
+                    else []
+                )
+                message = (
+                    f"{describe_lost(lost)} mid-trial; its ranks died with it"
+                    if lost
+                    else "worker process died (killed by a signal, e.g. the kernel's "
+                    "OOM killer: see dmesg; or a crash in native code) "
+                    f"[{e.__class__.__name__}]"
+                )
+                outcome = {
+                    "ok": False,
+                    "type": "NodeLost" if lost else "WorkerDied",
+                    "setup": False,
+                    "kind": FailureKind.CRASH,
+                    "message": message,
+                    "traceback": "",
+                }
             outcomes[index[ref]] = outcome
             if not outcome["ok"] and grace_deadline is None:
                 # Ranks that failed before any collective all fail the same way, at once.
@@ -572,12 +672,17 @@ def _joinable(address: str) -> str:
     # Looking for the token loads it into Ray's process-wide loader, and a driver whose loader
     # holds a token checks the cluster's calls against it whatever the mode: forget it again.
     AuthenticationTokenLoader.instance().reset_cache()
-    wants = (_cluster_wants_token(gcs) if gcs and (mode == "token" or (mode is None and has_token))
-             else None)
+    wants = (
+        _cluster_wants_token(gcs)
+        if gcs and (mode == "token" or (mode is None and has_token))
+        else None
+    )
     if wants is False and mode == "token":
-        raise ClusterError(f"the Ray cluster at '{address}' has no token authentication but "
-                           "RAY_AUTH_MODE=token is set; unset RAY_AUTH_MODE (or start the "
-                           "cluster with RAY_AUTH_MODE=token)")
+        raise ClusterError(
+            f"the Ray cluster at '{address}' has no token authentication but "
+            "RAY_AUTH_MODE=token is set; unset RAY_AUTH_MODE (or start the "
+            "cluster with RAY_AUTH_MODE=token)"
+        )
     if wants is not False:  # it wants one, or it could not be asked: ray.init will say
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     if host_port is not None and is_localhost(host_port[0]):
@@ -600,8 +705,7 @@ def _cluster_wants_token(gcs_address: str) -> bool | None:
     with grpc.insecure_channel(gcs_address) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
         try:
-            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
-                              timeout=AUTH_PROBE_TIMEOUT_S)
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=AUTH_PROBE_TIMEOUT_S)
         except grpc.RpcError as e:
             return True if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
     return False
@@ -613,11 +717,16 @@ def _environment(group: WorkerGroup, rank0: RankResult) -> dict:
 
     # torch's version from its installed metadata (what torch.__version__ reads at build time):
     # importing torch here would load it into the driver after every trial.
-    return {"torch": version("torch"), "ray": ray.__version__,
-            "python": platform.python_version(), "device": rank0.device,
-            "backend": group.backend, "world_size": group.world_size,
-            "num_nodes": len(set(group.rank_nodes)),
-            "threads_per_rank": rank0.num_threads}
+    return {
+        "torch": version("torch"),
+        "ray": ray.__version__,
+        "python": platform.python_version(),
+        "device": rank0.device,
+        "backend": group.backend,
+        "world_size": group.world_size,
+        "num_nodes": len(set(group.rank_nodes)),
+        "threads_per_rank": rank0.num_threads,
+    }
 
 
 def _mfu(config: TrialConfig, step_time: float, rank0: RankResult) -> float | None:
@@ -629,6 +738,9 @@ def _mfu(config: TrialConfig, step_time: float, rank0: RankResult) -> float | No
     if shape is None or peak is None:
         return None
     n = shape.num_params(config.workload.resolved_vocab_size)
-    achieved = flops_per_token(n, shape.num_layers, shape.hidden_size,
-                               config.workload.seq_len) * config.tokens_per_step / step_time
+    achieved = (
+        flops_per_token(n, shape.num_layers, shape.hidden_size, config.workload.seq_len)
+        * config.tokens_per_step
+        / step_time
+    )
     return achieved / (peak * config.world_size)

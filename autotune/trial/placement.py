@@ -53,11 +53,20 @@ def read_nodes(use_gpu: bool, cpus_per_rank: float) -> list[NodeSlots]:
             continue
         resources = n.get("Resources", {})
         # A small epsilon: Ray reports fractional CPUs as floats (0.5 + 0.5 + …).
-        ranks = (int(resources.get("GPU", 0)) if use_gpu
-                 else int(resources.get("CPU", 0) / cpus_per_rank + 1e-9))
+        ranks = (
+            int(resources.get("GPU", 0))
+            if use_gpu
+            else int(resources.get("CPU", 0) / cpus_per_rank + 1e-9)
+        )
         if ranks > 0:
-            nodes.append(NodeSlots(n["NodeID"], n.get("NodeManagerHostname", ""),
-                                   n.get("NodeManagerAddress", ""), ranks))
+            nodes.append(
+                NodeSlots(
+                    n["NodeID"],
+                    n.get("NodeManagerHostname", ""),
+                    n.get("NodeManagerAddress", ""),
+                    ranks,
+                )
+            )
     return nodes
 
 
@@ -86,13 +95,18 @@ def check_tp_fits(tp_degree: int, world_size: int, nodes: list[NodeSlots], unit:
     if fit >= groups:
         return
     largest = max(n.ranks for n in nodes)
-    where = (f"the Ray cluster's {len(nodes)} node(s) hold {node_sizes(nodes)} ranks "
-             f"({unit} per rank)")
+    where = (
+        f"the Ray cluster's {len(nodes)} node(s) hold {node_sizes(nodes)} ranks ({unit} per rank)"
+    )
     if tp_degree > largest:
-        raise PlacementError(f"tp_degree {tp_degree} cannot sit inside one node: {where}; "
-                             f"use tp_degree ≤ {largest} or nodes with more devices")
-    raise PlacementError(f"{groups} TP groups of {tp_degree} ranks do not fit inside nodes: "
-                         f"{where}; use a smaller tp_degree or add nodes")
+        raise PlacementError(
+            f"tp_degree {tp_degree} cannot sit inside one node: {where}; "
+            f"use tp_degree ≤ {largest} or nodes with more devices"
+        )
+    raise PlacementError(
+        f"{groups} TP groups of {tp_degree} ranks do not fit inside nodes: "
+        f"{where}; use a smaller tp_degree or add nodes"
+    )
 
 
 def assign_groups(bundle_nodes: list[str], num_stages: int, groups_per_stage: int) -> list[int]:
@@ -104,8 +118,9 @@ def assign_groups(bundle_nodes: list[str], num_stages: int, groups_per_stage: in
     most free bundles first. Nodes keep their order of first appearance among the bundles.
     """
     if len(bundle_nodes) != num_stages * groups_per_stage:
-        raise ValueError(f"{len(bundle_nodes)} bundles for {num_stages} × {groups_per_stage} "
-                         "TP groups")
+        raise ValueError(
+            f"{len(bundle_nodes)} bundles for {num_stages} × {groups_per_stage} TP groups"
+        )
     free: dict[str, list[int]] = {}
     for index, node in enumerate(bundle_nodes):
         free.setdefault(node, []).append(index)
@@ -130,14 +145,15 @@ def assign_groups(bundle_nodes: list[str], num_stages: int, groups_per_stage: in
 def placement_cost(rank_nodes: list[str], tp_degree: int, dp_degree: int) -> tuple[int, int]:
     """(TP groups split across nodes, Σ over stages of the nodes each stage spans): lower is
     better; (0, number of stages) is one stage per node or better."""
-    tp_groups = [rank_nodes[i: i + tp_degree] for i in range(0, len(rank_nodes), tp_degree)]
+    tp_groups = [rank_nodes[i : i + tp_degree] for i in range(0, len(rank_nodes), tp_degree)]
     stage = dp_degree * tp_degree
-    stages = [rank_nodes[i: i + stage] for i in range(0, len(rank_nodes), stage)]
+    stages = [rank_nodes[i : i + stage] for i in range(0, len(rank_nodes), stage)]
     return (sum(len(set(g)) > 1 for g in tp_groups), sum(len(set(s)) for s in stages))
 
 
-def best_cost(rank_nodes: list[str], tp_degree: int, dp_degree: int,
-              pp_degree: int) -> tuple[int, int] | None:
+def best_cost(
+    rank_nodes: list[str], tp_degree: int, dp_degree: int, pp_degree: int
+) -> tuple[int, int] | None:
     """The cost of the best placement of this layout on the same ranks per node, or None when
     these nodes cannot hold every TP group whole."""
     counts = Counter(rank_nodes)
@@ -178,9 +194,11 @@ def device_map(rank_nodes: list[str], node_devices: dict[str, Sequence[int]]) ->
         held = sorted(node_devices.get(node, ()))
         if local[node] >= len(held):
             count = rank_nodes.count(node)
-            raise PlacementError(f"Ray node {node} holds {count} ranks of this trial but "
-                                 f"{len(held)} GPU(s) for them; give each rank one GPU "
-                                 "(num_gpus=1) or lower world_size")
+            raise PlacementError(
+                f"Ray node {node} holds {count} ranks of this trial but "
+                f"{len(held)} GPU(s) for them; give each rank one GPU "
+                "(num_gpus=1) or lower world_size"
+            )
         devices.append(RankDevice(rank, node, local[node], held[local[node]]))
         local[node] += 1
     return devices
@@ -196,7 +214,9 @@ def visible_index(gpu_id: int | str, cuda_visible_devices: str | None) -> int:
         return int(gpu_id)
     visible = [d.strip() for d in cuda_visible_devices.split(",")]
     if str(gpu_id) not in visible:
-        raise PlacementError(f"Ray assigned GPU {gpu_id} but CUDA_VISIBLE_DEVICES is "
-                             f"'{cuda_visible_devices}'; start the Ray node with the GPUs it "
-                             "may use in CUDA_VISIBLE_DEVICES")
+        raise PlacementError(
+            f"Ray assigned GPU {gpu_id} but CUDA_VISIBLE_DEVICES is "
+            f"'{cuda_visible_devices}'; start the Ray node with the GPUs it "
+            "may use in CUDA_VISIBLE_DEVICES"
+        )
     return visible.index(str(gpu_id))

@@ -38,8 +38,14 @@ class TrialPool:
     ``slots=None`` decides when Ray is up (``auto_slots`` for ``world_size`` and ``device``).
     """
 
-    def __init__(self, settings: ExecutorSettings | None = None, slots: int | None = 1, *,
-                 world_size: int = 1, device: str = "auto") -> None:
+    def __init__(
+        self,
+        settings: ExecutorSettings | None = None,
+        slots: int | None = 1,
+        *,
+        world_size: int = 1,
+        device: str = "auto",
+    ) -> None:
         if slots is not None and slots < 1:
             raise ClusterError(f"--parallel must be ≥ 1, not {slots}")
         self.settings = settings or ExecutorSettings()
@@ -66,9 +72,13 @@ class TrialPool:
             slots = self._asked or auto_slots(self._world_size, self._device)
             if slots > 1:
                 use_gpu = self._device != "cpu" and ray.cluster_resources().get("GPU", 0) >= 1
-                check_capacity(f"{slots} concurrent trials of {self._world_size} ranks need",
-                               slots * self._world_size, use_gpu, self.settings,
-                               "lower --parallel")
+                check_capacity(
+                    f"{slots} concurrent trials of {self._world_size} ranks need",
+                    slots * self._world_size,
+                    use_gpu,
+                    self.settings,
+                    "lower --parallel",
+                )
             # Ranks on one node share its cores: each slot's ranks get their share of threads.
             settings = dataclasses.replace(self.settings, concurrent_groups=slots)
             self._executors = [RayExecutor(settings) for _ in range(slots)]

@@ -149,8 +149,13 @@ class TrialResult:
 
 
 def rank_from_dict(d: dict) -> RankResult:
-    return RankResult(**{**d, "memory": MemoryBreakdown(**d["memory"]),
-                         "spans": [Span(**s) for s in d.get("spans", [])]})
+    return RankResult(
+        **{
+            **d,
+            "memory": MemoryBreakdown(**d["memory"]),
+            "spans": [Span(**s) for s in d.get("spans", [])],
+        }
+    )
 
 
 def summarize_steps(ranks: list[RankResult], timed: range) -> tuple[float, float]:

@@ -41,8 +41,10 @@ from profiler.clock import measure_offset
 def resolve_device(config: TrialConfig) -> torch.device:
     if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ConfigError("device 'cuda' was asked for but no CUDA device is visible; "
-                              "use device 'cpu' or 'auto'")
+            raise ConfigError(
+                "device 'cuda' was asked for but no CUDA device is visible; "
+                "use device 'cpu' or 'auto'"
+            )
         # The rank's own GPU, named by its index: every GPU of the node is visible, and the
         # executor has set this rank's (``device_map``) current before the process group. The
         # allocator figures, synchronize and the device name below all pass this device.
@@ -77,7 +79,7 @@ class Trainer:
         inputs, targets = self.workload.batch(step)
         rows = config.workload.global_batch_size // config.dp_degree
         lo = pm.coords.dp_rank * rows
-        inputs, targets = inputs[lo: lo + rows], targets[lo: lo + rows]
+        inputs, targets = inputs[lo : lo + rows], targets[lo : lo + rows]
         if pm.cp is not None:  # this cp rank's two chunks of every sequence
             inputs, targets = pm.cp.shard(inputs), pm.cp.shard(targets)
         inputs = inputs.to(self.device, non_blocking=True)
@@ -94,13 +96,19 @@ class Trainer:
             on_grads()
         with phase("optimizer"):
             if pm.loss_scaler is None or pm.loss_scaler.unscale_and_check(
-                    [p for m in pm.parts for p in m.parameters()], self.device):
+                [p for m in pm.parts for p in m.parameters()], self.device
+            ):
                 pm.dp.optimizer.step()
             pm.dp.optimizer.zero_grad(set_to_none=True)
         has_loss = loss is not None
-        self._local_losses.append(torch.stack([
-            loss.detach().float() if has_loss else torch.zeros((), device=self.device),
-            torch.tensor(float(has_loss), device=self.device)]))
+        self._local_losses.append(
+            torch.stack(
+                [
+                    loss.detach().float() if has_loss else torch.zeros((), device=self.device),
+                    torch.tensor(float(has_loss), device=self.device),
+                ]
+            )
+        )
 
     def _pipeline_step(self, inputs, targets):
         pm = self.pm
@@ -226,8 +234,16 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
         reserved = peak
     activations = max(0, peak - states - grads_bytes)
     other = max(0, at_rest - states)
-    return MemoryBreakdown(param_bytes, grads_bytes, opt_bytes, activations, other, peak,
-                           source, reserved_peak=reserved), elapsed
+    return MemoryBreakdown(
+        param_bytes,
+        grads_bytes,
+        opt_bytes,
+        activations,
+        other,
+        peak,
+        source,
+        reserved_peak=reserved,
+    ), elapsed
 
 
 def _peak_live_delta(prof) -> int:
@@ -309,12 +325,15 @@ def run_rank(config: TrialConfig) -> RankResult:
     check_float8(config, device)
     config = config.with_precision(device.type)
     check_device_precision(config.precision, device)
-    workload = build_workload(config.workload, attention=config.attention, seed=config.seed,
-                              device=device)
+    workload = build_workload(
+        config.workload, attention=config.attention, seed=config.seed, device=device
+    )
     check_workload_supports(config, workload)
     if dist.get_world_size() != config.world_size:
-        raise ConfigError(f"the worker group has {dist.get_world_size()} ranks but the config "
-                          f"asks for world_size {config.world_size}")
+        raise ConfigError(
+            f"the worker group has {dist.get_world_size()} ranks but the config "
+            f"asks for world_size {config.world_size}"
+        )
     mesh = build_mesh(config, device.type)
     pm = parallelize(workload, config, mesh, device)
     trainer = Trainer(pm, workload, device)
@@ -332,10 +351,13 @@ def run_rank(config: TrialConfig) -> RankResult:
     offset = 0
     if config.num_profiled_steps:
         offset = measure_offset()
-        with profile_record(rank=dist.get_rank(), clock_offset_ns=offset,
-                            group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
-                            group_names=mesh_group_names(mesh),
-                            cuda=device.type == "cuda") as rec:
+        with profile_record(
+            rank=dist.get_rank(),
+            clock_offset_ns=offset,
+            group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
+            group_names=mesh_group_names(mesh),
+            cuda=device.type == "cuda",
+        ) as rec:
             for step in range(num_steps, num_steps + config.num_profiled_steps):
                 start = time.perf_counter()
                 with rec.step(step):
@@ -351,18 +373,32 @@ def run_rank(config: TrialConfig) -> RankResult:
     c = pm.coords
     extra = {}
     if config.compile:  # the lazy compilation ran in the first warm-up step
-        extra["compile_s"] = compile_seconds(step_times, config.num_warmup_steps,
-                                             config.num_timed_steps)
+        extra["compile_s"] = compile_seconds(
+            step_times, config.num_warmup_steps, config.num_timed_steps
+        )
     return RankResult(
-        rank=dist.get_rank(), pp_rank=c.pp_rank, dp_rank=c.dp_rank, tp_rank=c.tp_rank,
+        rank=dist.get_rank(),
+        pp_rank=c.pp_rank,
+        dp_rank=c.dp_rank,
+        tp_rank=c.tp_rank,
         cp_rank=c.cp_rank,
-        device=str(device), backend=dist.get_backend(), num_threads=torch.get_num_threads(),
-        step_times=step_times, losses=losses, memory=memory, setup_s=setup_s, spans=spans,
+        device=str(device),
+        backend=dist.get_backend(),
+        num_threads=torch.get_num_threads(),
+        step_times=step_times,
+        losses=losses,
+        memory=memory,
+        setup_s=setup_s,
+        spans=spans,
         clock_offset_ns=offset,
-        extra={"pid": os.getpid(), "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
-               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-               else "cpu",
-               "non_allocator_bytes": non_allocator_bytes(device), **extra})
+        extra={
+            "pid": os.getpid(),
+            "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "non_allocator_bytes": non_allocator_bytes(device),
+            **extra,
+        },
+    )
 
 
 def non_allocator_bytes(device: torch.device) -> int | None:

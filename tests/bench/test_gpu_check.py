@@ -43,8 +43,13 @@ assert GPT_SMALL_PARAMS == 162_954_240
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is visible")
 def test_without_cuda_it_exits_2_on_one_line():
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_check.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "no CUDA device visible" in proc.stderr
@@ -55,9 +60,15 @@ def test_memory_within_tolerance_passes_and_outside_fails():
     predicted = dataclasses.asdict(estimate_all_stages(config, device_type="cuda")[0])
     rest = predicted["activations"] + predicted["comm_buffers"] + predicted["other"]
     states = predicted["parameters"] + predicted["gradients"] + predicted["optimizer_state"]
-    measured = {"parameters": predicted["parameters"], "gradients": predicted["gradients"],
-                "optimizer_state": predicted["optimizer_state"], "activations": rest,
-                "other": 0, "peak": states + rest, "source": "cuda_allocator"}
+    measured = {
+        "parameters": predicted["parameters"],
+        "gradients": predicted["gradients"],
+        "optimizer_state": predicted["optimizer_state"],
+        "activations": rest,
+        "other": 0,
+        "peak": states + rest,
+        "source": "cuda_allocator",
+    }
     assert states + rest == estimate_memory(config, device_type="cuda").total
     checks = gpu_check.memory_checks("w1", measured, predicted)
     assert [c.name.split()[-1] for c in checks] == list(gpu_check.TOLERANCES)
@@ -84,18 +95,22 @@ def test_losses_and_kernel_spans():
 
 
 def test_table_and_summary_count_skips_apart_and_only_failures_fail():
-    checks = [Check.judged("a", "x", "y", True), Check("b", "x", "needs 2 GPUs", Status.SKIP),
-              Check("c", "x", "needs 2 GPUs", Status.SKIP), Check.judged("d", "x", "y", False)]
+    checks = [
+        Check.judged("a", "x", "y", True),
+        Check("b", "x", "needs 2 GPUs", Status.SKIP),
+        Check("c", "x", "needs 2 GPUs", Status.SKIP),
+        Check.judged("d", "x", "y", False),
+    ]
     lines = gpu_check.format_table(checks).splitlines()
     assert lines[0].split() == ["check", "expected", "measured"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     assert [line.split()[-1] for line in lines[2:]] == ["PASS", "SKIP", "SKIP", "FAIL"]
-    assert gpu_check.summary_line(checks, 3.2) == \
-        "1 passed, 1 failed, 2 skipped of 4 checks in 3s"
+    assert gpu_check.summary_line(checks, 3.2) == "1 passed, 1 failed, 2 skipped of 4 checks in 3s"
     assert gpu_check.exit_status(checks) == gpu_check.EXIT_FAILED == 1
     assert gpu_check.exit_status(checks[:3]) == 0  # skips are not failures
-    assert gpu_check.summary_line(checks[:3], 0) == \
-        "1 passed, 0 failed, 2 skipped of 3 checks in 0s"
+    assert (
+        gpu_check.summary_line(checks[:3], 0) == "1 passed, 0 failed, 2 skipped of 3 checks in 0s"
+    )
 
 
 def test_one_gpu_runs_zero_0_only_and_skips_the_zero_and_nccl_rows():
@@ -107,7 +122,8 @@ def test_one_gpu_runs_zero_0_only_and_skips_the_zero_and_nccl_rows():
     assert {c.status for c in skipped} == {Status.SKIP}
     assert sorted(c.name for c in skipped) == sorted(
         [f"w2 ZeRO-{s} NCCL gradient payload" for s in range(4)]
-        + [f"w2 ZeRO-{s} losses" for s in range(4)])
+        + [f"w2 ZeRO-{s} losses" for s in range(4)]
+    )
     assert gpu_check.exit_status(skipped) == 0
     assert gpu_check.summary_line(skipped, 1).startswith("0 passed, 0 failed, 8 skipped")
 
@@ -123,10 +139,14 @@ def test_expected_gradient_sync_is_the_gradient_bytes_in_the_synced_dtype():
     assert gpu_check.expected_gradient_sync(_w2(1)) == ("all_reduce", 2 * GPT_SMALL_PARAMS)
     assert gpu_check.expected_gradient_sync(_w2(2)) == ("reduce_scatter", 4 * GPT_SMALL_PARAMS)
     assert gpu_check.expected_gradient_sync(_w2(3)) == ("reduce_scatter", 4 * GPT_SMALL_PARAMS)
-    assert gpu_check.expected_gradient_sync(_w2(0, "32-true")) == \
-        ("all_reduce", 4 * GPT_SMALL_PARAMS)
-    assert gpu_check.expected_gradient_sync(_w2(3, "bf16-true")) == \
-        ("reduce_scatter", 2 * GPT_SMALL_PARAMS)  # no policy: gradients reduced as they are
+    assert gpu_check.expected_gradient_sync(_w2(0, "32-true")) == (
+        "all_reduce",
+        4 * GPT_SMALL_PARAMS,
+    )
+    assert gpu_check.expected_gradient_sync(_w2(3, "bf16-true")) == (
+        "reduce_scatter",
+        2 * GPT_SMALL_PARAMS,
+    )  # no policy: gradients reduced as they are
     # On CPU the default precision is 32-true.
     assert gpu_check.expected_gradient_sync(_w2(0), "cpu") == ("all_reduce", 4 * GPT_SMALL_PARAMS)
     with pytest.raises(ValueError, match="pure data parallelism"):
@@ -144,8 +164,9 @@ def test_expected_gradient_sync_counts_the_built_models_parameters():
     assert gpu_check.expected_gradient_sync(config, "cpu") == ("all_reduce", 4 * numel)
 
 
-def _nccl_spans(bucket_bytes: list[int], *, rank: int, step: int = 4, name: str = "all_reduce"
-                ) -> list[Span]:
+def _nccl_spans(
+    bucket_bytes: list[int], *, rank: int, step: int = 4, name: str = "all_reduce"
+) -> list[Span]:
     """One profiled step of one rank: its step range, and one NCCL kernel per bucket."""
     spans = [Span(rank, step, "step", "step", "", 1_000_000, 900_000_000)]
     start = 2_000_000
@@ -206,8 +227,11 @@ def test_payload_of_fsdp_is_the_fp32_reduce_scatter():
     units.append(4 * GPT_SMALL_PARAMS - sum(units))  # 12 blocks, the root twice over
     fp32 = [s for r in (0, 1) for s in _nccl_spans(units, rank=r, name="reduce_scatter")]
     assert gpu_check.payload_check("w2 ZeRO-2", config, fp32).status is Status.PASS
-    bf16 = [s for r in (0, 1) for s in _nccl_spans([u // 2 for u in units], rank=r,
-                                                     name="reduce_scatter")]
+    bf16 = [
+        s
+        for r in (0, 1)
+        for s in _nccl_spans([u // 2 for u in units], rank=r, name="reduce_scatter")
+    ]
     assert gpu_check.payload_check("w2 ZeRO-2", config, bf16).failed
     as_all_reduce = [s for r in (0, 1) for s in _nccl_spans(units, rank=r)]
     assert gpu_check.payload_check("w2 ZeRO-2", config, as_all_reduce).failed
@@ -229,9 +253,13 @@ def test_master_weight_rows_judge_the_check_and_its_negative_control():
     tol = gpu_check.MASTER_ATOL
 
     def rows(mixed_gap, true_gap):
-        return gpu_check.master_weight_checks({
-            "32-true": ref, "bf16-mixed": [x + mixed_gap for x in ref],
-            "bf16-true": [x + true_gap for x in ref]})
+        return gpu_check.master_weight_checks(
+            {
+                "32-true": ref,
+                "bf16-mixed": [x + mixed_gap for x in ref],
+                "bf16-true": [x + true_gap for x in ref],
+            }
+        )
 
     assert [c.status for c in rows(0.2 * tol, 5 * tol)] == [Status.PASS, Status.PASS]
     # Master weights lost under bf16-mixed too: the check fails it.
@@ -259,8 +287,7 @@ def test_master_weight_check_separates_bf16_mixed_from_bf16_true_on_cpu_trials()
     # Margins on both sides of the tolerance, not merely either side of it.
     assert abs(mixed) < gpu_check.MASTER_ATOL / 4
     assert masterless > 3 * gpu_check.MASTER_ATOL  # behind: its lost updates add up
-    assert [c.status for c in gpu_check.master_weight_checks(losses)] == [Status.PASS,
-                                                                          Status.PASS]
+    assert [c.status for c in gpu_check.master_weight_checks(losses)] == [Status.PASS, Status.PASS]
 
 
 def test_the_out_of_memory_configuration_is_predicted_beyond_the_device():
@@ -268,10 +295,18 @@ def test_the_out_of_memory_configuration_is_predicted_beyond_the_device():
     batch, args = gpu_check.oom_config_args(device)
 
     def predicted(b: int) -> int:
-        return estimate_memory(TrialConfig(
-            workload=WorkloadSpec(family="gpt", size="small", seq_len=1024, global_batch_size=b),
-            world_size=1, micro_batch_size=b, device="cuda", activation_checkpointing="none"),
-            device_type="cuda").total
+        return estimate_memory(
+            TrialConfig(
+                workload=WorkloadSpec(
+                    family="gpt", size="small", seq_len=1024, global_batch_size=b
+                ),
+                world_size=1,
+                micro_batch_size=b,
+                device="cuda",
+                activation_checkpointing="none",
+            ),
+            device_type="cuda",
+        ).total
 
     assert predicted(batch) > gpu_check.OOM_FACTOR * device >= predicted(batch // 2)
     assert args[args.index("--global-batch") + 1] == str(batch)
@@ -283,8 +318,9 @@ import gpu_rows  # noqa: E402
 import gpu_search  # noqa: E402
 
 
-def _measured(name: str, step_s: float, peak: int, reserved: int | None = None,
-              outside: int | None = None) -> gpu_rows.Measured:
+def _measured(
+    name: str, step_s: float, peak: int, reserved: int | None = None, outside: int | None = None
+) -> gpu_rows.Measured:
     row = next(r for r in gpu_rows.ROWS if r.name == name)
     return gpu_rows.Measured(row, gpu_rows.Scale().config(row), step_s, peak, reserved, outside)
 
@@ -302,11 +338,12 @@ def test_memory_rows_judge_allocated_and_reserved_plus_outside_at_their_toleranc
     big_outside = _measured("ac none", 1.0, predicted, int(predicted * 1.2), 2 * 2**30)
     assert gpu_rows.memory_row_checks(big_outside, predicted, predicted)[1].failed
     assert not gpu_rows.memory_row_checks(
-        _measured("ac none", 1.0, predicted, int(predicted * 1.2), 0), predicted,
-        predicted)[1].failed
+        _measured("ac none", 1.0, predicted, int(predicted * 1.2), 0), predicted, predicted
+    )[1].failed
     # A trial that does not report its reserved peak fails that row rather than passing it.
-    assert gpu_rows.memory_row_checks(_measured("ac none", 1.0, predicted), predicted,
-                                      predicted)[1].failed
+    assert gpu_rows.memory_row_checks(_measured("ac none", 1.0, predicted), predicted, predicted)[
+        1
+    ].failed
 
 
 def test_step_time_rows_skip_the_calibration_rows_and_judge_the_mean_of_the_rest():
@@ -322,8 +359,10 @@ def test_step_time_rows_skip_the_calibration_rows_and_judge_the_mean_of_the_rest
     # One held-out row 2x off: that row fails, and the mean (20% · 5 + 100%) / 6 = 33% fails.
     predicted[held_out[0]] = 0.200
     checks = gpu_rows.time_checks(measured, predicted)
-    assert [c.name for c in checks if c.failed] == [f"1B {held_out[0]} step time",
-                                                    "1B step-time model, held-out rows"]
+    assert [c.name for c in checks if c.failed] == [
+        f"1B {held_out[0]} step time",
+        "1B step-time model, held-out rows",
+    ]
 
 
 def test_the_oom_row_is_predicted_beyond_the_device_and_half_of_it_is_not():
@@ -354,7 +393,10 @@ def test_exports_must_parse(tmp_path):
     (tmp_path / "torchtitan_config.py").write_text("def f(:\n")
     (tmp_path / "accelerate_config.yaml").write_text("a: [1, 2\n")
     status = {n: gpu_search.export_check(tmp_path / n).status for n in gpu_search.EXPORTS}
-    assert status == {"best_config.json": Status.PASS, "ds_config.json": Status.FAIL,
-                      "accelerate_config.yaml": Status.FAIL,
-                      "torchtitan_config.py": Status.FAIL}
+    assert status == {
+        "best_config.json": Status.PASS,
+        "ds_config.json": Status.FAIL,
+        "accelerate_config.yaml": Status.FAIL,
+        "torchtitan_config.py": Status.FAIL,
+    }
     assert gpu_search.export_check(tmp_path / "missing.json").failed

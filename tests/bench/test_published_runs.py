@@ -37,8 +37,10 @@ def _sc21_measured(name: str) -> list[float]:
 
 def _held_out_errors() -> dict[str, list[float]]:
     rows = all_rows()
-    measured = {"sc21-t1": _sc21_measured("megatron_sc21_table1.csv"),
-                "sc21-t2": _sc21_measured("megatron_sc21_table2_zero3_vs_ptdp.csv")}
+    measured = {
+        "sc21-t1": _sc21_measured("megatron_sc21_table1.csv"),
+        "sc21-t2": _sc21_measured("megatron_sc21_table2_zero3_vs_ptdp.csv"),
+    }
     seen: dict[str, int] = {}
     errors: dict[str, list[float]] = {}
     for r in rows:
@@ -49,8 +51,9 @@ def _held_out_errors() -> dict[str, list[float]]:
         if i % 2 == 0:  # fitted
             continue
         cluster = load_cluster("a100-sxm4-80gb", nodes=max(1, r.config.world_size // 8))
-        t = predict_step_time(r.config, cluster, Calibration.for_cluster(cluster),
-                              shape=r.shape, engine=r.engine).step_time_s
+        t = predict_step_time(
+            r.config, cluster, Calibration.for_cluster(cluster), shape=r.shape, engine=r.engine
+        ).step_time_s
         errors.setdefault(r.table, []).append(abs(t / r.measured_s - 1))
     return errors
 

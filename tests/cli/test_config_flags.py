@@ -36,8 +36,7 @@ def test_help_is_the_fields_docstring():
 def test_values_are_checked_and_only_given_ones_are_returned():
     p = _parser()
     args = p.parse_args(["--tp", "2", "--sp", "--zero", "3", "--global-batch", "16"])
-    assert given(args, TrialConfig) == {"tp_degree": 2, "zero_stage": 3,
-                                        "sequence_parallel": True}
+    assert given(args, TrialConfig) == {"tp_degree": 2, "zero_stage": 3, "sequence_parallel": True}
     assert given(args, WorkloadSpec) == {"global_batch_size": 16}
     for bad in (["--tp", "0"], ["--zero", "4"], ["--bucket-mb", "-1"], ["--cp", "two"]):
         with pytest.raises((argparse.ArgumentError, SystemExit)):

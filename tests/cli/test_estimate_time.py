@@ -9,21 +9,44 @@ import json
 import pytest
 
 from autotune.cli.main import main
-from autotune.model.cluster import load_cluster
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.shapes import ModelShape
+from autotune.model.cluster import load_cluster
 from autotune.model.perf_model import TERMS, Calibration, predict_step_time
+from autotune.shapes import ModelShape
 
-LLAMA_70B = ("--model", "llama-70b", "--world-size", "512", "--tp", "8", "--pp", "8",
-             "--zero", "2", "--micro-batch", "1", "--global-batch", "1024", "--seq-len", "4096",
-             "--dtype", "bfloat16")
+LLAMA_70B = (
+    "--model",
+    "llama-70b",
+    "--world-size",
+    "512",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--zero",
+    "2",
+    "--micro-batch",
+    "1",
+    "--global-batch",
+    "1024",
+    "--seq-len",
+    "4096",
+    "--dtype",
+    "bfloat16",
+)
 
 
 def _llama_70b_config() -> TrialConfig:
     return TrialConfig(
-        workload=WorkloadSpec(family="llama", size="70b", seq_len=4096, global_batch_size=1024,
-                              dtype="bfloat16"),
-        world_size=512, tp_degree=8, pp_degree=8, zero_stage=2, micro_batch_size=1)
+        workload=WorkloadSpec(
+            family="llama", size="70b", seq_len=4096, global_batch_size=1024, dtype="bfloat16"
+        ),
+        world_size=512,
+        tp_degree=8,
+        pp_degree=8,
+        zero_stage=2,
+        micro_batch_size=1,
+    )
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -43,8 +66,9 @@ def test_json_time_is_the_models_prediction(capsys):
     assert data["time"] == json.loads(json.dumps(expected.as_dict()))
     assert set(data["time"]["breakdown"]) == set(TERMS)
     # The same --nodes stated explicitly gives the same answer.
-    code, out, _ = _run(capsys, *LLAMA_70B, "--cluster", "a100-sxm4-80gb", "--nodes", "64",
-                        "--json")
+    code, out, _ = _run(
+        capsys, *LLAMA_70B, "--cluster", "a100-sxm4-80gb", "--nodes", "64", "--json"
+    )
     assert code == 0 and json.loads(out)["time"] == data["time"]
 
 
@@ -53,21 +77,44 @@ def test_cluster_file_brings_its_calibration_and_explicit_shape(capsys, tmp_path
     spec = dataclasses.replace(load_cluster("h100-sxm"), calibration=calibration)
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(spec.to_dict()))
-    code, out, _ = _run(capsys, "--num-layers", "6", "--hidden-size", "512", "--num-heads", "8",
-                        "--seq-len", "256", "--vocab-size", "1000", "--world-size", "4",
-                        "--tp", "2", "--global-batch", "16", "--dtype", "bfloat16",
-                        "--cluster", str(path), "--json")
+    code, out, _ = _run(
+        capsys,
+        "--num-layers",
+        "6",
+        "--hidden-size",
+        "512",
+        "--num-heads",
+        "8",
+        "--seq-len",
+        "256",
+        "--vocab-size",
+        "1000",
+        "--world-size",
+        "4",
+        "--tp",
+        "2",
+        "--global-batch",
+        "16",
+        "--dtype",
+        "bfloat16",
+        "--cluster",
+        str(path),
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     shape = ModelShape("gpt", 6, 512, 8, 8, 2048, 1000, 256)
     config = TrialConfig.from_dict(data["config"])
     assert (config.world_size, config.tp_degree, config.grad_accum_steps) == (4, 2, 8)
-    expected = predict_step_time(config, spec.with_nodes(1), Calibration(**calibration),
-                                 shape=shape)
+    expected = predict_step_time(
+        config, spec.with_nodes(1), Calibration(**calibration), shape=shape
+    )
     assert data["time"] == json.loads(json.dumps(expected.as_dict()))
     # The defaults would predict something else: the stored calibration was used.
-    assert data["time"]["step_time_s"] != predict_step_time(
-        config, spec.with_nodes(1), Calibration(), shape=shape).step_time_s
+    assert (
+        data["time"]["step_time_s"]
+        != predict_step_time(config, spec.with_nodes(1), Calibration(), shape=shape).step_time_s
+    )
 
 
 def test_table_shows_each_term_beside_the_memory(capsys):
@@ -81,18 +128,19 @@ def test_table_shows_each_term_beside_the_memory(capsys):
         seconds, share = row.split()[-2:]
         assert float(seconds) == pytest.approx(expected.breakdown[term], abs=1e-4)
         assert float(share.rstrip("%")) == pytest.approx(
-            100 * expected.breakdown[term] / expected.step_time_s, abs=0.05)
+            100 * expected.breakdown[term] / expected.step_time_s, abs=0.05
+        )
     assert f"{expected.tokens_per_s:,.0f} tokens/s" in out
     assert f"MFU {expected.mfu:.1%}" in out and "64 nodes × 8 A100-SXM4-80GB" in out
 
 
 def test_params_alone_cannot_predict_time(capsys):
-    code, out, err = _run(capsys, "--params", "7e9", "--world-size", "64", "--cluster",
-                          "h100-sxm")
+    code, out, err = _run(capsys, "--params", "7e9", "--world-size", "64", "--cluster", "h100-sxm")
     notes = [ln for ln in out.splitlines() if "no step time" in ln]
     assert code == 0 and len(notes) == 1 and "architecture" in notes[0] and not err
-    code, out, err = _run(capsys, "--params", "7e9", "--world-size", "64", "--cluster",
-                          "h100-sxm", "--json")
+    code, out, err = _run(
+        capsys, "--params", "7e9", "--world-size", "64", "--cluster", "h100-sxm", "--json"
+    )
     assert code == 0 and json.loads(out)["time"] is None
     assert len(err.splitlines()) == 1 and "no step time" in err
 
@@ -103,22 +151,31 @@ def _cluster_file(tmp_path, name: str, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("unknown", "unknown cluster 'dgx-9000'"),
-    ("bad_json", "is not valid JSON"),
-    ("no_device", "device is missing"),
-    ("nodes_mismatch", "world size 512 ≠ 32 nodes × 8 devices"),
-    ("unknown_model", "unknown model 'llama-1t'"),
-    ("nodes_alone", "give --cluster too"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unknown", "unknown cluster 'dgx-9000'"),
+        ("bad_json", "is not valid JSON"),
+        ("no_device", "device is missing"),
+        ("nodes_mismatch", "world size 512 ≠ 32 nodes × 8 devices"),
+        ("unknown_model", "unknown model 'llama-1t'"),
+        ("nodes_alone", "give --cluster too"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
     good = json.dumps(load_cluster("a100-sxm4-80gb").to_dict())
     argv = {
         "unknown": [*LLAMA_70B, "--cluster", "dgx-9000"],
         "bad_json": [*LLAMA_70B, "--cluster", _cluster_file(tmp_path, "bad.json", good[:-5])],
-        "no_device": [*LLAMA_70B, "--cluster", _cluster_file(
-            tmp_path, "nodevice.json", json.dumps({k: v for k, v in json.loads(good).items()
-                                            if k != "device"}))],
+        "no_device": [
+            *LLAMA_70B,
+            "--cluster",
+            _cluster_file(
+                tmp_path,
+                "nodevice.json",
+                json.dumps({k: v for k, v in json.loads(good).items() if k != "device"}),
+            ),
+        ],
         "nodes_mismatch": [*LLAMA_70B, "--cluster", "a100-sxm4-80gb", "--nodes", "32"],
         "unknown_model": ["--model", "llama-1t", "--cluster", "a100-sxm4-80gb"],
         "nodes_alone": [*LLAMA_70B, "--nodes", "64"],

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.main import main
-from autotune.model.cluster import load_cluster
+from autotune.cli.rank import _Progress, enumerate_layouts
 from autotune.config import DEFAULT_PRECISION, TrialConfig, WorkloadSpec
 from autotune.layouts import enumerate_configs
+from autotune.model.cluster import load_cluster
 from autotune.model.memory import estimate_memory
-from autotune.shapes import MODEL_SHAPES
 from autotune.model.perf_model import Calibration, predict_step_time
-from autotune.cli.rank import _Progress, enumerate_layouts
 from autotune.search.screen import ALLOWANCES
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
+from autotune.shapes import MODEL_SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -36,9 +36,13 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def _base(model: str, world: int, batch: int, seq: int, dtype: str | None = None) -> TrialConfig:
     family, _, size = model.partition("-")
-    return TrialConfig(workload=WorkloadSpec(family=family, size=size, seq_len=seq,
-                                             global_batch_size=batch, dtype=dtype),
-                       world_size=world, device="cuda")
+    return TrialConfig(
+        workload=WorkloadSpec(
+            family=family, size=size, seq_len=seq, global_batch_size=batch, dtype=dtype
+        ),
+        world_size=world,
+        device="cuda",
+    )
 
 
 # ---- the layouts -------------------------------------------------------------------------
@@ -57,8 +61,16 @@ def test_layouts_are_enumerate_configs_valid_ones(model, world, batch):
     assert dropped and all(c.dp_degree == 1 and not c.overlap_enabled for c in dropped)
     assert len(ours) == sum(len(DEFAULT_BUCKETS_MB) if c.dp_degree > 1 else 1 for c in plain)
     # Every knob the command says it enumerates does vary.
-    for knob in ("tp_degree", "pp_degree", "micro_batch_size", "zero_stage",
-                 "activation_checkpointing", "pp_schedule", "overlap_enabled", "bucket_mb"):
+    for knob in (
+        "tp_degree",
+        "pp_degree",
+        "micro_batch_size",
+        "zero_stage",
+        "activation_checkpointing",
+        "pp_schedule",
+        "overlap_enabled",
+        "bucket_mb",
+    ):
         assert len({getattr(c, knob) for c in ours}) > 1, knob
 
 
@@ -66,19 +78,34 @@ def test_explicit_shape_layouts_follow_its_heads_and_layers():
     # gpt-small's shape given explicitly: the same layouts as the built-in model.
     shape = MODEL_SHAPES[("gpt", "small")]
     base = _base("gpt-small", 8, 16, 64)
-    explicit = dataclasses.replace(base, workload=dataclasses.replace(
-        base.workload, workload="explicit:architecture"))
-    strip = {dataclasses.replace(c, workload=base.workload)
-             for c in enumerate_layouts(explicit, shape)}
+    explicit = dataclasses.replace(
+        base, workload=dataclasses.replace(base.workload, workload="explicit:architecture")
+    )
+    strip = {
+        dataclasses.replace(c, workload=base.workload) for c in enumerate_layouts(explicit, shape)
+    }
     assert strip == set(enumerate_layouts(base))
 
 
 # ---- the ranking -------------------------------------------------------------------------
 # The newer knobs fixed at one value each; rank lists sequence parallelism on wherever tp > 1.
 NEWER_FIXED = ("--cp", "1", "--dp-replicate", "1", "--virtual-stages", "2")
-RANK_ARGS = ("--model", "gpt-small", *NEWER_FIXED, "--cluster", "a100-sxm4-80gb",
-             "--global-batch", "32",
-             "--seq-len", "1024", "--memory-limit", "4", "--top", "10000", "--json")
+RANK_ARGS = (
+    "--model",
+    "gpt-small",
+    *NEWER_FIXED,
+    "--cluster",
+    "a100-sxm4-80gb",
+    "--global-batch",
+    "32",
+    "--seq-len",
+    "1024",
+    "--memory-limit",
+    "4",
+    "--top",
+    "10000",
+    "--json",
+)
 
 
 def _folded(scored: list[tuple[float, float, int, TrialConfig]]) -> list[tuple]:
@@ -86,9 +113,12 @@ def _folded(scored: list[tuple[float, float, int, TrialConfig]]) -> list[tuple]:
     within 0.1% of it, is not listed (independently of rank.collapse_equivalent)."""
     rows: list[tuple] = []
     for tps, step, peak, config in sorted(scored, key=lambda r: (-r[0], r[2])):
-        if not any(dataclasses.replace(c, bucket_mb=0) == dataclasses.replace(config, bucket_mb=0)
-                   and abs(s - step) <= 1e-3 * s and abs(p - peak) <= 1e-3 * p
-                   for _, s, p, c in rows):
+        if not any(
+            dataclasses.replace(c, bucket_mb=0) == dataclasses.replace(config, bucket_mb=0)
+            and abs(s - step) <= 1e-3 * s
+            and abs(p - peak) <= 1e-3 * p
+            for _, s, p, c in rows
+        ):
             rows.append((tps, step, peak, config))
     return rows
 
@@ -107,12 +137,14 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
     cuda = ALLOWANCES["cuda"]
 
     def fits(peak: int) -> bool:
-        return (peak * (1 + cuda.model_margin) * cuda.fragmentation
-                + cuda.outside_allocator) <= limit
+        return (
+            peak * (1 + cuda.model_margin) * cuda.fragmentation + cuda.outside_allocator
+        ) <= limit
 
     scored = []
-    grid = SearchSpace(_base("gpt-small", 8, 32, 1024),
-                       narrowed={"sequence_parallel": [True]}).configs
+    grid = SearchSpace(
+        _base("gpt-small", 8, 32, 1024), narrowed={"sequence_parallel": [True]}
+    ).configs
     for config in grid:
         peak = estimate_memory(config, device_type="cuda").total
         if fits(peak):
@@ -140,8 +172,7 @@ def test_order_is_predicted_throughput_and_all_fit(capsys):
             twin = dataclasses.replace(config, bucket_mb=bucket, precision=None)
             assert twin in grid and bucket != config.bucket_mb
             twin_time = predict_step_time(twin, cluster, Calibration.for_cluster(cluster))
-            assert abs(twin_time.step_time_s
-                       - estimate.step_time_s) <= 1e-3 * estimate.step_time_s
+            assert abs(twin_time.step_time_s - estimate.step_time_s) <= 1e-3 * estimate.step_time_s
     # Not a terminal: one plain line on stderr, none of the progress line's carriage returns.
     assert err.startswith(f"scored {data['scored']:,} layouts in ") and err.count("\n") == 1
     assert "\r" not in err
@@ -175,9 +206,11 @@ def test_table_folds_layouts_predicted_alike_and_says_so(capsys):
         if layout["config"]["derived"]["dp_degree"] > 1:
             assert row[9] == "/".join(f"{b:g}" for b in sizes)
     message = [ln for ln in out.splitlines() if ln.startswith("folded: ")]
-    assert message == [f"folded: {data['collapsed']:,} layouts that differ from a listed one "
-                       "only in bucket size, with the same prediction (step and peak within "
-                       "0.1%), share its row; its bucket column lists their sizes"]
+    assert message == [
+        f"folded: {data['collapsed']:,} layouts that differ from a listed one "
+        "only in bucket size, with the same prediction (step and peak within "
+        "0.1%), share its row; its bucket column lists their sizes"
+    ]
 
 
 def test_table_lists_the_json_order(capsys):
@@ -189,20 +222,32 @@ def test_table_lists_the_json_order(capsys):
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5]
     for row, layout in zip(rows, best):
         c = layout["config"]
-        assert row[1:6] == [str(c["tp_degree"]), str(c["pp_degree"]),
-                            str(c["derived"]["dp_degree"]), str(c["zero_stage"]),
-                            f"{c['micro_batch_size']}×{c['derived']['grad_accum_steps']}"]
+        assert row[1:6] == [
+            str(c["tp_degree"]),
+            str(c["pp_degree"]),
+            str(c["derived"]["dp_degree"]),
+            str(c["zero_stage"]),
+            f"{c['micro_batch_size']}×{c['derived']['grad_accum_steps']}",
+        ]
         assert f"{layout['tokens_per_s']:,.0f}" in row
     assert "predicted to fit in 4 GiB" in out
 
 
 def test_rank_imports_no_torch():
-    code = ("import sys; from autotune.cli.main import main; "
-            "main(['rank', '--model', 'gpt-small', '--cluster', 'h100-sxm', '--global-batch', "
-            "'8', '--seq-len', '128', '--top', '1']); "
-            "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    code = (
+        "import sys; from autotune.cli.main import main; "
+        "main(['rank', '--model', 'gpt-small', '--cluster', 'h100-sxm', '--global-batch', "
+        "'8', '--seq-len', '128', '--top', '1']); "
+        "assert 'torch' not in sys.modules and 'ray' not in sys.modules"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -221,35 +266,55 @@ def test_progress_on_a_terminal_every_two_percent(monkeypatch):
     assert len(updates) == 51  # every 20 of 1,000, then the final line
     assert updates[0].startswith("scoring layouts:   2% (20/1,000)")
     assert updates[-1].startswith("scored 1,000 layouts in ") and updates[-1].endswith(
-        "; 7 predicted to fit\n")
+        "; 7 predicted to fit\n"
+    )
 
 
 # ---- bad input ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case, message", [
-    ("unknown_cluster", "unknown cluster 'dgx-9000'"),
-    ("bad_json", "is not valid JSON"),
-    ("no_device", "device is missing"),
-    ("unknown_model", "unknown model 'gpt-huge'"),
-    ("no_model", "give --model NAME or an explicit architecture"),
-    ("unsplittable", "choose a global batch that is a multiple of 2"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unknown_cluster", "unknown cluster 'dgx-9000'"),
+        ("bad_json", "is not valid JSON"),
+        ("no_device", "device is missing"),
+        ("unknown_model", "unknown model 'gpt-huge'"),
+        ("no_model", "give --model NAME or an explicit architecture"),
+        ("unsplittable", "choose a global batch that is a multiple of 2"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
     good = load_cluster("h100-sxm").to_dict()
     (tmp_path / "bad.json").write_text(json.dumps(good)[:-5])
-    (tmp_path / "nodevice.json").write_text(json.dumps({k: v for k, v in good.items()
-                                                        if k != "device"}))
+    (tmp_path / "nodevice.json").write_text(
+        json.dumps({k: v for k, v in good.items() if k != "device"})
+    )
     common = ("--global-batch", "16", "--seq-len", "256")
     argv = {
         "unknown_cluster": ("--model", "gpt-small", "--cluster", "dgx-9000", *common),
         "bad_json": ("--model", "gpt-small", "--cluster", str(tmp_path / "bad.json"), *common),
-        "no_device": ("--model", "gpt-small", "--cluster", str(tmp_path / "nodevice.json"),
-                      *common),
+        "no_device": (
+            "--model",
+            "gpt-small",
+            "--cluster",
+            str(tmp_path / "nodevice.json"),
+            *common,
+        ),
         "unknown_model": ("--model", "gpt-huge", "--cluster", "h100-sxm", *common),
         "no_model": ("--cluster", "h100-sxm", *common),
         # gpt-small on 128 devices: tp ≤ 4 (12 heads), pp ≤ 8 (≤ 12 layers, dividing 128) and
         # cp ≤ 2 (the default space) leave dp ≥ 2, so no layout splits a global batch of 1.
-        "unsplittable": ("--model", "gpt-small", "--cluster", "h100-sxm", "--nodes", "16",
-                         "--global-batch", "1", "--seq-len", "256"),
+        "unsplittable": (
+            "--model",
+            "gpt-small",
+            "--cluster",
+            "h100-sxm",
+            "--nodes",
+            "16",
+            "--global-batch",
+            "1",
+            "--seq-len",
+            "256",
+        ),
     }[case]
     code, out, err = _run(capsys, *argv)
     assert code == 2 and not out
@@ -258,8 +323,19 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case, message):
 
 
 def test_nothing_fits_is_a_runtime_error_naming_the_smallest_peak(capsys):
-    code, out, err = _run(capsys, "--model", "gpt-small", "--cluster", "h100-sxm",
-                          "--global-batch", "16", "--seq-len", "256", "--memory-limit", "0.1")
+    code, out, err = _run(
+        capsys,
+        "--model",
+        "gpt-small",
+        "--cluster",
+        "h100-sxm",
+        "--global-batch",
+        "16",
+        "--seq-len",
+        "256",
+        "--memory-limit",
+        "0.1",
+    )
     errors = [ln for ln in err.splitlines() if ln.startswith("autotune: error:")]
     assert code == 1 and not out and len(errors) == 1
     assert "smallest predicted peak" in errors[0] and "raise --memory-limit" in errors[0]
@@ -292,16 +368,29 @@ def test_screen_keeps_every_layout_that_fits():
 
     base = dataclasses.replace(_base("gpt-tiny", 8, 16, 256), precision="bf16-mixed")
     shape = base.workload.shape
-    choices = {"sequence_parallel": (False, True), "cp_degree": (1, 2, 4),
-               "dp_replicate": (1, 2, 4, 8), "virtual_stages": (2, 4), "compile": (False,),
-               "float8": (False,)}
+    choices = {
+        "sequence_parallel": (False, True),
+        "cp_degree": (1, 2, 4),
+        "dp_replicate": (1, 2, 4, 8),
+        "virtual_stages": (2, 4),
+        "compile": (False,),
+        "float8": (False,),
+    }
     grid = SearchSpace(base, narrowed={k: list(v) for k, v in choices.items()}).configs
     peaks = {c: estimate_memory(c, device_type="cuda").total for c in grid}
-    limit = int(sorted(required for required in (
-        ALLOWANCES["cuda"].required_bytes(p) for p in peaks.values()))[len(peaks) // 3])
+    limit = int(
+        sorted(
+            required for required in (ALLOWANCES["cuda"].required_bytes(p) for p in peaks.values())
+        )[len(peaks) // 3]
+    )
     fits = {c for c, p in peaks.items() if predicted_to_fit(p, limit, "cuda")}
-    screened = screened_layouts(base, shape, choices, tp_degrees=[1, 2, 4],
-                                fits=lambda b: predicted_to_fit(b, limit, "cuda"))
+    screened = screened_layouts(
+        base,
+        shape,
+        choices,
+        tp_degrees=[1, 2, 4],
+        fits=lambda b: predicted_to_fit(b, limit, "cuda"),
+    )
     kept = set(screened.layouts)
     assert kept <= set(grid) and len(kept) == len(screened.layouts)
     assert {c for c in kept if c in fits} == fits
@@ -310,15 +399,41 @@ def test_screen_keeps_every_layout_that_fits():
 
 
 def test_knob_flags_fix_the_listed_layouts(capsys):
-    code, out, _ = _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch",
-                        "16", "--seq-len", "4096", "--sp", "--cp", "2", "--top", "50", "--json")
+    code, out, _ = _run(
+        capsys,
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--global-batch",
+        "16",
+        "--seq-len",
+        "4096",
+        "--sp",
+        "--cp",
+        "2",
+        "--top",
+        "50",
+        "--json",
+    )
     assert code == 0
     layouts = [TrialConfig.from_dict(s["config"]) for s in json.loads(out)["layouts"]]
     assert layouts and all(c.cp_degree == 2 for c in layouts)
     assert all(c.sequence_parallel == (c.tp_degree > 1) for c in layouts)
     with pytest.raises(SystemExit) as info:
-        _run(capsys, "--model", "llama-7b", "--cluster", "h100-sxm", "--global-batch", "16",
-             "--seq-len", "4096", "--cp", "0")
+        _run(
+            capsys,
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--global-batch",
+            "16",
+            "--seq-len",
+            "4096",
+            "--cp",
+            "0",
+        )
     # argparse's usage error: the usage, then one line naming the flag and its rule
     err = capsys.readouterr().err
     assert info.value.code == 2

@@ -15,19 +15,35 @@ from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.engines import engine_traits
 from autotune.shapes import ModelShape
 
-SHAPE = ModelShape(family="gpt", num_layers=24, hidden_size=2304, num_heads=24, num_kv_heads=24,
-                   ffn_hidden_size=4 * 2304, vocab_size=51200, max_seq_len=2048)
+SHAPE = ModelShape(
+    family="gpt",
+    num_layers=24,
+    hidden_size=2304,
+    num_heads=24,
+    num_kv_heads=24,
+    ffn_hidden_size=4 * 2304,
+    vocab_size=51200,
+    max_seq_len=2048,
+)
 
 
 def _ranking():
     cluster = load_cluster("a100-sxm4-80gb", nodes=1)
-    base = TrialConfig(workload=WorkloadSpec(workload="explicit:test", seq_len=2048,
-                                             global_batch_size=64),
-                       world_size=8, device="cuda", precision="bf16-mixed")
+    base = TrialConfig(
+        workload=WorkloadSpec(workload="explicit:test", seq_len=2048, global_batch_size=64),
+        world_size=8,
+        device="cuda",
+        precision="bf16-mixed",
+    )
     engine = engine_traits("megatron")
-    ranking = rank_layouts(enumerate_layouts(base, SHAPE), cluster, shape=SHAPE,
-                           limit_bytes=int(80 * GIB), engine=engine,
-                           memory_traits=MEMORY_TRAITS["megatron"])
+    ranking = rank_layouts(
+        enumerate_layouts(base, SHAPE),
+        cluster,
+        shape=SHAPE,
+        limit_bytes=int(80 * GIB),
+        engine=engine,
+        memory_traits=MEMORY_TRAITS["megatron"],
+    )
     return base, cluster, engine, ranking
 
 
@@ -50,4 +66,5 @@ def test_a_layout_key_the_option_does_not_know_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="KEY one of tp, pp"):
         parse_layout("tp=2,cp=2", base)
     assert parse_layout("tp=2,ac=full,overlap=off", base) == dataclasses.replace(
-        base, tp_degree=2, activation_checkpointing="full", overlap_enabled=False)
+        base, tp_degree=2, activation_checkpointing="full", overlap_enabled=False
+    )

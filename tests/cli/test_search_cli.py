@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def autotune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=600,
+    )
 
 
 def _one_line(proc, code: int, text: str) -> None:
@@ -36,9 +42,25 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     """Search, export and dashboard on SQLite (the default URL) and on PostgreSQL, whose URL
     carries a password that no output, file or stored row may show."""
     db = [] if db_url.startswith("sqlite") else ["--db", db_url]
-    proc = autotune("search", "--trials", "3", "--patience", "3", "--top-k", "1",
-                    "--remeasure", "1", "--timed-steps", "2", "--fix", "pp_degree=1",
-                    "--fix", "tp_degree=1", *db, cwd=tmp_path)
+    proc = autotune(
+        "search",
+        "--trials",
+        "3",
+        "--patience",
+        "3",
+        "--top-k",
+        "1",
+        "--remeasure",
+        "1",
+        "--timed-steps",
+        "2",
+        "--fix",
+        "pp_degree=1",
+        "--fix",
+        "tp_degree=1",
+        *db,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "autotune.db").exists() == (not db)
     assert "[3/3]" in proc.stderr  # progress: trial i of N
@@ -52,8 +74,9 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     exported = autotune("export", "--out", "again", *db, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "again" / "best_config.json").read_text()) == best
-    assert (tmp_path / "again" / "megatron_args.txt").read_text() == \
-        (tmp_path / "megatron_args.txt").read_text()  # the search wrote it too, the same
+    assert (tmp_path / "again" / "megatron_args.txt").read_text() == (
+        tmp_path / "megatron_args.txt"
+    ).read_text()  # the search wrote it too, the same
     dashboard = autotune("dashboard", "-o", "dashboard.html", *db, cwd=tmp_path)
     assert dashboard.returncode == 0, dashboard.stderr
     with Database.open(db_url, create=False) as database:
@@ -75,50 +98,69 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     assert rows_holding(db_url, password) == []
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--fix", "tp_degree=3"], 2, "no valid configuration"),
-    (["--fix", "warp_drive=9"], 2, "unknown knob 'warp_drive'"),
-    (["--fix", "zero_stage"], 2, "must be KNOB=VALUE"),
-    (["--trials", "many"], 2, "'many' is not a whole number"),
-    (["--trials", "-4"], 2, "must be ≥ 1"),
-    (["--time-budget", "-1"], 2, "must be > 0"),
-    (["--memory-limit", "0.000001"], 2, "no configuration fits in"),
-    (["--resume", "--study", "nope"], 2, "no study named 'nope' to resume"),
-    (["--model", "gpt-huge"], 2, "unknown model 'gpt-huge'"),
-    (["--sampler", "annealing"], 2, "invalid choice: 'annealing'"),
-    (["--parallel", "0"], 2, "must be ≥ 1"),
-    (["--cluster", "nowhere"], 2, "unknown cluster 'nowhere'"),
-    (["--cluster", "cpu-local", "--world-size", "4"], 2,
-     "cluster 'cpu-local' has 1 node(s) × 2 devices = 2, fewer than the world size 4"),
-    (["--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1"], 1,
-     "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--fix", "tp_degree=3"], 2, "no valid configuration"),
+        (["--fix", "warp_drive=9"], 2, "unknown knob 'warp_drive'"),
+        (["--fix", "zero_stage"], 2, "must be KNOB=VALUE"),
+        (["--trials", "many"], 2, "'many' is not a whole number"),
+        (["--trials", "-4"], 2, "must be ≥ 1"),
+        (["--time-budget", "-1"], 2, "must be > 0"),
+        (["--memory-limit", "0.000001"], 2, "no configuration fits in"),
+        (["--resume", "--study", "nope"], 2, "no study named 'nope' to resume"),
+        (["--model", "gpt-huge"], 2, "unknown model 'gpt-huge'"),
+        (["--sampler", "annealing"], 2, "invalid choice: 'annealing'"),
+        (["--parallel", "0"], 2, "must be ≥ 1"),
+        (["--cluster", "nowhere"], 2, "unknown cluster 'nowhere'"),
+        (
+            ["--cluster", "cpu-local", "--world-size", "4"],
+            2,
+            "cluster 'cpu-local' has 1 node(s) × 2 devices = 2, fewer than the world size 4",
+        ),
+        (
+            ["--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1"],
+            1,
+            "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has",
+        ),
+    ],
+)
 def test_bad_search_input(tmp_path, args, code, message):
     _one_line(autotune("search", *args, cwd=tmp_path), code, message)
     assert not (tmp_path / "best_config.json").exists()
 
 
-@pytest.mark.parametrize("command, args, reason", [
-    ("search", [], "autotune search keeps its study in a database"),
-    ("export", [], "autotune export reads the study from a database"),
-    ("trace", ["--trial", "1", "-o", "trace.json"],
-     "autotune trace reads the trial's timeline from a database"),
-])
+@pytest.mark.parametrize(
+    "command, args, reason",
+    [
+        ("search", [], "autotune search keeps its study in a database"),
+        ("export", [], "autotune export reads the study from a database"),
+        (
+            "trace",
+            ["--trial", "1", "-o", "trace.json"],
+            "autotune trace reads the trial's timeline from a database",
+        ),
+    ],
+)
 def test_db_none_is_refused_where_a_database_is_needed(tmp_path, command, args, reason):
     # --db none (store nothing) suits trial and profile; these three keep or read a study.
     proc = autotune(command, "--db", "none", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"autotune: error: {reason}: give --db URL or leave the default "
-        "(sqlite:///autotune.db); --db none is only for trial and profile"]
+        "(sqlite:///autotune.db); --db none is only for trial and profile"
+    ]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert list(tmp_path.iterdir()) == []  # no database, trace or export written
 
 
 def test_bad_space_file(tmp_path):
     (tmp_path / "space.json").write_text('{"zero_stage": [], "speed": [1]}')
-    _one_line(autotune("search", "--space", "space.json", cwd=tmp_path), 2,
-              "must be an object of non-empty lists")
+    _one_line(
+        autotune("search", "--space", "space.json", cwd=tmp_path),
+        2,
+        "must be an object of non-empty lists",
+    )
 
 
 def test_export_of_a_missing_study(tmp_path):
@@ -132,10 +174,30 @@ def test_search_with_cp_fixed_runs_only_cp_layouts(tmp_path):
     """``--fix cp_degree=2`` at a long sequence (128 on the tiny GPT): the space holds only CP
     layouts, and every trial that ran trained one (stored with cp_degree 2 and its short name
     marked -cp2)."""
-    proc = autotune("search", "--world-size", "2", "--seq-len", "128", "--trials", "2",
-                    "--patience", "2", "--top-k", "1", "--remeasure", "0", "--timed-steps", "1",
-                    "--fix", "cp_degree=2", "--fix", "zero_stage=0", "--fix", "micro_batch_size=4",
-                    cwd=tmp_path)
+    proc = autotune(
+        "search",
+        "--world-size",
+        "2",
+        "--seq-len",
+        "128",
+        "--trials",
+        "2",
+        "--patience",
+        "2",
+        "--top-k",
+        "1",
+        "--remeasure",
+        "0",
+        "--timed-steps",
+        "1",
+        "--fix",
+        "cp_degree=2",
+        "--fix",
+        "zero_stage=0",
+        "--fix",
+        "micro_batch_size=4",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     with Database.open(f"sqlite:///{tmp_path / 'autotune.db'}", create=False) as database:
         stored = database.list_trials(database.get_study("autotune").id)

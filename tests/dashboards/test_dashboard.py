@@ -19,20 +19,20 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+import dashboard_study as ds
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 from plotly.io.json import to_json_plotly
 
-import dashboard_study as ds
 from autotune.cli.main import main
 from autotune.config import TrialConfig
 from autotune.layouts import short_name
 from autotune.model.memory import estimate_all_stages, estimate_memory
 from autotune.model.perf_model import TERMS as PERF_TERMS
-from autotune.study.leaderboard import build_leaderboard
 from autotune.search.search import GIB
 from autotune.search.space import KNOB_ORDER
+from autotune.study.leaderboard import build_leaderboard
 from autotune.study.store import load_spans
 from dashboards.data import MAX_SPANS_PER_TIMELINE, cap_spans
 from dashboards.figures import predicted_trace_name
@@ -44,8 +44,12 @@ from profiler import breakdown
 pytestmark = pytest.mark.filterwarnings("ignore:Query string argument")
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
-LABELS = {"complete": "complete", "infeasible_predicted": "infeasible (predicted",
-          "infeasible_measured": "infeasible (measured)", "failed": "failed"}
+LABELS = {
+    "complete": "complete",
+    "infeasible_predicted": "infeasible (predicted",
+    "infeasible_measured": "infeasible (measured)",
+    "failed": "failed",
+}
 DATA = re.compile(r'<script type="application/json" id="figures-data">(.*?)</script>', re.S)
 
 
@@ -76,8 +80,11 @@ def report(database, tmp_path_factory) -> tuple[str, dict]:
 def study(database):
     """(study record, trials by id, the leaderboard as the search computes it)."""
     record = database.get_study(ds.NAME)
-    return (record, {t.id: t for t in database.list_trials(record.id)},
-            build_leaderboard(database.list_trials(record.id)))
+    return (
+        record,
+        {t.id: t for t in database.list_trials(record.id)},
+        build_leaderboard(database.list_trials(record.id)),
+    )
 
 
 def traces(fig: dict) -> dict[str, dict]:
@@ -101,18 +108,27 @@ def array(value):
 def test_every_view_is_present(report, study):
     page, data = report
     _, trials, _ = study
-    assert {t.status for t in trials.values()} == {"complete", "infeasible_predicted",
-                                                  "infeasible_measured", "failed"}
-    assert set(data["figures"]) == {"leaderboard", "history", "knobs-parallel",
-                                    "knobs-importance", "memory-scatter", "step-time",
-                                    "breakdown"}
+    assert {t.status for t in trials.values()} == {
+        "complete",
+        "infeasible_predicted",
+        "infeasible_measured",
+        "failed",
+    }
+    assert set(data["figures"]) == {
+        "leaderboard",
+        "history",
+        "knobs-parallel",
+        "knobs-importance",
+        "memory-scatter",
+        "step-time",
+        "breakdown",
+    }
     assert set(data["selectors"]) == {"timeline", "memory"}
     for fig_id in [*data["figures"], *data["selectors"]]:
         assert f'<div class="figure" id="fig-{fig_id}"></div>' in page
     # plotly.js inline, once: the file opens offline.
     assert page.count("plotly.js v") >= 1 and '<script src="http' not in page
-    for fig in [*data["figures"].values(), *(v for vs in data["selectors"].values()
-                                             for v in vs)]:
+    for fig in [*data["figures"].values(), *(v for vs in data["selectors"].values() for v in vs)]:
         # Every embedded figure is one Plotly accepts, already in the form plotly.js reads
         # (the per-trial memory figures are embedded unvalidated).
         assert json.loads(to_json_plotly(figure_json(go.Figure(fig)))) == fig
@@ -144,7 +160,9 @@ def test_leaderboard_rows_follow_the_search(report, study):
     low, high = cells[4][0].removesuffix(" (2)").replace(",", "").split("–")
     assert (float(low), float(high)) == pytest.approx(
         (math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)),
-        rel=1e-3, abs=1)
+        rel=1e-3,
+        abs=1,
+    )
 
 
 def test_history_shows_each_trial_and_the_best_so_far(report, study):
@@ -160,11 +178,14 @@ def test_history_shows_each_trial_and_the_best_so_far(report, study):
             best = max(best or 0.0, e.throughput)
         if best is not None:
             expected.append((e.number, best))
-    assert flat(zip(fig["best so far"]["x"], fig["best so far"]["y"])) == \
-        pytest.approx(flat(expected))
+    assert flat(zip(fig["best so far"]["x"], fig["best so far"]["y"])) == pytest.approx(
+        flat(expected)
+    )
     not_run = sum(e.status == "infeasible_predicted" for e in board)
-    assert fig["failed"]["y"] == [0.0] and fig["infeasible (predicted, not run)"]["y"] == \
-        [0.0] * not_run
+    assert (
+        fig["failed"]["y"] == [0.0]
+        and fig["infeasible (predicted, not run)"]["y"] == [0.0] * not_run
+    )
 
 
 def test_scatter_points_limit_and_pareto_front(report, study):
@@ -174,23 +195,35 @@ def test_scatter_points_limit_and_pareto_front(report, study):
     points = lambda trace: sorted(zip(trace["x"], trace["y"]))  # noqa: E731
     complete = [e for e in board if e.status == "complete"]
     assert flat(points(fig["complete"])) == pytest.approx(
-        flat(sorted((e.measured_peak / MIB, e.throughput) for e in complete)))
+        flat(sorted((e.measured_peak / MIB, e.throughput) for e in complete))
+    )
     over = next(t for t in trials.values() if t.status == "infeasible_measured")
     assert flat(points(fig["infeasible (measured)"])) == pytest.approx(
-        [over.metrics["peak_memory_bytes"] / MIB, over.metrics["throughput_tokens_per_s"]])
-    assert flat(points(fig["infeasible (predicted, not run)"])) == pytest.approx(flat(sorted(
-        (e.predicted_peak / MIB, 0.0) for e in board if e.status == "infeasible_predicted")))
+        [over.metrics["peak_memory_bytes"] / MIB, over.metrics["throughput_tokens_per_s"]]
+    )
+    assert flat(points(fig["infeasible (predicted, not run)"])) == pytest.approx(
+        flat(
+            sorted(
+                (e.predicted_peak / MIB, 0.0) for e in board if e.status == "infeasible_predicted"
+            )
+        )
+    )
     failed = next(e for e in board if e.status == "failed")
     assert flat(points(fig["failed"])) == pytest.approx([failed.predicted_peak / MIB, 0.0])
     limit_mib = record.spec["memory_limit_gib"] * GIB / MIB
     assert fig["memory limit"]["x"] == pytest.approx([limit_mib, limit_mib])
     # Pareto front, by definition: no other complete trial has a peak ≤ and throughput ≥
     # with one of them strict.
-    front = sorted((e.measured_peak / MIB, e.throughput) for e in complete
-                   if not any(o.measured_peak <= e.measured_peak and o.throughput >= e.throughput
-                              and (o.measured_peak, o.throughput) != (e.measured_peak,
-                                                                      e.throughput)
-                              for o in complete))
+    front = sorted(
+        (e.measured_peak / MIB, e.throughput)
+        for e in complete
+        if not any(
+            o.measured_peak <= e.measured_peak
+            and o.throughput >= e.throughput
+            and (o.measured_peak, o.throughput) != (e.measured_peak, e.throughput)
+            for o in complete
+        )
+    )
     assert flat(points(fig["Pareto front"])) == pytest.approx(flat(front))
 
 
@@ -203,8 +236,9 @@ def test_timeline_has_a_lane_per_rank_and_the_stored_spans(report, study, databa
     with_timeline = [e for e in board if database.count_spans(e.trial_id)]
     variants = data["selectors"]["timeline"]
     assert len(variants) == len(with_timeline)
-    assert page.count("<option", page.index('id="select-timeline"'),
-                      page.index('id="fig-timeline"')) == len(with_timeline)
+    assert page.count(
+        "<option", page.index('id="select-timeline"'), page.index('id="fig-timeline"')
+    ) == len(with_timeline)
     fig = variants[0]  # the best trial's, shown first
     assert f"trial {best.number}:" in fig["layout"]["title"]["text"]
     by_name = traces(fig)
@@ -213,24 +247,33 @@ def test_timeline_has_a_lane_per_rank_and_the_stored_spans(report, study, databa
     # Lanes are labelled by the node each rank ran on (the local cluster's one node).
     nodes = {n.rank: n for n in database.get_trial(best.trial_id).nodes}
     assert fig["layout"]["yaxis"]["ticktext"] == [
-        f"rank {r} · {nodes[r].hostname}/{nodes[r].node_id[:6]}" for r in ranks]
+        f"rank {r} · {nodes[r].hostname}/{nodes[r].node_id[:6]}" for r in ranks
+    ]
     assert {y for t in by_name.values() for y in t["y"]} == set(ranks)
     assert sum(len(t["x"]) for t in by_name.values()) == MAX_SPANS_PER_TIMELINE
-    assert f"{MAX_SPANS_PER_TIMELINE:,} of {len(spans):,} spans" in \
-        fig["layout"]["title"]["subtitle"]["text"]
+    assert (
+        f"{MAX_SPANS_PER_TIMELINE:,} of {len(spans):,} spans"
+        in fig["layout"]["title"]["subtitle"]["text"]
+    )
     # Every step and collective is drawn where it happened, with its name, group and bytes.
     step0 = min(s.start_ns for s in spans if s.kind == "step")
     base0 = min(b for t in (by_name["steps"],) for b in t["base"])
     for name, kind in (("steps", "step"), ("collectives", "comm")):
-        stored = sorted((s.rank, (s.start_ns - step0) / 1e6, s.dur_ns / 1e6) for s in spans
-                        if s.kind == kind)
-        drawn = sorted(zip(by_name[name]["y"], (b - base0 for b in by_name[name]["base"]),
-                           by_name[name]["x"]))
+        stored = sorted(
+            (s.rank, (s.start_ns - step0) / 1e6, s.dur_ns / 1e6) for s in spans if s.kind == kind
+        )
+        drawn = sorted(
+            zip(by_name[name]["y"], (b - base0 for b in by_name[name]["base"]), by_name[name]["x"])
+        )
         assert len(stored) > 0 and flat(drawn) == pytest.approx(flat(stored))
     stored = sorted((s.rank, s.name, s.group, s.bytes) for s in spans if s.kind == "comm")
-    assert sorted((y, c[0], c[1], c[2]) for y, c in zip(by_name["collectives"]["y"],
-                                                        by_name["collectives"]["customdata"])
-                  ) == stored
+    assert (
+        sorted(
+            (y, c[0], c[1], c[2])
+            for y, c in zip(by_name["collectives"]["y"], by_name["collectives"]["customdata"])
+        )
+        == stored
+    )
     assert len(fig["layout"]["shapes"]) == 2 * sum(s.kind == "step" for s in spans)
 
 
@@ -241,8 +284,9 @@ def test_cap_keeps_steps_and_communication_then_the_longest_ops(database, study)
     assert len(kept) == 300
     assert [s for s in spans if s.kind != "compute"] == [s for s in kept if s.kind != "compute"]
     shortest_kept = min(s.dur_ns for s in kept if s.kind == "compute")
-    assert sum(s.kind == "compute" and s.dur_ns > shortest_kept for s in spans) <= \
-        sum(s.kind == "compute" for s in kept)
+    assert sum(s.kind == "compute" and s.dur_ns > shortest_kept for s in spans) <= sum(
+        s.kind == "compute" for s in kept
+    )
     assert list(kept) == sorted(kept, key=lambda s: (s.rank, s.start_ns))
 
 
@@ -255,8 +299,11 @@ def test_breakdown_bars_equal_profiler_analysis(report, study, database):
     for e in board:
         for b in breakdown(load_spans(database, e.trial_id)):
             labels.append((f"trial {e.number}", f"rank {b.rank}"))
-            for name, ns in (("compute", b.compute_ns), ("exposed communication",
-                                                         b.exposed_comm_ns), ("idle", b.idle_ns)):
+            for name, ns in (
+                ("compute", b.compute_ns),
+                ("exposed communication", b.exposed_comm_ns),
+                ("idle", b.idle_ns),
+            ):
                 expected[name].append(ns / b.num_steps / 1e6)
     assert labels  # the complete trials' timelines
     for name, values in expected.items():
@@ -278,26 +325,34 @@ def test_step_time_scatter_shows_each_prediction_and_the_mape(report, study):
     assert 0 < len(with_prediction) == len(complete) - 1  # one trial stored without
     fig = data["figures"]["step-time"]
     points = traces(fig)["complete trials"]
-    expected = sorted((t.number, t.metrics["step_time_s"] * 1e3,
-                       t.metrics["predicted_step_time_s"] * 1e3) for t in with_prediction)
+    expected = sorted(
+        (t.number, t.metrics["step_time_s"] * 1e3, t.metrics["predicted_step_time_s"] * 1e3)
+        for t in with_prediction
+    )
     drawn = sorted(zip((c[0] for c in points["customdata"]), points["x"], points["y"]))
     assert [d[0] for d in drawn] == [e[0] for e in expected]
     assert [d[1] for d in drawn] == pytest.approx([e[1] for e in expected])
     assert [d[2] for d in drawn] == pytest.approx([e[2] for e in expected])
-    errors = {t.number: t.metrics["predicted_step_time_s"] / t.metrics["step_time_s"] - 1
-              for t in with_prediction}
+    errors = {
+        t.number: t.metrics["predicted_step_time_s"] / t.metrics["step_time_s"] - 1
+        for t in with_prediction
+    }
     for number, name, error in points["customdata"]:
-        config = TrialConfig.from_dict(next(t.config for t in with_prediction
-                                            if t.number == number))
+        config = TrialConfig.from_dict(
+            next(t.config for t in with_prediction if t.number == number)
+        )
         assert name == html.escape(short_name(config), quote=False)
         assert error == f"{errors[number]:+.1%}"
         assert "%{customdata[1]}" in points["hovertemplate"]
         assert "%{customdata[2]}" in points["hovertemplate"]
     mape = sum(abs(e) for e in errors.values()) / len(errors)
-    assert fig["layout"]["title"]["text"] == f"Predicted against measured step time: MAPE " \
-                                             f"{mape:.1%}"
-    assert "1 complete trial(s) without a prediction are not drawn" in \
-        fig["layout"]["title"]["subtitle"]["text"]
+    assert (
+        fig["layout"]["title"]["text"] == f"Predicted against measured step time: MAPE {mape:.1%}"
+    )
+    assert (
+        "1 complete trial(s) without a prediction are not drawn"
+        in fig["layout"]["title"]["subtitle"]["text"]
+    )
     line = traces(fig)["y = x"]
     assert line["x"] == line["y"]
     assert line["x"][0] < min(min(e[1:]) for e in expected)
@@ -318,8 +373,9 @@ def test_breakdown_shows_the_stored_prediction_beside_the_ranks(report, study):
         t = trials[e.trial_id]
         if _predicted(t) and t.status in ("complete", "infeasible_measured"):
             expected_categories.append((f"trial {e.number}", "predicted"))
-        expected_categories += [(f"trial {e.number}", f"rank {r['rank']}")
-                                for r in t.metrics.get("ranks", ())]
+        expected_categories += [
+            (f"trial {e.number}", f"rank {r['rank']}") for r in t.metrics.get("ranks", ())
+        ]
     assert categories == expected_categories
     # The trial that ran over the limit, without a timeline, shows its prediction alone; the
     # complete trial stored before the model (no prediction, no timeline) has no bar.
@@ -344,28 +400,57 @@ def test_report_of_trials_without_predictions(tmp_path):
     """Older trials (no prediction) and a malformed one: no prediction drawn, no failure."""
     with Database.open(f"sqlite:///{tmp_path / 'old.db'}") as database:
         study = database.create_study("old", {"world_size": 2})
-        ranks = [{"rank": r, "window_ns": 4_000_000, "compute_ns": 3_000_000, "comm_ns": 500_000,
-                  "overlap": 0.5, "exposed_comm_ns": 250_000, "idle_ns": 750_000,
-                  "num_steps": 2} for r in range(2)]
-        for number, extra in enumerate(({}, {"predicted_step_time_s": None,
-                                             "predicted_breakdown": "compute"},
-                                         {"predicted_step_time_s": "fast",
-                                          "predicted_breakdown": {"compute": -1.0}})):
-            database.add_trial(TrialRecord(
-                id=None, study_id=study.id, number=number, status="complete",
-                config=TrialConfig(world_size=2, device="cpu",
-                                   micro_batch_size=(1, 2, 4)[number]).resolved(),
-                metrics={"step_time_s": 0.05, "throughput_tokens_per_s": 9_000.0 + number,
-                         "peak_memory_bytes": 1 << 20, "ranks": ranks, **extra},
-                env={}, error=None, created_at=datetime.now(UTC)))
+        ranks = [
+            {
+                "rank": r,
+                "window_ns": 4_000_000,
+                "compute_ns": 3_000_000,
+                "comm_ns": 500_000,
+                "overlap": 0.5,
+                "exposed_comm_ns": 250_000,
+                "idle_ns": 750_000,
+                "num_steps": 2,
+            }
+            for r in range(2)
+        ]
+        for number, extra in enumerate(
+            (
+                {},
+                {"predicted_step_time_s": None, "predicted_breakdown": "compute"},
+                {"predicted_step_time_s": "fast", "predicted_breakdown": {"compute": -1.0}},
+            )
+        ):
+            database.add_trial(
+                TrialRecord(
+                    id=None,
+                    study_id=study.id,
+                    number=number,
+                    status="complete",
+                    config=TrialConfig(
+                        world_size=2, device="cpu", micro_batch_size=(1, 2, 4)[number]
+                    ).resolved(),
+                    metrics={
+                        "step_time_s": 0.05,
+                        "throughput_tokens_per_s": 9_000.0 + number,
+                        "peak_memory_bytes": 1 << 20,
+                        "ranks": ranks,
+                        **extra,
+                    },
+                    env={},
+                    error=None,
+                    created_at=datetime.now(UTC),
+                )
+            )
         path, loaded = write_report(database, "old", tmp_path / "old.html")
     data = payload(path.read_text(encoding="utf-8"))
-    assert all(t.predicted_step_time_s is None and t.predicted_breakdown == ()
-               for t in loaded.trials)
+    assert all(
+        t.predicted_step_time_s is None and t.predicted_breakdown == () for t in loaded.trials
+    )
     fig = data["figures"]["step-time"]
     assert fig["data"] == []
-    assert "no complete trial has a predicted step time" in \
-        fig["layout"]["title"]["subtitle"]["text"]
+    assert (
+        "no complete trial has a predicted step time" in fig["layout"]["title"]["subtitle"]["text"]
+    )
     bars = traces(data["figures"]["breakdown"])
     assert set(bars) == {"compute", "exposed communication", "idle"}
     assert all(bar == "rank 0" or bar == "rank 1" for bar in bars["compute"]["x"][1])
@@ -374,27 +459,45 @@ def test_report_of_trials_without_predictions(tmp_path):
 def test_knob_plots_draw_compile_and_float8_when_a_study_varies_them(tmp_path):
     """The newer boolean knobs are axes of the parallel coordinates and bars of the importance,
     with their values as tick labels."""
-    throughput = {(False, False): 9_000.0, (True, False): 11_000.0, (False, True): 12_000.0,
-                  (True, True): 15_000.0}
+    throughput = {
+        (False, False): 9_000.0,
+        (True, False): 11_000.0,
+        (False, True): 12_000.0,
+        (True, True): 15_000.0,
+    }
     with Database.open(f"sqlite:///{tmp_path / 'knobs.db'}") as database:
         study = database.create_study("knobs", {"world_size": 2})
         for number, ((compiled, f8), tokens) in enumerate(throughput.items()):
-            config = TrialConfig(world_size=2, device="cuda", precision="bf16-mixed",
-                                 compile=compiled, float8=f8)
-            database.add_trial(TrialRecord(
-                id=None, study_id=study.id, number=number, status="complete",
-                config=config.resolved(),
-                metrics={"step_time_s": 0.05, "throughput_tokens_per_s": tokens,
-                         "peak_memory_bytes": 1 << 20}, env={}, error=None,
-                created_at=datetime.now(UTC)))
+            config = TrialConfig(
+                world_size=2, device="cuda", precision="bf16-mixed", compile=compiled, float8=f8
+            )
+            database.add_trial(
+                TrialRecord(
+                    id=None,
+                    study_id=study.id,
+                    number=number,
+                    status="complete",
+                    config=config.resolved(),
+                    metrics={
+                        "step_time_s": 0.05,
+                        "throughput_tokens_per_s": tokens,
+                        "peak_memory_bytes": 1 << 20,
+                    },
+                    env={},
+                    error=None,
+                    created_at=datetime.now(UTC),
+                )
+            )
         path, _ = write_report(database, "knobs", tmp_path / "knobs.html")
     data = payload(path.read_text(encoding="utf-8"))
     dims = data["figures"]["knobs-parallel"]["data"][0]["dimensions"]
     assert [d["label"] for d in dims] == ["compile", "float8", "tokens/s"]
-    lines = zip(*([dim["ticktext"][i] for i in dim["values"]] for dim in dims[:2]),
-                dims[2]["values"])
+    lines = zip(
+        *([dim["ticktext"][i] for i in dim["values"]] for dim in dims[:2]), dims[2]["values"]
+    )
     assert {(c, f): tokens for c, f, tokens in lines} == {
-        (str(c), str(f)): tokens for (c, f), tokens in throughput.items()}
+        (str(c), str(f)): tokens for (c, f), tokens in throughput.items()
+    }
     bars = data["figures"]["knobs-importance"]["data"]
     assert not bars or set(bars[0]["y"]) == {"compile", "float8"}
 
@@ -409,8 +512,11 @@ def test_memory_predicted_beside_measured(report, study):
         bars = traces(fig)
         config = TrialConfig.from_dict(trials[e.trial_id].config)
         memory = trials[e.trial_id].memory
-        peaks = {m.rank: m.measured_bytes for m in memory
-                 if m.category == "peak" and m.measured_bytes is not None}
+        peaks = {
+            m.rank: m.measured_bytes
+            for m in memory
+            if m.category == "peak" and m.measured_bytes is not None
+        }
         if peaks:
             rank = max(peaks, key=lambda r: (peaks[r], -r))
             measured = {m.category: m.measured_bytes for m in memory if m.rank == rank}
@@ -419,9 +525,18 @@ def test_memory_predicted_beside_measured(report, study):
         else:  # predicted only: the worst stage
             assert bars["measured"]["y"] == [None] * 5
             estimate = estimate_memory(config)
-        assert bars["predicted"]["y"] == pytest.approx([x / MIB for x in (
-            estimate.parameters, estimate.gradients, estimate.optimizer_state,
-            estimate.activations + estimate.comm_buffers + estimate.other, estimate.total)])
+        assert bars["predicted"]["y"] == pytest.approx(
+            [
+                x / MIB
+                for x in (
+                    estimate.parameters,
+                    estimate.gradients,
+                    estimate.optimizer_state,
+                    estimate.activations + estimate.comm_buffers + estimate.other,
+                    estimate.total,
+                )
+            ]
+        )
         limit = record.spec["memory_limit_gib"] * GIB / MIB
         assert fig["layout"]["shapes"][0]["y0"] == pytest.approx(limit)
 
@@ -436,8 +551,9 @@ def test_knobs_parallel_coordinates_and_importance(report, study):
     assert [d["label"] for d in dims] == [*varying, "tokens/s"]
     assert dims[-1]["values"] == pytest.approx([e.throughput for e in complete])
     for dim in dims[:-1]:
-        assert [dim["ticktext"][i] for i in dim["values"]] == \
-            [str(getattr(e.config, dim["label"])) for e in complete]
+        assert [dim["ticktext"][i] for i in dim["values"]] == [
+            str(getattr(e.config, dim["label"])) for e in complete
+        ]
     bars = data["figures"]["knobs-importance"]["data"]
     note = data["figures"]["knobs-importance"]["layout"]["title"]["subtitle"]["text"]
     assert "PED-ANOVA" in note or "too few" in note
@@ -475,20 +591,28 @@ def test_cli_writes_the_report_of_the_chosen_or_latest_study(url, tmp_path, caps
     assert f"study '{ds.USER_STUDY}'" in capsys.readouterr().out  # the latest one
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--study", "nope"], 1, "no study named 'nope'"),
-    (["--db", "sqlite:///{tmp}/missing.db"], 1, "no SQLite database"),
-    (["--db", "none"], 2, "the dashboard reads a database"),
-    (["--port", "70000", "--serve"], 2, "must be a port number"),
-    (["--db", f"postgresql://u:{ds.PASSWORD}@127.0.0.1:9/x"], 1, "postgresql://u:***@"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--study", "nope"], 1, "no study named 'nope'"),
+        (["--db", "sqlite:///{tmp}/missing.db"], 1, "no SQLite database"),
+        (["--db", "none"], 2, "the dashboard reads a database"),
+        (["--port", "70000", "--serve"], 2, "must be a port number"),
+        (["--db", f"postgresql://u:{ds.PASSWORD}@127.0.0.1:9/x"], 1, "postgresql://u:***@"),
+    ],
+)
 def test_cli_errors_are_one_line(url, tmp_path, capsys, args, code, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     # Without the test database's ?password=: db's url_for_display shows a query-string
     # password in its own error messages (reported; db/ is not the dashboard's to change).
     plain = url.split("?", 1)[0]
-    argv = ["dashboard", *([] if "--db" in args else ["--db", plain]), *args,
-            "-o", str(tmp_path / "x.html")]
+    argv = [
+        "dashboard",
+        *([] if "--db" in args else ["--db", plain]),
+        *args,
+        "-o",
+        str(tmp_path / "x.html"),
+    ]
     if code == 2 and "--port" in args:
         with pytest.raises(SystemExit) as exit_info:  # argparse: usage error
             main(argv)
@@ -506,8 +630,18 @@ def test_cli_errors_are_one_line(url, tmp_path, capsys, args, code, message):
 
 def test_cli_on_a_database_without_studies(tmp_path, capsys):
     Database.open(f"sqlite:///{tmp_path / 'empty.db'}").close()
-    assert main(["dashboard", "--db", f"sqlite:///{tmp_path / 'empty.db'}",
-                 "-o", str(tmp_path / "x.html")]) == 1
+    assert (
+        main(
+            [
+                "dashboard",
+                "--db",
+                f"sqlite:///{tmp_path / 'empty.db'}",
+                "-o",
+                str(tmp_path / "x.html"),
+            ]
+        )
+        == 1
+    )
     assert "no study in" in capsys.readouterr().err and not (tmp_path / "x.html").exists()
 
 
@@ -521,10 +655,19 @@ def _get(address: str, path: str) -> tuple[int, str]:
 
 
 def _add_failed(database: Database, study_id: int, number: int) -> None:
-    database.add_trial(TrialRecord(
-        id=None, study_id=study_id, number=number, status="failed",
-        config=TrialConfig(world_size=2, device="cpu").resolved(), metrics={}, env={},
-        error="boom", created_at=datetime.now(UTC)))
+    database.add_trial(
+        TrialRecord(
+            id=None,
+            study_id=study_id,
+            number=number,
+            status="failed",
+            config=TrialConfig(world_size=2, device="cpu").resolved(),
+            metrics={},
+            env={},
+            error="boom",
+            created_at=datetime.now(UTC),
+        )
+    )
 
 
 def test_serve_rebuilds_and_signals_changes(tmp_path):
@@ -559,9 +702,24 @@ def test_serve_rebuilds_and_signals_changes(tmp_path):
 
 def test_cli_serve_prints_its_local_address(url):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--db", url,
-                             "--study", ds.USER_STUDY, "--serve", "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "dashboard",
+            "--db",
+            url,
+            "--study",
+            ds.USER_STUDY,
+            "--serve",
+            "--port",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = ""
         while "serving" not in line:

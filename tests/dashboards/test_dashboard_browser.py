@@ -6,26 +6,30 @@ from __future__ import annotations
 
 import os
 
+import dashboard_study as ds
 import pytest
 
-import dashboard_study as ds
 from dashboards.data import MAX_SPANS_PER_TIMELINE
 from dashboards.report import write_report
 from db import Database
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"no {CHROMIUM}: install Debian's chromium (apt-get install "
-                              "chromium; .ci/run does) to run the browser test"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason=f"no {CHROMIUM}: install Debian's chromium (apt-get install "
+        "chromium; .ci/run does) to run the browser test",
+    ),
     pytest.mark.filterwarnings("ignore:Query string argument"),
 ]
 # --no-sandbox: Chromium refuses to run as root (CI) with its sandbox; the page is our own file.
 # --enable-unsafe-swiftshader: software WebGL (parallel coordinates) on machines without a GPU.
 CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-swiftshader"]
-ALL_DRAWN = ("document.querySelectorAll('div.figure').length > 0 && "
-             "Array.from(document.querySelectorAll('div.figure')).every("
-             "d => d.classList.contains('js-plotly-plot') && d.querySelector('.main-svg'))")
+ALL_DRAWN = (
+    "document.querySelectorAll('div.figure').length > 0 && "
+    "Array.from(document.querySelectorAll('div.figure')).every("
+    "d => d.classList.contains('js-plotly-plot') && d.querySelector('.main-svg'))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,13 @@ def test_chromium_draws_every_figure_without_errors(report_path):
             figures = page.locator("div.figure").count()
             assert figures == 9
             assert page.locator("div.figure.js-plotly-plot").count() == figures
-            assert page.evaluate("Array.from(document.querySelectorAll('div.figure'))"
-                                 ".filter(d => d.querySelector('.main-svg')).length") == figures
+            assert (
+                page.evaluate(
+                    "Array.from(document.querySelectorAll('div.figure'))"
+                    ".filter(d => d.querySelector('.main-svg')).length"
+                )
+                == figures
+            )
             assert all(r.startswith("file://") for r in requests)  # nothing from the network
 
             # Names and error texts are text, not markup.
@@ -67,16 +76,22 @@ def test_chromium_draws_every_figure_without_errors(report_path):
             options = page.locator("#select-timeline option").all_inner_texts()
             assert len(options) >= 2
             page.select_option("#select-timeline", "1")
-            page.wait_for_function(f"document.querySelector('#fig-timeline .gtitle')"
-                                   f".textContent !== {title!r}")
+            page.wait_for_function(
+                f"document.querySelector('#fig-timeline .gtitle').textContent !== {title!r}"
+            )
             number = options[1].split("trial ")[1].split(" ")[0]
             assert f"trial {number}:" in page.text_content("#fig-timeline .gtitle")
             # The failed trial's memory view: predicted only.
-            failed = next(i for i, o in enumerate(
-                page.locator("#select-memory option").all_inner_texts()) if "failed" in o)
+            failed = next(
+                i
+                for i, o in enumerate(page.locator("#select-memory option").all_inner_texts())
+                if "failed" in o
+            )
             page.select_option("#select-memory", str(failed))
-            page.wait_for_function("document.querySelector('#fig-memory .gtitle').textContent"
-                                   ".includes('Memory of trial')")
+            page.wait_for_function(
+                "document.querySelector('#fig-memory .gtitle').textContent"
+                ".includes('Memory of trial')"
+            )
             assert "predicted only" in page.inner_text("#fig-memory")
             assert page.evaluate("location.hash") == f"#timeline=1&memory={failed}"
             page.reload()  # as --serve does when the study changes: the choices stay

@@ -17,12 +17,19 @@ from db.schema import MIGRATIONS, VERSION_TABLE, latest_version
 
 LATEST = latest_version(MIGRATIONS)
 
-CLUSTER = {"name": "cpu-local", "num_nodes": 1, "devices_per_node": 2,
-           "device": {"name": "cpu", "peak_flops": {"float32": 8e10}},
-           "intra_node": {"bandwidth_gbs": 2.0, "latency_us": 100.0, "busbw_curve": {}}}
+CLUSTER = {
+    "name": "cpu-local",
+    "num_nodes": 1,
+    "devices_per_node": 2,
+    "device": {"name": "cpu", "peak_flops": {"float32": 8e10}},
+    "intra_node": {"bandwidth_gbs": 2.0, "latency_us": 100.0, "busbw_curve": {}},
+}
 CALIBRATION = {"compute_efficiency": 0.31, "comm_efficiency": 0.8, "step_overhead_s": 1.5e-3}
-RESIDUALS = {"trials": [{"number": 0, "measured_s": 0.05, "predicted_s": 0.051}],
-             "mape": 0.02, "links": {"intra_node": {"latency_s": 1e-4, "residual": 0.03}}}
+RESIDUALS = {
+    "trials": [{"number": 0, "measured_s": 0.05, "predicted_s": 0.051}],
+    "mape": 0.02,
+    "links": {"intra_node": {"latency_s": 1e-4, "residual": 0.03}},
+}
 
 
 @pytest.fixture
@@ -37,14 +44,21 @@ def test_round_trip_and_the_newest_is_the_latest(database):
     assert database.latest_calibration(study.id) is None
     assert database.list_calibrations(study.id) == []
     before = datetime.now(UTC)
-    first = database.add_calibration(study.id, num_trials=0, cluster=CLUSTER,
-                                     calibration={}, residuals=None)
-    second = database.add_calibration(study.id, num_trials=3, cluster=CLUSTER,
-                                      calibration=CALIBRATION, residuals=RESIDUALS)
+    first = database.add_calibration(
+        study.id, num_trials=0, cluster=CLUSTER, calibration={}, residuals=None
+    )
+    second = database.add_calibration(
+        study.id, num_trials=3, cluster=CLUSTER, calibration=CALIBRATION, residuals=RESIDUALS
+    )
     database.add_calibration(other.id, num_trials=9, cluster={}, calibration={})
     assert isinstance(second, CalibrationRecord)
-    assert (second.study_id, second.num_trials, second.cluster, second.calibration,
-            second.residuals) == (study.id, 3, CLUSTER, CALIBRATION, RESIDUALS)
+    assert (
+        second.study_id,
+        second.num_trials,
+        second.cluster,
+        second.calibration,
+        second.residuals,
+    ) == (study.id, 3, CLUSTER, CALIBRATION, RESIDUALS)
     assert first.residuals == {} and second.id > first.id
     assert before <= second.created_at <= datetime.now(UTC)
     assert second.created_at.tzinfo is not None
@@ -61,14 +75,12 @@ def test_calibrations_go_with_their_study_and_bad_input_is_one_line(database):
     with pytest.raises(StorageError, match="num_trials must be an int ≥ 0"):
         database.add_calibration(study.id, num_trials=-1, cluster={}, calibration={})
     with pytest.raises(StorageError, match="the calibration is not JSON-serialisable"):
-        database.add_calibration(study.id, num_trials=0, cluster={},
-                                 calibration={"x": object()})
+        database.add_calibration(study.id, num_trials=0, cluster={}, calibration={"x": object()})
     assert database.latest_calibration(study.id) is None  # nothing half-stored
     database.add_calibration(study.id, num_trials=0, cluster=CLUSTER, calibration={})
     # On the database's own connections (SQLite enforces foreign keys only when told to).
     with database._engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM autotune_studies WHERE id = :id"),
-                           {"id": study.id})
+        connection.execute(sa.text("DELETE FROM autotune_studies WHERE id = :id"), {"id": study.id})
     assert count_rows(database.connect_url, "autotune_calibrations") == 0
 
 
@@ -90,13 +102,23 @@ def _layout(url: str, table: str) -> tuple:
     engine = sa.create_engine(url)
     try:
         inspector = sa.inspect(engine)
-        columns = [(c["name"], str(c["type"]), c["nullable"], bool(c.get("primary_key")))
-                   for c in inspector.get_columns(table)]
-        indexes = sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
-                         for i in inspector.get_indexes(table))
-        keys = [(tuple(f["constrained_columns"]), f["referred_table"],
-                 tuple(f["referred_columns"]), f.get("options", {}).get("ondelete"))
-                for f in inspector.get_foreign_keys(table)]
+        columns = [
+            (c["name"], str(c["type"]), c["nullable"], bool(c.get("primary_key")))
+            for c in inspector.get_columns(table)
+        ]
+        indexes = sorted(
+            (i["name"], tuple(i["column_names"]), bool(i["unique"]))
+            for i in inspector.get_indexes(table)
+        )
+        keys = [
+            (
+                tuple(f["constrained_columns"]),
+                f["referred_table"],
+                tuple(f["referred_columns"]),
+                f.get("options", {}).get("ondelete"),
+            )
+            for f in inspector.get_foreign_keys(table)
+        ]
         return columns, indexes, keys
     finally:
         engine.dispose()
@@ -119,8 +141,9 @@ def test_a_version_1_database_gains_the_calibration_table(db_url):
         assert migrated.get_trial(trial_id) == before
         assert migrated.trial_spans(trial_id) == timeline_order(spans)
         assert migrated.latest_calibration(study.id) is None
-        stored = migrated.add_calibration(study.id, num_trials=1, cluster=CLUSTER,
-                                          calibration=CALIBRATION, residuals=RESIDUALS)
+        stored = migrated.add_calibration(
+            study.id, num_trials=1, cluster=CLUSTER, calibration=CALIBRATION, residuals=RESIDUALS
+        )
         assert migrated.latest_calibration(study.id) == stored
     engine = sa.create_engine(url)
     try:

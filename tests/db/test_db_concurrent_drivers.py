@@ -34,8 +34,10 @@ def _spans(writer: int, number: int) -> list[SpanRecord]:
     if number > 0:
         return spans
     names = NEW_NAMES if writer == 0 else NEW_NAMES[::-1]
-    return [SpanRecord(0, 0, "compute", name, "op", spans[0].start_ns + i, 10)
-            for i, name in enumerate(names)] + spans
+    return [
+        SpanRecord(0, 0, "compute", name, "op", spans[0].start_ns + i, 10)
+        for i, name in enumerate(names)
+    ] + spans
 
 
 def _value(writer: int, number: int) -> float:
@@ -50,17 +52,26 @@ def _driver(url: str, writer: int, barrier, results) -> None:
         with Database.open(url) as database:
             storage = _optuna_storage(database)
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study = optuna.create_study(study_name=f"autotune:{name}", storage=storage,
-                                        direction="maximize", load_if_exists=True)
+            study = optuna.create_study(
+                study_name=f"autotune:{name}",
+                storage=storage,
+                direction="maximize",
+                load_if_exists=True,
+            )
             record = database.create_study(name, {"writer": writer})
             barrier.wait(timeout=300)
             for _ in range(TRIALS):
                 trial = study.ask()
                 trial.suggest_int("micro_batch_size", 1, 8)
-                database.add_trial(make_trial(record.id, trial.number),
-                                   _spans(writer, trial.number))
-                database.add_calibration(record.id, num_trials=trial.number + 1, cluster={},
-                                         calibration={"trial": trial.number})
+                database.add_trial(
+                    make_trial(record.id, trial.number), _spans(writer, trial.number)
+                )
+                database.add_calibration(
+                    record.id,
+                    num_trials=trial.number + 1,
+                    cluster={},
+                    calibration={"trial": trial.number},
+                )
                 study.tell(trial, _value(writer, trial.number))
         results.put((writer, ""))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -71,8 +82,10 @@ def test_two_drivers_write_two_studies_into_one_database_at_once(postgres):
     url = postgres.create_database("two_drivers")
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(len(STUDIES)), context.Queue()
-    drivers = [context.Process(target=_driver, args=(url, writer, barrier, results))
-               for writer in range(len(STUDIES))]
+    drivers = [
+        context.Process(target=_driver, args=(url, writer, barrier, results))
+        for writer in range(len(STUDIES))
+    ]
     for driver in drivers:
         driver.start()
     outcomes = sorted(results.get(timeout=500) for _ in drivers)
@@ -90,16 +103,23 @@ def test_two_drivers_write_two_studies_into_one_database_at_once(postgres):
                 expected = make_trial(study.id, trial.number)
                 assert dataclasses.replace(trial, id=None) == expected
                 assert database.trial_spans(trial.id) == timeline_order(
-                    _spans(writer, trial.number))
-            assert [c.calibration["trial"] for c in
-                    database.list_calibrations(study.id)] == list(range(TRIALS))
-            optuna_trials = optuna.load_study(study_name=f"autotune:{name}",
-                                              storage=url).trials
+                    _spans(writer, trial.number)
+                )
+            assert [c.calibration["trial"] for c in database.list_calibrations(study.id)] == list(
+                range(TRIALS)
+            )
+            optuna_trials = optuna.load_study(study_name=f"autotune:{name}", storage=url).trials
             assert [(t.number, t.state.name, t.value) for t in optuna_trials] == [
-                (n, "COMPLETE", _value(writer, n)) for n in range(TRIALS)]
-        assert database.count_spans() == sum(len(_spans(w, n)) for w in range(len(STUDIES))
-                                             for n in range(TRIALS))
-    distinct = {(s.kind, s.name, s.category, s.group)
-                for w in range(len(STUDIES)) for n in range(TRIALS) for s in _spans(w, n)}
+                (n, "COMPLETE", _value(writer, n)) for n in range(TRIALS)
+            ]
+        assert database.count_spans() == sum(
+            len(_spans(w, n)) for w in range(len(STUDIES)) for n in range(TRIALS)
+        )
+    distinct = {
+        (s.kind, s.name, s.category, s.group)
+        for w in range(len(STUDIES))
+        for n in range(TRIALS)
+        for s in _spans(w, n)
+    }
     assert count_rows(url, "autotune_span_names") == len(distinct)  # each interned once
     assert rows_holding(url, postgres.password) == []

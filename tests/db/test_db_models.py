@@ -26,16 +26,20 @@ def _trial_with_children(study_id: int, number: int, seed: int):
     steps = list(trial.steps)
     rng.shuffle(memory)
     rng.shuffle(steps)
-    nodes = tuple(RankNodeRecord(rank, f"node-{seed}-{rank}", f"host{rank % 2}")
-                  for rank in (2, 1, 0))
+    nodes = tuple(
+        RankNodeRecord(rank, f"node-{seed}-{rank}", f"host{rank % 2}") for rank in (2, 1, 0)
+    )
     return dataclasses.replace(trial, memory=tuple(memory), steps=tuple(steps), nodes=nodes)
 
 
 def _expected(trial, trial_id: int):
     """The record a read must give, built from the input alone."""
-    return dataclasses.replace(trial, id=trial_id,
-                               created_at=trial.created_at.astimezone(UTC),
-                               nodes=tuple(sorted(trial.nodes, key=lambda n: n.rank)))
+    return dataclasses.replace(
+        trial,
+        id=trial_id,
+        created_at=trial.created_at.astimezone(UTC),
+        nodes=tuple(sorted(trial.nodes, key=lambda n: n.rank)),
+    )
 
 
 def test_child_rows_come_with_their_trial_in_their_order(db_url):
@@ -55,7 +59,8 @@ def test_child_rows_come_with_their_trial_in_their_order(db_url):
         assert database.list_trials() == oldest_first
         for study in studies:
             assert database.list_trials(study.id) == [
-                trial for trial in oldest_first if trial.study_id == study.id]
+                trial for trial in oldest_first if trial.study_id == study.id
+            ]
         for trial_id, record in expected.items():
             assert database.get_trial(trial_id) == record
 
@@ -97,20 +102,25 @@ def test_find_or_raise_by_id(db_url):
         finally:
             engine.dispose()
     assert str(missing_trial.value) == (
-        f"no trial with id {trial_id + 1} in DB; check the id (each stored trial's id is "
-        "printed)")
+        f"no trial with id {trial_id + 1} in DB; check the id (each stored trial's id is printed)"
+    )
     assert str(missing_study.value) == (
-        f"no study with id {study.id + 1} in DB; create the study first")
+        f"no study with id {study.id + 1} in DB; create the study first"
+    )
 
 
 def test_every_lookup_of_a_missing_trial_says_the_same(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     with Database.open(url) as database:
         messages = set()
-        for call in (lambda: database.get_trial(7), lambda: database.trial_spans(7),
-                     lambda: database.update_trial(7, status="failed")):
+        for call in (
+            lambda: database.get_trial(7),
+            lambda: database.trial_spans(7),
+            lambda: database.update_trial(7, status="failed"),
+        ):
             with pytest.raises(StorageError) as excinfo:
                 call()
             messages.add(str(excinfo.value))
-    assert messages == {(f"no trial with id 7 in {url}; check the id (each stored trial's id "
-                         "is printed)")}
+    assert messages == {
+        (f"no trial with id 7 in {url}; check the id (each stored trial's id is printed)")
+    }

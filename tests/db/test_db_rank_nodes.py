@@ -13,15 +13,20 @@ from db_testdata import make_trial
 from db import Database, RankNodeRecord, StorageError
 from db.schema import MIGRATIONS, VERSION_TABLE, latest_version
 
-NODES = (RankNodeRecord(0, "a" * 56, "host-1"), RankNodeRecord(1, "a" * 56, "host-1"),
-         RankNodeRecord(2, "b" * 56, "host-2"), RankNodeRecord(3, "b" * 56, "host-2"))
+NODES = (
+    RankNodeRecord(0, "a" * 56, "host-1"),
+    RankNodeRecord(1, "a" * 56, "host-1"),
+    RankNodeRecord(2, "b" * 56, "host-2"),
+    RankNodeRecord(3, "b" * 56, "host-2"),
+)
 
 
 def test_nodes_round_trip_and_bad_ones_store_nothing(tmp_path):
     with Database.open(f"sqlite:///{tmp_path / 'n.db'}") as database:
         study = database.create_study("s", {})
-        placed = database.add_trial(dataclasses.replace(make_trial(study.id, 0, ranks=4),
-                                                        nodes=NODES))
+        placed = database.add_trial(
+            dataclasses.replace(make_trial(study.id, 0, ranks=4), nodes=NODES)
+        )
         unplaced = database.add_trial(make_trial(study.id, 1))
         assert database.get_trial(placed).nodes == NODES
         assert database.get_trial(unplaced).nodes == ()
@@ -52,8 +57,9 @@ def test_a_version_2_database_gains_the_rank_node_table(tmp_path):
     with Database.open(url) as migrated:
         assert migrated.schema_version == latest_version(MIGRATIONS) >= 3
         assert migrated.get_trial(trial_id) == before
-        placed = migrated.add_trial(dataclasses.replace(make_trial(study.id, 1, ranks=4),
-                                                        nodes=NODES))
+        placed = migrated.add_trial(
+            dataclasses.replace(make_trial(study.id, 1, ranks=4), nodes=NODES)
+        )
         assert migrated.get_trial(placed).nodes == NODES
     fresh = tmp_path / "fresh.db"
     Database.open(f"sqlite:///{fresh}").close()
@@ -64,11 +70,19 @@ def _columns(url: str) -> tuple:
     engine = sa.create_engine(url)
     try:
         inspector = sa.inspect(engine)
-        return ([(c["name"], str(c["type"]), c["nullable"])
-                 for c in inspector.get_columns("autotune_rank_nodes")],
-                sorted(tuple(u["column_names"])
-                       for u in inspector.get_unique_constraints("autotune_rank_nodes")),
-                [(tuple(f["constrained_columns"]), f["referred_table"])
-                 for f in inspector.get_foreign_keys("autotune_rank_nodes")])
+        return (
+            [
+                (c["name"], str(c["type"]), c["nullable"])
+                for c in inspector.get_columns("autotune_rank_nodes")
+            ],
+            sorted(
+                tuple(u["column_names"])
+                for u in inspector.get_unique_constraints("autotune_rank_nodes")
+            ),
+            [
+                (tuple(f["constrained_columns"]), f["referred_table"])
+                for f in inspector.get_foreign_keys("autotune_rank_nodes")
+            ],
+        )
     finally:
         engine.dispose()

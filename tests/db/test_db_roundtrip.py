@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 import sqlite3
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 import sqlalchemy as sa
@@ -58,11 +58,12 @@ def test_trial_with_memory_steps_and_spans_round_trips(database):
     assert stored.memory == trial.memory and stored.steps == trial.steps
     # Stored at +02:00, read back as the same instant in UTC.
     assert stored.created_at == trial.created_at
-    assert stored.created_at.tzinfo is timezone.utc
+    assert stored.created_at.tzinfo is UTC
 
     assert database.trial_spans(trial_id) == timeline_order(spans)
-    assert database.trial_spans(trial_id, rank=1) == [s for s in timeline_order(spans)
-                                                      if s.rank == 1]
+    assert database.trial_spans(trial_id, rank=1) == [
+        s for s in timeline_order(spans) if s.rank == 1
+    ]
     assert database.count_spans(trial_id) == database.count_spans() == len(spans)
     ties = [s for s in spans if s.kind == "step"]
     assert ties, "the data must contain spans with equal starts on one rank"
@@ -72,11 +73,26 @@ def test_reads_are_frozen_records_not_orm_rows(database):
     study = database.create_study("s", {})
     trial_id = database.add_trial(make_trial(study.id, 0), make_spans(20))
     trial = database.get_trial(trial_id)
-    records = [study, database.get_study("s"), trial, trial.memory[0], trial.steps[0],
-               database.trial_spans(trial_id)[0], database.list_trials()[0],
-               database.list_studies()[0]]
-    expected_types = [StudyRecord, StudyRecord, TrialRecord, RankMemoryRecord,
-                      StepMetricRecord, SpanRecord, TrialRecord, StudyRecord]
+    records = [
+        study,
+        database.get_study("s"),
+        trial,
+        trial.memory[0],
+        trial.steps[0],
+        database.trial_spans(trial_id)[0],
+        database.list_trials()[0],
+        database.list_studies()[0],
+    ]
+    expected_types = [
+        StudyRecord,
+        StudyRecord,
+        TrialRecord,
+        RankMemoryRecord,
+        StepMetricRecord,
+        SpanRecord,
+        TrialRecord,
+        StudyRecord,
+    ]
     for record, expected in zip(records, expected_types):
         assert type(record) is expected and not isinstance(record, Base)
         first_field = dataclasses.fields(record)[0].name
@@ -91,15 +107,16 @@ def test_studies_create_get_list_duplicate_missing(database):
     second = database.create_study("beta", {"seq_len": 2048})
     assert database.get_study("beta") == second
     assert database.list_studies() == [first, second]
-    assert first.created_at.tzinfo is timezone.utc
+    assert first.created_at.tzinfo is UTC
 
     with pytest.raises(StorageError, match="a study named 'alpha' already exists") as excinfo:
         database.create_study("alpha", {})
     assert "\n" not in str(excinfo.value)
     with pytest.raises(StorageError) as excinfo:
         database.get_study("gamma")
-    assert str(excinfo.value) == (f"no study named 'gamma' in {database.url_for_display}; "
-                                  "existing: alpha, beta")
+    assert str(excinfo.value) == (
+        f"no study named 'gamma' in {database.url_for_display}; existing: alpha, beta"
+    )
     assert excinfo.value.exit_code == 1
     assert len(database.list_studies()) == 2
 
@@ -126,7 +143,10 @@ def test_update_trial(database):
     database.update_trial(trial_id, status="complete", metrics={"step_time_s": 0.04})
     trial = database.get_trial(trial_id)
     assert (trial.status, trial.metrics, trial.error) == (
-        "complete", {"step_time_s": 0.04}, "rank 1: CUDA out of memory")
+        "complete",
+        {"step_time_s": 0.04},
+        "rank 1: CUDA out of memory",
+    )
     with pytest.raises(StorageError, match="no trial with id 999"):
         database.update_trial(999, status="complete")
     with pytest.raises(StorageError, match="trial status 'done' is not one of complete"):
@@ -141,8 +161,9 @@ def test_spans_from_a_generator_across_chunks(database):
     spans = make_spans(SPAN_CHUNK * 2 + 123, ranks=8, seed=1)
     trial_id = database.add_trial(make_trial(ranks=8), (s for s in spans))
     assert database.count_spans(trial_id) == len(spans)
-    assert database.trial_spans(trial_id, rank=7) == [s for s in timeline_order(spans)
-                                                      if s.rank == 7]
+    assert database.trial_spans(trial_id, rank=7) == [
+        s for s in timeline_order(spans) if s.rank == 7
+    ]
     empty = database.add_trial(make_trial())
     assert database.trial_spans(empty) == [] and database.count_spans(empty) == 0
     assert database.count_spans() == len(spans)
@@ -186,7 +207,8 @@ def test_sqlite_file_is_wal_and_spans_are_strict_without_rowid(db_path, sqlite_d
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         (sql,) = connection.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'autotune_spans'").fetchone()
+            "SELECT sql FROM sqlite_master WHERE name = 'autotune_spans'"
+        ).fetchone()
         assert "WITHOUT ROWID" in sql and "STRICT" in sql
     finally:
         connection.close()
@@ -197,30 +219,45 @@ def test_foreign_keys_are_enforced(database):
     trial_id = database.add_trial(make_trial(), make_spans(10))
     with database._engine.connect() as connection:
         with pytest.raises(sa.exc.IntegrityError, match="(?i)foreign key"):
-            connection.execute(sa.text("INSERT INTO autotune_rank_memory (trial_id, rank, "
-                                       "category) VALUES (:trial, 0, 'peak')"),
-                               {"trial": trial_id + 1})
+            connection.execute(
+                sa.text(
+                    "INSERT INTO autotune_rank_memory (trial_id, rank, "
+                    "category) VALUES (:trial, 0, 'peak')"
+                ),
+                {"trial": trial_id + 1},
+            )
     assert count_rows(database.connect_url, "autotune_rank_memory") == len(make_trial().memory)
 
 
 def _strict_json(text: str):
     """Parses ``text`` as RFC 8259 JSON: the bare NaN/Infinity tokens are refused."""
+
     def refuse(token):
         raise ValueError(f"{token} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
 def test_non_finite_floats_round_trip_as_strict_json(database, db_url):
     """PostgreSQL's json type refuses NaN and Infinity: they are stored as tagged objects, on
     both backends, and read back as the same floats; a string "NaN" stays a string."""
-    metrics = {"loss": math.nan, "mfu": math.inf, "spread": [-math.inf, 1.5, None, "NaN"],
-               "nested": {"ratio": math.nan, "ok": 0.25}}
+    metrics = {
+        "loss": math.nan,
+        "mfu": math.inf,
+        "spread": [-math.inf, 1.5, None, "NaN"],
+        "nested": {"ratio": math.nan, "ok": 0.25},
+    }
     study = database.create_study("s", {"memory_limit_gib": math.inf})
     trial_id = database.add_trial(dataclasses.replace(make_trial(study.id, 0), metrics=metrics))
     other_id = database.add_trial(make_trial(study.id, 1))
     database.update_trial(other_id, status="failed", metrics={"loss": -math.inf})
-    database.add_calibration(study.id, num_trials=1, cluster={}, calibration={"x": math.nan},
-                             residuals={"mape": math.inf})
+    database.add_calibration(
+        study.id,
+        num_trials=1,
+        cluster={},
+        calibration={"x": math.nan},
+        residuals={"mape": math.inf},
+    )
 
     # json.dumps writes NaN and infinities as tokens on both sides: equal text, equal floats.
     assert json.dumps(database.get_trial(trial_id).metrics) == json.dumps(metrics)
@@ -232,8 +269,10 @@ def test_non_finite_floats_round_trip_as_strict_json(database, db_url):
 
     # What the database holds is strict JSON, read by the server itself.
     with database._engine.connect() as connection:
-        stored = connection.scalar(sa.text("SELECT CAST(metrics AS TEXT) FROM autotune_trials "
-                                           "WHERE id = :id"), {"id": trial_id})
+        stored = connection.scalar(
+            sa.text("SELECT CAST(metrics AS TEXT) FROM autotune_trials WHERE id = :id"),
+            {"id": trial_id},
+        )
     assert _strict_json(stored)["loss"] == {"$float": "NaN"}
     assert _strict_json(stored)["spread"][:1] == [{"$float": "-Infinity"}]
 
@@ -241,7 +280,9 @@ def test_non_finite_floats_round_trip_as_strict_json(database, db_url):
 def test_bare_nan_tokens_written_before_the_encoding_still_read(db_path, sqlite_database):
     trial_id = sqlite_database.add_trial(make_trial())
     with sqlite3.connect(db_path) as connection:
-        connection.execute("UPDATE autotune_trials SET metrics = ? WHERE id = ?",
-                           ('{"loss": NaN, "mfu": -Infinity}', trial_id))
+        connection.execute(
+            "UPDATE autotune_trials SET metrics = ? WHERE id = ?",
+            ('{"loss": NaN, "mfu": -Infinity}', trial_id),
+        )
     metrics = sqlite_database.get_trial(trial_id).metrics
     assert math.isnan(metrics["loss"]) and metrics["mfu"] == -math.inf

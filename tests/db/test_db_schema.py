@@ -28,8 +28,9 @@ def _next_rebuild_trials(op) -> None:
     every child row)."""
     op.add_column("autotune_trials", sa.Column("note", sa.Text(), nullable=True))
     with op.batch_alter_table("autotune_trials", recreate="always") as batch:
-        batch.alter_column("status", type_=sa.String(64), existing_type=sa.String(32),
-                           existing_nullable=False)
+        batch.alter_column(
+            "status", type_=sa.String(64), existing_type=sa.String(32), existing_nullable=False
+        )
     op.execute(f"UPDATE autotune_trials SET note = 'migrated from v{LATEST}'")
 
 
@@ -37,7 +38,8 @@ class DatabaseNext(Database):
     """The same code one schema version later, as a future release would ship it."""
 
     migrations = Database.migrations + (
-        Migration(LATEST + 1, "trials gain a note; status widened", _next_rebuild_trials),)
+        Migration(LATEST + 1, "trials gain a note; status widened", _next_rebuild_trials),
+    )
 
 
 def _failing_next(op) -> None:
@@ -69,8 +71,9 @@ def test_open_migrates_an_older_schema_and_keeps_the_data(tmp_path):
         study = current.create_study("s", {"world_size": 4})
         trial_id = current.add_trial(make_trial(study.id, 0, ranks=4), spans)
         before = current.get_trial(trial_id)
-        calibration = current.add_calibration(study.id, num_trials=1, cluster={"name": "c"},
-                                              calibration={"compute_efficiency": 0.5})
+        calibration = current.add_calibration(
+            study.id, num_trials=1, cluster={"name": "c"}, calibration={"compute_efficiency": 0.5}
+        )
     assert _stored_version(path) == LATEST
 
     with DatabaseNext.open(url) as upgraded:
@@ -92,14 +95,17 @@ def test_open_migrates_an_older_schema_and_keeps_the_data(tmp_path):
     finally:
         connection.close()
     assert count_rows(path, "autotune_rank_memory") == (
-        len(before.memory) + len(make_trial(study.id, 1).memory))
+        len(before.memory) + len(make_trial(study.id, 1).memory)
+    )
 
     # The current code now meets a schema from its future.
     digest = _digest(path)
     with pytest.raises(StorageError) as excinfo:
         Database.open(url)
-    assert str(excinfo.value) == (f"database schema version {LATEST + 1} is newer than this "
-                                  f"autotune understands ({LATEST}); upgrade autotune ({url})")
+    assert str(excinfo.value) == (
+        f"database schema version {LATEST + 1} is newer than this "
+        f"autotune understands ({LATEST}); upgrade autotune ({url})"
+    )
     assert _digest(path) == digest
 
 
@@ -109,8 +115,11 @@ def test_a_failing_migration_leaves_the_old_schema_untouched(tmp_path):
     spans = make_spans(100)
     with Database.open(url) as current:
         trial_id = current.add_trial(make_trial(), spans)
-    with pytest.raises(StorageError, match=f"migrating the autotune schema from version {LATEST} "
-                                           f"to {LATEST + 1} failed.*no such table"):
+    with pytest.raises(
+        StorageError,
+        match=f"migrating the autotune schema from version {LATEST} "
+        f"to {LATEST + 1} failed.*no such table",
+    ):
         BrokenDatabaseNext.open(url)
     assert _stored_version(path) == LATEST
     connection = sqlite3.connect(path)
@@ -133,9 +142,12 @@ def test_newer_schema_is_refused_before_anything_is_written(tmp_path):
     connection.close()
     digest = _digest(path)
     for create in (True, False):
-        with pytest.raises(StorageError, match=r"^database schema version 7 is newer than this "
-                                               rf"autotune understands \({LATEST}\); upgrade "
-                                               "autotune"):
+        with pytest.raises(
+            StorageError,
+            match=r"^database schema version 7 is newer than this "
+            rf"autotune understands \({LATEST}\); upgrade "
+            "autotune",
+        ):
             Database.open(f"sqlite:///{path}", create=create)
     assert _digest(path) == digest
 
@@ -182,23 +194,39 @@ def test_optuna_and_autotune_share_one_sqlite_file(tmp_path):
     # The optuna console script, installed next to this interpreter; optuna has no __main__, so
     # where the script is missing run what it runs (optuna.cli.main).
     script = os.path.join(os.path.dirname(sys.executable), "optuna")
-    command = ([script] if os.path.exists(script) else
-               [sys.executable, "-c", "import sys; from optuna.cli import main; sys.exit(main())"])
-    listed = subprocess.run(command + ["studies", "--storage", url, "-f", "json"],
-                            capture_output=True, text=True, timeout=120, check=True)
+    command = (
+        [script]
+        if os.path.exists(script)
+        else [sys.executable, "-c", "import sys; from optuna.cli import main; sys.exit(main())"]
+    )
+    listed = subprocess.run(
+        command + ["studies", "--storage", url, "-f", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     studies = json.loads(listed.stdout)
     assert [(s["name"], s["n_trials"]) for s in studies] == [("search-1", 4)]
 
     with sqlite3.connect(path) as connection:
-        tables = {r[0] for r in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {
+            r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
         optuna_revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
     assert {"studies", "trials", "alembic_version", "version_info"} <= tables
     ours_tables = {t for t in tables if t.startswith("autotune_")}
-    assert ours_tables == {"autotune_schema_version", "autotune_studies", "autotune_trials",
-                           "autotune_rank_memory", "autotune_step_metrics",
-                           "autotune_span_names", "autotune_spans", "autotune_calibrations",
-                           "autotune_rank_nodes"}
+    assert ours_tables == {
+        "autotune_schema_version",
+        "autotune_studies",
+        "autotune_trials",
+        "autotune_rank_memory",
+        "autotune_step_metrics",
+        "autotune_span_names",
+        "autotune_spans",
+        "autotune_calibrations",
+        "autotune_rank_nodes",
+    }
     assert optuna_revision is not None
 
     # And the other way round: autotune first, then Optuna creates its tables next to ours.
@@ -206,6 +234,7 @@ def test_optuna_and_autotune_share_one_sqlite_file(tmp_path):
     with Database.open(f"sqlite:///{second}") as database:
         trial_id = database.add_trial(make_trial())
     optuna.create_study(storage=f"sqlite:///{second}", study_name="s").optimize(
-        lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+        lambda trial: trial.suggest_float("x", 0, 1), n_trials=1
+    )
     with Database.open(f"sqlite:///{second}") as database:
         assert dataclasses.replace(database.get_trial(trial_id), id=None) == make_trial()

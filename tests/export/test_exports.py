@@ -25,7 +25,6 @@ import pytest
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.export.ds_config import check_batch_identity, ds_config
 from autotune.export.megatron import megatron_text
-from autotune.errors import ConfigError
 from autotune.export.trainers import accelerate_yaml, torchtitan_module, torchtitan_settings
 from autotune.shapes import stage_layer_counts
 
@@ -33,21 +32,40 @@ from autotune.shapes import stage_layer_counts
 # stages of Llama 1B's 16 layers (uneven: torchtitan and the trial weigh the embedding and head
 # as a layer each: 2, 3, 3, 3, 3, 2).
 LLAMA = WorkloadSpec(family="llama", size="1b", seq_len=64, global_batch_size=8)
-EVERY_KNOB = TrialConfig(workload=LLAMA, world_size=32, tp_degree=2, pp_degree=2, cp_degree=2,
-                         zero_stage=3, dp_replicate=2, sequence_parallel=True,
-                         pp_schedule="interleaved_1f1b", virtual_stages=3, compile=True,
-                         activation_checkpointing="full", ac_layers=1, device="cuda",
-                         precision="bf16-mixed")
+EVERY_KNOB = TrialConfig(
+    workload=LLAMA,
+    world_size=32,
+    tp_degree=2,
+    pp_degree=2,
+    cp_degree=2,
+    zero_stage=3,
+    dp_replicate=2,
+    sequence_parallel=True,
+    pp_schedule="interleaved_1f1b",
+    virtual_stages=3,
+    compile=True,
+    activation_checkpointing="full",
+    ac_layers=1,
+    device="cuda",
+    precision="bf16-mixed",
+)
 FLOAT8 = dataclasses.replace(EVERY_KNOB, float8=True, compile=False, ac_layers=None)
 # torchtitan recomputes every block or none (ac_layers is refused); op-level AC is its SelectiveAC
 TITAN = dataclasses.replace(EVERY_KNOB, activation_checkpointing="op", ac_layers=None)
 
 # Flags Megatron-LM's training script reads itself (megatron/training/arguments.py), not copied
 # into a Megatron-Core config field of the same name.
-TRAINING_SCRIPT_FLAGS = {"micro_batch_size", "global_batch_size", "seq_length",
-                         "max_position_embeddings", "position_embedding_type", "swiglu",
-                         "group_query_attention", "use_megatron_fsdp",
-                         "num_virtual_stages_per_pipeline_rank"}
+TRAINING_SCRIPT_FLAGS = {
+    "micro_batch_size",
+    "global_batch_size",
+    "seq_length",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "swiglu",
+    "group_query_attention",
+    "use_megatron_fsdp",
+    "num_virtual_stages_per_pipeline_rank",
+}
 # Flags whose argparse dest is not the flag's name (arguments.py: dest='fp8').
 DEST = {"fp8_format": "fp8"}
 
@@ -60,8 +78,7 @@ def _megatron_namespace(text: str) -> dict:
             continue
         flag, *values = shlex.split(line)
         name = flag.removeprefix("--").replace("-", "_")
-        args[DEST.get(name, name)] = (values[0] if len(values) == 1 else values) if values \
-            else True
+        args[DEST.get(name, name)] = (values[0] if len(values) == 1 else values) if values else True
     return args
 
 
@@ -81,29 +98,40 @@ def _megatron_configs(config: TrialConfig):
     core = {k: v for k, v in args.items() if k in fields}
     # validate_args: the virtual stages, the dtypes and SwiGLU as the training script sets them
     # (a single --cp-comm-type stays a string: every layer shares it)
-    core["virtual_pipeline_model_parallel_size"] = args.get(
-        "num_virtual_stages_per_pipeline_rank")
+    core["virtual_pipeline_model_parallel_size"] = args.get("num_virtual_stages_per_pipeline_rank")
     core["gated_linear_unit"] = args.get("swiglu", False)
     if args.get("bf16"):
         core["params_dtype"] = core["pipeline_dtype"] = torch.bfloat16
-    return (TransformerConfig(**core),
-            DistributedDataParallelConfig(**{k: v for k, v in args.items() if k in ddp_fields}),
-            args)
+    return (
+        TransformerConfig(**core),
+        DistributedDataParallelConfig(**{k: v for k, v in args.items() if k in ddp_fields}),
+        args,
+    )
 
 
 def test_megatron_args_build_megatron_cores_configs():
     pytest.importorskip("megatron.core")
     c = EVERY_KNOB
     tc, ddp, args = _megatron_configs(c)
-    assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size,
-            tc.context_parallel_size) == (2, 2, 2)
+    assert (
+        tc.tensor_model_parallel_size,
+        tc.pipeline_model_parallel_size,
+        tc.context_parallel_size,
+    ) == (2, 2, 2)
     assert tc.virtual_pipeline_model_parallel_size == 3 and tc.sequence_parallel
     assert tc.cp_comm_type == "allgather"
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == (
-        "full", "block", 1)
+        "full",
+        "block",
+        1,
+    )
     assert tc.bf16 and not tc.fp8
     assert (tc.num_layers, tc.hidden_size, tc.num_attention_heads, tc.num_query_groups) == (
-        16, 2048, 32, 8)
+        16,
+        2048,
+        32,
+        8,
+    )
     assert ddp.data_parallel_sharding_strategy == "optim_grads_params"
     assert ddp.num_distributed_optimizer_instances == 2 and ddp.overlap_grad_reduce
     assert args["micro_batch_size"] == c.micro_batch_size
@@ -113,22 +141,35 @@ def test_megatron_args_build_megatron_cores_configs():
     assert "first\n#" not in text and "decoder-first-pipeline-num-layers" in text  # uneven split
 
 
-@pytest.mark.parametrize("mode,ac_layers,expected", [
-    ("full", None, ("full", "uniform", 1)), ("full", 3, ("full", "block", 3)),
-    ("selective", None, ("selective", None, None)), ("none", None, (None, None, None)),
-    ("op", None, (None, None, None))])
+@pytest.mark.parametrize(
+    "mode,ac_layers,expected",
+    [
+        ("full", None, ("full", "uniform", 1)),
+        ("full", 3, ("full", "block", 3)),
+        ("selective", None, ("selective", None, None)),
+        ("none", None, (None, None, None)),
+        ("op", None, (None, None, None)),
+    ],
+)
 def test_megatron_recompute_and_zero1(mode, ac_layers, expected):
     """Megatron's block method recomputes the first n layers of each stage (TransformerBlock.
     _checkpointed_forward), as ac_layers does; uniform with 1 layer a unit is every block; op
     has no Megatron granularity: no flag, named among what Megatron cannot express."""
     pytest.importorskip("megatron.core")
-    config = dataclasses.replace(EVERY_KNOB, activation_checkpointing=mode, ac_layers=ac_layers,
-                                 zero_stage=1, dp_replicate=1, sequence_parallel=False)
+    config = dataclasses.replace(
+        EVERY_KNOB,
+        activation_checkpointing=mode,
+        ac_layers=ac_layers,
+        zero_stage=1,
+        dp_replicate=1,
+        sequence_parallel=False,
+    )
     tc, ddp, args = _megatron_configs(config)
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected
     cannot = [line for line in megatron_text(config).splitlines() if line.startswith("#")]
-    assert any("'op'" in line and "--recompute-granularity full" in line
-               for line in cannot) == (mode == "op")
+    assert any("'op'" in line and "--recompute-granularity full" in line for line in cannot) == (
+        mode == "op"
+    )
     assert ddp.use_distributed_optimizer and ddp.overlap_param_gather
     assert not tc.sequence_parallel and "use_megatron_fsdp" not in args
 
@@ -145,16 +186,18 @@ def _load_torchtitan(folder: Path, config: TrialConfig):
     (folder / "torchtitan_config.py").write_text(torchtitan_module(config))
     sys.path.insert(0, str(folder))
     try:
-        return ConfigManager().parse_args(["--module", "torchtitan_config",
-                                           "--config", "autotune_best"])
+        return ConfigManager().parse_args(
+            ["--module", "torchtitan_config", "--config", "autotune_best"]
+        )
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("torchtitan_config", None)
 
 
 @pytest.mark.parametrize("virtual_stages", [2, 3])  # 4 stages of 4 layers; 6 uneven ones
-def test_torchtitan_config_loads_with_the_new_knobs_and_splits_as_the_trial(tmp_path,
-                                                                            virtual_stages):
+def test_torchtitan_config_loads_with_the_new_knobs_and_splits_as_the_trial(
+    tmp_path, virtual_stages
+):
     pytest.importorskip("torchtitan")
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.pipeline_parallel import (
@@ -171,15 +214,18 @@ def test_torchtitan_config_loads_with_the_new_knobs_and_splits_as_the_trial(tmp_
     assert titan.compile.enable and titan.compile.components == ["model"]
     dims = ParallelDims(dp_replicate=2, dp_shard=2, cp=2, tp=2, pp=2, ep=1, world_size=32)
     stages, layers, first, last = _get_pipeline_metadata(
-        dims, p, SimpleNamespace(layers=range(num_layers)))
+        dims, p, SimpleNamespace(layers=range(num_layers))
+    )
     assert stages == c.num_pp_stages == 2 * virtual_stages
     parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
     counts = [sum(name.startswith("layers.") for name in part) for part in parts]
     assert counts == stage_layer_counts(num_layers, stages)
 
 
-@pytest.mark.parametrize("mode,policy", [("none", None), ("full", "FullAC"),
-                                         ("op", "SelectiveAC"), ("selective", "SelectiveAC")])
+@pytest.mark.parametrize(
+    "mode,policy",
+    [("none", None), ("full", "FullAC"), ("op", "SelectiveAC"), ("selective", "SelectiveAC")],
+)
 def test_torchtitan_activation_checkpointing(tmp_path, mode, policy):
     """op is torchtitan's SelectiveAC (its op-level policy, ``mode = "selective",
     selective_ac_option = "op"`` up to 0.2); selective, which torchtitan lacks, is written as
@@ -226,8 +272,13 @@ def test_accelerate_config_expresses_hsdp_cp_and_compile(tmp_path):
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
-    c = dataclasses.replace(EVERY_KNOB, pp_degree=1, world_size=16, pp_schedule="1f1b",
-                            virtual_stages=TrialConfig().virtual_stages)
+    c = dataclasses.replace(
+        EVERY_KNOB,
+        pp_degree=1,
+        world_size=16,
+        pp_schedule="1f1b",
+        virtual_stages=TrialConfig().virtual_stages,
+    )
     path = tmp_path / "accelerate_config.yaml"
     path.write_text(accelerate_yaml(c, "LlamaDecoderLayer"))
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
@@ -255,8 +306,13 @@ def test_ds_config_states_what_deepspeed_cannot_express():
     ds = ds_config(EVERY_KNOB)
     check_batch_identity(ds, EVERY_KNOB.dp_degree)
     notes = " ".join(ds["autotune_notes"])
-    for words in ("Ulysses", "context parallelism cp 2", "HSDP", "virtual stages",
-                  "engine.compile()"):
+    for words in (
+        "Ulysses",
+        "context parallelism cp 2",
+        "HSDP",
+        "virtual stages",
+        "engine.compile()",
+    ):
         assert words in notes
     assert "float8" in " ".join(ds_config(FLOAT8)["autotune_notes"])
     assert "op-level" in " ".join(ds_config(TITAN)["autotune_notes"])

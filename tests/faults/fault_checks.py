@@ -32,7 +32,8 @@ def estimated_as_builtin():
     def predict(config, device_type):
         if config.workload.workload is not None:
             config = dataclasses.replace(
-                config, workload=dataclasses.replace(config.workload, workload=None))
+                config, workload=dataclasses.replace(config.workload, workload=None)
+            )
         return original(config, device_type)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -102,8 +103,11 @@ class Listener:
     @property
     def loopback(self) -> bool:
         # 127.0.0.0/8, ::1, and IPv4-mapped ::ffff:127.x
-        return (self.address.startswith("127.") or self.address == "::1"
-                or self.address.startswith("::ffff:127."))
+        return (
+            self.address.startswith("127.")
+            or self.address == "::1"
+            or self.address.startswith("::ffff:127.")
+        )
 
 
 def _address(hex_address: str) -> str:
@@ -111,7 +115,7 @@ def _address(hex_address: str) -> str:
 
     raw = bytes.fromhex(hex_address)
     # /proc/net/tcp{,6} print each 32-bit word in host (little-endian) order.
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     address = ipaddress.ip_address(words)
     mapped = getattr(address, "ipv4_mapped", None)
     return f"::ffff:{mapped}" if mapped else str(address)
@@ -181,8 +185,9 @@ class RecordingExecutor:
             self.runs.append(Run(config, warm, None, e, stored, time.monotonic() - start))
             raise
         pids = [r.extra["pid"] for r in result.ranks]
-        self.runs.append(Run(config, pids, result.cold_start, None, stored,
-                             time.monotonic() - start))
+        self.runs.append(
+            Run(config, pids, result.cold_start, None, stored, time.monotonic() - start)
+        )
         return result
 
     @property
@@ -204,10 +209,18 @@ def complete_trial(study_id: int, number: int = 0, **fields) -> TrialRecord:
     from datetime import UTC, datetime
 
     record = TrialRecord(
-        id=None, study_id=study_id, number=number, status="complete",
+        id=None,
+        study_id=study_id,
+        number=number,
+        status="complete",
         config=TrialConfig(device="cpu").resolved(),
-        metrics={"step_time_s": 0.05, "throughput_tokens_per_s": 10240.0,
-                 "peak_memory_bytes": 6_000_000},
+        metrics={
+            "step_time_s": 0.05,
+            "throughput_tokens_per_s": 10240.0,
+            "peak_memory_bytes": 6_000_000,
+        },
         env={"torch": "2.13.0", "device": "cpu", "backend": "gloo", "world_size": 2},
-        error=None, created_at=datetime.now(UTC))
+        error=None,
+        created_at=datetime.now(UTC),
+    )
     return dataclasses.replace(record, **fields)

@@ -35,8 +35,12 @@ KILL_AT_FORWARD = 2
 steps per optimizer step, that is inside the second step, after collectives have run)."""
 
 
-def _misbehaving(spec: WorkloadSpec, misbehave: Callable[[int, int], None], *,
-                 ranks: tuple[int, ...] = (FAULTY_RANK,)) -> Workload:
+def _misbehaving(
+    spec: WorkloadSpec,
+    misbehave: Callable[[int, int], None],
+    *,
+    ranks: tuple[int, ...] = (FAULTY_RANK,),
+) -> Workload:
     """The built-in model of ``spec``; ``misbehave(micro_batch, call)`` runs before each forward
     on ``ranks``, ``call`` counting that micro-batch size's forward passes."""
     workload = build_builtin(dataclasses.replace(spec, workload=None))
@@ -55,21 +59,25 @@ def _misbehaving(spec: WorkloadSpec, misbehave: Callable[[int, int], None], *,
 
 def build_raising(spec: WorkloadSpec) -> Workload:
     """Rank 1 raises in forward for micro-batch 2."""
+
     def misbehave(micro_batch: int, call: int) -> None:
         if micro_batch == FAULTY_MICRO_BATCH:
             raise RuntimeError(f"injected failure (micro-batch {micro_batch})")
+
     return _misbehaving(spec, misbehave)
 
 
 def build_oom(spec: WorkloadSpec) -> Workload:
     """Every rank runs out of memory for micro-batch 2 (data parallelism loads all ranks
     alike); micro-batch 4 measures 256 MiB more than it should."""
+
     def misbehave(micro_batch: int, call: int) -> None:
         if micro_batch == FAULTY_MICRO_BATCH:
             raise torch.OutOfMemoryError("injected: CPU out of memory. Tried to allocate 8.00 GiB")
         if micro_batch == OVER_LIMIT_MICRO_BATCH:
             # Allocated and freed at once: the CPU reading is the peak of live tensor bytes.
             torch.empty(OVER_LIMIT_BYTES, dtype=torch.uint8).fill_(1)
+
     return _misbehaving(spec, misbehave, ranks=(0, 1))
 
 
@@ -79,17 +87,21 @@ HANG_SLEEP_S = 600.0
 
 def build_hanging(spec: WorkloadSpec) -> Workload:
     """Rank 1 sleeps in forward for micro-batch 2, so rank 0 waits in a collective."""
+
     def misbehave(micro_batch: int, call: int) -> None:
         if micro_batch == FAULTY_MICRO_BATCH:
             time.sleep(HANG_SLEEP_S)
+
     return _misbehaving(spec, misbehave)
 
 
 def build_killed(spec: WorkloadSpec) -> Workload:
     """Rank 1's process is SIGKILLed mid-trial for micro-batch 2 (as the OOM killer would)."""
+
     def misbehave(micro_batch: int, call: int) -> None:
         if micro_batch == FAULTY_MICRO_BATCH and call == KILL_AT_FORWARD:
             os.kill(os.getpid(), signal.SIGKILL)
+
     return _misbehaving(spec, misbehave)
 
 

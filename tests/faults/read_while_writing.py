@@ -30,7 +30,6 @@ def trial_digest(trial, spans) -> str:
 
 
 def main(url: str, stop_file: str, report_dir: str) -> int:
-    from db import Database
 
     try:
         from dashboards.report import write_report
@@ -62,8 +61,9 @@ def main(url: str, stop_file: str, report_dir: str) -> int:
                             errors.append(f"trial {trial.id} changed after it was read")
                     current |= ids
                     if write_report and ids and reported.get(study.name) != ids:
-                        path, _ = write_report(database, study.name,
-                                               Path(report_dir) / f"{study.name}.html")
+                        path, _ = write_report(
+                            database, study.name, Path(report_dir) / f"{study.name}.html"
+                        )
                         if not path.read_text().rstrip().endswith("</html>"):
                             errors.append(f"the report of {study.name} is not whole")
                         reported[study.name] = ids
@@ -77,8 +77,10 @@ def main(url: str, stop_file: str, report_dir: str) -> int:
             time.sleep(0.2)
     finally:
         database.close()
-    json.dump({"trials_per_pass": trials_per_pass, "digests": seen, "reports": reports,
-               "errors": errors}, sys.stdout)
+    json.dump(
+        {"trials_per_pass": trials_per_pass, "digests": seen, "reports": reports, "errors": errors},
+        sys.stdout,
+    )
     return 0
 
 

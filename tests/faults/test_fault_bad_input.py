@@ -67,20 +67,28 @@ def study_db(tmp_path) -> Path:
 
 
 # ---- a workload that does not import -----------------------------------------------------------
-@pytest.mark.parametrize("workload, message", [
-    ("no_such_package.module:build",
-     "does not import: ModuleNotFoundError: No module named 'no_such_package'"),
-    ("tests.faults.fault_workloads:no_such_function",
-     "module 'tests.faults.fault_workloads' has no function 'no_such_function'"),
-    ("broken_on_import:build", "does not import: ZeroDivisionError: division by zero"),
-], ids=["no-module", "no-function", "raises-on-import"])
-def test_search_with_a_workload_that_does_not_import(tmp_path, monkeypatch, capsys, workload,
-                                                      message):
+@pytest.mark.parametrize(
+    "workload, message",
+    [
+        (
+            "no_such_package.module:build",
+            "does not import: ModuleNotFoundError: No module named 'no_such_package'",
+        ),
+        (
+            "tests.faults.fault_workloads:no_such_function",
+            "module 'tests.faults.fault_workloads' has no function 'no_such_function'",
+        ),
+        ("broken_on_import:build", "does not import: ZeroDivisionError: division by zero"),
+    ],
+    ids=["no-module", "no-function", "raises-on-import"],
+)
+def test_search_with_a_workload_that_does_not_import(
+    tmp_path, monkeypatch, capsys, workload, message
+):
     (tmp_path / "broken_on_import.py").write_text("1 / 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     db = tmp_path / "new.db"
-    one_line(cli(capsys, "search", "--workload", workload, "--db", f"sqlite:///{db}"), 2,
-             message)
+    one_line(cli(capsys, "search", "--workload", workload, "--db", f"sqlite:///{db}"), 2, message)
     assert not db.exists()  # refused before the database was opened
 
 
@@ -99,14 +107,29 @@ def _newer(path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.parametrize("kind, message", [
-    ("damaged", ("database disk image is malformed; the file is damaged: restore it from a "
-                 "backup or use a new database")),
-    ("newer", ("database schema version 99 is newer than this autotune understands "
-               f"({latest_version(MIGRATIONS)}); upgrade autotune")),
-], ids=["damaged", "newer"])
-def test_a_damaged_or_newer_database(study_db, tmp_path, monkeypatch, capsys, command, kind,
-                                     message):
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        (
+            "damaged",
+            (
+                "database disk image is malformed; the file is damaged: restore it from a "
+                "backup or use a new database"
+            ),
+        ),
+        (
+            "newer",
+            (
+                "database schema version 99 is newer than this autotune understands "
+                f"({latest_version(MIGRATIONS)}); upgrade autotune"
+            ),
+        ),
+    ],
+    ids=["damaged", "newer"],
+)
+def test_a_damaged_or_newer_database(
+    study_db, tmp_path, monkeypatch, capsys, command, kind, message
+):
     """Damaged: an autotune database whose pages after the first (the schema) are overwritten,
     as a disk or a copy cut short leaves it. (A file that is no database at all is in
     tests/cli/test_cli.py and tests/db/test_db_bad_input.py.)"""
@@ -138,13 +161,20 @@ def test_a_database_locked_by_another_writer(study_db, monkeypatch, capsys):
     other = sqlite3.connect(study_db, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
-        line = one_line(cli(capsys, "search", "--db", f"sqlite:///{study_db}", "--study", "new",
-                            "--trials", "1"), 1, "database is locked")
+        line = one_line(
+            cli(
+                capsys, "search", "--db", f"sqlite:///{study_db}", "--study", "new", "--trials", "1"
+            ),
+            1,
+            "database is locked",
+        )
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert line.endswith("another process is writing to it (the search driver must be the "
-                         "only writer): wait for it to finish or use another database")
+    assert line.endswith(
+        "another process is writing to it (the search driver must be the "
+        "only writer): wait for it to finish or use another database"
+    )
     with Database.open(f"sqlite:///{study_db}", create=False) as database:
         assert [s.name for s in database.list_studies()] == ["s"]
 
@@ -153,22 +183,42 @@ def test_a_database_locked_by_another_writer(study_db, monkeypatch, capsys):
 def test_export_into_an_unwritable_place(study_db, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    one_line(cli(capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out",
-                 str(blocker / "out")), 1, f"cannot write exports to '{blocker / 'out'}'")
+    one_line(
+        cli(
+            capsys,
+            "export",
+            "--db",
+            f"sqlite:///{study_db}",
+            "--study",
+            "s",
+            "--out",
+            str(blocker / "out"),
+        ),
+        1,
+        f"cannot write exports to '{blocker / 'out'}'",
+    )
     assert sorted(os.listdir(tmp_path)) == ["a-file", "study.db"]  # nothing created
 
 
-def test_export_interrupted_mid_write_keeps_the_previous_files(study_db, tmp_path, capsys,
-                                                               monkeypatch):
+def test_export_interrupted_mid_write_keeps_the_previous_files(
+    study_db, tmp_path, capsys, monkeypatch
+):
     """Ctrl-C while the second file is half-written: both files are the previous export's and
     no temporary file is left."""
     out = tmp_path / "out"
-    assert cli(capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out",
-               str(out))[0] == 0
+    assert (
+        cli(capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out", str(out))[0]
+        == 0
+    )
     previous = {p.name: p.read_bytes() for p in out.iterdir()}
     with Database.open(f"sqlite:///{study_db}") as database:  # a better trial to export
-        database.add_trial(complete_trial(database.get_study("s").id, 1, metrics={
-            "step_time_s": 0.01, "throughput_tokens_per_s": 51200.0}))
+        database.add_trial(
+            complete_trial(
+                database.get_study("s").id,
+                1,
+                metrics={"step_time_s": 0.01, "throughput_tokens_per_s": 51200.0},
+            )
+        )
     real_dump = json.dump
     calls = []
 
@@ -181,12 +231,17 @@ def test_export_interrupted_mid_write_keeps_the_previous_files(study_db, tmp_pat
         real_dump(data, f, **kwargs)
 
     monkeypatch.setattr("autotune.export.files.json.dump", dump_then_interrupt)
-    result = cli(capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out",
-                 str(out))
+    result = cli(
+        capsys, "export", "--db", f"sqlite:///{study_db}", "--study", "s", "--out", str(out)
+    )
     one_line(result, 130, "autotune: interrupted")
-    assert sorted(os.listdir(out)) == ["accelerate_config.yaml", "best_config.json",
-                                       "ds_config.json", "megatron_args.txt",
-                                       "torchtitan_config.py"]  # no temporary
+    assert sorted(os.listdir(out)) == [
+        "accelerate_config.yaml",
+        "best_config.json",
+        "ds_config.json",
+        "megatron_args.txt",
+        "torchtitan_config.py",
+    ]  # no temporary
     assert (out / "ds_config.json").read_bytes() == previous["ds_config.json"]
     # best_config.json was complete when replaced: the new trial, whole.
     assert json.loads((out / "best_config.json").read_text())["trial"] == 1
@@ -221,18 +276,24 @@ def test_export_killed_mid_write_leaves_the_target_whole(tmp_path, figures):
     (temporary,) = tmp_path.glob(".best_config.json.*")
     with pytest.raises(json.JSONDecodeError):
         json.loads(temporary.read_text())
-    figures["export killed"] = (f"killed with {temporary.stat().st_size / 2**20:.1f} MiB in the "
-                                "hidden temporary file; target unchanged")
+    figures["export killed"] = (
+        f"killed with {temporary.stat().st_size / 2**20:.1f} MiB in the "
+        "hidden temporary file; target unchanged"
+    )
 
 
 # ---- search space values of the wrong type or outside a knob's values ------------------------
-@pytest.mark.parametrize("fixed, narrowed", [
-    ({}, {"zero_stage": [7]}),
-    ({"zero_stage": 7}, {}),
-    ({}, {"pp_schedule": [1]}),
-    ({"bucket_mb": None}, {}),
-    ({}, {"activation_checkpointing": [{"full": True}]}),
-], ids=["zero-7", "fix-zero-7", "schedule-1", "bucket-null", "ac-object"])
+@pytest.mark.parametrize(
+    "fixed, narrowed",
+    [
+        ({}, {"zero_stage": [7]}),
+        ({"zero_stage": 7}, {}),
+        ({}, {"pp_schedule": [1]}),
+        ({"bucket_mb": None}, {}),
+        ({}, {"activation_checkpointing": [{"full": True}]}),
+    ],
+    ids=["zero-7", "fix-zero-7", "schedule-1", "bucket-null", "ac-object"],
+)
 def test_search_space_values_are_checked(fixed, narrowed):
     knob = next(iter({**fixed, **narrowed}))
     with pytest.raises(ConfigError, match=knob):

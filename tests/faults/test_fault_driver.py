@@ -67,13 +67,13 @@ def search_args(db_url: str, out: Path, budget: int, *extra: str) -> list[str]:
 def digests(url: str) -> dict[int, str]:
     """Every stored trial's digest (record, memory, steps, spans), by trial id."""
     with Database.open(url, create=False) as database:
-        return {t.id: trial_digest(t, database.trial_spans(t.id))
-                for t in database.list_trials()}
+        return {t.id: trial_digest(t, database.trial_spans(t.id)) for t in database.list_trials()}
 
 
 def optuna_states(url: str, study: str) -> list[str]:
-    return [t.state.name for t in optuna.load_study(study_name=f"autotune:{study}",
-                                                    storage=url).trials]
+    return [
+        t.state.name for t in optuna.load_study(study_name=f"autotune:{study}", storage=url).trials
+    ]
 
 
 @dataclasses.dataclass
@@ -104,23 +104,43 @@ def scenario(executor, tmp_path_factory) -> Scenario:
     url = f"sqlite:///{path}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # The second search's worker group, warm before phase 2 so that it writes at once.
-    executor.run(TrialConfig(world_size=2, micro_batch_size=4, num_warmup_steps=0,
-                             num_timed_steps=1, num_profiled_steps=0, device="cpu"))
+    executor.run(
+        TrialConfig(
+            world_size=2,
+            micro_batch_size=4,
+            num_warmup_steps=0,
+            num_timed_steps=1,
+            num_profiled_steps=0,
+            device="cpu",
+        )
+    )
 
     procs: list[subprocess.Popen] = []
     with killed_on_failure(procs):
         return _run_scenario(executor, work, path, out, url, env, procs)
 
 
-def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: dict,
-                  procs: list) -> Scenario:
+def _run_scenario(
+    executor, work: Path, path: Path, out: Path, url: str, env: dict, procs: list
+) -> Scenario:
     figures = {}
     stop = work / "stop-reading"
-    reader = driver_process.start(procs, [sys.executable, str(Path(__file__).with_name(
-        "read_while_writing.py")), url, str(stop), str(work)], env=env)
+    reader = driver_process.start(
+        procs,
+        [
+            sys.executable,
+            str(Path(__file__).with_name("read_while_writing.py")),
+            url,
+            str(stop),
+            str(work),
+        ],
+        env=env,
+    )
     # 1. Ctrl-C in the middle of the search, whose budget it cannot have spent by then.
-    assert len(SearchSpace(base_config(SearchSpec(world_size=2, device="cpu")),
-                           fixed=FIXED)) == SPACE_SIZE
+    assert (
+        len(SearchSpace(base_config(SearchSpec(world_size=2, device="cpu")), fixed=FIXED))
+        == SPACE_SIZE
+    )
     start = time.monotonic()
     proc = driver_process.start(procs, search_args(url, out, SPACE_SIZE), cwd=work, env=env)
     pids: set[int] = set()
@@ -130,8 +150,10 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.monotonic()
     stdout, stderr = proc.communicate(timeout=90)
-    figures["interrupt"] = (f"first trial stored {sent - start - 0.2:.1f}s after start; exit "
-                            f"{time.monotonic() - sent:.1f}s after SIGINT; {len(pids)} processes")
+    figures["interrupt"] = (
+        f"first trial stored {sent - start - 0.2:.1f}s after start; exit "
+        f"{time.monotonic() - sent:.1f}s after SIGINT; {len(pids)} processes"
+    )
     interrupted = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     interrupted_left = wait_gone(pids)
     figures["interrupt"] += f", all gone {time.monotonic() - sent:.1f}s after SIGINT"
@@ -142,17 +164,28 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     # 2. Resume, with a second writer and a reader.
     start = time.monotonic()
     resumed_budget = stored_at_interrupt + NUM_RESUMED
-    proc = driver_process.start(procs, search_args(url, out, resumed_budget, "--resume"),
-                                cwd=work, env=env)
+    proc = driver_process.start(
+        procs, search_args(url, out, resumed_budget, "--resume"), cwd=work, env=env
+    )
     pids = set()
     # Until the resumed search has stored a new trial (its worker group is up); the others are
     # still to come.
     wait_for(proc, lambda: (counts(path, "interrupted") or (0,))[0] > stored_at_interrupt, pids)
     first_new_s = time.monotonic() - start
-    second = SearchSpec(world_size=2, n_trials=3, patience=None, device="cpu", fixed=SECOND_FIXED,
-                        narrowed={"activation_checkpointing": ["none"]}, num_warmup_steps=0,
-                        num_timed_steps=1, num_profiled_steps=1, top_k=1, remeasure_repeats=0,
-                        study_name="second")
+    second = SearchSpec(
+        world_size=2,
+        n_trials=3,
+        patience=None,
+        device="cpu",
+        fixed=SECOND_FIXED,
+        narrowed={"activation_checkpointing": ["none"]},
+        num_warmup_steps=0,
+        num_timed_steps=1,
+        num_profiled_steps=1,
+        top_k=1,
+        remeasure_repeats=0,
+        study_name="second",
+    )
     with Database.open(url) as database:
         second_start = time.monotonic()
         outcome = Search.open(second, database, executor, out=None).run()
@@ -163,12 +196,27 @@ def _run_scenario(executor, work: Path, path: Path, out: Path, url: str, env: di
     stop.touch()
     read_out, read_err = reader.communicate(timeout=60)
     assert reader.returncode == 0, read_err
-    figures["resume"] = (f"resumed search {time.monotonic() - start:.1f}s (first new trial "
-                         f"stored at {first_new_s:.1f}s); the second search {second_s:.1f}s "
-                         "while it ran")
-    return Scenario(url, out, interrupted, stored_at_interrupt, before, running,
-                    interrupted_left, resumed, resumed_budget, wait_gone(pids), outcome.study_id,
-                    json.loads(read_out), digests(url), figures)
+    figures["resume"] = (
+        f"resumed search {time.monotonic() - start:.1f}s (first new trial "
+        f"stored at {first_new_s:.1f}s); the second search {second_s:.1f}s "
+        "while it ran"
+    )
+    return Scenario(
+        url,
+        out,
+        interrupted,
+        stored_at_interrupt,
+        before,
+        running,
+        interrupted_left,
+        resumed,
+        resumed_budget,
+        wait_gone(pids),
+        outcome.study_id,
+        json.loads(read_out),
+        digests(url),
+        figures,
+    )
 
 
 def _errors(proc: subprocess.CompletedProcess) -> list[str]:
@@ -226,8 +274,10 @@ def test_two_searches_share_one_database(scenario, figures):
     written = sorted(t.created_at for t in b)
     assert min(resumed) < written[0] and written[0] < max(resumed), (resumed, written)
     overlap = min(max(resumed), written[-1]) - max(min(resumed), written[0])
-    figures["two writers"] = (f"{len(a)} + {len(b)} trials; writes overlapped for "
-                              f"{overlap.total_seconds():.1f}s; {scenario.figures['resume']}")
+    figures["two writers"] = (
+        f"{len(a)} + {len(b)} trials; writes overlapped for "
+        f"{overlap.total_seconds():.1f}s; {scenario.figures['resume']}"
+    )
 
 
 def test_a_reader_sees_only_whole_trials_while_searches_write(scenario, figures):
@@ -245,7 +295,9 @@ def test_a_reader_sees_only_whole_trials_while_searches_write(scenario, figures)
     assert second <= set(seen)
     if importlib.util.find_spec("dashboards.report") is not None:
         assert reader["reports"] >= 2  # both studies' reports, rebuilt as they grew
-    figures["reader"] = (f"{len(per_pass)} read passes (studies, trials, spans) and "
-                         f"{reader['reports']} dashboard reports while the searches wrote, "
-                         f"{per_pass[0]} → {per_pass[-1]} trials; every trial read was identical "
-                         "to its final state")
+    figures["reader"] = (
+        f"{len(per_pass)} read passes (studies, trials, spans) and "
+        f"{reader['reports']} dashboard reports while the searches wrote, "
+        f"{per_pass[0]} → {per_pass[-1]} trials; every trial read was identical "
+        "to its final state"
+    )

@@ -50,8 +50,7 @@ def _lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("autotune:")]
 
 
-def test_ctrl_c_ends_a_search_whose_shutdown_hangs_on_a_busy_machine(executor, tmp_path,
-                                                                      figures):
+def test_ctrl_c_ends_a_search_whose_shutdown_hangs_on_a_busy_machine(executor, tmp_path, figures):
     path = tmp_path / "interrupt.db"
     url = f"sqlite:///{path}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -59,10 +58,13 @@ def test_ctrl_c_ends_a_search_whose_shutdown_hangs_on_a_busy_machine(executor, t
     procs: list[subprocess.Popen] = []
     pids: set[int] = set()
     with killed_on_failure(procs), cpu_burners(BURNERS):
-        proc = driver_process.start(procs, driver_process.search_args(
-            url, tmp_path, BUDGET, FIXED, study="busy", entry=stalled), cwd=tmp_path, env=env)
-        wait_for(proc, lambda: min((counts(path, "busy") or (0, 0, 0))[:2]) >= 1, pids,
-                 timeout=300)
+        proc = driver_process.start(
+            procs,
+            driver_process.search_args(url, tmp_path, BUDGET, FIXED, study="busy", entry=stalled),
+            cwd=tmp_path,
+            env=env,
+        )
+        wait_for(proc, lambda: min((counts(path, "busy") or (0, 0, 0))[:2]) >= 1, pids, timeout=300)
         stored_before = counts(path, "busy")[0]
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole group
         sent = time.monotonic()
@@ -76,23 +78,34 @@ def test_ctrl_c_ends_a_search_whose_shutdown_hangs_on_a_busy_machine(executor, t
     assert _lines(stderr) == ["autotune: interrupted"] and "Traceback" not in stderr, stderr
     # Ray's GCS, raylet, agents and the rank workers went with it, though Ray never shut down.
     assert pids and left == []
-    figures["interrupt under load"] = (f"{BURNERS} CPU burners, ray.shutdown stalled: exit "
-                                       f"{exited_s:.1f}s after SIGINT, {len(pids)} processes "
-                                       "gone")
+    figures["interrupt under load"] = (
+        f"{BURNERS} CPU burners, ray.shutdown stalled: exit "
+        f"{exited_s:.1f}s after SIGINT, {len(pids)} processes "
+        "gone"
+    )
 
     # Nothing stored is lost, and the study resumes: the cut-short trial is failed, one more
     # runs, none twice.
     stored, running_at_interrupt, _ = counts(path, "busy")
     assert stored >= stored_before >= 1 and running_at_interrupt <= 1
-    spec = SearchSpec(world_size=2, n_trials=stored + 1, patience=None, fixed=FIXED,
-                      num_timed_steps=1, top_k=1, remeasure_repeats=0, study_name="busy")
+    spec = SearchSpec(
+        world_size=2,
+        n_trials=stored + 1,
+        patience=None,
+        fixed=FIXED,
+        num_timed_steps=1,
+        top_k=1,
+        remeasure_repeats=0,
+        study_name="busy",
+    )
     with Database.open(url) as database:
         Search.open(spec, database, executor, resume=True, out=None).run()
         trials = database.list_trials(database.get_study("busy").id)
     assert len(trials) == stored + 1 and all(t.status == "complete" for t in trials)
     assert len({json.dumps(t.config, sort_keys=True) for t in trials}) == len(trials)
-    states = [t.state.name for t in optuna.load_study(study_name="autotune:busy",
-                                                      storage=url).trials]
+    states = [
+        t.state.name for t in optuna.load_study(study_name="autotune:busy", storage=url).trials
+    ]
     assert "RUNNING" not in states and states.count("FAIL") == running_at_interrupt
 
 
@@ -112,9 +125,13 @@ _IGNORES_CTRL_C = textwrap.dedent("""
 
 def _ignoring_ctrl_c(grace_s: float) -> tuple[subprocess.Popen, int]:
     """A process that drops every KeyboardInterrupt under the guard, and the pid of its child."""
-    proc = subprocess.Popen([sys.executable, "-c", _IGNORES_CTRL_C, str(grace_s)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IGNORES_CTRL_C, str(grace_s)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     return proc, int(proc.stdout.readline())
 
 

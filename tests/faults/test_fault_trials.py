@@ -21,12 +21,18 @@ from fault_checks import without_remeasurements as first_stored
 from fault_workloads import FAULTY_MICRO_BATCH, HANG_SLEEP_S, OVER_LIMIT_MICRO_BATCH
 
 from autotune.config import WorkloadSpec
-from autotune.trial.executor import ExecutorSettings
 from autotune.search.search import CONSTRAINT_ATTR, GIB, Search, SearchOutcome, SearchSpec
+from autotune.trial.executor import ExecutorSettings
 from db import Database, TrialRecord
 
-FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "overlap_enabled": True,
-         "bucket_mb": 25.0, "activation_checkpointing": "none"}
+FIXED = {
+    "tp_degree": 1,
+    "pp_degree": 1,
+    "zero_stage": 0,
+    "overlap_enabled": True,
+    "bucket_mb": 25.0,
+    "activation_checkpointing": "none",
+}
 HANG_TIMEOUT_S = 15.0
 """Trial timeout of the hang test: warm trials take well under a second and a cold one ~2 s
 on an idle machine, several times that while other processes keep both cores busy; the group
@@ -34,12 +40,23 @@ built under it also rendezvouses within it (``init_process_group``'s timeout).""
 
 
 def spec(fault: str, **kw) -> SearchSpec:
-    defaults = {"workload": WorkloadSpec(workload=f"tests.faults.fault_workloads:build_{fault}",
-                                         seq_len=16),
-                "world_size": 2, "n_trials": 3, "patience": None, "device": "cpu",
-                "num_warmup_steps": 0, "num_timed_steps": 1, "num_profiled_steps": 0,
-                "top_k": 1, "remeasure_repeats": 1, "remeasure_max_repeats": 1, "fixed": FIXED,
-                "study_name": fault}
+    defaults = {
+        "workload": WorkloadSpec(
+            workload=f"tests.faults.fault_workloads:build_{fault}", seq_len=16
+        ),
+        "world_size": 2,
+        "n_trials": 3,
+        "patience": None,
+        "device": "cpu",
+        "num_warmup_steps": 0,
+        "num_timed_steps": 1,
+        "num_profiled_steps": 0,
+        "top_k": 1,
+        "remeasure_repeats": 1,
+        "remeasure_max_repeats": 1,
+        "fixed": FIXED,
+        "study_name": fault,
+    }
     return SearchSpec(**{**defaults, **kw})
 
 
@@ -74,12 +91,17 @@ def run_search(executor, path, search_spec: SearchSpec) -> FaultRun:
         with estimated_as_builtin():
             outcome = Search.open(search_spec, database, recorder, out=None).run()
         seconds = time.monotonic() - start
-        study = optuna.load_study(study_name=f"autotune:{search_spec.study_name}",
-                                  storage=database.connect_url)
-        return FaultRun(outcome, recorder.runs, database.list_trials(outcome.study_id),
-                        {t.number: t.state.name for t in study.trials},
-                        {t.number: t.user_attrs.get(CONSTRAINT_ATTR) for t in study.trials},
-                        seconds)
+        study = optuna.load_study(
+            study_name=f"autotune:{search_spec.study_name}", storage=database.connect_url
+        )
+        return FaultRun(
+            outcome,
+            recorder.runs,
+            database.list_trials(outcome.study_id),
+            {t.number: t.state.name for t in study.trials},
+            {t.number: t.user_attrs.get(CONSTRAINT_ATTR) for t in study.trials},
+            seconds,
+        )
     finally:
         database.close()
 
@@ -117,18 +139,23 @@ def check_survived(fr: FaultRun, *, status: str, reason: str) -> Run:
 
 def note(figures: dict, name: str, fr: FaultRun, broken: Run) -> None:
     index = fr.runs.index(broken)
-    statuses = ", ".join(f"{sum(t.status == s for t in fr.trials)} {s}"
-                         for s in sorted({t.status for t in fr.trials}))
-    figures[name] = (f"{len(fr.trials)} trials ({statuses}); faulty trial {broken.seconds:.1f}s, "
-                     f"next trial on a new group {fr.runs[index + 1].seconds:.1f}s, old ranks "
-                     f"gone {fr.gone_s:.1f}s after the search; search {fr.seconds:.1f}s")
+    statuses = ", ".join(
+        f"{sum(t.status == s for t in fr.trials)} {s}"
+        for s in sorted({t.status for t in fr.trials})
+    )
+    figures[name] = (
+        f"{len(fr.trials)} trials ({statuses}); faulty trial {broken.seconds:.1f}s, "
+        f"next trial on a new group {fr.runs[index + 1].seconds:.1f}s, old ranks "
+        f"gone {fr.gone_s:.1f}s after the search; search {fr.seconds:.1f}s"
+    )
 
 
 # ---- a rank raises -----------------------------------------------------------------------------
 def test_a_rank_raises(executor, tmp_path, figures):
     fr = run_search(executor, tmp_path / "raise.db", spec("raising"))
-    broken = check_survived(fr, status="failed",
-                            reason=r"^rank 1: RuntimeError: injected failure \(micro-batch 2\)$")
+    broken = check_survived(
+        fr, status="failed", reason=r"^rank 1: RuntimeError: injected failure \(micro-batch 2\)$"
+    )
     assert fr.optuna_states[fr.trial(FAULTY_MICRO_BATCH).number] == "FAIL"
     assert broken.error.rank == 1 and "Traceback" in broken.error.traceback  # --debug shows it
     note(figures, "rank raises", fr, broken)
@@ -141,13 +168,18 @@ def test_out_of_memory_and_over_the_limit(executor, tmp_path, figures):
     out of memory on every rank: infeasible (measured), and the group is replaced."""
     limit_gib = 128 / 1024
     fr = run_search(executor, tmp_path / "oom.db", spec("oom", memory_limit_gib=limit_gib))
-    broken = check_survived(fr, status="infeasible_measured",
-                            reason=r"^rank \d: OutOfMemoryError: injected: CPU out of memory")
+    broken = check_survived(
+        fr,
+        status="infeasible_measured",
+        reason=r"^rank \d: OutOfMemoryError: injected: CPU out of memory",
+    )
     over = fr.trial(OVER_LIMIT_MICRO_BATCH)
     assert over.status == "infeasible_measured"
     assert over.metrics["peak_memory_bytes"] > limit_gib * GIB
-    assert over.error == (f"measured peak {over.metrics['peak_memory_bytes'] / GIB:.3g} GiB > "
-                          f"limit {limit_gib:.3g} GiB")
+    assert over.error == (
+        f"measured peak {over.metrics['peak_memory_bytes'] / GIB:.3g} GiB > "
+        f"limit {limit_gib:.3g} GiB"
+    )
     # A peak over the limit is a result, not a fault: the next trial reused the same processes.
     over_run = fr.runs[fr.run_of(OVER_LIMIT_MICRO_BATCH)]
     assert fr.runs[fr.runs.index(over_run) + 1].pids == over_run.pids
@@ -156,7 +188,8 @@ def test_out_of_memory_and_over_the_limit(executor, tmp_path, figures):
         number = fr.trial(micro_batch).number
         assert fr.optuna_states[number] == "COMPLETE" and fr.memory_excess[number] > 0
     assert fr.memory_excess[over.number] == pytest.approx(
-        over.metrics["peak_memory_bytes"] / GIB - limit_gib)
+        over.metrics["peak_memory_bytes"] / GIB - limit_gib
+    )
     note(figures, "out of memory", fr, broken)
 
 
@@ -195,9 +228,11 @@ def test_a_hung_collective_times_out(short_timeout, tmp_path, figures):
     """Rank 1 sleeps in forward; rank 0 waits in DDP's all-reduce until the trial timeout."""
     fr = run_search(short_timeout, tmp_path / "hang.db", spec("hanging"))
     broken = check_survived(
-        fr, status="failed",
+        fr,
+        status="failed",
         reason=rf"^trial did not finish within {HANG_TIMEOUT_S:g}s \(a hung collective\?\); "
-               "raise --timeout")
+        "raise --timeout",
+    )
     # It waited out the timeout, not the hang (a liveness bound, not a speed).
     assert HANG_TIMEOUT_S <= broken.seconds < HANG_SLEEP_S
     assert fr.optuna_states[fr.trial(FAULTY_MICRO_BATCH).number] == "FAIL"
@@ -209,8 +244,12 @@ def test_search_over_a_user_workload(executor, tmp_path):
     """The memory model does not know a user workload's shape: its configurations run
     unpredicted (none is skipped, even under a limit) and the measurement decides."""
     with Database.open(f"sqlite:///{tmp_path / 'user.db'}") as database:
-        outcome = Search.open(spec("healthy", n_trials=1, remeasure_repeats=0,
-                              memory_limit_gib=1.0), database, executor, out=None).run()
+        outcome = Search.open(
+            spec("healthy", n_trials=1, remeasure_repeats=0, memory_limit_gib=1.0),
+            database,
+            executor,
+            out=None,
+        ).run()
     assert [e.status for e in outcome.leaderboard] == ["complete"]
     assert outcome.leaderboard[0].predicted_peak is None
     assert outcome.num_infeasible_predicted == 0

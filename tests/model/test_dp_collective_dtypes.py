@@ -13,20 +13,27 @@ import itertools
 
 import pytest
 import torch
+from test_perf_model import PURE, SHAPE, flat_cluster
 from torch import nn
 
 from autotune.config import PRECISION_COMPUTE_DTYPE, TrialConfig, WorkloadSpec
 from autotune.model.cluster import load_cluster
 from autotune.model.perf_model import data_parallel_bytes, predict_step_time
 from autotune.trial.parallel.precision import apply_precision, mp_policy, uses_fsdp
-from test_perf_model import PURE, SHAPE, flat_cluster
 
 
 def _config(precision: str, zero: int, *, dp: int = 8, accum: int = 1) -> TrialConfig:
-    workload = WorkloadSpec(seq_len=512, global_batch_size=dp * accum, workload="test:shape",
-                            vocab_size=8)
-    return TrialConfig(workload=workload, world_size=dp, zero_stage=zero, micro_batch_size=1,
-                       overlap_enabled=False, precision=precision)
+    workload = WorkloadSpec(
+        seq_len=512, global_batch_size=dp * accum, workload="test:shape", vocab_size=8
+    )
+    return TrialConfig(
+        workload=workload,
+        world_size=dp,
+        zero_stage=zero,
+        micro_batch_size=1,
+        overlap_enabled=False,
+        precision=precision,
+    )
 
 
 def _runtime_bytes(config: TrialConfig) -> tuple[int, int, int]:
@@ -61,8 +68,12 @@ def test_fsdp_reduces_in_fp32_and_gathers_in_half_under_mixed_precision(zero: in
     gathers = accum * (2 if zero == 3 else 1)
     expected = (4 + 2 * gathers) / (4 + 4 * gathers)
     cluster = flat_cluster()
-    dp = {p: predict_step_time(_config(p, zero, accum=accum), cluster, PURE, shape=SHAPE)
-          .breakdown["dp_comm"] for p in ("bf16-mixed", "32-true")}
+    dp = {
+        p: predict_step_time(_config(p, zero, accum=accum), cluster, PURE, shape=SHAPE).breakdown[
+            "dp_comm"
+        ]
+        for p in ("bf16-mixed", "32-true")
+    }
     assert dp["bf16-mixed"] / dp["32-true"] == pytest.approx(expected, rel=1e-6)
 
 
@@ -71,8 +82,10 @@ def test_ddp_reduces_the_half_precision_models_gradients(zero: int):
     """ZeRO-0/1 under bf16-mixed train a bf16 model: its gradients (and ZeRO-1's gathered
     parameters) move in 2 bytes against 32-true's 4."""
     cluster = flat_cluster()
-    dp = {p: predict_step_time(_config(p, zero), cluster, PURE, shape=SHAPE)
-          .breakdown["dp_comm"] for p in ("bf16-mixed", "32-true")}
+    dp = {
+        p: predict_step_time(_config(p, zero), cluster, PURE, shape=SHAPE).breakdown["dp_comm"]
+        for p in ("bf16-mixed", "32-true")
+    }
     assert dp["bf16-mixed"] / dp["32-true"] == pytest.approx(2 / 4, rel=1e-6)
 
 
@@ -81,6 +94,8 @@ def test_zero2_bf16_mixed_takes_three_quarters_of_32_true_on_h100s():
     bandwidth varies with size, and fixed costs per collective), ZeRO-2 over 8 GPUs, overlap
     off, spends 0.70–0.80 of 32-true's data-parallel time under bf16-mixed (¾ by bytes)."""
     cluster = load_cluster("h100-sxm")
-    dp = {p: predict_step_time(_config(p, 2), cluster, shape=SHAPE).breakdown["dp_comm"]
-          for p in ("bf16-mixed", "32-true")}
+    dp = {
+        p: predict_step_time(_config(p, 2), cluster, shape=SHAPE).breakdown["dp_comm"]
+        for p in ("bf16-mixed", "32-true")
+    }
     assert 0.70 <= dp["bf16-mixed"] / dp["32-true"] <= 0.80

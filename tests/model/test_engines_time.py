@@ -17,28 +17,51 @@ from autotune.shapes import ModelShape
 
 GB = 1e9
 SHAPE = ModelShape("gpt", 8, 1024, 16, 16, 4096, 8, 1024)
-CAL = Calibration(compute_efficiency=0.5, gemm_half_dim=0.0, elementwise_bytes=20.0,
-                  elementwise_sharded_bytes=0.0, score_bytes=0.0, layer_overhead_s=0.0,
-                  collective_overhead_s=0.0, overlap_efficiency=0.5,
-                  optimizer_bytes_per_param=0.0)
+CAL = Calibration(
+    compute_efficiency=0.5,
+    gemm_half_dim=0.0,
+    elementwise_bytes=20.0,
+    elementwise_sharded_bytes=0.0,
+    score_bytes=0.0,
+    layer_overhead_s=0.0,
+    collective_overhead_s=0.0,
+    overlap_efficiency=0.5,
+    optimizer_bytes_per_param=0.0,
+)
 
 
 def cluster(per_node: int = 8) -> ClusterSpec:
     return ClusterSpec(
-        name="flat", devices_per_node=per_node,
-        device=DeviceSpec(name="dev", peak_flops=dict.fromkeys(
-            ("float32", "float16", "bfloat16"), 100e12), memory_bandwidth_gbs=1000.0,
-            memory_gib=80.0),
+        name="flat",
+        devices_per_node=per_node,
+        device=DeviceSpec(
+            name="dev",
+            peak_flops=dict.fromkeys(("float32", "float16", "bfloat16"), 100e12),
+            memory_bandwidth_gbs=1000.0,
+            memory_gib=80.0,
+        ),
         intra_node=LinkSpec(bandwidth_gbs=100.0, latency_us=0.0),
-        inter_node=LinkSpec(bandwidth_gbs=25.0, latency_us=0.0))
+        inter_node=LinkSpec(bandwidth_gbs=25.0, latency_us=0.0),
+    )
 
 
 def config(**kw) -> TrialConfig:
-    workload = WorkloadSpec(seq_len=512, global_batch_size=kw.pop("global_batch", 8),
-                            workload="test:shape", vocab_size=8)
-    return TrialConfig(workload=workload, **{"world_size": 8, "overlap_enabled": False,
-                                             "device": "cuda", "precision": "bf16-mixed",
-                                             **kw})
+    workload = WorkloadSpec(
+        seq_len=512,
+        global_batch_size=kw.pop("global_batch", 8),
+        workload="test:shape",
+        vocab_size=8,
+    )
+    return TrialConfig(
+        workload=workload,
+        **{
+            "world_size": 8,
+            "overlap_enabled": False,
+            "device": "cuda",
+            "precision": "bf16-mixed",
+            **kw,
+        },
+    )
 
 
 def test_one_name_selects_time_and_memory_traits():
@@ -56,8 +79,9 @@ def test_sequence_parallelism_moves_the_norms_to_s_over_t_tokens_and_keeps_tp_by
     plain = dataclasses.replace(MEGATRON_ENGINE, sequence_parallel=False)
     c = config(tp_degree=4, micro_batch_size=1, global_batch=4)
     off = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=plain)
-    on = predict_step_time(dataclasses.replace(c, sequence_parallel=True), cluster(), CAL,
-                           shape=SHAPE, engine=plain)
+    on = predict_step_time(
+        dataclasses.replace(c, sequence_parallel=True), cluster(), CAL, shape=SHAPE, engine=plain
+    )
     m = c.grad_accum_steps
     saved = 8 * 3 * m * 20 * (1 - 1 / 4) * 512 * 1024 * 2 / (1000 * GB)
     assert off.breakdown["compute"] - on.breakdown["compute"] == pytest.approx(saved, rel=1e-9)
@@ -66,10 +90,16 @@ def test_sequence_parallelism_moves_the_norms_to_s_over_t_tokens_and_keeps_tp_by
 
 def test_tp_comm_overlap_hides_its_share_times_the_overlap_efficiency():
     c = config(tp_degree=4, micro_batch_size=1, global_batch=4)
-    exposed = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=dataclasses.replace(
-        MEGATRON_ENGINE, tp_comm_overlap=0.0)).breakdown["tp_comm"]
-    hidden = predict_step_time(c, cluster(), CAL, shape=SHAPE,
-                               engine=MEGATRON_ENGINE).breakdown["tp_comm"]
+    exposed = predict_step_time(
+        c,
+        cluster(),
+        CAL,
+        shape=SHAPE,
+        engine=dataclasses.replace(MEGATRON_ENGINE, tp_comm_overlap=0.0),
+    ).breakdown["tp_comm"]
+    hidden = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=MEGATRON_ENGINE).breakdown[
+        "tp_comm"
+    ]
     # The embedding's all-reduce (first stage) is not overlapped: compare per layer.
     assert exposed > 0
     layer_share = (hidden - _embed(c)) / (exposed - _embed(c))
@@ -96,13 +126,23 @@ def test_the_distributed_optimizer_reduce_scatters_fp32_grads_and_gathers_bf16_p
 
 def test_recompute_num_layers_recomputes_that_share_of_the_stage():
     base = config(tp_degree=2, micro_batch_size=1, global_batch=4)
-    t = {ac: predict_step_time(dataclasses.replace(base, activation_checkpointing=ac,
-                                                   ac_layers=layers),
-                               cluster(), CAL, shape=SHAPE, engine=MEGATRON_ENGINE)
-         .breakdown["compute"] for ac, layers in (("none", None), ("full", None))}
-    half = predict_step_time(dataclasses.replace(base, activation_checkpointing="full",
-                                                 ac_layers=4), cluster(), CAL, shape=SHAPE,
-                             engine=MEGATRON_ENGINE).breakdown["compute"]
+    t = {
+        ac: predict_step_time(
+            dataclasses.replace(base, activation_checkpointing=ac, ac_layers=layers),
+            cluster(),
+            CAL,
+            shape=SHAPE,
+            engine=MEGATRON_ENGINE,
+        ).breakdown["compute"]
+        for ac, layers in (("none", None), ("full", None))
+    }
+    half = predict_step_time(
+        dataclasses.replace(base, activation_checkpointing="full", ac_layers=4),
+        cluster(),
+        CAL,
+        shape=SHAPE,
+        engine=MEGATRON_ENGINE,
+    ).breakdown["compute"]
     assert half - t["none"] == pytest.approx((t["full"] - t["none"]) / 2, rel=1e-9)
 
 
@@ -116,8 +156,7 @@ def test_context_parallelism_all_gathers_k_and_v_and_reduce_scatters_their_gradi
     c = config(cp_degree=2, micro_batch_size=1, global_batch=4)
     est = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=MEGATRON_ENGINE)
     one = 1 / 2 * 512 * 2 * 1024 * 2 / (100 * GB)
-    assert est.breakdown["tp_comm"] == pytest.approx(c.grad_accum_steps * 8 * 2 * one,
-                                                     rel=1e-9)
+    assert est.breakdown["tp_comm"] == pytest.approx(c.grad_accum_steps * 8 * 2 * one, rel=1e-9)
 
 
 def test_hsdp_reduce_scatters_in_its_shard_group_and_all_reduces_across_replicas():
@@ -136,12 +175,18 @@ def test_hsdp_reduce_scatters_in_its_shard_group_and_all_reduces_across_replicas
 
 def test_float8_runs_the_linears_at_the_float8_peak_and_pays_its_casts():
     from autotune.model.perf_model import FLOAT8_CAST_BYTES
-    fp8 = dataclasses.replace(cluster(), device=dataclasses.replace(
-        cluster().device, peak_flops={**cluster().device.peak_flops, "float8": 200e12}))
+
+    fp8 = dataclasses.replace(
+        cluster(),
+        device=dataclasses.replace(
+            cluster().device, peak_flops={**cluster().device.peak_flops, "float8": 200e12}
+        ),
+    )
     c = config(micro_batch_size=1, global_batch=8)
     bf16 = predict_step_time(c, fp8, CAL, shape=SHAPE, engine=MEGATRON_ENGINE)
-    f8 = predict_step_time(dataclasses.replace(c, float8=True), fp8, CAL, shape=SHAPE,
-                           engine=MEGATRON_ENGINE)
+    f8 = predict_step_time(
+        dataclasses.replace(c, float8=True), fp8, CAL, shape=SHAPE, engine=MEGATRON_ENGINE
+    )
     # One layer's GEMMs: 2 · 512 · 12h² FLOPs forward, ×3 with backward, at 0.5 of the peak;
     # casts: per GEMM m·k + 2·k·n + m·n elements at 5 B over 1000 GB/s.
     h, m_ = 1024, 512
@@ -150,19 +195,23 @@ def test_float8_runs_the_linears_at_the_float8_peak_and_pays_its_casts():
     casts = FLOAT8_CAST_BYTES * sum(m * k + 2 * k * n + m * n for m, n, k in gemms) / 1e12
     per_layer = flops / (0.5 * 100e12) - flops / (0.5 * 200e12) - casts
     assert bf16.breakdown["compute"] - f8.breakdown["compute"] == pytest.approx(
-        8 * per_layer, rel=1e-9)
+        8 * per_layer, rel=1e-9
+    )
     # Without a float8 peak (an A100-like device) the flag changes nothing.
-    same = predict_step_time(dataclasses.replace(c, float8=True), cluster(), CAL, shape=SHAPE,
-                             engine=MEGATRON_ENGINE)
+    same = predict_step_time(
+        dataclasses.replace(c, float8=True), cluster(), CAL, shape=SHAPE, engine=MEGATRON_ENGINE
+    )
     assert same.breakdown["compute"] == bf16.breakdown["compute"]
 
 
 def test_compile_fuses_torchtitans_eager_elementwise_bytes_down_to_the_fused_count():
     c = config(micro_batch_size=1, global_batch=8)
     eager = predict_step_time(c, cluster(), CAL, shape=SHAPE, engine=TITAN)
-    compiled = predict_step_time(dataclasses.replace(c, compile=True), cluster(), CAL,
-                                 shape=SHAPE, engine=TITAN)
+    compiled = predict_step_time(
+        dataclasses.replace(c, compile=True), cluster(), CAL, shape=SHAPE, engine=TITAN
+    )
     # 8 layers × 3 passes × (factor 4 − 1) × 20 B × b·s·h × 2 B ÷ 1000 GB/s.
     saved = 8 * 3 * (TITAN.elementwise_factor - 1) * 20 * 512 * 1024 * 2 / (1000 * GB)
     assert eager.breakdown["compute"] - compiled.breakdown["compute"] == pytest.approx(
-        saved, rel=1e-9)
+        saved, rel=1e-9
+    )

@@ -16,9 +16,19 @@ LLAMA_70B = WorkloadSpec(family="llama", size="70b", seq_len=4096, global_batch_
 
 def _interleaved() -> TrialConfig:
     # world 512 = tp 8 × pp 4 × cp 2 × dp 8
-    return TrialConfig(world_size=512, tp_degree=8, pp_degree=4, cp_degree=2, zero_stage=3,
-                       micro_batch_size=1, pp_schedule="interleaved_1f1b", virtual_stages=3,
-                       sequence_parallel=True, precision="bf16-mixed", workload=LLAMA_70B)
+    return TrialConfig(
+        world_size=512,
+        tp_degree=8,
+        pp_degree=4,
+        cp_degree=2,
+        zero_stage=3,
+        micro_batch_size=1,
+        pp_schedule="interleaved_1f1b",
+        virtual_stages=3,
+        sequence_parallel=True,
+        precision="bf16-mixed",
+        workload=LLAMA_70B,
+    )
 
 
 def test_interleaved_sequence_parallel_fsdp_layout_by_hand():
@@ -45,8 +55,15 @@ def test_interleaved_sequence_parallel_fsdp_layout_by_hand():
 def test_plain_ddp_layout_by_hand():
     workload = dataclasses.replace(LLAMA_70B, vocab_size=50257, global_batch_size=256)
     # world 64 = tp 4 × pp 2 × dp 8, ZeRO-1 (no FSDP), 1F1B, no SP
-    config = TrialConfig(world_size=64, tp_degree=4, pp_degree=2, zero_stage=1,
-                         micro_batch_size=2, precision="bf16-mixed", workload=workload)
+    config = TrialConfig(
+        world_size=64,
+        tp_degree=4,
+        pp_degree=2,
+        zero_stage=1,
+        micro_batch_size=2,
+        precision="bf16-mixed",
+        workload=workload,
+    )
     config.validate()
     q = LayoutQuantities.of(config, workload.shape, "bf16-mixed")
     assert q.microbatch_tokens == 8192  # 2 · 4096
@@ -67,8 +84,10 @@ def test_both_models_read_the_one_definition():
     expected = LayoutQuantities.of(config, shape, "bf16-mixed")
     assert memory._stage(config, shape, 0, "cuda").layout == expected
     cluster = builtin_clusters()["a100-sxm4-80gb"].with_nodes(64)
-    assert perf_model._setup(config, cluster, None, shape, perf_model.AUTOTUNE_ENGINE
-                             ).layout == expected
+    assert (
+        perf_model._setup(config, cluster, None, shape, perf_model.AUTOTUNE_ENGINE).layout
+        == expected
+    )
 
 
 def test_chunks_go_round_robin_over_the_pipeline_ranks():

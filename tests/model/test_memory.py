@@ -1,4 +1,5 @@
-"""The memory model (autotune/model/memory.py) against hand arithmetic, saved tensors, and real trials.
+"""The memory model (autotune/model/memory.py) against hand arithmetic, saved tensors, and real
+trials.
 
 Hand-computed expectations follow the cited formulas (ZeRO: Rajbhandari et al. 2020 §5;
 activations: Korthikanti et al. 2022 Table 2, recounted for our block) and are written out in
@@ -59,9 +60,9 @@ import time
 
 import pytest
 
+from autotune.cli.estimate import add_estimate_parser, cmd_estimate
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.cli.estimate import add_estimate_parser, cmd_estimate
 from autotune.model.memory import (
     CATEGORIES,
     MemoryEstimate,
@@ -106,8 +107,12 @@ def test_gpt2_small_zero1_over_8_ranks_by_hand():
     # ZeroRedundancyOptimizer assigns whole tensors, largest first, to the least-loaded rank:
     # the token embedding (38,597,376 params, 24% of Φ > 1/8) lands alone on one rank, whose
     # moments are 8·38,597,376 = 308,779,008 bytes, plus one 4-byte step counter = 308,779,012.
-    config = _config(world_size=8, zero_stage=1, micro_batch_size=1,
-                     workload=dict(family="gpt", size="small", seq_len=1024))
+    config = _config(
+        world_size=8,
+        zero_stage=1,
+        micro_batch_size=1,
+        workload=dict(family="gpt", size="small", seq_len=1024),
+    )
     est = estimate_memory(config, device_type="cuda")
     assert est.parameters == 4 * GPT2_SMALL_PARAMS == 651_816_960
     assert est.gradients == 651_816_960
@@ -124,11 +129,19 @@ def test_zero_stage_scaling_what_divides_by_n(n):
     # FSDP's padded shards are exactly 1/N. Φ = 279,680 (shapes.py), 45 tensors.
     phi, tensors = MODEL_SHAPES[("gpt", "tiny")].num_params(), 45
     assert phi == 279_680
-    est = {z: estimate_memory(_config(world_size=n, zero_stage=z, workload=dict(
-        global_batch_size=64)), device_type="cuda") for z in (0, 1, 2, 3)}
+    est = {
+        z: estimate_memory(
+            _config(world_size=n, zero_stage=z, workload=dict(global_batch_size=64)),
+            device_type="cuda",
+        )
+        for z in (0, 1, 2, 3)
+    }
     # ZeRO-0: nothing sharded.
     assert (est[0].parameters, est[0].gradients, est[0].optimizer_state) == (
-        4 * phi, 4 * phi, 8 * phi + 4 * tensors)
+        4 * phi,
+        4 * phi,
+        8 * phi + 4 * tensors,
+    )
     # ZeRO-1: only the moments, whole tensors per rank (at least 1/N, at most 1/N + the
     # largest tensor, 512·64 = 32,768 params); with N = 1 nothing is sharded.
     assert (est[1].parameters, est[1].gradients) == (4 * phi, 4 * phi)
@@ -138,7 +151,10 @@ def test_zero_stage_scaling_what_divides_by_n(n):
     # counters are per tensor and not sharded.
     for z in (2, 3):
         assert (est[z].parameters, est[z].gradients, est[z].optimizer_state) == (
-            4 * phi // n, 4 * phi // n, 8 * phi // n + 4 * tensors)
+            4 * phi // n,
+            4 * phi // n,
+            8 * phi // n + 4 * tensors,
+        )
 
 
 def test_fsdp_pads_dim0_to_a_multiple_of_n():
@@ -148,8 +164,9 @@ def test_fsdp_pads_dim0_to_a_multiple_of_n():
     # head (512, 64).  ⌈512/3⌉ = 171, ⌈256/3⌉ = 86, ⌈64/3⌉ = 22.
     per_layer = 4 * 22 + 4 * 22 * 64 + 86 * 64 + 22 * 256  # 88 + 5,632 + 5,504 + 5,632
     shard = 171 * 64 + 86 * 64 + 4 * per_layer + 2 * 22 + 171 * 64
-    est = estimate_memory(_config(world_size=3, zero_stage=3, workload=dict(
-        global_batch_size=6)), device_type="cuda")
+    est = estimate_memory(
+        _config(world_size=3, zero_stage=3, workload=dict(global_batch_size=6)), device_type="cuda"
+    )
     assert est.parameters == 4 * shard == 4 * 94_860
     assert est.optimizer_state == 8 * shard + 4 * 45
 
@@ -174,8 +191,10 @@ def test_tp_divides_only_the_sharded_linears():
     # divide by 4 → 1,769,472; the norms (3,072), embeddings, final norm and head stay whole.
     replicated = 38_597_376 + 786_432 + 1_536 + 38_597_376
     per_layer = 7_077_888 // 4 + 3_072
-    est = estimate_memory(_config(world_size=4, tp_degree=4, workload=dict(
-        family="gpt", size="small", seq_len=128)), device_type="cuda")
+    est = estimate_memory(
+        _config(world_size=4, tp_degree=4, workload=dict(family="gpt", size="small", seq_len=128)),
+        device_type="cuda",
+    )
     assert est.parameters == 4 * (replicated + 12 * per_layer)
 
 
@@ -200,10 +219,19 @@ def test_pp_stages_hold_their_layers_embeddings_and_head():
     # GPT-2 small on pp = 5: stage 0 has wte + wpe + 3 layers; stages 1-2 three/two layers;
     # the last has 2 layers + final norm + head. Per layer 7,080,960 params.
     layer = 7_080_960
-    expected = [38_597_376 + 786_432 + 3 * layer, 3 * layer, 2 * layer, 2 * layer,
-                2 * layer + 1_536 + 38_597_376]
-    config = _config(world_size=5, pp_degree=5, pp_schedule="gpipe",
-                     workload=dict(family="gpt", size="small", seq_len=128))
+    expected = [
+        38_597_376 + 786_432 + 3 * layer,
+        3 * layer,
+        2 * layer,
+        2 * layer,
+        2 * layer + 1_536 + 38_597_376,
+    ]
+    config = _config(
+        world_size=5,
+        pp_degree=5,
+        pp_schedule="gpipe",
+        workload=dict(family="gpt", size="small", seq_len=128),
+    )
     stages = estimate_all_stages(config, device_type="cuda")
     assert [e.parameters for e in stages] == [4 * p for p in expected]
     assert [e.stage for e in stages] == [0, 1, 2, 3, 4]
@@ -252,8 +280,11 @@ def test_layer_formula_matches_saved_tensors(family, attention, dtype, checkpoin
     # would be plain MHA, so GQA with 1 KV head), f 208.
     shape = ModelShape(family, 2, 80, 5, 5 if family == "gpt" else 1, 208, 96, 64)
     torch_dtype = getattr(torch, dtype)
-    model = apply_ac(Transformer(shape, vocab_size=96, attention=attention).to(torch_dtype),
-                     checkpointing, transformer_blocks)
+    model = apply_ac(
+        Transformer(shape, vocab_size=96, attention=attention).to(torch_dtype),
+        checkpointing,
+        transformer_blocks,
+    )
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -268,8 +299,14 @@ def test_layer_formula_matches_saved_tensors(family, attention, dtype, checkpoin
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
         model.layers["0"](x)
     assert sum(saved.values()) == layer_activation_bytes(
-        shape, seq_len=48, micro_batch=3, tp=1, checkpointing=checkpointing,
-        attention=attention, dtype=dtype)
+        shape,
+        seq_len=48,
+        micro_batch=3,
+        tp=1,
+        checkpointing=checkpointing,
+        attention=attention,
+        dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
@@ -292,14 +329,22 @@ def test_block_backward_temporaries_match_the_profiler(family, checkpointing):
     model(x).backward(grad)  # parameter gradients exist before the measured step
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model(x).backward(grad)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
+    )
     live = peak = 0
     for e in events:
         live += e.nbytes()
         peak = max(peak, live)
-    kw = dict(seq_len=128, micro_batch=2, tp=1, checkpointing=checkpointing, attention="sdpa",
-              dtype="float32")
+    kw = dict(
+        seq_len=128,
+        micro_batch=2,
+        tp=1,
+        checkpointing=checkpointing,
+        attention="sdpa",
+        dtype="float32",
+    )
     above_saved = peak - 2 * layer_activation_bytes(shape, **kw)
     assert above_saved == pytest.approx(block_backward_bytes(shape, **kw), rel=0.05)
 
@@ -312,10 +357,14 @@ def test_checkpointing_orders_activations_full_selective_none(model, attention):
     # forward/backward for every mode and ``activations`` is what each mode keeps.
     acts = {}
     for ac in ("none", "selective", "full"):
-        config = _config(world_size=8, zero_stage=3, activation_checkpointing=ac,
-                         attention=attention, micro_batch_size=2,
-                         workload=dict(family=family, size=size, seq_len=1024,
-                                       global_batch_size=16))
+        config = _config(
+            world_size=8,
+            zero_stage=3,
+            activation_checkpointing=ac,
+            attention=attention,
+            micro_batch_size=2,
+            workload=dict(family=family, size=size, seq_len=1024, global_batch_size=16),
+        )
         est = estimate_memory(config, device_type="cuda")
         assert est.phase == "forward/backward"
         acts[ac] = est.activations
@@ -326,8 +375,12 @@ def test_foreach_adamw_can_make_the_optimizer_step_the_peak():
     # Llama 7B (Φ = 6,738,415,616 with an untied head) on 8 GPUs with DDP in float32 and full
     # recomputation: foreach AdamW's sqrt of every second moment (4Φ ≈ 27 GB) outweighs the
     # activations, so the peak is after backward and the temporaries are under ``other``.
-    config = _config(world_size=8, activation_checkpointing="full", micro_batch_size=1,
-                     workload=dict(family="llama", size="7b", seq_len=1024, global_batch_size=8))
+    config = _config(
+        world_size=8,
+        activation_checkpointing="full",
+        micro_batch_size=1,
+        workload=dict(family="llama", size="7b", seq_len=1024, global_batch_size=8),
+    )
     est = estimate_memory(config, device_type="cuda")
     phi = MODEL_SHAPES[("llama", "7b")].num_params()
     assert est.phase == "after backward"
@@ -338,8 +391,7 @@ def test_foreach_adamw_can_make_the_optimizer_step_the_peak():
 def test_microbatches_in_flight_per_schedule():
     # GPipe holds all M; 1F1B stage i holds min(M, pp − i) (Narayanan et al. 2021 §2.2).
     assert [microbatches_in_flight("gpipe", 4, r, 8) for r in range(4)] == [(8,)] * 4
-    assert [microbatches_in_flight("1f1b", 4, r, 8) for r in range(4)] == [(4,), (3,), (2,),
-                                                                           (1,)]
+    assert [microbatches_in_flight("1f1b", 4, r, 8) for r in range(4)] == [(4,), (3,), (2,), (1,)]
     assert microbatches_in_flight("1f1b", 4, 0, 2) == (2,)
     # Interleaved, pp 2, M 4 (2 per round), 2 virtual stages: rank 0 warms up with
     # (2 − 1)·2 + 2·(2 − 1 − 0) = 4 forwards — stages 0, 0, 1, 1 — and holds a fifth
@@ -380,8 +432,12 @@ def test_interleaved_replay_matches_torchs_schedule():
 
 
 def test_gpipe_keeps_every_microbatch_and_1f1b_favours_later_stages():
-    base = dict(world_size=4, pp_degree=4, micro_batch_size=1,
-                workload=dict(family="gpt", size="small", seq_len=512, global_batch_size=8))
+    base = dict(
+        world_size=4,
+        pp_degree=4,
+        micro_batch_size=1,
+        workload=dict(family="gpt", size="small", seq_len=512, global_batch_size=8),
+    )
     gpipe = estimate_all_stages(_config(pp_schedule="gpipe", **base), device_type="cuda")
     f1b = estimate_all_stages(_config(pp_schedule="1f1b", **base), device_type="cuda")
     # Stages 1 and 2 are identical (3 layers, no embeddings or head): GPipe holds 8
@@ -402,9 +458,14 @@ def test_llama_70b_on_512_gpus_is_finite_and_sane():
     # the final norm (8,192) and head (262,144,000) on stage 7.
     layer = 2 * 8_388_608 + 2 * 1_048_576 + 3 * 29_360_128 + 2 * 8_192
     assert layer == 106_971_136
-    config = _config(world_size=512, tp_degree=8, pp_degree=8, zero_stage=1,
-                     micro_batch_size=1, workload=dict(family="llama", size="70b",
-                                                       seq_len=4096, global_batch_size=1024))
+    config = _config(
+        world_size=512,
+        tp_degree=8,
+        pp_degree=8,
+        zero_stage=1,
+        micro_batch_size=1,
+        workload=dict(family="llama", size="70b", seq_len=4096, global_batch_size=1024),
+    )
     stages = estimate_all_stages(config, device_type="cuda")
     assert stages[0].parameters == 4 * (10 * layer + 262_144_000)
     assert stages[7].parameters == 4 * (10 * layer + 8_192 + 262_144_000)
@@ -413,8 +474,10 @@ def test_llama_70b_on_512_gpus_is_finite_and_sane():
     # into 8 equal shares, unpadded (every tensor size is a multiple of 8), so the two fp32
     # moments are 2·4/8 = 1 byte per stage parameter, plus a 4-byte step counter for each
     # tensor a rank holds a piece of (at most all: 10·9 + 1 on stage 0, 10·9 + 2 on stage 7).
-    for e, numel, tensors in ((stages[0], 10 * layer + 262_144_000, 91),
-                              (stages[7], 10 * layer + 8_192 + 262_144_000, 92)):
+    for e, numel, tensors in (
+        (stages[0], 10 * layer + 262_144_000, 91),
+        (stages[7], 10 * layer + 8_192 + 262_144_000, 92),
+    ):
         assert 0 < e.optimizer_state - numel <= 4 * tensors
     # Stage 0 activations (1F1B holds pp − 0 = 8 micro-batches): per layer, s 4096, b 1, t 8,
     # sbh = 33,554,432, sbf = 117,440,512: norms 2·(8·sbh + 4·s + 4·sbh) = 805,339,136,
@@ -457,14 +520,24 @@ def test_estimate_categories_sum_to_total():
 
 def test_speed_thousands_of_estimates_a_second():
     configs = []
-    for zero, tp, pp, mb, ac in [(z, t, p, m, a) for z in range(4) for t in (1, 2)
-                                 for p in (1, 2) for m in (1, 2, 4)
-                                 for a in ("none", "selective", "full")]:
-        config = _config(world_size=8, zero_stage=zero, tp_degree=tp, pp_degree=pp,
-                         micro_batch_size=mb, activation_checkpointing=ac,
-                         overlap_enabled=not (zero == 1 and pp > 1),
-                         workload=dict(family="gpt", size="medium", seq_len=1024,
-                                       global_batch_size=64))
+    for zero, tp, pp, mb, ac in [
+        (z, t, p, m, a)
+        for z in range(4)
+        for t in (1, 2)
+        for p in (1, 2)
+        for m in (1, 2, 4)
+        for a in ("none", "selective", "full")
+    ]:
+        config = _config(
+            world_size=8,
+            zero_stage=zero,
+            tp_degree=tp,
+            pp_degree=pp,
+            micro_batch_size=mb,
+            activation_checkpointing=ac,
+            overlap_enabled=not (zero == 1 and pp > 1),
+            workload=dict(family="gpt", size="medium", seq_len=1024, global_batch_size=64),
+        )
         try:
             config.validate()
         except ConfigError:
@@ -484,31 +557,85 @@ def test_speed_thousands_of_estimates_a_second():
 _FAST = dict(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, device="cpu")
 MEASURED = [  # world 2 first, then world 4: the executor keeps one worker group per world size
     _config(world_size=2, micro_batch_size=1, **_FAST),
-    _config(world_size=2, zero_stage=1, micro_batch_size=4, activation_checkpointing="selective",
-            workload=dict(seq_len=128), **_FAST),
+    _config(
+        world_size=2,
+        zero_stage=1,
+        micro_batch_size=4,
+        activation_checkpointing="selective",
+        workload=dict(seq_len=128),
+        **_FAST,
+    ),
     _config(world_size=2, zero_stage=2, micro_batch_size=2, **_FAST),
-    _config(world_size=2, zero_stage=3, micro_batch_size=1, activation_checkpointing="full",
-            workload=dict(seq_len=128), **_FAST),
+    _config(
+        world_size=2,
+        zero_stage=3,
+        micro_batch_size=1,
+        activation_checkpointing="full",
+        workload=dict(seq_len=128),
+        **_FAST,
+    ),
     _config(world_size=2, tp_degree=2, micro_batch_size=2, **_FAST),
     _config(world_size=2, pp_degree=2, micro_batch_size=1, **_FAST),
-    _config(world_size=2, zero_stage=3, micro_batch_size=2,
-            workload=dict(family="llama", dtype="bfloat16", seq_len=128), **_FAST),
-    _config(world_size=4, zero_stage=3, tp_degree=2, micro_batch_size=2,
-            activation_checkpointing="selective", **_FAST),
-    _config(world_size=4, pp_degree=2, pp_schedule="gpipe", micro_batch_size=2,
-            activation_checkpointing="full", workload=dict(seq_len=128), **_FAST),
-    _config(world_size=4, zero_stage=2, pp_degree=2, pp_schedule="interleaved_1f1b",
-            micro_batch_size=1, **_FAST),
-    _config(world_size=4, zero_stage=1, pp_degree=2, overlap_enabled=False, micro_batch_size=2,
-            activation_checkpointing="selective", **_FAST),
-    _config(world_size=4, micro_batch_size=1, activation_checkpointing="full", attention="eager",
-            workload=dict(family="llama", seq_len=128), **_FAST),
+    _config(
+        world_size=2,
+        zero_stage=3,
+        micro_batch_size=2,
+        workload=dict(family="llama", dtype="bfloat16", seq_len=128),
+        **_FAST,
+    ),
+    _config(
+        world_size=4,
+        zero_stage=3,
+        tp_degree=2,
+        micro_batch_size=2,
+        activation_checkpointing="selective",
+        **_FAST,
+    ),
+    _config(
+        world_size=4,
+        pp_degree=2,
+        pp_schedule="gpipe",
+        micro_batch_size=2,
+        activation_checkpointing="full",
+        workload=dict(seq_len=128),
+        **_FAST,
+    ),
+    _config(
+        world_size=4,
+        zero_stage=2,
+        pp_degree=2,
+        pp_schedule="interleaved_1f1b",
+        micro_batch_size=1,
+        **_FAST,
+    ),
+    _config(
+        world_size=4,
+        zero_stage=1,
+        pp_degree=2,
+        overlap_enabled=False,
+        micro_batch_size=2,
+        activation_checkpointing="selective",
+        **_FAST,
+    ),
+    _config(
+        world_size=4,
+        micro_batch_size=1,
+        activation_checkpointing="full",
+        attention="eager",
+        workload=dict(family="llama", seq_len=128),
+        **_FAST,
+    ),
 ]
 
 
-@pytest.mark.parametrize("config", MEASURED, ids=lambda c: (
-    f"{c.workload.family}-w{c.world_size}-z{c.zero_stage}-tp{c.tp_degree}-pp{c.pp_degree}-"
-    f"mb{c.micro_batch_size}-s{c.workload.seq_len}-{c.activation_checkpointing}"))
+@pytest.mark.parametrize(
+    "config",
+    MEASURED,
+    ids=lambda c: (
+        f"{c.workload.family}-w{c.world_size}-z{c.zero_stage}-tp{c.tp_degree}-pp{c.pp_degree}-"
+        f"mb{c.micro_batch_size}-s{c.workload.seq_len}-{c.activation_checkpointing}"
+    ),
+)
 def test_predicted_against_measured(executor, config):
     result = executor.run(config)
     for est in estimate_all_stages(config, device_type="cpu"):
@@ -523,11 +650,15 @@ def test_predicted_against_measured(executor, config):
     # measured again, up to three runs in all, and the lowest reading per stage is judged.
     peaks = _stage_peaks(result)
     for _ in range(2):
-        if all(est.total / peaks[est.stage] - 1 >= -0.10
-               for est in estimate_all_stages(config, device_type="cpu")):
+        if all(
+            est.total / peaks[est.stage] - 1 >= -0.10
+            for est in estimate_all_stages(config, device_type="cpu")
+        ):
             break
-        peaks = {stage: min(peak, _stage_peaks(executor.run(config))[stage])
-                 for stage, peak in peaks.items()}
+        peaks = {
+            stage: min(peak, _stage_peaks(executor.run(config))[stage])
+            for stage, peak in peaks.items()
+        }
     for est in estimate_all_stages(config, device_type="cpu"):
         peak = peaks[est.stage]
         assert -0.10 <= est.total / peak - 1 <= 0.30, (est.stage, est.as_dict(), peak)
@@ -549,9 +680,26 @@ def _run_cli(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-LLAMA_70B_ARGS = ("--model", "llama-70b", "--world-size", "512", "--tp", "8", "--pp", "8",
-                  "--zero", "1", "--micro-batch", "1", "--global-batch", "1024",
-                  "--seq-len", "4096", "--precision", "32-true")
+LLAMA_70B_ARGS = (
+    "--model",
+    "llama-70b",
+    "--world-size",
+    "512",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--zero",
+    "1",
+    "--micro-batch",
+    "1",
+    "--global-batch",
+    "1024",
+    "--seq-len",
+    "4096",
+    "--precision",
+    "32-true",
+)
 
 
 def test_cli_table_for_llama_70b(capsys):
@@ -567,9 +715,14 @@ def test_cli_json_matches_the_library(capsys):
     code, out = _run_cli(capsys, *LLAMA_70B_ARGS, "--json")
     assert code == 0
     data = json.loads(out)
-    config = _config(world_size=512, tp_degree=8, pp_degree=8, zero_stage=1,
-                     micro_batch_size=1, workload=dict(family="llama", size="70b",
-                                                       seq_len=4096, global_batch_size=1024))
+    config = _config(
+        world_size=512,
+        tp_degree=8,
+        pp_degree=8,
+        zero_stage=1,
+        micro_batch_size=1,
+        workload=dict(family="llama", size="70b", seq_len=4096, global_batch_size=1024),
+    )
     worst = estimate_memory(config, device_type="cuda")
     assert data["per_rank"] == worst.as_dict()
     assert data["stage"] == worst.stage and len(data["stages"]) == 8
@@ -584,17 +737,31 @@ def test_cli_config_file_and_explicit_shape(capsys, tmp_path):
     expected = estimate_memory(TrialConfig.from_file(path), device_type="cpu")
     assert code == 0 and data["per_rank"] == expected.as_dict()
     # An explicit architecture: the same numbers as the equivalent ModelShape.
-    code, out = _run_cli(capsys, "--num-layers", "6", "--hidden-size", "256", "--num-heads",
-                         "8", "--seq-len", "128", "--vocab-size", "1000", "--world-size", "2",
-                         "--precision", "32-true", "--json")
+    code, out = _run_cli(
+        capsys,
+        "--num-layers",
+        "6",
+        "--hidden-size",
+        "256",
+        "--num-heads",
+        "8",
+        "--seq-len",
+        "128",
+        "--vocab-size",
+        "1000",
+        "--world-size",
+        "2",
+        "--precision",
+        "32-true",
+        "--json",
+    )
     shape = ModelShape("gpt", 6, 256, 8, 8, 1024, 1000, 128)
     data = json.loads(out)
     assert data["per_rank"]["parameters"] == 4 * shape.num_params()
 
 
 def test_cli_params_gives_model_states_only(capsys):
-    code, out = _run_cli(capsys, "--params", "7e9", "--world-size", "64", "--zero", "3",
-                         "--json")
+    code, out = _run_cli(capsys, "--params", "7e9", "--world-size", "64", "--zero", "3", "--json")
     data = json.loads(out)["per_rank"]
     # 16Φ/N = 16 · 7e9 / 64 = 1.75e9 bytes; activations unknown without the architecture.
     assert code == 0 and data["model_states"] == 1_750_000_000
@@ -603,29 +770,69 @@ def test_cli_params_gives_model_states_only(capsys):
     assert "unknown" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--model", "gpt-huge"), "unknown model 'gpt-huge'"),
-    (("--num-layers", "4", "--hidden-size", "64"), "needs --num-heads"),
-    (("--model", "gpt-small", "--num-layers", "4", "--hidden-size", "64", "--num-heads", "4",
-      "--seq-len", "64", "--vocab-size", "100"), "either --model or"),
-    (("--num-layers", "4", "--hidden-size", "60", "--num-heads", "8", "--seq-len", "64",
-      "--vocab-size", "100"), "must divide --hidden-size"),
-    (("--world-size", "4", "--tp", "3"), "must divide world_size"),
-    (("--params", "-3",), "positive parameter count"),
-    (("--params", "1e9", "--model", "gpt-small"), "drop --model"),
-    (("--config", "/nonexistent/cfg.json"), "cannot read config file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--model", "gpt-huge"), "unknown model 'gpt-huge'"),
+        (("--num-layers", "4", "--hidden-size", "64"), "needs --num-heads"),
+        (
+            (
+                "--model",
+                "gpt-small",
+                "--num-layers",
+                "4",
+                "--hidden-size",
+                "64",
+                "--num-heads",
+                "4",
+                "--seq-len",
+                "64",
+                "--vocab-size",
+                "100",
+            ),
+            "either --model or",
+        ),
+        (
+            (
+                "--num-layers",
+                "4",
+                "--hidden-size",
+                "60",
+                "--num-heads",
+                "8",
+                "--seq-len",
+                "64",
+                "--vocab-size",
+                "100",
+            ),
+            "must divide --hidden-size",
+        ),
+        (("--world-size", "4", "--tp", "3"), "must divide world_size"),
+        (
+            (
+                "--params",
+                "-3",
+            ),
+            "positive parameter count",
+        ),
+        (("--params", "1e9", "--model", "gpt-small"), "drop --model"),
+        (("--config", "/nonexistent/cfg.json"), "cannot read config file"),
+    ],
+)
 def test_cli_bad_input_is_one_config_error(capsys, argv, message):
     with pytest.raises(ConfigError, match=message) as info:
         _run_cli(capsys, *argv)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--zero", "5"), "invalid choice: 5 (choose from 0, 1, 2, 3)"),
-    (("--tp", "0"), "argument --tp: must be ≥ 1, not 0"),
-    (("--ac", "some"), "invalid choice: 'some'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--zero", "5"), "invalid choice: 5 (choose from 0, 1, 2, 3)"),
+        (("--tp", "0"), "argument --tp: must be ≥ 1, not 0"),
+        (("--ac", "some"), "invalid choice: 'some'"),
+    ],
+)
 def test_cli_flag_out_of_its_field_type_is_a_usage_error(capsys, argv, message):
     """The layout flags take their type from the config field (cli/config_flags.py): a value
     the field cannot hold is argparse's one-line usage error, exit 2."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.memory import (
     LayoutKnobs,
@@ -28,12 +26,21 @@ T = S * B  # tokens
 
 
 def _layer(mode: str = "none", tp: int = TP, **knobs) -> int:
-    return layer_activation_bytes(LLAMA, seq_len=S, micro_batch=B, tp=tp, checkpointing=mode,
-                                  attention="sdpa", dtype="bfloat16", knobs=LayoutKnobs(**knobs))
+    return layer_activation_bytes(
+        LLAMA,
+        seq_len=S,
+        micro_batch=B,
+        tp=tp,
+        checkpointing=mode,
+        attention="sdpa",
+        dtype="bfloat16",
+        knobs=LayoutKnobs(**knobs),
+    )
 
 
-def _by_hand(t: int, sp: int = 1, keys: int = T, compiled: bool = False, tp: int = TP,
-             b: int = B) -> int:
+def _by_hand(
+    t: int, sp: int = 1, keys: int = T, compiled: bool = False, tp: int = TP, b: int = B
+) -> int:
     """One Llama block's saved bytes for t tokens on the rank attending over ``keys`` tokens:
     per RMSNorm its fp32 input and normalised input (8·th) and rstd (4·t), ÷ sp, and the bf16
     output the next Linears keep (whole: DTensor gathers it before them); rotary cos and sin
@@ -69,11 +76,13 @@ def test_context_parallelism_keeps_the_gathered_keys_and_values():
     assert _layer(cp=2) == _by_hand(T // 2, keys=T)
     assert _layer("full", cp=2) == E * (T // 2) * H
     # backward adds the gathered K/V's gradients before their reduce-scatter: 2e·sbh/t
-    kw = dict(seq_len=S, micro_batch=B, tp=TP, checkpointing="none", attention="sdpa",
-              dtype="bfloat16")
+    kw = dict(
+        seq_len=S, micro_batch=B, tp=TP, checkpointing="none", attention="sdpa", dtype="bfloat16"
+    )
     grads = 2 * E * (T // 2) * F // TP  # SwiGLU's two widest gradients
     assert block_backward_bytes(LLAMA, knobs=LayoutKnobs(cp=2), **kw) == (
-        grads + 2 * E * T * H // TP)
+        grads + 2 * E * T * H // TP
+    )
 
 
 def test_compile_recomputes_the_pointwise_tensors():
@@ -85,24 +94,28 @@ def test_float8_keeps_the_bf16_inputs_and_adds_its_casts_in_backward():
     # torchao's matmul_with_hp_or_float8_args saves input_hp and weight_hp_t: nothing kept
     # changes; backward casts w1's weight, input and output gradient to 1-byte float8.
     assert _layer(float8=True) == _by_hand(T)
-    kw = dict(seq_len=S, micro_batch=B, tp=TP, checkpointing="none", attention="sdpa",
-              dtype="bfloat16")
+    kw = dict(
+        seq_len=S, micro_batch=B, tp=TP, checkpointing="none", attention="sdpa", dtype="bfloat16"
+    )
     plain = block_backward_bytes(LLAMA, **kw)
     assert plain == 2 * E * T * F // TP
     assert block_backward_bytes(LLAMA, knobs=LayoutKnobs(float8=True), **kw) == (
-        plain + F * H // TP + T * H + T * F // TP)
+        plain + F * H // TP + T * H + T * F // TP
+    )
 
 
 def test_op_mode_keeps_the_policys_matmul_outputs():
     # torchtitan's op policy saves every second mm from the first: wq (h/t), wv (kv/t),
     # w1 (f/t) and w2 (the whole partial sum, h); SDPA's output (h/t) and log-sum-exp; and
     # the block input (h).
-    expected = (E * T * H + E * T * (H + KV + F) // TP + E * T * H + E * T * H // TP
-                + 4 * A * T // TP)
+    expected = (
+        E * T * H + E * T * (H + KV + F) // TP + E * T * H + E * T * H // TP + 4 * A * T // TP
+    )
     assert _layer("op") == expected
     # Under SP the block input and w2's reduce-scattered output are sequence shards.
     assert _layer("op", sequence_parallel=True) == (
-        2 * E * T * H // TP + E * T * (H + KV + F) // TP + E * T * H // TP + 4 * A * T // TP)
+        2 * E * T * H // TP + E * T * (H + KV + F) // TP + E * T * H // TP + 4 * A * T // TP
+    )
 
 
 def _config(**kw) -> TrialConfig:
@@ -114,8 +127,9 @@ def test_hsdp_shards_over_the_replica_group_only():
     # dp 4 as 2 replicas × 2 shards: FSDP2's fp32 shards hold half the parameters, not a
     # quarter. Every tensor's rows here are even, so no padding: 4 bytes × Φ / 2.
     phi = LLAMA.num_params()
-    hsdp = estimate_memory(_config(world_size=4, zero_stage=3, dp_replicate=2), LLAMA,
-                           device_type="cuda")
+    hsdp = estimate_memory(
+        _config(world_size=4, zero_stage=3, dp_replicate=2), LLAMA, device_type="cuda"
+    )
     assert hsdp.parameters == 4 * phi // 2 and hsdp.gradients == 4 * phi // 2
     plain = estimate_memory(_config(world_size=4, zero_stage=3), LLAMA, device_type="cuda")
     assert plain.parameters == 4 * phi // 4
@@ -125,15 +139,14 @@ def test_ac_layers_recomputes_that_many_blocks_per_stage():
     # 4 blocks, 1 recomputed whole: the other 3 keep everything. The backward temporary (a
     # recomputed block's) is the same in both, so the difference is 3 × (whole − input).
     mb = 16  # activations, not the optimizer step, make the peak
-    config = _config(world_size=1, activation_checkpointing="full", ac_layers=1,
-                     micro_batch_size=mb, batch=mb)
+    config = _config(
+        world_size=1, activation_checkpointing="full", ac_layers=1, micro_batch_size=mb, batch=mb
+    )
     one = estimate_memory(config, LLAMA, device_type="cuda")
-    every = estimate_memory(dataclasses.replace(config, ac_layers=None), LLAMA,
-                            device_type="cuda")
+    every = estimate_memory(dataclasses.replace(config, ac_layers=None), LLAMA, device_type="cuda")
     assert one.phase == every.phase == "forward/backward"
     t = S * mb
-    assert one.activations - every.activations == 3 * (_by_hand(t, keys=t, tp=1, b=mb)
-                                                       - E * t * H)
+    assert one.activations - every.activations == 3 * (_by_hand(t, keys=t, tp=1, b=mb) - E * t * H)
     assert peak_lower_bound(config, LLAMA, device_type="cuda") <= one.total
 
 
@@ -144,7 +157,6 @@ def test_virtual_stages_set_the_interleaved_replay():
     assert microbatches_in_flight("interleaved_1f1b", 2, 0, 4, 4) == (3, 2, 2, 2)
     # the config's virtual_stages reaches the estimate: 8 layers on 2 × 4 stages, one each
     eight = dataclasses.replace(LLAMA, num_layers=8)
-    config = _config(world_size=2, pp_degree=2, pp_schedule="interleaved_1f1b",
-                     virtual_stages=4)
+    config = _config(world_size=2, pp_degree=2, pp_schedule="interleaved_1f1b", virtual_stages=4)
     first = estimate_memory(config, eight, device_type="cuda")
     assert first.total >= peak_lower_bound(config, eight, device_type="cuda")

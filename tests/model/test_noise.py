@@ -13,25 +13,35 @@ import statistics
 from pathlib import Path
 
 import pytest
+from replay_table import MeasuredTable, ReplayTrialExecutor
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.export.best_config import export_study
 from autotune.layouts import short_name
-from autotune.study.leaderboard import Entry, declare_best, equivalent
 from autotune.model.noise import paired_ratio_interval, t_cdf, t_quantile, throughput_interval
-from replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, base_config
 from autotune.search.space import SearchSpace
 from autotune.status import TrialStatus
+from autotune.study.leaderboard import Entry, declare_best, equivalent
 from db import Database
 
 TABLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_b.json"
 
 # Upper critical values of Student's t, NIST/SEMATECH e-Handbook of Statistical Methods,
 # section 1.3.6.7.2 (3 decimals): {df: (t_0.95, t_0.975)}.
-T_TABLE = {1: (6.314, 12.706), 2: (2.920, 4.303), 3: (2.353, 3.182), 4: (2.132, 2.776),
-           5: (2.015, 2.571), 6: (1.943, 2.447), 9: (1.833, 2.262), 10: (1.812, 2.228),
-           20: (1.725, 2.086), 30: (1.697, 2.042), 100: (1.660, 1.984)}
+T_TABLE = {
+    1: (6.314, 12.706),
+    2: (2.920, 4.303),
+    3: (2.353, 3.182),
+    4: (2.132, 2.776),
+    5: (2.015, 2.571),
+    6: (1.943, 2.447),
+    9: (1.833, 2.262),
+    10: (1.812, 2.228),
+    20: (1.725, 2.086),
+    30: (1.697, 2.042),
+    100: (1.660, 1.984),
+}
 
 
 @pytest.mark.parametrize("df", sorted(T_TABLE))
@@ -46,8 +56,7 @@ def test_t_distribution_against_closed_forms_and_the_normal_limit():
     for p in (0.6, 0.9, 0.975, 0.995):
         # ν = 1 is Cauchy: tan(π(p − ½)); ν = 2: (2p − 1) / √(2p(1 − p)).
         assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
-        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)),
-                                                 rel=1e-9)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
         # large ν approaches the normal quantile (Cornish-Fisher: z + (z³ + z) / 4ν)
         z = statistics.NormalDist().inv_cdf(p)
         assert t_quantile(p, 400) == pytest.approx(z + (z**3 + z) / 1600, rel=2e-4)
@@ -61,8 +70,8 @@ def test_interval_by_hand_and_its_coverage():
     ci = throughput_interval(runs)
     assert ci.source == "runs" and ci.n == 3
     assert (ci.low, ci.high) == pytest.approx(
-        (math.exp(m - 4.303 * s / math.sqrt(3)), math.exp(m + 4.303 * s / math.sqrt(3))),
-        rel=1e-4)
+        (math.exp(m - 4.303 * s / math.sqrt(3)), math.exp(m + 4.303 * s / math.sqrt(3))), rel=1e-4
+    )
     # one run: its timed steps (tokens / step time each), narrower and labelled so
     steps = [0.050, 0.052, 0.049, 0.055, 0.051]
     one = throughput_interval([10_000.0], steps, tokens_per_step=512)
@@ -72,8 +81,12 @@ def test_interval_by_hand_and_its_coverage():
     # Coverage, counted: 3 runs of log-normal noise (CV ≈ 15%) around a known median; the 95%
     # interval must hold it about 95% of the time (binomial sd over 3,000 draws ≈ 0.4%).
     rng = random.Random(7)
-    hits = sum(throughput_interval([30_000 * math.exp(rng.gauss(0, 0.15)) for _ in range(3)])
-               .contains(30_000) for _ in range(3000))
+    hits = sum(
+        throughput_interval([30_000 * math.exp(rng.gauss(0, 0.15)) for _ in range(3)]).contains(
+            30_000
+        )
+        for _ in range(3000)
+    )
     assert 0.935 <= hits / 3000 <= 0.965
 
 
@@ -93,8 +106,9 @@ def test_pairing_within_rounds_cancels_machine_wide_drift():
 def entry(number, throughputs, *, rounds=None, peak=100, **layout) -> Entry:
     config = TrialConfig(world_size=2, device="cpu", **layout)
     rounds = tuple(range(1, len(throughputs))) if rounds is None else rounds
-    return Entry(number, number, config, TrialStatus.COMPLETE, list(throughputs), peak, peak,
-                 rounds=rounds)
+    return Entry(
+        number, number, config, TrialStatus.COMPLETE, list(throughputs), peak, peak, rounds=rounds
+    )
 
 
 def test_tie_rule():
@@ -108,8 +122,12 @@ def test_tie_rule():
     close = entry(1, [30_900, 29_700, 30_600, 29_900], micro_batch_size=2, peak=50)
     logs = [math.log(x / y) for x, y in zip([29_700, 30_600, 29_900], [30_000, 30_500, 29_800])]
     half = 4.303 * statistics.stdev(logs) / math.sqrt(3)
-    assert 0.97 < math.exp(statistics.fmean(logs) - half) < math.exp(
-        statistics.fmean(logs) + half) < 1.03
+    assert (
+        0.97
+        < math.exp(statistics.fmean(logs) - half)
+        < math.exp(statistics.fmean(logs) + half)
+        < 1.03
+    )
     v = declare_best([fast, close])
     assert v.is_tie and equivalent(fast, close) and v.pick is close and v.fastest is fast
     assert v.to_dict()["tied_within_noise"] and v.to_dict()["picked_trial"] == 1
@@ -142,10 +160,23 @@ def rows():
 
 def replayed(db, rows, name, **kw):
     executor = ReplayTrialExecutor(rows)
-    spec = SearchSpec(**{**dict(
-        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
-        world_size=2, device="cpu", study_name=name, n_trials=3, patience=None, top_k=3,
-        remeasure_repeats=2, remeasure_max_repeats=4, sampler="random"), **kw})
+    spec = SearchSpec(
+        **{
+            **dict(
+                workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
+                world_size=2,
+                device="cpu",
+                study_name=name,
+                n_trials=3,
+                patience=None,
+                top_k=3,
+                remeasure_repeats=2,
+                remeasure_max_repeats=4,
+                sampler="random",
+            ),
+            **kw,
+        }
+    )
     search = Search.open(spec, db, executor, out=io.StringIO(), include=executor.contains)
     return search, executor
 
@@ -168,8 +199,7 @@ def test_remeasurement_is_interleaved_and_stops_once_separated(tmp_path, rows):
     interval = stored[best.trial_id]["throughput_interval"]
     assert interval["source"] == "runs" and interval["n"] == 3
     assert interval["low"] == pytest.approx(best.throughput)  # a table does not vary
-    assert all("throughput_interval" in m for t_id, m in stored.items()
-               if m.get("step_time_s"))
+    assert all("throughput_interval" in m for t_id, m in stored.items() if m.get("step_time_s"))
     assert not declare_best(outcome.leaderboard).is_tie
 
 
@@ -178,8 +208,13 @@ def test_a_tie_is_measured_to_the_round_limit_and_exported_as_a_tie(tmp_path, ro
     # memory. The two cannot be told apart, so rounds go on to the limit and the rule picks
     # the twin.
     best, twin = rows[0], rows[1]
-    rows = [best, dataclasses.replace(twin, step_time_s=best.step_time_s,
-                                      peak_memory_bytes=best.peak_memory_bytes // 2), *rows[2:]]
+    rows = [
+        best,
+        dataclasses.replace(
+            twin, step_time_s=best.step_time_s, peak_memory_bytes=best.peak_memory_bytes // 2
+        ),
+        *rows[2:],
+    ]
     db = Database.open(f"sqlite:///{tmp_path / 't.db'}")
     search, executor = replayed(db, rows, "tie")
     outcome = search.run()
@@ -205,19 +240,27 @@ def test_the_baseline_is_a_finalist_even_when_its_figure_misses_the_top(tmp_path
     executor = ReplayTrialExecutor(rows)
     spec = SearchSpec(
         workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
-        world_size=2, device="cpu", study_name="base", n_trials=3, patience=None, top_k=1,
-        remeasure_repeats=2, remeasure_max_repeats=2, sampler="random")
+        world_size=2,
+        device="cpu",
+        study_name="base",
+        n_trials=3,
+        patience=None,
+        top_k=1,
+        remeasure_repeats=2,
+        remeasure_max_repeats=2,
+        sampler="random",
+    )
     key = executor.table.key  # the table's identity of a layout (ignores unused knobs)
     space = SearchSpace(base_config(spec), fixed=spec.fixed, narrowed=spec.narrowed)
     baseline = next(c for c in space.configs if key(c) == key(slowest.config))
-    outcome = Search.open(spec, db, executor, out=io.StringIO(), include=executor.contains,
-                     baseline=baseline).run()
+    outcome = Search.open(
+        spec, db, executor, out=io.StringIO(), include=executor.contains, baseline=baseline
+    ).run()
     calls = [key(c) for c in executor.table.calls]
     assert calls[0] == key(slowest.config)  # the baseline runs first
     remeasured = calls[3:]
     assert len(remeasured) == 4
-    assert set(remeasured[:2]) == set(remeasured[2:]) == {key(fastest.config),
-                                                          key(slowest.config)}
+    assert set(remeasured[:2]) == set(remeasured[2:]) == {key(fastest.config), key(slowest.config)}
     assert remeasured[:2] != remeasured[2:]  # the second round starts one further along
     rounds = {key(e.config): e.rounds for e in outcome.leaderboard}
     assert rounds[key(slowest.config)] == rounds[key(fastest.config)] == (1, 2)

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.model.calibration import Sample, fit_calibration
-from autotune.model.cluster import ClusterSpec, DeviceSpec, LinkSpec, load_cluster, read_nccl_tests
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.shapes import ModelShape
+from autotune.model.calibration import Sample, fit_calibration
+from autotune.model.cluster import ClusterSpec, DeviceSpec, LinkSpec, load_cluster, read_nccl_tests
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     MEGATRON_ENGINE,
@@ -30,36 +29,66 @@ from autotune.model.perf_model import (
     predict_step_time,
     stage_boundaries,
 )
+from autotune.shapes import ModelShape
 
 A100_DATA = Path(__file__).resolve().parents[1] / "data" / "a100-megatron"
 """The nccl-tests curve of the shared A100 data set, copied with its licence (data/README.md)."""
 GB = 1e9
 
 
-def flat_cluster(*, nodes: int = 1, per_node: int = 8, bw: float = 100.0, latency: float = 0.0,
-                 inter_bw: float = 25.0, backend: str = "nccl") -> ClusterSpec:
+def flat_cluster(
+    *,
+    nodes: int = 1,
+    per_node: int = 8,
+    bw: float = 100.0,
+    latency: float = 0.0,
+    inter_bw: float = 25.0,
+    backend: str = "nccl",
+) -> ClusterSpec:
     return ClusterSpec(
-        name="test", num_nodes=nodes, devices_per_node=per_node,
-        device=DeviceSpec(name="dev", peak_flops={"float32": 100e12, "float16": 100e12,
-                                                  "bfloat16": 100e12},
-                          memory_bandwidth_gbs=1000.0, memory_gib=80.0),
+        name="test",
+        num_nodes=nodes,
+        devices_per_node=per_node,
+        device=DeviceSpec(
+            name="dev",
+            peak_flops={"float32": 100e12, "float16": 100e12, "bfloat16": 100e12},
+            memory_bandwidth_gbs=1000.0,
+            memory_gib=80.0,
+        ),
         intra_node=LinkSpec(bandwidth_gbs=bw, latency_us=latency),
-        inter_node=LinkSpec(bandwidth_gbs=inter_bw, latency_us=latency), backend=backend)
+        inter_node=LinkSpec(bandwidth_gbs=inter_bw, latency_us=latency),
+        backend=backend,
+    )
 
 
 # A calibration with every fixed cost and element-wise term at zero: only FLOPs and bytes.
-PURE = Calibration(compute_efficiency=0.5, half_efficiency_rows=1e-9, half_efficiency_cols=1e-9,
-                   elementwise_bytes=0.0, elementwise_sharded_bytes=0.0, score_bytes=0.0,
-                   layer_overhead_s=0.0, collective_overhead_s=0.0, microbatch_overhead_s=0.0,
-                   step_overhead_s=0.0, comm_efficiency=1.0, overlap_efficiency=1.0,
-                   optimizer_bytes_per_param=0.0)
+PURE = Calibration(
+    compute_efficiency=0.5,
+    half_efficiency_rows=1e-9,
+    half_efficiency_cols=1e-9,
+    elementwise_bytes=0.0,
+    elementwise_sharded_bytes=0.0,
+    score_bytes=0.0,
+    layer_overhead_s=0.0,
+    collective_overhead_s=0.0,
+    microbatch_overhead_s=0.0,
+    step_overhead_s=0.0,
+    comm_efficiency=1.0,
+    overlap_efficiency=1.0,
+    optimizer_bytes_per_param=0.0,
+)
 # 8 equal layers and a head too small to unbalance the last stage.
 SHAPE = ModelShape("gpt", 8, 1024, 16, 16, 4096, 8, 1024)
 
 
 def config(**kw) -> TrialConfig:
-    workload = WorkloadSpec(seq_len=512, global_batch_size=kw.pop("global_batch", 8),
-                            dtype="float16", workload="test:shape", vocab_size=8)
+    workload = WorkloadSpec(
+        seq_len=512,
+        global_batch_size=kw.pop("global_batch", 8),
+        dtype="float16",
+        workload="test:shape",
+        vocab_size=8,
+    )
     return TrialConfig(workload=workload, **{"world_size": 8, "overlap_enabled": False, **kw})
 
 
@@ -75,21 +104,42 @@ def test_each_term_of_a_tp_dp_layout_is_its_formula():
     - optimizer: 16 bytes × those parameters / 1000 GB/s; pipeline and overheads nothing."""
     b, s, h, layers, vocab, tp, m, e = 1, 512, 1024, 8, 8, 2, 2, 2
     cal = dataclasses.replace(PURE, optimizer_bytes_per_param=16.0)
-    est = predict_step_time(config(world_size=4, tp_degree=tp, micro_batch_size=b,
-                                   global_batch=4, activation_checkpointing="none"),
-                            flat_cluster(per_node=4, bw=100.0), cal, shape=SHAPE,
-                            engine=MEGATRON_LEGACY_ENGINE)
+    est = predict_step_time(
+        config(
+            world_size=4,
+            tp_degree=tp,
+            micro_batch_size=b,
+            global_batch=4,
+            activation_checkpointing="none",
+        ),
+        flat_cluster(per_node=4, bw=100.0),
+        cal,
+        shape=SHAPE,
+        engine=MEGATRON_LEGACY_ENGINE,
+    )
     rate = 100e12 * 0.5
-    compute = m * 3 * (layers * (24 * b * s * h * h + 4 * b * s * s * h) / tp
-                       + 2 * b * s * h * vocab / tp) / rate
+    compute = (
+        m
+        * 3
+        * (layers * (24 * b * s * h * h + 4 * b * s * s * h) / tp + 2 * b * s * h * vocab / tp)
+        / rate
+    )
     all_reduce = 2 * (tp - 1) / tp * (b * s * h * e) / (100 * GB)
     tp_comm = m * (layers * 4 + 1) * all_reduce
-    params = layers * (12 * h * h + 4 * h) / tp + (vocab * h / tp + 1024 * h) + (
-        vocab * h / tp + 2 * h)
+    params = (
+        layers * (12 * h * h + 4 * h) / tp + (vocab * h / tp + 1024 * h) + (vocab * h / tp + 2 * h)
+    )
     dp_comm = 2 * 1 / 2 * params * e / (100 * GB)
     optimizer = 16 * params / (1000 * GB)
-    expected = {"compute": compute, "tp_comm": tp_comm, "pp_p2p": 0.0, "pp_bubble": 0.0,
-                "dp_comm": dp_comm, "optimizer": optimizer, "overhead": 0.0}
+    expected = {
+        "compute": compute,
+        "tp_comm": tp_comm,
+        "pp_p2p": 0.0,
+        "pp_bubble": 0.0,
+        "dp_comm": dp_comm,
+        "optimizer": optimizer,
+        "overhead": 0.0,
+    }
     assert set(est.breakdown) == set(TERMS)
     for term, value in expected.items():
         assert est.breakdown[term] == pytest.approx(value, rel=1e-6, abs=1e-12), term
@@ -111,8 +161,13 @@ def test_pipeline_bubble_is_p_minus_1_over_m(pp: int, m: int):
 def test_interleaved_bubble_is_divided_by_the_virtual_stages():
     """(p − 1) / (v·m) with v = 2 virtual stages per rank."""
     pp, m = 4, 8
-    cfg = config(world_size=pp, pp_degree=pp, micro_batch_size=1, global_batch=m,
-                 pp_schedule="interleaved_1f1b")
+    cfg = config(
+        world_size=pp,
+        pp_degree=pp,
+        micro_batch_size=1,
+        global_batch=m,
+        pp_schedule="interleaved_1f1b",
+    )
     est = predict_step_time(cfg, flat_cluster(per_node=pp, bw=1e9), PURE, shape=SHAPE)
     ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
     assert est.breakdown["pp_bubble"] / ideal == pytest.approx((pp - 1) / (2 * m), rel=0.02)
@@ -128,8 +183,13 @@ def test_interleaving_cannot_hide_the_bubble_with_fewer_micro_batches_than_stage
     assert pipeline_bubble([1.0] * 4, 4, 2) == pytest.approx(1.5)
     assert pipeline_bubble([1.0] * 4, 2, 1) == pytest.approx(3.0)  # v = 1: (p − 1)·T
     # Through the model: pp 2, one micro-batch, interleaved: bubble / ideal = 1 (as GPipe's).
-    cfg = config(world_size=2, pp_degree=2, micro_batch_size=1, global_batch=1,
-                 pp_schedule="interleaved_1f1b")
+    cfg = config(
+        world_size=2,
+        pp_degree=2,
+        micro_batch_size=1,
+        global_batch=1,
+        pp_schedule="interleaved_1f1b",
+    )
     est = predict_step_time(cfg, flat_cluster(per_node=2, bw=1e9), PURE, shape=SHAPE)
     ideal = est.breakdown["compute"] + est.breakdown["pp_p2p"]
     assert est.breakdown["pp_bubble"] / ideal == pytest.approx(1.0, rel=0.02)
@@ -143,17 +203,27 @@ def test_interleaved_ranks_cross_the_wrap_around_boundaries_too():
     assert [stage_boundaries(r, 4, 2) for r in range(4)] == [3, 4, 4, 3]
     assert [stage_boundaries(r, 4, 1) for r in range(4)] == [1, 2, 2, 1]
     assert stage_boundaries(0, 1, 1) == 0
-    p2p = {schedule: predict_step_time(
-        config(world_size=2, pp_degree=2, micro_batch_size=1, global_batch=8,
-               pp_schedule=schedule), flat_cluster(per_node=2), PURE,
-        shape=SHAPE).breakdown["pp_p2p"] for schedule in ("1f1b", "interleaved_1f1b")}
+    p2p = {
+        schedule: predict_step_time(
+            config(
+                world_size=2, pp_degree=2, micro_batch_size=1, global_batch=8, pp_schedule=schedule
+            ),
+            flat_cluster(per_node=2),
+            PURE,
+            shape=SHAPE,
+        ).breakdown["pp_p2p"]
+        for schedule in ("1f1b", "interleaved_1f1b")
+    }
     assert p2p["interleaved_1f1b"] / p2p["1f1b"] == pytest.approx(3.0)
 
 
 def cpu_ranks(cluster: ClusterSpec, *, cores: int) -> ClusterSpec:
     """``cluster``'s ranks as CPU processes sharing ``cores`` cores (no asynchronous device)."""
-    return dataclasses.replace(cluster, cores_per_node=cores, device=dataclasses.replace(
-        cluster.device, asynchronous=False))
+    return dataclasses.replace(
+        cluster,
+        cores_per_node=cores,
+        device=dataclasses.replace(cluster.device, asynchronous=False),
+    )
 
 
 def test_a_cpu_rank_pays_host_time_for_each_boundary_it_crosses():
@@ -165,8 +235,10 @@ def test_a_cpu_rank_pays_host_time_for_each_boundary_it_crosses():
 
     def extra(cluster, global_batch=8, **kw) -> float:  # 8 micro-batches a rank
         cfg = config(pp_degree=2, micro_batch_size=1, global_batch=global_batch, **kw)
-        return (predict_step_time(cfg, cluster, cal, shape=SHAPE).breakdown["pp_p2p"]
-                - predict_step_time(cfg, cluster, PURE, shape=SHAPE).breakdown["pp_p2p"])
+        return (
+            predict_step_time(cfg, cluster, cal, shape=SHAPE).breakdown["pp_p2p"]
+            - predict_step_time(cfg, cluster, PURE, shape=SHAPE).breakdown["pp_p2p"]
+        )
 
     two = cpu_ranks(flat_cluster(per_node=2), cores=2)
     assert extra(two, world_size=2) == pytest.approx(8e-3)
@@ -182,8 +254,10 @@ def test_cpu_ranks_in_a_bubble_share_the_cores_only_among_the_working_ones():
     (4/2) / (8/2) = 1/2 of its time at the shared speed."""
     cfg = config(world_size=8, pp_degree=2, micro_batch_size=1, global_batch=16)  # dp 4
     cpu = cpu_ranks(flat_cluster(per_node=8, bw=1e9), cores=2)
-    bubble = [predict_step_time(cfg, c, PURE, shape=SHAPE).breakdown["pp_bubble"]
-              for c in (dataclasses.replace(cpu, cores_per_node=None), cpu)]
+    bubble = [
+        predict_step_time(cfg, c, PURE, shape=SHAPE).breakdown["pp_bubble"]
+        for c in (dataclasses.replace(cpu, cores_per_node=None), cpu)
+    ]
     assert bubble[1] / bubble[0] == pytest.approx(0.5)
 
 
@@ -218,12 +292,20 @@ def test_fsdp2_units_are_counted_as_the_engine_wraps_them():
     assert hooked_units(z3, [4], per_layer, AUTOTUNE_ENGINE) == 3
     assert hooked_units(z3, [1, 1], per_layer, AUTOTUNE_ENGINE) == 4
     assert hooked_units(z3, [4], per_layer, MEGATRON_ENGINE) == 0
-    replicated = config(world_size=4, pp_degree=2, zero_stage=1, micro_batch_size=1,
-                        bucket_mb=0.1, overlap_enabled=True)  # dp 2
+    replicated = config(
+        world_size=4,
+        pp_degree=2,
+        zero_stage=1,
+        micro_batch_size=1,
+        bucket_mb=0.1,
+        overlap_enabled=True,
+    )  # dp 2
     assert hooked_units(replicated, [2], per_layer, AUTOTUNE_ENGINE) == 2
-    for none in (config(world_size=4, zero_stage=0, overlap_enabled=True, micro_batch_size=1),
-                 config(world_size=4, pp_degree=2, zero_stage=1, micro_batch_size=1),
-                 config(world_size=1, zero_stage=3, micro_batch_size=1)):
+    for none in (
+        config(world_size=4, zero_stage=0, overlap_enabled=True, micro_batch_size=1),
+        config(world_size=4, pp_degree=2, zero_stage=1, micro_batch_size=1),
+        config(world_size=1, zero_stage=3, micro_batch_size=1),
+    ):
         assert hooked_units(none, [4], per_layer, AUTOTUNE_ENGINE) == 0
 
 
@@ -233,8 +315,9 @@ def test_fsdp2_hooks_cost_host_time_every_micro_batch():
     cluster = cpu_ranks(flat_cluster(per_node=4, bw=1e9, backend="gloo"), cores=2)
     cal = dataclasses.replace(PURE, unit_overhead_s=1e-3)
     z3 = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=8, bucket_mb=0.1)
-    ddp = config(world_size=4, zero_stage=0, micro_batch_size=1, global_batch=8,
-                 overlap_enabled=True)
+    ddp = config(
+        world_size=4, zero_stage=0, micro_batch_size=1, global_batch=8, overlap_enabled=True
+    )
     for cfg, added in ((z3, 2 * 3 * 1e-3 * 2), (ddp, 0.0)):
         with_cost = predict_step_time(cfg, cluster, cal, shape=TINY).breakdown["overhead"]
         without = predict_step_time(cfg, cluster, PURE, shape=TINY).breakdown["overhead"]
@@ -247,8 +330,7 @@ def test_fsdp2_hooks_hide_behind_a_gpus_queued_work():
     of device work hide almost wholly; TINY's layers (µs of work) leave all 3 × 1 ms exposed."""
     cal = dataclasses.replace(PURE, unit_overhead_s=1e-3)
     big = config(world_size=8, zero_stage=3, micro_batch_size=1, bucket_mb=25)
-    small = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=4,
-                   bucket_mb=0.1)
+    small = config(world_size=4, zero_stage=3, micro_batch_size=1, global_batch=4, bucket_mb=0.1)
     for cfg, shape, per_node, exposed in ((big, SHAPE, 8, 0.0), (small, TINY, 4, 3e-3)):
         cluster = flat_cluster(per_node=per_node)
         with_cost = predict_step_time(cfg, cluster, cal, shape=shape).breakdown["overhead"]
@@ -263,11 +345,13 @@ def test_ring_all_reduce_time_at_a_known_bandwidth():
     assert t == pytest.approx(2 * 3 / 4 * 1e9 / (100 * GB))
     # all-gather and reduce-scatter move half: (n − 1)/n · S
     assert collective_time(cluster, PURE, _Group(4, 1, 1), 1e9, kind="all_gather") == (
-        pytest.approx(t / 2))
+        pytest.approx(t / 2)
+    )
     # gloo runs reduce-scatter as a full all-reduce
     gloo = flat_cluster(bw=100.0, backend="gloo")
     assert collective_time(gloo, PURE, _Group(4, 1, 1), 1e9, kind="reduce_scatter") == (
-        pytest.approx(t))
+        pytest.approx(t)
+    )
 
 
 def test_a_group_across_nodes_shares_each_nodes_network():
@@ -281,8 +365,12 @@ def test_zero3_moves_one_and_a_half_times_the_all_reduce():
     """ZeRO paper §7: all-gather (forward) + all-gather (backward) + reduce-scatter = 3Φ against
     the all-reduce's 2Φ, with one micro-batch and no overlap."""
     cluster = flat_cluster()
-    times = {z: predict_step_time(config(zero_stage=z, micro_batch_size=1), cluster, PURE,
-                                  shape=SHAPE).breakdown["dp_comm"] for z in (0, 3)}
+    times = {
+        z: predict_step_time(
+            config(zero_stage=z, micro_batch_size=1), cluster, PURE, shape=SHAPE
+        ).breakdown["dp_comm"]
+        for z in (0, 3)
+    }
     assert times[3] / times[0] == pytest.approx(1.5)
 
 
@@ -291,16 +379,20 @@ def test_gradient_sync_bytes_follow_the_parameter_count():
     cluster = flat_cluster(bw=100.0)
     est = predict_step_time(config(micro_batch_size=1), cluster, PURE, shape=SHAPE)
     grad_bytes = 2 * SHAPE.num_params(8)  # vocab 8, so embedding + head are tiny but counted
-    assert est.breakdown["dp_comm"] == pytest.approx(2 * 7 / 8 * grad_bytes / (100 * GB),
-                                                     rel=1e-3)
+    assert est.breakdown["dp_comm"] == pytest.approx(2 * 7 / 8 * grad_bytes / (100 * GB), rel=1e-3)
 
 
 def test_tensor_parallel_all_reduces_per_layer():
     """Megatron: per layer per micro-batch two all-reduces forward, two backward; full
     recomputation repeats the forward's two: 6 of b·s·h fp16 bytes each."""
     cluster = flat_cluster(bw=100.0)
-    cfg = config(world_size=2, tp_degree=2, micro_batch_size=1, global_batch=1,
-                 activation_checkpointing="full")
+    cfg = config(
+        world_size=2,
+        tp_degree=2,
+        micro_batch_size=1,
+        global_batch=1,
+        activation_checkpointing="full",
+    )
     est = predict_step_time(cfg, cluster, PURE, shape=SHAPE, engine=MEGATRON_LEGACY_ENGINE)
     one = 2 * 1 / 2 * (512 * 1024 * 2) / (100 * GB)
     assert est.breakdown["tp_comm"] == pytest.approx(8 * 6 * one + one)  # + the embedding's
@@ -313,8 +405,9 @@ def test_compute_is_flops_over_peak_times_efficiency():
     b, s, h = 1, 512, 1024
     layer = 24 * b * s * h * h + 4 * b * s * s * h
     head = 2 * b * s * h * 8
-    assert est.breakdown["compute"] == pytest.approx(3 * (8 * layer + head) / (100e12 * 0.5),
-                                                     rel=1e-6)
+    assert est.breakdown["compute"] == pytest.approx(
+        3 * (8 * layer + head) / (100e12 * 0.5), rel=1e-6
+    )
 
 
 def test_host_bound_layers_take_the_host_time():
@@ -327,22 +420,36 @@ def test_host_bound_layers_take_the_host_time():
 
 def test_calibration_recovers_known_parameters():
     """Step times made by a known calibration are fitted back to it from the defaults."""
-    truth = dataclasses.replace(Calibration(), compute_efficiency=0.42, layer_overhead_s=4e-4,
-                                comm_efficiency=0.7, optimizer_bytes_per_param=20.0)
+    truth = dataclasses.replace(
+        Calibration(),
+        compute_efficiency=0.42,
+        layer_overhead_s=4e-4,
+        comm_efficiency=0.7,
+        optimizer_bytes_per_param=20.0,
+    )
     cluster = load_cluster("a100-sxm4-80gb")
     samples = []
     for tp in (1, 2, 4, 8):
         for mb in (1, 2, 4, 8):
             for hidden in (256, 4096):  # launch-bound and compute-bound layers
                 shape = ModelShape("gpt", 12, hidden, 16, 16, 4 * hidden, 50257, 1024)
-                cfg = TrialConfig(workload=WorkloadSpec(seq_len=1024, global_batch_size=64,
-                                                        dtype="float16", workload="t:s"),
-                                  world_size=8, tp_degree=tp, micro_batch_size=mb,
-                                  overlap_enabled=False)
+                cfg = TrialConfig(
+                    workload=WorkloadSpec(
+                        seq_len=1024, global_batch_size=64, dtype="float16", workload="t:s"
+                    ),
+                    world_size=8,
+                    tp_degree=tp,
+                    micro_batch_size=mb,
+                    overlap_enabled=False,
+                )
                 t = predict_step_time(cfg, cluster, truth, shape=shape).step_time_s
                 samples.append(Sample(cfg, t, shape))
-    fitted = ("compute_efficiency", "layer_overhead_s", "comm_efficiency",
-              "optimizer_bytes_per_param")
+    fitted = (
+        "compute_efficiency",
+        "layer_overhead_s",
+        "comm_efficiency",
+        "optimizer_bytes_per_param",
+    )
     report = fit_calibration(samples, cluster, fitted=fitted, fit_shapes=False)
     for name in fitted[:3]:
         assert getattr(report.calibration, name) == pytest.approx(getattr(truth, name), rel=0.1)
@@ -358,20 +465,29 @@ def test_a_parameter_no_sample_depends_on_keeps_its_start():
     samples = []
     for mb in (1, 2, 4):
         cfg = config(world_size=8, tp_degree=1, micro_batch_size=mb)
-        samples.append(Sample(cfg, predict_step_time(cfg, cluster, truth,
-                                                     shape=SHAPE).step_time_s, SHAPE))
+        samples.append(
+            Sample(cfg, predict_step_time(cfg, cluster, truth, shape=SHAPE).step_time_s, SHAPE)
+        )
     start = Calibration()
-    report = fit_calibration(samples, cluster, start=start,
-                             fitted=("compute_efficiency", "layer_overhead_s",
-                                     "tp_layer_overhead_s"), fit_shapes=False)
+    report = fit_calibration(
+        samples,
+        cluster,
+        start=start,
+        fitted=("compute_efficiency", "layer_overhead_s", "tp_layer_overhead_s"),
+        fit_shapes=False,
+    )
     assert "tp_layer_overhead_s" not in report.fitted
     assert report.calibration.tp_layer_overhead_s == start.tp_layer_overhead_s
     tp2 = config(world_size=8, tp_degree=2, micro_batch_size=1)
     predicted = predict_step_time(tp2, cluster, report.calibration, shape=SHAPE).step_time_s
     # Three tp 1 trials cannot separate compute from launch time exactly; the tp 2 layout's
     # prediction is only required to be of the truth's order.
-    expected = predict_step_time(tp2, cluster, dataclasses.replace(
-        truth, tp_layer_overhead_s=start.tp_layer_overhead_s), shape=SHAPE).step_time_s
+    expected = predict_step_time(
+        tp2,
+        cluster,
+        dataclasses.replace(truth, tp_layer_overhead_s=start.tp_layer_overhead_s),
+        shape=SHAPE,
+    ).step_time_s
     assert expected / 2 < predicted < expected * 2
 
 
@@ -408,27 +524,38 @@ def test_cluster_round_trips_through_json(tmp_path):
 
 def test_cluster_reads_toml(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('name = "t"\nnum_nodes = 2\ndevices_per_node = 4\n'
-                    '[device]\nname = "d"\nmemory_bandwidth_gbs = 1000.0\nmemory_gib = 40.0\n'
-                    '[device.peak_flops]\nbfloat16 = 1e14\n'
-                    '[intra_node]\nbandwidth_gbs = 100.0\nlatency_us = 5.0\n'
-                    '[inter_node]\nbandwidth_gbs = 25.0\nlatency_us = 10.0\n')
+    path.write_text(
+        'name = "t"\nnum_nodes = 2\ndevices_per_node = 4\n'
+        '[device]\nname = "d"\nmemory_bandwidth_gbs = 1000.0\nmemory_gib = 40.0\n'
+        "[device.peak_flops]\nbfloat16 = 1e14\n"
+        "[intra_node]\nbandwidth_gbs = 100.0\nlatency_us = 5.0\n"
+        "[inter_node]\nbandwidth_gbs = 25.0\nlatency_us = 10.0\n"
+    )
     cluster = ClusterSpec.from_file(path)
     assert cluster.world_size == 8 and cluster.device.flops("bfloat16") == 1e14
 
 
-@pytest.mark.parametrize("text,message", [
-    ("{not json", "is not valid JSON"),
-    ('{"name": "x"}', "device is missing"),
-    ('{"name": "x", "device": {"name": "d", "peak_flops": {}, "memory_bandwidth_gbs": 1, '
-     '"memory_gib": 1}, "intra_node": {"bandwidth_gbs": 1, "latency_us": 1}, '
-     '"inter_node": {"bandwidth_gbs": 1, "latency_us": 1}}', "peak_flops needs"),
-    ('{"name": "x", "devices_per_node": 0, "device": {"name": "d", "peak_flops": '
-     '{"float32": 1}, "memory_bandwidth_gbs": 1, "memory_gib": 1}, "intra_node": '
-     '{"bandwidth_gbs": 1, "latency_us": 1}, "inter_node": {"bandwidth_gbs": 1, '
-     '"latency_us": 1}}', "devices_per_node must be a positive integer"),
-    ('{"name": "x", "colour": 1}', "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"name": "x"}', "device is missing"),
+        (
+            '{"name": "x", "device": {"name": "d", "peak_flops": {}, "memory_bandwidth_gbs": 1, '
+            '"memory_gib": 1}, "intra_node": {"bandwidth_gbs": 1, "latency_us": 1}, '
+            '"inter_node": {"bandwidth_gbs": 1, "latency_us": 1}}',
+            "peak_flops needs",
+        ),
+        (
+            '{"name": "x", "devices_per_node": 0, "device": {"name": "d", "peak_flops": '
+            '{"float32": 1}, "memory_bandwidth_gbs": 1, "memory_gib": 1}, "intra_node": '
+            '{"bandwidth_gbs": 1, "latency_us": 1}, "inter_node": {"bandwidth_gbs": 1, '
+            '"latency_us": 1}}',
+            "devices_per_node must be a positive integer",
+        ),
+        ('{"name": "x", "colour": 1}', "unknown key"),
+    ],
+)
 def test_bad_cluster_files_are_one_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -486,8 +613,23 @@ def test_the_held_out_shape_split_predicts_only_shapes_it_never_measured(tmp_pat
     predicted_rows = []
     for fold in (0, 1):
         out = tmp_path / f"fold{fold}"
-        assert bench.main(["--split", str(table), "--hold-out-shapes", "2", "--offset",
-                           str(fold), "--every", "4", "--out", str(out)]) == 0
+        assert (
+            bench.main(
+                [
+                    "--split",
+                    str(table),
+                    "--hold-out-shapes",
+                    "2",
+                    "--offset",
+                    str(fold),
+                    "--every",
+                    "4",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         calibrating, predicted = shapes_of(out / "calibrate.csv"), shapes_of(out / "predict.csv")
         assert len(calibrating) == 4 and len(predicted) == 8
         assert not set(calibrating) & set(predicted)
@@ -507,8 +649,8 @@ def test_context_parallel_divides_each_ranks_compute(engine):
     al. 2023), on the calibrated trial engine's formulas as on the roofline's. FLOPs only
     (PURE): the compute term is exactly half."""
     pure = dataclasses.replace(PURE, gemm_half_dim=1e-9)  # the roofline's GEMMs at e_max
-    one = predict_step_time(config(world_size=2), flat_cluster(), pure, shape=SHAPE,
-                            engine=engine)
-    two = predict_step_time(config(world_size=4, cp_degree=2), flat_cluster(), pure,
-                            shape=SHAPE, engine=engine)
+    one = predict_step_time(config(world_size=2), flat_cluster(), pure, shape=SHAPE, engine=engine)
+    two = predict_step_time(
+        config(world_size=4, cp_degree=2), flat_cluster(), pure, shape=SHAPE, engine=engine
+    )
     assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"] / 2, rel=0.02)

@@ -22,8 +22,9 @@ def test_a_large_gemm_is_compute_bound_at_the_curves_efficiency():
     eff = 0.8 * (4096 / 4224) ** 3
     assert gemm_efficiency(g, 0.8, 128) == pytest.approx(eff, rel=1e-12)
     expected = 2 * 4096**3 / (PEAK * eff)
-    assert gemm_time(g, peak=PEAK, mem_bw=BW, elem_bytes=2, e_max=0.8,
-                     half_dim=128) == pytest.approx(expected, rel=1e-12)
+    assert gemm_time(
+        g, peak=PEAK, mem_bw=BW, elem_bytes=2, e_max=0.8, half_dim=128
+    ) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_thin_gemm_is_bound_by_its_bytes():
@@ -38,7 +39,8 @@ def test_causal_flash_does_half_the_score_flops():
     shape = ModelShape("gpt", 2, 1024, 16, 16, 4096, 100, 2048)
     # 4·b·s²·h = 4 · 2 · 2048² · 1024 = 3.436e10 whole; causal half, over tp 4: 4.295e9.
     assert causal_flash_flops(shape, batch=2, seq=2048, keys=2048, tp=4) == pytest.approx(
-        4 * 2 * 2048 * 2048 * 1024 / 2 / 4)
+        4 * 2 * 2048 * 2048 * 1024 / 2 / 4
+    )
 
 
 def test_the_layers_gemms_are_megatrons_count():

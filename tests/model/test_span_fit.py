@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from autotune.model.cluster import GB, local_cpu_cluster
 from autotune.config import TrialConfig
+from autotune.model.cluster import GB, local_cpu_cluster
 from autotune.model.perf_model import Calibration, layer_forward_flops, predict_step_time
 from autotune.model.span_fit import INTER, INTRA, fit_link, fit_spans, summarize
 from profiler import Span
@@ -30,16 +30,20 @@ def _collective_spans(config: TrialConfig, backend: str, sizes, *, group: str = 
     plus that rank's wait for the others."""
     n = config.dp_degree
     spans, clock = [], 0
-    for i, (name, size) in enumerate((name, size) for size in sizes
-                                     for name in ("all_reduce", "all_gather",
-                                                  "reduce_scatter")):
-        ring = 2 * (n - 1) / n if name == "all_reduce" or (
-            name == "reduce_scatter" and backend == "gloo") else (n - 1) / n
+    for i, (name, size) in enumerate(
+        (name, size) for size in sizes for name in ("all_reduce", "all_gather", "reduce_scatter")
+    ):
+        ring = (
+            2 * (n - 1) / n
+            if name == "all_reduce" or (name == "reduce_scatter" and backend == "gloo")
+            else (n - 1) / n
+        )
         true_s = (LATENCY_S + ring * size / (BANDWIDTH_GBS * GB)) * _noise(i)
         for rank in range(config.world_size):
             wait = WAITS_S[(rank + i) % len(WAITS_S)]
-            spans.append(Span(rank, i % 2, "comm", name, "", clock, int((true_s + wait) * 1e9),
-                              size, group))
+            spans.append(
+                Span(rank, i % 2, "comm", name, "", clock, int((true_s + wait) * 1e9), size, group)
+            )
         clock += 10**8
     return spans
 
@@ -47,16 +51,20 @@ def _collective_spans(config: TrialConfig, backend: str, sizes, *, group: str = 
 SIZES = [2**k for k in range(12, 27, 2)]  # 4 KiB … 64 MiB
 
 
-@pytest.mark.parametrize("backend, nodes, link", [
-    ("gloo", 1, INTRA),   # reduce-scatter runs as an all-reduce
-    ("nccl", 1, INTRA),   # reduce-scatter moves (n−1)/n of its input
-    ("gloo", 2, INTER),   # a dp group of 4 over 2 nodes of 2 crosses the network
-])
+@pytest.mark.parametrize(
+    "backend, nodes, link",
+    [
+        ("gloo", 1, INTRA),  # reduce-scatter runs as an all-reduce
+        ("nccl", 1, INTRA),  # reduce-scatter moves (n−1)/n of its input
+        ("gloo", 2, INTER),  # a dp group of 4 over 2 nodes of 2 crosses the network
+    ],
+)
 def test_known_latency_and_bandwidth_are_recovered(backend, nodes, link):
     config = TrialConfig(world_size=4, micro_batch_size=1, device="cpu")
     assert config.dp_degree == 4
-    cluster = dataclasses.replace(local_cpu_cluster(4), backend=backend, num_nodes=nodes,
-                                  devices_per_node=4 // nodes)
+    cluster = dataclasses.replace(
+        local_cpu_cluster(4), backend=backend, num_nodes=nodes, devices_per_node=4 // nodes
+    )
     trial = summarize(_collective_spans(config, backend, SIZES), config, cluster)
     assert len(trial.collectives) == 3 * len(SIZES)
     # The shortest rank's span is the instance's time: no point carries a wait.
@@ -71,10 +79,10 @@ def test_known_latency_and_bandwidth_are_recovered(backend, nodes, link):
 
 def test_one_size_holds_the_latency_and_fits_the_bandwidth():
     config = TrialConfig(world_size=2, micro_batch_size=1, device="cpu")
-    cluster = dataclasses.replace(local_cpu_cluster(2),
-                                  intra_node=dataclasses.replace(
-                                      local_cpu_cluster(2).intra_node,
-                                      latency_us=LATENCY_S * 1e6))
+    cluster = dataclasses.replace(
+        local_cpu_cluster(2),
+        intra_node=dataclasses.replace(local_cpu_cluster(2).intra_node, latency_us=LATENCY_S * 1e6),
+    )
     spans = [s for s in _collective_spans(config, "gloo", [2**22] * 4) if s.name == "all_reduce"]
     fit = fit_spans([summarize(spans, config, cluster)], cluster).links[INTRA]
     assert not fit.latency_fitted and fit.latency_s == pytest.approx(LATENCY_S)
@@ -91,8 +99,10 @@ def test_a_fit_refuses_no_points_and_clamps_a_negative_latency():
     spans = []
     for i, size in enumerate(SIZES):
         t = size / (BANDWIDTH_GBS * GB) * (0.9 if size < 2**16 else 1.0)
-        spans += [Span(r, 0, "comm", "all_reduce", "", i * 10**8, int(t * 1e9), size, "dp")
-                  for r in range(2)]
+        spans += [
+            Span(r, 0, "comm", "all_reduce", "", i * 10**8, int(t * 1e9), size, "dp")
+            for r in range(2)
+        ]
     fit = fit_spans([summarize(spans, config, cluster)], cluster).links[INTRA]
     assert fit.latency_s >= 0 and fit.bandwidth_gbs > 0
 
@@ -113,8 +123,12 @@ def _compute_spans(rank: int, step: int, start: int, extra_ns: int) -> list[Span
 def test_compute_rate_is_the_model_flops_over_the_measured_time():
     config = TrialConfig(world_size=2, micro_batch_size=2, device="cpu")
     cluster = local_cpu_cluster(2, cores=2)
-    spans = [s for step in (0, 1) for rank in (0, 1)
-             for s in _compute_spans(rank, step, step * 200_000_000, 3_000_000 * rank)]
+    spans = [
+        s
+        for step in (0, 1)
+        for rank in (0, 1)
+        for s in _compute_spans(rank, step, step * 200_000_000, 3_000_000 * rank)
+    ]
     trial = summarize(spans, config, cluster)
     # Slowest rank (1): forward 10 ms (the nested op adds nothing) + backward 23 ms + the 1 ms
     # of the clipped op inside the window; optimizer and out-of-phase ops are not modelled.
@@ -126,23 +140,35 @@ def test_compute_rate_is_the_model_flops_over_the_measured_time():
     matmul, scores = layer_forward_flops(shape, seq_len=wl.seq_len, micro_batch=b)
     # Forward + backward (2× forward) per layer and of the output head (2·b·s·h·V forward),
     # per micro-batch (Narayanan et al. 2021).
-    flops = m * 3 * (shape.num_layers * (matmul + scores)
-                     + 2 * b * wl.seq_len * shape.hidden_size * shape.vocab_size)
+    flops = (
+        m
+        * 3
+        * (
+            shape.num_layers * (matmul + scores)
+            + 2 * b * wl.seq_len * shape.hidden_size * shape.vocab_size
+        )
+    )
     fit = fit_spans([trial], cluster).compute
     assert fit.flops_per_s == pytest.approx(flops / 0.034, rel=1e-9)
-    assert fit.fraction_of_peak == pytest.approx(flops / 0.034 / cluster.device.flops("float32"),
-                                                 rel=1e-9)
+    assert fit.fraction_of_peak == pytest.approx(
+        flops / 0.034 / cluster.device.flops("float32"), rel=1e-9
+    )
     assert 0 < fit.compute_efficiency <= 1 and fit.residual < 1e-6
     # The prior it gives makes the model's compute term what the spans measured.
     start = fit_spans([trial], cluster).start_calibration(Calibration.for_cluster(cluster))
     assert predict_step_time(config, cluster, start).breakdown["compute"] == pytest.approx(
-        0.034, rel=1e-6)
+        0.034, rel=1e-6
+    )
 
 
 def test_spans_of_a_real_trial_give_finite_positive_figures(executor):
-    config = dataclasses.replace(TrialConfig.from_file("examples/tiny_ddp_dp2.json"),
-                                 device="cpu", num_warmup_steps=1, num_timed_steps=1,
-                                 num_profiled_steps=2)
+    config = dataclasses.replace(
+        TrialConfig.from_file("examples/tiny_ddp_dp2.json"),
+        device="cpu",
+        num_warmup_steps=1,
+        num_timed_steps=1,
+        num_profiled_steps=2,
+    )
     result = executor.run(config)
     spans = [s for r in result.ranks for s in r.spans]
     cluster = local_cpu_cluster(config.world_size)
@@ -150,7 +176,8 @@ def test_spans_of_a_real_trial_give_finite_positive_figures(executor):
     # ZeRO-0 with one 25 MB bucket: one all-reduce of every gradient per profiled step.
     assert len(trial.collectives) == 2
     assert {(p.name, p.bytes) for p in trial.collectives} == {
-        ("all_reduce", 4 * config.workload.shape.num_params())}
+        ("all_reduce", 4 * config.workload.shape.num_params())
+    }
     fit = fit_spans([trial], cluster)
     link = fit.links[INTRA]
     assert math.isfinite(link.bandwidth_gbs) and link.bandwidth_gbs > 0

@@ -57,17 +57,38 @@ class FakeEvent:
     _dtypes: list = field(default_factory=list)
     _meta: dict = field(default_factory=dict)
 
-    def name(self): return self._name
-    def start_ns(self): return self._start
-    def duration_ns(self): return self._end - self._start
-    def device_type(self): return self._device
-    def activity_type(self): return self._activity
-    def start_thread_id(self): return self._thread
-    def correlation_id(self): return self._correlation
-    def linked_correlation_id(self): return self._linked
-    def shapes(self): return self._shapes
-    def dtypes(self): return self._dtypes
-    def extra_meta(self): return self._meta
+    def name(self):
+        return self._name
+
+    def start_ns(self):
+        return self._start
+
+    def duration_ns(self):
+        return self._end - self._start
+
+    def device_type(self):
+        return self._device
+
+    def activity_type(self):
+        return self._activity
+
+    def start_thread_id(self):
+        return self._thread
+
+    def correlation_id(self):
+        return self._correlation
+
+    def linked_correlation_id(self):
+        return self._linked
+
+    def shapes(self):
+        return self._shapes
+
+    def dtypes(self):
+        return self._dtypes
+
+    def extra_meta(self):
+        return self._meta
 
 
 def cpu_op(name, start, end, correlation=0, thread=MAIN):
@@ -89,7 +110,9 @@ def kernel(name, start, end, linked=0, stream=STREAM):
 
 
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute"
-ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+ELEMENTWISE = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+)
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -100,35 +123,77 @@ WORLD_PG = ("0", "default_pg", [0, 1])
 
 def _nccl_meta(collective, seq, in_nelems, out_nelems, dtype, pg=WORLD_PG):
     name, description, ranks = pg
-    return {"Collective name": f'"{collective}"', "dtype": f'"{dtype}"',
-            "In msg nelems": str(in_nelems), "Out msg nelems": str(out_nelems),
-            "In split size": '"[]"', "Out split size": '"[]"', "Global rank start": "0",
-            "Global rank stride": "1", "Group size": str(len(ranks)),
-            "Process Group Name": f'"{name}"', "Process Group Description": f'"{description}"',
-            "Process Group Ranks": f'"{list(ranks)}"', "Rank": "0", "Seq": str(seq),
-            "Is asynchronized op": "1"}
+    return {
+        "Collective name": f'"{collective}"',
+        "dtype": f'"{dtype}"',
+        "In msg nelems": str(in_nelems),
+        "Out msg nelems": str(out_nelems),
+        "In split size": '"[]"',
+        "Out split size": '"[]"',
+        "Global rank start": "0",
+        "Global rank stride": "1",
+        "Group size": str(len(ranks)),
+        "Process Group Name": f'"{name}"',
+        "Process Group Description": f'"{description}"',
+        "Process Group Ranks": f'"{list(ranks)}"',
+        "Rank": "0",
+        "Seq": str(seq),
+        "Is asynchronized op": "1",
+    }
 
 
-def record(start, end, correlation, collective, seq, nelems, dtype, out_nelems=None,
-           tensor_shape=None, pg=WORLD_PG):
+def record(
+    start,
+    end,
+    correlation,
+    collective,
+    seq,
+    nelems,
+    dtype,
+    out_nelems=None,
+    tensor_shape=None,
+    pg=WORLD_PG,
+):
     """A collective's record: a TensorList first input (no sizes), unless ``tensor_shape`` (a
     single-tensor input, as ``_allgather_base`` passes); on process group ``pg``."""
     first = ([tensor_shape], [dtype.lower()]) if tensor_shape else ([[]], ["TensorList"])
-    rest_dtypes = ["", "", "Scalar", "", "ScalarList", "ScalarList", "Scalar", "Scalar",
-                   "Scalar", "Scalar"]
-    return FakeEvent("record_param_comms", start, end, _correlation=correlation,
-                     _shapes=first[0] + [[]] * len(rest_dtypes),
-                     _dtypes=first[1] + rest_dtypes,
-                     _meta=_nccl_meta(collective, seq, nelems,
-                                      nelems if out_nelems is None else out_nelems, dtype, pg))
+    rest_dtypes = [
+        "",
+        "",
+        "Scalar",
+        "",
+        "ScalarList",
+        "ScalarList",
+        "Scalar",
+        "Scalar",
+        "Scalar",
+        "Scalar",
+    ]
+    return FakeEvent(
+        "record_param_comms",
+        start,
+        end,
+        _correlation=correlation,
+        _shapes=first[0] + [[]] * len(rest_dtypes),
+        _dtypes=first[1] + rest_dtypes,
+        _meta=_nccl_meta(
+            collective, seq, nelems, nelems if out_nelems is None else out_nelems, dtype, pg
+        ),
+    )
 
 
 def wait(start, end, correlation, seq):
     """``work.wait()``'s own record: collective 'wait', no tensors, the collective's seq."""
     dtypes = ["", "", "Scalar", "", "ScalarList", "ScalarList", "Scalar", "Scalar", "Scalar"]
-    return FakeEvent("record_param_comms", start, end, _correlation=correlation,
-                     _shapes=[[]] * len(dtypes), _dtypes=dtypes,
-                     _meta=_nccl_meta("wait", seq, 0, 0, "Byte"))
+    return FakeEvent(
+        "record_param_comms",
+        start,
+        end,
+        _correlation=correlation,
+        _shapes=[[]] * len(dtypes),
+        _dtypes=dtypes,
+        _meta=_nccl_meta("wait", seq, 0, 0, "Byte"),
+    )
 
 
 def _spans(events, group_names=None):
@@ -147,12 +212,14 @@ def test_gpu_annotations_do_not_double_steps():
     # Two steps, each a CPU range and its GPU twin (plus a phase range and its twin).
     events = []
     for index, (start, end) in enumerate([(0, 1000), (1000, 2000)]):
-        events += [cpu_range(f"profiler::step#{index}", start, end),
-                   gpu_range(f"profiler::step#{index}", start + 100, end - 50),
-                   cpu_range("profiler::forward", start + 10, start + 400),
-                   gpu_range("profiler::forward", start + 150, start + 500),
-                   cpu_op("aten::mm", start + 20, start + 120, correlation=10 + index),
-                   kernel(GEMM, start + 150, start + 450, linked=10 + index)]
+        events += [
+            cpu_range(f"profiler::step#{index}", start, end),
+            gpu_range(f"profiler::step#{index}", start + 100, end - 50),
+            cpu_range("profiler::forward", start + 10, start + 400),
+            gpu_range("profiler::forward", start + 150, start + 500),
+            cpu_op("aten::mm", start + 20, start + 120, correlation=10 + index),
+            kernel(GEMM, start + 150, start + 450, linked=10 + index),
+        ]
     spans = _spans(events)
     steps = [(s.step, s.start_ns, s.end_ns) for s in spans if s.kind == STEP]
     assert steps == [(0, 0, 1000), (1, 1000, 2000)]
@@ -164,17 +231,19 @@ def _overlap_timeline():
     """One step [0, 1000). The CPU dispatches mm [100, 300), add [450, 780) and mul
     [460, 560); their kernels run at [300, 500), [800, 900) and, on a second stream,
     [600, 700). The all-reduce's kernel runs [500, 800) on NCCL's stream."""
-    return [cpu_range("profiler::step#0", 0, 1000, correlation=1),
-            gpu_range("profiler::step#0", 300, 900),
-            cpu_op("aten::mm", 100, 300, correlation=11),
-            cpu_op("aten::add", 450, 780, correlation=12),
-            cpu_op("aten::mul", 460, 560, correlation=13),
-            cpu_op("c10d::allreduce_", 465, 495, correlation=20),
-            record(470, 490, 21, "allreduce", seq=1, nelems=1000, dtype="Float"),
-            kernel(GEMM, 300, 500, linked=11),
-            kernel(ELEMENTWISE, 800, 900, linked=12),
-            kernel(ELEMENTWISE, 600, 700, linked=13, stream=STREAM + 1),
-            kernel(ALL_REDUCE, 500, 800, linked=21, stream=NCCL_STREAM)]
+    return [
+        cpu_range("profiler::step#0", 0, 1000, correlation=1),
+        gpu_range("profiler::step#0", 300, 900),
+        cpu_op("aten::mm", 100, 300, correlation=11),
+        cpu_op("aten::add", 450, 780, correlation=12),
+        cpu_op("aten::mul", 460, 560, correlation=13),
+        cpu_op("c10d::allreduce_", 465, 495, correlation=20),
+        record(470, 490, 21, "allreduce", seq=1, nelems=1000, dtype="Float"),
+        kernel(GEMM, 300, 500, linked=11),
+        kernel(ELEMENTWISE, 800, 900, linked=12),
+        kernel(ELEMENTWISE, 600, 700, linked=13, stream=STREAM + 1),
+        kernel(ALL_REDUCE, 500, 800, linked=21, stream=NCCL_STREAM),
+    ]
 
 
 def test_on_cuda_compute_is_kernels_and_exposed_comm_is_against_them():
@@ -198,8 +267,11 @@ def test_without_kernels_aten_ops_stay_compute():
     # compute = [100,300) ∪ [450,780) ∪ [460,560) = 200 + 330 = 530
     events = [e for e in _overlap_timeline() if e.device_type() == DeviceType.CPU]
     spans = _spans(events)
-    assert sorted(s.name for s in spans if s.kind == COMPUTE) == \
-        ["aten::add", "aten::mm", "aten::mul"]
+    assert sorted(s.name for s in spans if s.kind == COMPUTE) == [
+        "aten::add",
+        "aten::mm",
+        "aten::mul",
+    ]
     assert rank_breakdown(spans, 0).compute_ns == 530
 
 
@@ -207,26 +279,31 @@ def _two_all_reduces(first_kernel_later: bool, link_to_launch: bool):
     """Two all-reduces (1000 Float = 4000 B, then 256 BFloat16 = 512 B), each waited on:
     records R1, W1, R2, W2 in that order on the CPU. A kernel links to its record, or (with
     ``link_to_launch``) to the c10d op around it."""
-    events = [cpu_range("profiler::step#0", 0, 1000),
-              cpu_op("c10d::allreduce_", 100, 150, correlation=30),
-              record(110, 120, 31, "allreduce", seq=1, nelems=1000, dtype="Float"),
-              wait(160, 170, 32, seq=1),
-              cpu_op("c10d::allreduce_", 190, 230, correlation=34),
-              record(200, 210, 33, "allreduce", seq=2, nelems=256, dtype="BFloat16"),
-              wait(240, 250, 35, seq=2)]
+    events = [
+        cpu_range("profiler::step#0", 0, 1000),
+        cpu_op("c10d::allreduce_", 100, 150, correlation=30),
+        record(110, 120, 31, "allreduce", seq=1, nelems=1000, dtype="Float"),
+        wait(160, 170, 32, seq=1),
+        cpu_op("c10d::allreduce_", 190, 230, correlation=34),
+        record(200, 210, 33, "allreduce", seq=2, nelems=256, dtype="BFloat16"),
+        wait(240, 250, 35, seq=2),
+    ]
     first, second = (30, 34) if link_to_launch else (31, 33)
     times = [(600, 700), (300, 400)] if first_kernel_later else [(300, 400), (600, 700)]
-    events += [kernel(ALL_REDUCE, *times[0], linked=first, stream=NCCL_STREAM),
-               kernel(ALL_REDUCE, *times[1], linked=second, stream=NCCL_STREAM + 1)]
+    events += [
+        kernel(ALL_REDUCE, *times[0], linked=first, stream=NCCL_STREAM),
+        kernel(ALL_REDUCE, *times[1], linked=second, stream=NCCL_STREAM + 1),
+    ]
     return events
 
 
-@pytest.mark.parametrize("first_kernel_later", [False, True],
-                         ids=["kernels-in-order", "kernels-reversed"])
-@pytest.mark.parametrize("link_to_launch", [False, True],
-                         ids=["linked-to-record", "linked-to-launch-op"])
-def test_payload_comes_from_the_linked_record_not_the_next_one(first_kernel_later,
-                                                               link_to_launch):
+@pytest.mark.parametrize(
+    "first_kernel_later", [False, True], ids=["kernels-in-order", "kernels-reversed"]
+)
+@pytest.mark.parametrize(
+    "link_to_launch", [False, True], ids=["linked-to-record", "linked-to-launch-op"]
+)
+def test_payload_comes_from_the_linked_record_not_the_next_one(first_kernel_later, link_to_launch):
     spans = _spans(_two_all_reduces(first_kernel_later, link_to_launch))
     comm = {(s.start_ns, s.end_ns): s.bytes for s in spans if s.kind == COMM}
     first, second = ((600, 700), (300, 400)) if first_kernel_later else ((300, 400), (600, 700))
@@ -237,18 +314,22 @@ def test_unlinked_kernels_take_records_in_launch_order_skipping_waits():
     # No links: kernel i takes the i-th collective record, the waits between them skipped.
     # All-gathers with a single-tensor input of 100 / 30 floats into 2 ranks: the payload is
     # the gathered output, 200 × 4 = 800 B and 60 × 4 = 240 B.
-    events = [cpu_range("profiler::step#0", 0, 1000),
-              record(110, 120, 31, "_allgather_base", 1, 100, "Float", out_nelems=200,
-                     tensor_shape=[100]),
-              wait(160, 170, 32, seq=1),
-              record(200, 210, 33, "_allgather_base", 2, 30, "Float", out_nelems=60,
-                     tensor_shape=[30]),
-              wait(240, 250, 34, seq=2),
-              kernel(ALL_GATHER, 300, 400, stream=NCCL_STREAM),
-              kernel(ALL_GATHER, 500, 600, stream=NCCL_STREAM)]
+    events = [
+        cpu_range("profiler::step#0", 0, 1000),
+        record(
+            110, 120, 31, "_allgather_base", 1, 100, "Float", out_nelems=200, tensor_shape=[100]
+        ),
+        wait(160, 170, 32, seq=1),
+        record(200, 210, 33, "_allgather_base", 2, 30, "Float", out_nelems=60, tensor_shape=[30]),
+        wait(240, 250, 34, seq=2),
+        kernel(ALL_GATHER, 300, 400, stream=NCCL_STREAM),
+        kernel(ALL_GATHER, 500, 600, stream=NCCL_STREAM),
+    ]
     spans = _spans(events)
-    assert [(s.name, s.bytes) for s in spans if s.kind == COMM] == \
-        [("all_gather", 800), ("all_gather", 240)]
+    assert [(s.name, s.bytes) for s in spans if s.kind == COMM] == [
+        ("all_gather", 800),
+        ("all_gather", 240),
+    ]
 
 
 # ---- the mesh dimension of a collective (issue 23, defect 4) --------------------------------
@@ -261,28 +342,46 @@ the names new_group gives them and the descriptions DeviceMesh writes (``mesh_<d
 def _tp_and_dp_collectives(tp_pg=TP_PG, dp_pg=DP_PG):
     """An all-reduce of 1000 BFloat16 on the TP group, then an all-gather of 500 → 1000
     BFloat16 on the DP group, each kernel linked to its record."""
-    return [cpu_range("profiler::step#0", 0, 1000),
-            record(110, 120, 31, "allreduce", 1, 1000, "BFloat16", pg=tp_pg),
-            record(200, 210, 33, "_allgather_base", 1, 500, "BFloat16", out_nelems=1000,
-                   tensor_shape=[500], pg=dp_pg),
-            kernel(ALL_REDUCE, 300, 400, linked=31, stream=NCCL_STREAM),
-            kernel(ALL_GATHER, 500, 600, linked=33, stream=NCCL_STREAM)]
+    return [
+        cpu_range("profiler::step#0", 0, 1000),
+        record(110, 120, 31, "allreduce", 1, 1000, "BFloat16", pg=tp_pg),
+        record(
+            200,
+            210,
+            33,
+            "_allgather_base",
+            1,
+            500,
+            "BFloat16",
+            out_nelems=1000,
+            tensor_shape=[500],
+            pg=dp_pg,
+        ),
+        kernel(ALL_REDUCE, 300, 400, linked=31, stream=NCCL_STREAM),
+        kernel(ALL_GATHER, 500, 600, linked=33, stream=NCCL_STREAM),
+    ]
 
 
-@pytest.mark.parametrize("names", [{"3": "tp", "5": "dp"}, {}],
-                         ids=["by-process-group-name", "by-mesh-description"])
+@pytest.mark.parametrize(
+    "names", [{"3": "tp", "5": "dp"}, {}], ids=["by-process-group-name", "by-mesh-description"]
+)
 def test_nccl_spans_carry_their_mesh_dimension(names):
     spans = _spans(_tp_and_dp_collectives(), names)
-    assert [(s.name, s.group, s.bytes) for s in spans if s.kind == COMM] == \
-        [("all_reduce", "tp", 2000), ("all_gather", "dp", 2000)]
+    assert [(s.name, s.group, s.bytes) for s in spans if s.kind == COMM] == [
+        ("all_reduce", "tp", 2000),
+        ("all_gather", "dp", 2000),
+    ]
 
 
 def test_a_mapped_name_wins_and_a_world_group_is_the_whole_world():
     # The caller's map names the group whatever its description; the default group (or
     # DeviceMesh's "mesh_default" copy of it) unnamed is the whole world ('').
-    spans = _spans(_tp_and_dp_collectives(tp_pg=("0", "default_pg", range(16)),
-                                          dp_pg=("7", "mesh_default", range(16))),
-                   {"0": "tp"})
+    spans = _spans(
+        _tp_and_dp_collectives(
+            tp_pg=("0", "default_pg", range(16)), dp_pg=("7", "mesh_default", range(16))
+        ),
+        {"0": "tp"},
+    )
     assert [s.group for s in spans if s.kind == COMM] == ["tp", ""]
 
 
@@ -290,13 +389,20 @@ def test_span_fit_places_a_tp_all_reduce_inside_the_node():
     """tp 8 × dp 2 on two nodes of 8 GPUs: the TP group is one node's 8 GPUs (NVLink), the DP
     group pairs GPU i of each node (the network). Without its group the all-reduce would be a
     16-rank collective between nodes."""
-    config = TrialConfig(workload=WorkloadSpec(seq_len=512, global_batch_size=2,
-                                               workload="test:shape", vocab_size=8),
-                         world_size=16, tp_degree=8, micro_batch_size=1)
+    config = TrialConfig(
+        workload=WorkloadSpec(
+            seq_len=512, global_batch_size=2, workload="test:shape", vocab_size=8
+        ),
+        world_size=16,
+        tp_degree=8,
+        micro_batch_size=1,
+    )
     spans = _spans(_tp_and_dp_collectives(), {"3": "tp", "5": "dp"})
     points = collective_points(spans, config, load_cluster("h100-sxm", nodes=2))
-    assert [(p.name, p.link, p.group_size) for p in points] == \
-        [("all_gather", INTER, 2), ("all_reduce", INTRA, 8)]
+    assert [(p.name, p.link, p.group_size) for p in points] == [
+        ("all_gather", INTER, 2),
+        ("all_reduce", INTRA, 8),
+    ]
 
 
 # ---- kernels take the phase of the op that launched them (issue 23, defect 5) ---------------
@@ -306,33 +412,48 @@ def _phased_step():
     launches one kernel: 200 ns forward, 400 ns backward, 100 ns optimizer; one more kernel of
     50 ns has no link."""
     foreach = "void at::native::multi_tensor_apply_kernel<at::native::FusedAdamMathFunctor>"
-    return [cpu_range("profiler::step#0", 0, 3000),
-            cpu_range("profiler::forward", 100, 1000),
-            cpu_op("aten::mm", 150, 250, correlation=41),
-            cpu_range("profiler::backward", 1000, 2000),
-            cpu_op("autograd::engine::evaluate_function: MmBackward0", 1100, 1300,
-                   correlation=42, thread=AUTOGRAD),
-            cpu_op("aten::mm", 1150, 1250, correlation=43, thread=AUTOGRAD),
-            cpu_range("profiler::optimizer", 2000, 2900),
-            cpu_op("aten::_fused_adamw_", 2050, 2150, correlation=44),
-            kernel(GEMM, 300, 500, linked=41),
-            kernel(GEMM, 1300, 1700, linked=43),
-            kernel(foreach, 2500, 2600, linked=44),
-            kernel(ELEMENTWISE, 2700, 2750)]
+    return [
+        cpu_range("profiler::step#0", 0, 3000),
+        cpu_range("profiler::forward", 100, 1000),
+        cpu_op("aten::mm", 150, 250, correlation=41),
+        cpu_range("profiler::backward", 1000, 2000),
+        cpu_op(
+            "autograd::engine::evaluate_function: MmBackward0",
+            1100,
+            1300,
+            correlation=42,
+            thread=AUTOGRAD,
+        ),
+        cpu_op("aten::mm", 1150, 1250, correlation=43, thread=AUTOGRAD),
+        cpu_range("profiler::optimizer", 2000, 2900),
+        cpu_op("aten::_fused_adamw_", 2050, 2150, correlation=44),
+        kernel(GEMM, 300, 500, linked=41),
+        kernel(GEMM, 1300, 1700, linked=43),
+        kernel(foreach, 2500, 2600, linked=44),
+        kernel(ELEMENTWISE, 2700, 2750),
+    ]
 
 
 def test_kernels_take_the_phase_of_their_launching_op():
     spans = _spans(_phased_step())
-    assert [(s.start_ns, s.category) for s in spans if s.kind == COMPUTE] == \
-        [(300, "forward"), (1300, "backward"), (2500, "optimizer"), (2700, KERNEL)]
+    assert [(s.start_ns, s.category) for s in spans if s.kind == COMPUTE] == [
+        (300, "forward"),
+        (1300, "backward"),
+        (2500, "optimizer"),
+        (2700, KERNEL),
+    ]
 
 
 def test_optimizer_kernels_are_not_compute_in_the_fit():
     """The fit's compute: the forward, backward and unattributed kernels, 200 + 400 + 50 ns;
     the optimizer's 100 ns are the model's optimizer term."""
-    config = TrialConfig(workload=WorkloadSpec(seq_len=512, global_batch_size=1,
-                                               workload="test:shape", vocab_size=8),
-                         world_size=1, micro_batch_size=1)
+    config = TrialConfig(
+        workload=WorkloadSpec(
+            seq_len=512, global_batch_size=1, workload="test:shape", vocab_size=8
+        ),
+        world_size=1,
+        micro_batch_size=1,
+    )
     point = compute_point(_spans(_phased_step()), config)
     assert point.seconds == pytest.approx(650e-9)
 
@@ -355,15 +476,19 @@ class Torch211Event:
 
 def _runtime_call(start, end, correlation):
     """CUPTI's record of the launch: a CPU event, its own numbering of correlation ids."""
-    return FakeEvent("cudaLaunchKernel", start, end, _activity="cuda_runtime",
-                     _correlation=correlation)
+    return FakeEvent(
+        "cudaLaunchKernel", start, end, _activity="cuda_runtime", _correlation=correlation
+    )
 
 
 @pytest.mark.parametrize("flag", [True, False])
 def test_events_without_activity_type_give_the_same_spans(flag):
-    events = _overlap_timeline() + [_runtime_call(120, 130, correlation=11),
-                                    FakeEvent("Memcpy HtoD (Pageable -> Device)", 50, 90,
-                                              DeviceType.CUDA, "gpu_memcpy", STREAM)]
+    events = _overlap_timeline() + [
+        _runtime_call(120, 130, correlation=11),
+        FakeEvent(
+            "Memcpy HtoD (Pageable -> Device)", 50, 90, DeviceType.CUDA, "gpu_memcpy", STREAM
+        ),
+    ]
     legacy = [Torch211Event(e, flag) for e in events]
     assert not hasattr(legacy[0], "activity_type")
     assert _spans(legacy) == _spans(events)

@@ -13,8 +13,9 @@ def _ddp_loop(rank: int) -> list:
     import profiler
 
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                    torch.nn.Linear(64, 8)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(16, 32)
     for _ in range(2):  # DDP rebuilds its buckets in its second iteration; profile after
@@ -34,8 +35,9 @@ def _ddp_loop(rank: int) -> list:
 
 
 def test_record_around_a_user_ddp_loop():
-    from profiler import COMM, STEP, breakdown, bytes_per_step
     from spawn import run_ranks
+
+    from profiler import COMM, STEP, breakdown, bytes_per_step
 
     spans_by_rank = run_ranks(2, _ddp_loop)
     grad_bytes = 4 * (32 * 64 + 64 + 64 * 8 + 8)

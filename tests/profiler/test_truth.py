@@ -18,8 +18,9 @@ import pytest
 from autotune.config import TrialConfig
 from profiler import COMM, COMPUTE, P2P, STEP, breakdown, bytes_per_step
 
-BASE = TrialConfig(world_size=2, num_warmup_steps=1, num_timed_steps=1, num_profiled_steps=2,
-                   device="cpu")
+BASE = TrialConfig(
+    world_size=2, num_warmup_steps=1, num_timed_steps=1, num_profiled_steps=2, device="cpu"
+)
 SHAPE = BASE.workload.shape
 PARAM_BYTES = 4 * SHAPE.num_params()
 SEQ, HIDDEN = BASE.workload.seq_len, SHAPE.hidden_size
@@ -31,8 +32,9 @@ def _sweep(spans) -> tuple[int, ...]:
     and add the gap to the state it is in. No interval merging or clipping, so it checks
     ``rank_breakdown``'s, not a copy of them."""
     track = {STEP: 0, COMPUTE: 1, COMM: 2, P2P: 2}
-    edges = sorted((t, delta, track[s.kind])
-                   for s in spans for t, delta in ((s.start_ns, 1), (s.end_ns, -1)))
+    edges = sorted(
+        (t, delta, track[s.kind]) for s in spans for t, delta in ((s.start_ns, 1), (s.end_ns, -1))
+    )
     open_spans, time_in = [0, 0, 0], Counter()
     for (t, delta, kind), (t_next, _, _) in zip(edges, edges[1:] + edges[-1:]):
         open_spans[kind] += delta
@@ -40,8 +42,14 @@ def _sweep(spans) -> tuple[int, ...]:
             time_in[open_spans[1] > 0, open_spans[2] > 0] += t_next - t
     both, compute_only = time_in[True, True], time_in[True, False]
     comm_only, idle = time_in[False, True], time_in[False, False]
-    return (both + compute_only + comm_only + idle, both + compute_only, both + comm_only, both,
-            comm_only, idle)
+    return (
+        both + compute_only + comm_only + idle,
+        both + compute_only,
+        both + comm_only,
+        both,
+        comm_only,
+        idle,
+    )
 
 
 def _checked_breakdown(config, spans):
@@ -50,8 +58,7 @@ def _checked_breakdown(config, spans):
     ranks = breakdown(spans)
     for b in ranks:
         assert b.num_steps == config.num_profiled_steps
-        figures = (b.window_ns, b.compute_ns, b.comm_ns, b.overlap_ns, b.exposed_comm_ns,
-                   b.idle_ns)
+        figures = (b.window_ns, b.compute_ns, b.comm_ns, b.overlap_ns, b.exposed_comm_ns, b.idle_ns)
         assert figures == _sweep([s for s in spans if s.rank == b.rank])
     return ranks
 
@@ -85,15 +92,13 @@ def test_zero3_gathers_parameters_in_forward_and_backward(executor):
 def test_zero2_gathers_parameters_once_per_micro_batch(executor):
     config, _, per_step = _run(executor, zero_stage=2, micro_batch_size=2, bucket_mb=0.1)
     for rank in (0, 1):
-        assert per_step[rank][("comm", "all_gather", "dp")] == \
-            config.grad_accum_steps * PARAM_BYTES
+        assert per_step[rank][("comm", "all_gather", "dp")] == config.grad_accum_steps * PARAM_BYTES
         assert per_step[rank][("comm", "reduce_scatter", "dp")] == PARAM_BYTES
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_sends_each_micro_batch_activation_and_its_gradient(executor, schedule):
-    config, spans, per_step = _run(executor, pp_degree=2, micro_batch_size=2,
-                                   pp_schedule=schedule)
+    config, spans, per_step = _run(executor, pp_degree=2, micro_batch_size=2, pp_schedule=schedule)
     activation = config.micro_batch_size * SEQ * HIDDEN * 4  # (mb, seq, hidden) fp32
     total = config.grad_accum_steps * activation
     assert per_step[0] == {("p2p", "send", "pp"): total, ("p2p", "recv", "pp"): total}

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from test_search import spec
 
-from autotune.model.calibration import SHAPE_SHRINK, Sample, fit_calibration
 from autotune.cli.main import main
-from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.layouts import short_name
+from autotune.model.calibration import SHAPE_SHRINK, Sample, fit_calibration
+from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster
 from autotune.model.perf_model import TERMS, Calibration, layer_shape_key, predict_step_time
 from autotune.search.search import Search
 from autotune.search.study_calibration import StudyCalibration, fit_study
@@ -32,8 +32,12 @@ def searched(executor, tmp_path_factory):
     """A real search on 2 CPU ranks: 3 configurations, each with one profiled step."""
     url = f"sqlite:///{tmp_path_factory.mktemp('calibrate') / 'study.db'}"
     database = Database.open(url)
-    search = Search.open(spec(study_name=STUDY, n_trials=3, num_profiled_steps=1, top_k=1,
-                         remeasure_repeats=0), database, executor, out=None)
+    search = Search.open(
+        spec(study_name=STUDY, n_trials=3, num_profiled_steps=1, top_k=1, remeasure_repeats=0),
+        database,
+        executor,
+        out=None,
+    )
     outcome = search.run()
     yield url, database, outcome.study_id, search
     database.close()
@@ -63,9 +67,11 @@ def test_each_trial_was_predicted_with_the_calibration_of_the_trials_before_it(s
         assert (breakdown["dp_comm"] > 0) is (config.dp_degree > 1), short_name(config)
         assert breakdown["compute"] > 0 and breakdown["optimizer"] > 0
         # Predicted before it ran, with what the k trials before it had fitted.
-        expected = predict_step_time(TrialConfig.from_dict(trial.config),
-                                     ClusterSpec.from_dict(rows[k].cluster),
-                                     Calibration.from_dict(rows[k].calibration))
+        expected = predict_step_time(
+            TrialConfig.from_dict(trial.config),
+            ClusterSpec.from_dict(rows[k].cluster),
+            Calibration.from_dict(rows[k].calibration),
+        )
         assert metrics["predicted_step_time_s"] == expected.step_time_s
         assert breakdown == expected.breakdown
 
@@ -109,7 +115,8 @@ def test_calibrate_writes_the_latest_calibration_as_a_cluster_file(searched, tmp
     loaded = ClusterSpec.from_file(out)
     assert loaded.calibration == latest.calibration
     assert dataclasses.replace(loaded, calibration=None) == dataclasses.replace(
-        ClusterSpec.from_dict(latest.cluster), calibration=None)
+        ClusterSpec.from_dict(latest.cluster), calibration=None
+    )
     assert load_cluster(str(out)) == loaded
     # The search reads it as its cluster (checked before anything runs) and starts from it.
     other = Database.open(f"sqlite:///{tmp_path / 'next.db'}")
@@ -123,10 +130,14 @@ def test_calibrate_writes_the_latest_calibration_as_a_cluster_file(searched, tmp
 
 def test_a_cluster_too_small_for_the_world_is_refused(tmp_path):
     with Database.open(f"sqlite:///{tmp_path / 'x.db'}") as database:
-        with pytest.raises(ConfigError, match=r"cluster 'cpu-local' has 1 node\(s\) × 2 devices "
-                                              r"= 2, fewer than the world size 4"):
-            Search.open(spec(study_name="big", world_size=4, cluster="cpu-local"), database, None,
-                   out=None)
+        with pytest.raises(
+            ConfigError,
+            match=r"cluster 'cpu-local' has 1 node\(s\) × 2 devices "
+            r"= 2, fewer than the world size 4",
+        ):
+            Search.open(
+                spec(study_name="big", world_size=4, cluster="cpu-local"), database, None, out=None
+            )
         with pytest.raises(ConfigError, match="unknown cluster 'nowhere'"):
             Search.open(spec(study_name="big", cluster="nowhere"), database, None, out=None)
 
@@ -135,8 +146,9 @@ def test_a_failing_refit_keeps_the_calibration_and_says_so_once(searched):
     _, database, study_id, _ = searched
     # A cluster file that gives no float32 peak: the model cannot price these trials.
     cluster = local_cpu_cluster(2)
-    cluster = dataclasses.replace(cluster, device=dataclasses.replace(
-        cluster.device, peak_flops={"bfloat16": 1e12}))
+    cluster = dataclasses.replace(
+        cluster, device=dataclasses.replace(cluster.device, peak_flops={"bfloat16": 1e12})
+    )
     said = []
     calibration = StudyCalibration(database, study_id, cluster, Calibration(), say=said.append)
     before = len(database.list_calibrations(study_id))
@@ -149,12 +161,18 @@ def test_a_failing_refit_keeps_the_calibration_and_says_so_once(searched):
     assert calibration.predict(config) == {}  # no prediction rather than a crash
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--db", "none"], "calibrate reads a study's trials from a database: give --db URL"),
-    (["--study", "missing"], "no study named 'missing' in"),
-    (["--study", "empty"], "study 'empty' has no complete trials of a built-in workload to "
-                           "calibrate from; run a search first"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--db", "none"], "calibrate reads a study's trials from a database: give --db URL"),
+        (["--study", "missing"], "no study named 'missing' in"),
+        (
+            ["--study", "empty"],
+            "study 'empty' has no complete trials of a built-in workload to "
+            "calibrate from; run a search first",
+        ),
+    ],
+)
 def test_bad_calibrate_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     with Database.open(url) as database:
@@ -180,10 +198,14 @@ def test_the_stored_fit_explains_its_trials_better_than_its_start(searched):
     start = spans.start_calibration(start) if spans else start
 
     def squared_log_errors(calibration: Calibration) -> float:
-        return sum(math.log(predict_step_time(TrialConfig.from_dict(t.config), cluster,
-                                              calibration).step_time_s
-                            / t.metrics["step_time_s"]) ** 2
-                   for t in _complete(database, study_id))
+        return sum(
+            math.log(
+                predict_step_time(TrialConfig.from_dict(t.config), cluster, calibration).step_time_s
+                / t.metrics["step_time_s"]
+            )
+            ** 2
+            for t in _complete(database, study_id)
+        )
 
     fitted = Calibration.from_dict(latest.calibration)
     assert fitted != start
@@ -202,14 +224,21 @@ def _sweep_e_samples() -> list[Sample]:
         if row["status"] != "complete":
             continue
         config = TrialConfig.from_dict(row["config"])
-        samples.append(Sample(config, row["step_time_s"],
-                              cluster=local_cpu_cluster(config.world_size, cores=cores)))
+        samples.append(
+            Sample(
+                config,
+                row["step_time_s"],
+                cluster=local_cpu_cluster(config.world_size, cores=cores),
+            )
+        )
     return samples
 
 
 def _mean_log_error(group: list[Sample], calibration: Calibration) -> float:
-    return sum(math.log(predict_step_time(s.config, s.cluster, calibration).step_time_s
-                        / s.step_time_s) for s in group) / len(group)
+    return sum(
+        math.log(predict_step_time(s.config, s.cluster, calibration).step_time_s / s.step_time_s)
+        for s in group
+    ) / len(group)
 
 
 def test_shape_factors_fitted_on_cpu_trials_apply_to_their_predictions():
@@ -238,11 +267,14 @@ def test_shape_factors_fitted_on_cpu_trials_apply_to_their_predictions():
         n = len(group)
         table = "layer_shape_factors" if key in cal.layer_shape_factors else "host_shape_factors"
         unshrunk = math.exp(math.log(factor) * (n + SHAPE_SHRINK) / n)
-        assert _mean_log_error(group, dataclasses.replace(
-            start, **{table: {key: unshrunk}})) == pytest.approx(0.0, abs=1e-6)
+        assert _mean_log_error(
+            group, dataclasses.replace(start, **{table: {key: unshrunk}})
+        ) == pytest.approx(0.0, abs=1e-6)
         before, after = _mean_log_error(group, start), _mean_log_error(group, cal)
         assert 0 < after / before < 1, key  # toward the measured times, not past them
     # Over the whole table the predictions moved toward the measurements.
-    base = [abs(predict_step_time(s.config, s.cluster, start).step_time_s / s.step_time_s - 1)
-            for s in samples]
+    base = [
+        abs(predict_step_time(s.config, s.cluster, start).step_time_s / s.step_time_s - 1)
+        for s in samples
+    ]
     assert report.mape < sum(base) / len(base) - 0.01

@@ -32,8 +32,11 @@ def _trainer(device: str, step):
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(2, 64)).sum().backward()
     optimizer.step()  # the AdamW state exists, as after the timed steps
-    return SimpleNamespace(pm=SimpleNamespace(parts=[model], dp=SimpleNamespace(
-        optimizer=optimizer)), device=torch.device(device), step=step)
+    return SimpleNamespace(
+        pm=SimpleNamespace(parts=[model], dp=SimpleNamespace(optimizer=optimizer)),
+        device=torch.device(device),
+        step=step,
+    )
 
 
 def test_cuda_memory_step_keeps_the_reserved_peak_beside_the_allocated(monkeypatch):
@@ -41,14 +44,20 @@ def test_cuda_memory_step_keeps_the_reserved_peak_beside_the_allocated(monkeypat
     # reserve that grew to 420 MiB would leave them.
     allocated, reserved = 300 * MIB, 420 * MIB
     calls = []
-    for name, value in (("synchronize", None), ("memory_allocated", 100 * MIB),
-                        ("reset_peak_memory_stats", None), ("max_memory_allocated", allocated),
-                        ("max_memory_reserved", reserved)):
-        monkeypatch.setattr(torch.cuda, name,
-                            lambda *a, _n=name, _v=value: calls.append(_n) or _v)
+    for name, value in (
+        ("synchronize", None),
+        ("memory_allocated", 100 * MIB),
+        ("reset_peak_memory_stats", None),
+        ("max_memory_allocated", allocated),
+        ("max_memory_reserved", reserved),
+    ):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name, _v=value: calls.append(_n) or _v)
     memory, _ = runner.measure_memory(_trainer("cuda", lambda step, on_grads: on_grads()), 0)
-    assert (memory.peak, memory.reserved_peak, memory.source) == (allocated, reserved,
-                                                                  "cuda_allocator")
+    assert (memory.peak, memory.reserved_peak, memory.source) == (
+        allocated,
+        reserved,
+        "cuda_allocator",
+    )
     # Both peaks are read after the step, from statistics reset before it.
     assert calls.index("reset_peak_memory_stats") < calls.index("max_memory_reserved")
 
@@ -65,25 +74,43 @@ def test_cpu_memory_step_stores_reserved_equal_to_allocated():
 
 
 # ---- a hand-built trial --------------------------------------------------------------------
-CONFIG = TrialConfig(world_size=2, num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=0,
-                     device="cpu").with_precision("cpu")
+CONFIG = TrialConfig(
+    world_size=2, num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=0, device="cpu"
+).with_precision("cpu")
 
 
-def _result(config: TrialConfig, peaks: list[tuple[int, int | None, int | None]]
-            ) -> TrialResult:
+def _result(config: TrialConfig, peaks: list[tuple[int, int | None, int | None]]) -> TrialResult:
     """A measured trial whose rank r has (allocated, reserved, outside-the-allocator) peaks[r]."""
     steps = config.num_warmup_steps + config.num_timed_steps + config.num_profiled_steps + 1
-    ranks = [RankResult(rank=r, pp_rank=0, dp_rank=r, tp_rank=0, device="cuda", backend="nccl",
-                        num_threads=1, step_times=[0.5] * steps, losses=[1.0] * steps,
-                        memory=MemoryBreakdown(10, 20, 30, 40, 0, allocated, "cuda_allocator",
-                                               reserved_peak=reserved),
-                        setup_s=0.0,
-                        extra={} if outside is None else {"non_allocator_bytes": outside})
-             for r, (allocated, reserved, outside) in enumerate(peaks)]
-    return TrialResult(config=config.resolved(), step_time_s=0.5,
-                       throughput_tokens_per_s=config.tokens_per_step / 0.5,
-                       losses=[1.0] * steps, ranks=ranks, wall_s=3.0, steps_s=2.0,
-                       cold_start=False)
+    ranks = [
+        RankResult(
+            rank=r,
+            pp_rank=0,
+            dp_rank=r,
+            tp_rank=0,
+            device="cuda",
+            backend="nccl",
+            num_threads=1,
+            step_times=[0.5] * steps,
+            losses=[1.0] * steps,
+            memory=MemoryBreakdown(
+                10, 20, 30, 40, 0, allocated, "cuda_allocator", reserved_peak=reserved
+            ),
+            setup_s=0.0,
+            extra={} if outside is None else {"non_allocator_bytes": outside},
+        )
+        for r, (allocated, reserved, outside) in enumerate(peaks)
+    ]
+    return TrialResult(
+        config=config.resolved(),
+        step_time_s=0.5,
+        throughput_tokens_per_s=config.tokens_per_step / 0.5,
+        losses=[1.0] * steps,
+        ranks=ranks,
+        wall_s=3.0,
+        steps_s=2.0,
+        cold_start=False,
+    )
 
 
 def test_stored_trial_keeps_both_peaks_per_rank(db_url):
@@ -116,10 +143,16 @@ def test_a_figure_not_measured_gets_no_row_and_old_trials_read_back(tmp_path):
     database = Database.open(f"sqlite:///{tmp_path / 'old.db'}")
     study = database.create_study("old", {})
     old = dataclasses.replace(
-        record, study_id=study.id, number=0,
+        record,
+        study_id=study.id,
+        number=0,
         memory=tuple(m for m in record.memory if m.category != "peak_reserved"),
-        metrics={k: v for k, v in record.metrics.items()
-                 if k not in ("peak_reserved_bytes", "device_peak_bytes")})
+        metrics={
+            k: v
+            for k, v in record.metrics.items()
+            if k not in ("peak_reserved_bytes", "device_peak_bytes")
+        },
+    )
     database.add_trial(old)
     (entry,) = build_leaderboard(database.list_trials(study.id))
     database.close()
@@ -141,13 +174,29 @@ class FixedExecutor:
 def _search(tmp_path, limit_gib: float, peaks) -> list:
     """The trials of a one-configuration search under ``limit_gib`` whose every run measures
     ``peaks`` (as ``_result``)."""
-    spec = SearchSpec(world_size=2, n_trials=1, patience=None, device="cpu",
-                      num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=0, top_k=1,
-                      remeasure_repeats=1, remeasure_max_repeats=1, study_name="verdict",
-                      memory_limit_gib=limit_gib,
-                      fixed={"tp_degree": 1, "pp_degree": 1, "zero_stage": 0,
-                             "overlap_enabled": True, "bucket_mb": 25.0,
-                             "activation_checkpointing": "none", "micro_batch_size": 1})
+    spec = SearchSpec(
+        world_size=2,
+        n_trials=1,
+        patience=None,
+        device="cpu",
+        num_warmup_steps=1,
+        num_timed_steps=2,
+        num_profiled_steps=0,
+        top_k=1,
+        remeasure_repeats=1,
+        remeasure_max_repeats=1,
+        study_name="verdict",
+        memory_limit_gib=limit_gib,
+        fixed={
+            "tp_degree": 1,
+            "pp_degree": 1,
+            "zero_stage": 0,
+            "overlap_enabled": True,
+            "bucket_mb": 25.0,
+            "activation_checkpointing": "none",
+            "micro_batch_size": 1,
+        },
+    )
     database = Database.open(f"sqlite:///{tmp_path / 'search.db'}")
     try:
         outcome = Search.open(spec, database, FixedExecutor(peaks), out=None).run()
@@ -159,11 +208,12 @@ def _search(tmp_path, limit_gib: float, peaks) -> list:
 def test_allocated_fits_but_reserved_plus_outside_does_not_is_infeasible(tmp_path):
     # The limit: 10 GiB. Every rank's tensors fit (8 GiB allocated), but the allocator holds
     # 9.5 GiB from the device and 1 GiB lies outside it on rank 1: 10.5 GiB > 10 GiB.
-    (trial,) = _search(tmp_path, 10, [(8 * GIB, 9 * GIB, GIB // 2),
-                                      (8 * GIB, 19 * GIB // 2, GIB)])
+    (trial,) = _search(tmp_path, 10, [(8 * GIB, 9 * GIB, GIB // 2), (8 * GIB, 19 * GIB // 2, GIB)])
     assert trial.status == "infeasible_measured"
-    assert trial.error == ("measured peak 10.5 GiB > limit 10 GiB (rank 1: allocated 8, "
-                           "reserved 9.5, outside the allocator 1 GiB)")
+    assert trial.error == (
+        "measured peak 10.5 GiB > limit 10 GiB (rank 1: allocated 8, "
+        "reserved 9.5, outside the allocator 1 GiB)"
+    )
 
 
 def test_reserved_plus_outside_within_the_limit_is_complete(tmp_path):

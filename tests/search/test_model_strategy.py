@@ -9,17 +9,17 @@ import io
 from pathlib import Path
 
 import pytest
-
-from autotune.model.calibration import FitReport
-from autotune.cli.main import main
-from autotune.model.cluster import local_cpu_cluster
-from autotune.config import TrialConfig, WorkloadSpec
-from autotune.model.perf_model import Calibration
 from replay_table import MeasuredTable, ReplayTrialExecutor
+
+from autotune.cli.main import main
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.model.calibration import FitReport
+from autotune.model.cluster import local_cpu_cluster
+from autotune.model.perf_model import Calibration
 from autotune.search.search import Search, SearchSpec, resolve_strategy
-from autotune.status import TrialStatus
 from autotune.search.strategies.base import Measured
 from autotune.search.strategies.model_guided import ModelGuided
+from autotune.status import TrialStatus
 from db import Database
 
 TABLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu_sweep_b.json"
@@ -34,16 +34,30 @@ def world2_rows():
 
 
 def spec(name: str, n_trials: int) -> SearchSpec:
-    return SearchSpec(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
-                                            global_batch_size=16),
-                      world_size=2, device="cpu", study_name=name, n_trials=n_trials,
-                      patience=None, top_k=1, remeasure_repeats=0, sampler="model")
+    return SearchSpec(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
+        world_size=2,
+        device="cpu",
+        study_name=name,
+        n_trials=n_trials,
+        patience=None,
+        top_k=1,
+        remeasure_repeats=0,
+        sampler="model",
+    )
 
 
 def search(db, rows, name, n_trials, *, resume=False):
     executor = ReplayTrialExecutor(rows)
-    s = Search.open(spec(name, n_trials), db, executor, resume=resume, out=io.StringIO(),
-               baseline=None, include=executor.contains)
+    s = Search.open(
+        spec(name, n_trials),
+        db,
+        executor,
+        resume=resume,
+        out=io.StringIO(),
+        baseline=None,
+        include=executor.contains,
+    )
     return s, executor
 
 
@@ -61,14 +75,14 @@ def test_model_guided_search_on_a_table(tmp_path, world2_rows):
     skipped = [t for t in trials if t.status == TrialStatus.SKIPPED_PREDICTED]
     assert len(complete) == outcome.num_run
     assert all("predicted_step_time_s" in t.metrics for t in complete)
-    assert 1 <= len(skipped) <= 3 and all(t.error.startswith("skipped: predicted")
-                                           for t in skipped)
+    assert 1 <= len(skipped) <= 3 and all(t.error.startswith("skipped: predicted") for t in skipped)
     # Each run trial is an Optuna trial of the study with the same parameters.
     assert len([t for t in s.study.trials if t.value is not None]) >= outcome.num_run
     # The best it measured is the table's value for that layout.
     best = outcome.best
     assert best.throughput == pytest.approx(
-        best.config.tokens_per_step / executor.table.row_for(best.config).step_time_s)
+        best.config.tokens_per_step / executor.table.row_for(best.config).step_time_s
+    )
 
 
 def test_an_interrupted_replayed_search_resumes_without_rerunning(tmp_path, world2_rows):
@@ -88,9 +102,12 @@ def test_a_cpu_shape_is_measured_whether_or_not_its_precision_is_spelled_out():
     stores each config with its precision): its doubt is not tripled as an unmeasured shape's.
     Keyed as on a GPU, the unnamed one read as bfloat16 and looked unmeasured. One trial:
     σ = max(min_sigma 0.05, residual spread 0, prior 0.5 / √1) = 0.5, × 3 when unmeasured."""
-    layout = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64,
-                                               global_batch_size=16),
-                         world_size=2, micro_batch_size=2, device="cpu")
+    layout = TrialConfig(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=16),
+        world_size=2,
+        micro_batch_size=2,
+        device="cpu",
+    )
     fit = FitReport(Calibration(), (), 1, (0.0,))
     strategy = ModelGuided(cluster=local_cpu_cluster(2), fitted=lambda: fit)
     history = [Measured(layout.with_precision("cpu"), 0.1)]
@@ -132,16 +149,23 @@ def test_gp_sampler_under_a_memory_limit(tmp_path, world2_rows):
     limit = peaks[len(peaks) // 2]
     db = Database.open(f"sqlite:///{tmp_path / 'gp.db'}")
     executor = ReplayTrialExecutor(world2_rows)
-    s = Search.open(dataclasses.replace(spec("gp", 12), sampler="gp", memory_limit_gib=limit / GIB),
-               db, executor, out=io.StringIO(), baseline=None, include=executor.contains)
+    s = Search.open(
+        dataclasses.replace(spec("gp", 12), sampler="gp", memory_limit_gib=limit / GIB),
+        db,
+        executor,
+        out=io.StringIO(),
+        baseline=None,
+        include=executor.contains,
+    )
     outcome = s.run()
     assert outcome.stopped_because == "trial budget"
     trials = db.list_trials(outcome.study_id)
     complete = [t for t in trials if t.status == TrialStatus.COMPLETE]
     assert complete and all(t.metrics["peak_memory_bytes"] <= limit for t in complete)
     assert any(TrialStatus(t.status).infeasible for t in trials)
-    told = [t for t in s.study.get_trials(deepcopy=False)
-            if t.state == optuna.trial.TrialState.COMPLETE]
+    told = [
+        t for t in s.study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE
+    ]
     assert told and all(any(k.startswith("constraints") for k in t.system_attrs) for t in told)
 
 
@@ -158,11 +182,18 @@ def test_model_guided_search_records_the_fastest_layouts_memory_ruled_out(tmp_pa
     limit = (peaks[len(peaks) // 2 - 1] + peaks[len(peaks) // 2]) / 2  # half fit
     db = Database.open(f"sqlite:///{tmp_path / 'mem.db'}")
     executor = ReplayTrialExecutor(world2_rows)
-    s = Search.open(dataclasses.replace(spec("mem", 24), memory_limit_gib=limit / GIB), db,
-               executor, out=io.StringIO(), baseline=None, include=executor.contains)
+    s = Search.open(
+        dataclasses.replace(spec("mem", 24), memory_limit_gib=limit / GIB),
+        db,
+        executor,
+        out=io.StringIO(),
+        baseline=None,
+        include=executor.contains,
+    )
     outcome = s.run()
-    over = {c for c in s.space.configs
-            if screen.predict_peak(c, "cpu") * (1 + MEMORY_MARGIN) > limit}
+    over = {
+        c for c in s.space.configs if screen.predict_peak(c, "cpu") * (1 + MEMORY_MARGIN) > limit
+    }
     assert over and len(over) < len(s.space)
     trials = db.list_trials(outcome.study_id)
     ruled_out = [t for t in trials if t.status == TrialStatus.INFEASIBLE_PREDICTED]
@@ -171,5 +202,6 @@ def test_model_guided_search_records_the_fastest_layouts_memory_ruled_out(tmp_pa
     assert ruled <= over
     assert not ruled & set(executor.table.calls)  # never run
     assert not over & set(executor.table.calls)  # nor anything else over the limit
-    assert all("predicted peak" in t.error and t.metrics["predicted_step_time_s"] > 0
-               for t in ruled_out)
+    assert all(
+        "predicted peak" in t.error and t.metrics["predicted_step_time_s"] > 0 for t in ruled_out
+    )

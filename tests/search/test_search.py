@@ -19,16 +19,39 @@ from db import Database
 # micro-batch 1 × 4 accumulation steps in a quarter of the kernels, and recomputes nothing (full
 # recomputation repeats the forward, about a third of the step). (Micro-batch 2 is left out: on
 # 2 shared cores it measured within noise of 4.)
-SMALL = dict(fixed={"tp_degree": 1, "pp_degree": 1, "cp_degree": 1, "zero_stage": 0,
-                    "overlap_enabled": True, "bucket_mb": 25.0},
-             narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]})
+SMALL = dict(
+    fixed={
+        "tp_degree": 1,
+        "pp_degree": 1,
+        "cp_degree": 1,
+        "zero_stage": 0,
+        "overlap_enabled": True,
+        "bucket_mb": 25.0,
+    },
+    narrowed={"activation_checkpointing": ["none", "full"], "micro_batch_size": [1, 4]},
+)
 
 
 def spec(**kw) -> SearchSpec:
-    return SearchSpec(**{**dict(world_size=2, n_trials=4, patience=None, device="cpu",
-                                num_warmup_steps=1, num_timed_steps=4, num_profiled_steps=0,
-                                top_k=2, remeasure_repeats=1, remeasure_max_repeats=1,
-                                study_name="s"), **SMALL, **kw})
+    return SearchSpec(
+        **{
+            **dict(
+                world_size=2,
+                n_trials=4,
+                patience=None,
+                device="cpu",
+                num_warmup_steps=1,
+                num_timed_steps=4,
+                num_profiled_steps=0,
+                top_k=2,
+                remeasure_repeats=1,
+                remeasure_max_repeats=1,
+                study_name="s",
+            ),
+            **SMALL,
+            **kw,
+        }
+    )
 
 
 @pytest.fixture
@@ -76,10 +99,9 @@ def test_search_finds_the_best_by_construction(executor, database):
     # its median tokens/s (a figure measured once, at another time, is not comparable).
     complete = [e for e in outcome.leaderboard if e.status == "complete"]
     finalists = [e for e in complete if e.rounds]
-    assert complete[:len(finalists)] == finalists and best in finalists
-    for part in (finalists, complete[len(finalists):]):
-        assert [e.throughput for e in part] == sorted((e.throughput for e in part),
-                                                      reverse=True)
+    assert complete[: len(finalists)] == finalists and best in finalists
+    for part in (finalists, complete[len(finalists) :]):
+        assert [e.throughput for e in part] == sorted((e.throughput for e in part), reverse=True)
 
 
 def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
@@ -98,15 +120,18 @@ def test_predicted_infeasible_configs_are_recorded_not_run(executor, database):
     infeasible = [e for e in outcome.leaderboard if e.status == "infeasible_predicted"]
     assert len(infeasible) == 2 and outcome.num_infeasible_predicted == 2
     assert not {e.config for e in infeasible} & set(counting.runs)  # never run
-    assert all(e.predicted_peak * (1 + MEMORY_MARGIN) > limit and "predicted peak" in e.error
-               for e in infeasible)
+    assert all(
+        e.predicted_peak * (1 + MEMORY_MARGIN) > limit and "predicted peak" in e.error
+        for e in infeasible
+    )
     for e in outcome.leaderboard:
         if e.status == "complete":
             assert e.predicted_peak * (1 + MEMORY_MARGIN) <= limit
     # Skipped trials keep the step time the model predicted for them too.
     for t in database.list_trials(outcome.study_id):
-        assert t.metrics["predicted_step_time_s"] > 0 and "compute" in \
-            t.metrics["predicted_breakdown"]
+        assert (
+            t.metrics["predicted_step_time_s"] > 0 and "compute" in t.metrics["predicted_breakdown"]
+        )
     import optuna
 
     study = optuna.load_study(study_name="autotune:limited", storage=database.connect_url)
@@ -143,23 +168,44 @@ def test_new_study_refuses_an_existing_name_and_resume_needs_one(database):
         Search.open(spec(study_name="missing"), database, None, resume=True, out=None)
 
 
-@pytest.mark.parametrize("layout", [
-    dict(world_size=8, tp_degree=2, pp_degree=2, zero_stage=0, micro_batch_size=2,
-         overlap_enabled=False),
-    dict(world_size=4, zero_stage=3, micro_batch_size=1, bucket_mb=50.0),
-    dict(world_size=4, tp_degree=2, zero_stage=3, micro_batch_size=4,
-         workload=WorkloadSpec(dtype="bfloat16")),
-    dict(world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=1),
-])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(
+            world_size=8,
+            tp_degree=2,
+            pp_degree=2,
+            zero_stage=0,
+            micro_batch_size=2,
+            overlap_enabled=False,
+        ),
+        dict(world_size=4, zero_stage=3, micro_batch_size=1, bucket_mb=50.0),
+        dict(
+            world_size=4,
+            tp_degree=2,
+            zero_stage=3,
+            micro_batch_size=4,
+            workload=WorkloadSpec(dtype="bfloat16"),
+        ),
+        dict(world_size=4, pp_degree=2, zero_stage=2, micro_batch_size=1),
+    ],
+)
 def test_ds_config_keys_and_batch_identity(layout):
     config = TrialConfig(**layout)
     config.validate()
     ds = ds_config(config)
-    assert {"train_batch_size", "train_micro_batch_size_per_gpu",
-            "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16"} <= ds.keys()
+    assert {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "zero_optimization",
+        "bf16",
+        "fp16",
+    } <= ds.keys()
     # DeepSpeed asserts train_batch_size == micro × accumulation × dp
-    assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
-                                      * ds["gradient_accumulation_steps"] * config.dp_degree)
+    assert ds["train_batch_size"] == (
+        ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * config.dp_degree
+    )
     zero = ds["zero_optimization"]
     assert zero["stage"] == config.zero_stage
     # A config naming no precision exports as a GPU job trains it: bf16-mixed.
@@ -172,15 +218,21 @@ def test_ds_config_keys_and_batch_identity(layout):
     if config.tp_degree > 1:
         assert ds["tensor_parallel"]["autotp_size"] == config.tp_degree
     notes = " ".join(ds.get("autotune_notes", []))
-    assert ("refuses ZeRO stages 2 and 3" in notes) is (config.pp_degree > 1
-                                                         and config.zero_stage >= 2)
-    assert ("AutoTP needs ZeRO stage ≤ 2" in notes) is (config.tp_degree > 1
-                                                        and config.zero_stage > 2)
+    assert ("refuses ZeRO stages 2 and 3" in notes) is (
+        config.pp_degree > 1 and config.zero_stage >= 2
+    )
+    assert ("AutoTP needs ZeRO stage ≤ 2" in notes) is (
+        config.tp_degree > 1 and config.zero_stage > 2
+    )
 
 
 def test_export_writes_loadable_files(executor, database, tmp_path):
-    Search.open(spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0), database,
-           executor, out=None).run()
+    Search.open(
+        spec(study_name="exp", n_trials=2, top_k=1, remeasure_repeats=0),
+        database,
+        executor,
+        out=None,
+    ).run()
     best_path, ds_path, *_, megatron_path = export_study(database, "exp", tmp_path / "out")
     doc = json.loads(best_path.read_text())
     assert {"config", "metrics", "environment", "reproduce"} <= doc.keys()
@@ -192,8 +244,10 @@ def test_export_writes_loadable_files(executor, database, tmp_path):
     ds = json.loads(ds_path.read_text())
     assert ds["train_batch_size"] == config.workload.global_batch_size
     assert megatron_path.name == "megatron_args.txt"  # its flags: tests/export/test_exports.py
-    assert f"--global-batch-size {config.workload.global_batch_size}" in \
-        megatron_path.read_text().splitlines()
+    assert (
+        f"--global-batch-size {config.workload.global_batch_size}"
+        in megatron_path.read_text().splitlines()
+    )
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
 
 
@@ -220,8 +274,13 @@ def test_the_space_offers_zero1_with_tensor_and_pipeline_parallelism():
     from autotune.search.space import SearchSpace
 
     space = SearchSpace(TrialConfig(world_size=4))
-    wanted = [c for c in space.configs if c.zero_stage == 1 and c.dp_degree == 2
-              and (c.tp_degree == 2 or (c.pp_degree == 2 and c.overlap_enabled))]
+    wanted = [
+        c
+        for c in space.configs
+        if c.zero_stage == 1
+        and c.dp_degree == 2
+        and (c.tp_degree == 2 or (c.pp_degree == 2 and c.overlap_enabled))
+    ]
     assert {(c.tp_degree, c.pp_degree) for c in wanted} == {(2, 1), (1, 2)}
     study = optuna.create_study(direction="maximize")
     for config in wanted[::7]:
@@ -236,8 +295,13 @@ def test_search_starts_from_the_baseline(database):
     micro-batch (predicted to fit)."""
     search = Search.open(spec(study_name="baseline"), database, None, out=None)
     first = search.space.suggest(search.study.ask())
-    assert (first.tp_degree, first.pp_degree, first.zero_stage,
-            first.activation_checkpointing, first.micro_batch_size) == (1, 1, 0, "none", 4)
+    assert (
+        first.tp_degree,
+        first.pp_degree,
+        first.zero_stage,
+        first.activation_checkpointing,
+        first.micro_batch_size,
+    ) == (1, 1, 0, "none", 4)
 
 
 def test_the_baseline_is_a_constructor_option(database):
@@ -247,13 +311,17 @@ def test_the_baseline_is_a_constructor_option(database):
 
     search = Search.open(spec(study_name="alone"), database, None, out=None, baseline=None)
     assert search.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) == []
-    chosen = next(c for c in search.space.configs
-                  if (c.micro_batch_size, c.activation_checkpointing) == (1, "full"))
+    chosen = next(
+        c
+        for c in search.space.configs
+        if (c.micro_batch_size, c.activation_checkpointing) == (1, "full")
+    )
     search = Search.open(spec(study_name="chosen"), database, None, out=None, baseline=chosen)
     assert search.space.suggest(search.study.ask()) == chosen
     outside = TrialConfig(world_size=2, device="cpu", tp_degree=2)
-    with pytest.raises(ConfigError, match="baseline w2-tp2.* is not a configuration of this "
-                                          "search's space"):
+    with pytest.raises(
+        ConfigError, match="baseline w2-tp2.* is not a configuration of this search's space"
+    ):
         Search.open(spec(study_name="refused"), database, None, out=None, baseline=outside)
     assert "refused" not in {s.name for s in database.list_studies()}
 
@@ -272,12 +340,25 @@ def test_parallel_search_runs_trials_at_once_and_each_trains_correctly(executor,
     from autotune.trial.pool import TrialPool
 
     executor.discard_group()  # the session's group would hold the cores the pool needs
-    s = spec(world_size=1, n_trials=4, num_warmup_steps=0, num_timed_steps=2, top_k=1,
-             remeasure_repeats=0, study_name="parallel",
-             fixed={"zero_stage": 0, "activation_checkpointing": "none", "bucket_mb": 25.0,
-                    "overlap_enabled": True}, narrowed={})
-    with TrialPool(ExecutorSettings(trial_timeout_s=120.0), slots=2, world_size=1,
-                   device="cpu") as pool:
+    s = spec(
+        world_size=1,
+        n_trials=4,
+        num_warmup_steps=0,
+        num_timed_steps=2,
+        top_k=1,
+        remeasure_repeats=0,
+        study_name="parallel",
+        fixed={
+            "zero_stage": 0,
+            "activation_checkpointing": "none",
+            "bucket_mb": 25.0,
+            "overlap_enabled": True,
+        },
+        narrowed={},
+    )
+    with TrialPool(
+        ExecutorSettings(trial_timeout_s=120.0), slots=2, world_size=1, device="cpu"
+    ) as pool:
         search = Search.open(s, database, pool, out=None)
         assert len(search.space) == 4  # micro-batch 1, 2, 4, 8 of a global batch of 8
         outcome = search.run()

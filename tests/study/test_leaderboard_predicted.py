@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from autotune.model.cluster import local_cpu_cluster
 from autotune.config import TrialConfig
 from autotune.layouts import short_name
+from autotune.model.cluster import local_cpu_cluster
 from autotune.model.perf_model import predict_step_time
-from autotune.study.leaderboard import build_leaderboard, format_leaderboard
 from autotune.search.loop import SearchOutcome
+from autotune.study.leaderboard import build_leaderboard, format_leaderboard
 from db import Database, RankMemoryRecord, TrialRecord
 
 # (micro-batch, measured step time ÷ predicted, tokens/s, store the prediction?): one trial
@@ -44,34 +44,56 @@ def study(tmp_path):
     record = database.create_study("board", {"world_size": 2})
     stored = {}
     for number, (mb, ratio, tput, with_prediction) in enumerate(COMPLETE):
-        metrics = {"step_time_s": OLDER_STEP_S, "throughput_tokens_per_s": tput,
-                   "peak_memory_bytes": 1 << 20}
+        metrics = {
+            "step_time_s": OLDER_STEP_S,
+            "throughput_tokens_per_s": tput,
+            "peak_memory_bytes": 1 << 20,
+        }
         if with_prediction:
             seconds, terms = predicted(config(mb))
-            metrics |= {"step_time_s": seconds * ratio, "predicted_step_time_s": seconds,
-                        "predicted_breakdown": terms}
+            metrics |= {
+                "step_time_s": seconds * ratio,
+                "predicted_step_time_s": seconds,
+                "predicted_breakdown": terms,
+            }
         database.add_trial(_trial(record.id, number, config(mb), "complete", metrics))
         stored[number] = metrics
     # Predicted not to fit: the search keeps its prediction, nothing was measured.
     over = config(1, activation_checkpointing="full")
     seconds, terms = predicted(over)
     metrics = {"predicted_step_time_s": seconds, "predicted_breakdown": terms}
-    database.add_trial(_trial(record.id, 3, over, "infeasible_predicted", metrics,
-                              error="predicted peak over the limit"))
+    database.add_trial(
+        _trial(
+            record.id,
+            3,
+            over,
+            "infeasible_predicted",
+            metrics,
+            error="predicted peak over the limit",
+        )
+    )
     stored[3] = metrics
-    database.add_trial(_trial(record.id, 4, config(1, zero_stage=3), "failed", {},
-                              error="boom"))
+    database.add_trial(_trial(record.id, 4, config(1, zero_stage=3), "failed", {}, error="boom"))
     stored[4] = {}
     yield database, record.id, stored
     database.close()
 
 
-def _trial(study_id: int, number: int, c: TrialConfig, status: str, metrics: dict,
-           error: str | None = None) -> TrialRecord:
-    return TrialRecord(id=None, study_id=study_id, number=number, status=status,
-                       config=c.resolved(), metrics=metrics, env={}, error=error,
-                       created_at=datetime.now(UTC),
-                       memory=(RankMemoryRecord(0, "peak", 1 << 20, None),))
+def _trial(
+    study_id: int, number: int, c: TrialConfig, status: str, metrics: dict, error: str | None = None
+) -> TrialRecord:
+    return TrialRecord(
+        id=None,
+        study_id=study_id,
+        number=number,
+        status=status,
+        config=c.resolved(),
+        metrics=metrics,
+        env={},
+        error=error,
+        created_at=datetime.now(UTC),
+        memory=(RankMemoryRecord(0, "peak", 1 << 20, None),),
+    )
 
 
 def test_entries_carry_the_stored_prediction(study):
@@ -84,7 +106,8 @@ def test_entries_carry_the_stored_prediction(study):
         assert e.predicted_step_time_s == metrics.get("predicted_step_time_s")
         if "step_time_s" in metrics and "predicted_step_time_s" in metrics:
             assert e.step_time_error == pytest.approx(
-                metrics["predicted_step_time_s"] / metrics["step_time_s"] - 1)
+                metrics["predicted_step_time_s"] / metrics["step_time_s"] - 1
+            )
         else:
             assert e.step_time_error is None
 
@@ -101,14 +124,17 @@ def test_printed_leaderboard_shows_predicted_ms_and_error(study):
     text = format_leaderboard(SearchOutcome(study_id, board, 3, 1, 1.0, "trial budget"), None)
     lines = text.splitlines()
     assert "step ms   pred ms    error" in lines[0]
-    rows = lines[1:1 + len(board)]
+    rows = lines[1 : 1 + len(board)]
     errors = []
     for entry, row in zip(board, rows):
         assert int(row.split()[1]) == entry.number
         metrics = stored[entry.number]
         measured, prediction = metrics.get("step_time_s"), metrics.get("predicted_step_time_s")
-        expected = [f"{measured * 1e3:.1f}" if measured is not None else "-",
-                    f"{prediction * 1e3:.1f}" if prediction is not None else "-", "-"]
+        expected = [
+            f"{measured * 1e3:.1f}" if measured is not None else "-",
+            f"{prediction * 1e3:.1f}" if prediction is not None else "-",
+            "-",
+        ]
         if measured is not None and prediction is not None:
             error = prediction / measured - 1
             expected[2] = f"{error:+.1%}"
@@ -122,11 +148,17 @@ def test_printed_leaderboard_shows_predicted_ms_and_error(study):
 def test_a_study_without_predictions_prints_as_before(tmp_path):
     with Database.open(f"sqlite:///{tmp_path / 'old.db'}") as database:
         record = database.create_study("old", {"world_size": 2})
-        database.add_trial(_trial(record.id, 0, config(2), "complete",
-                                  {"step_time_s": 0.05, "throughput_tokens_per_s": 9_000.0}))
+        database.add_trial(
+            _trial(
+                record.id,
+                0,
+                config(2),
+                "complete",
+                {"step_time_s": 0.05, "throughput_tokens_per_s": 9_000.0},
+            )
+        )
         board = build_leaderboard(database.list_trials(record.id))
-        text = format_leaderboard(SearchOutcome(record.id, board, 1, 0, 1.0, "trial budget"),
-                                  None)
+        text = format_leaderboard(SearchOutcome(record.id, board, 1, 0, 1.0, "trial budget"), None)
     assert board[0].predicted_step_time_s is None and board[0].step_time_error is None
     assert columns(text.splitlines()[1], board[0])[3:6] == ["50.0", "-", "-"]
     assert "MAPE" not in text and "pred ms =" not in text

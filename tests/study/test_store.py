@@ -18,8 +18,15 @@ from db import Database
 from profiler.trace import TRACKS, chrome_trace, write_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = TrialConfig(world_size=2, pp_degree=2, micro_batch_size=2, num_warmup_steps=1,
-                     num_timed_steps=2, num_profiled_steps=2, device="cpu")
+CONFIG = TrialConfig(
+    world_size=2,
+    pp_degree=2,
+    micro_batch_size=2,
+    num_warmup_steps=1,
+    num_timed_steps=2,
+    num_profiled_steps=2,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +53,14 @@ def test_stored_trial_reads_back_equal(result, tmp_path):
     measured = {(m.rank, m.category): m.measured_bytes for m in stored.memory}
     assert measured[(1, "parameters")] == result.ranks[1].memory.parameters
     # On CPU no caching allocator holds more than the tensors: reserved = allocated.
-    assert measured[(1, "peak_reserved")] == measured[(1, "peak")] == \
-        result.ranks[1].memory.peak
+    assert measured[(1, "peak_reserved")] == measured[(1, "peak")] == result.ranks[1].memory.peak
     phases = [s.phase for s in stored.steps if s.rank == 0]
     assert phases == ["warmup", "timed", "timed", "profiled", "profiled", "memory"]
     assert [s.time_s for s in stored.steps if s.rank == 1] == result.ranks[1].step_times
     loaded = load_spans(db, trial_id)
-    assert sorted(loaded, key=lambda s: (s.rank, s.start_ns)) == \
-        sorted((s for r in result.ranks for s in r.spans), key=lambda s: (s.rank, s.start_ns))
+    assert sorted(loaded, key=lambda s: (s.rank, s.start_ns)) == sorted(
+        (s for r in result.ranks for s in r.spans), key=lambda s: (s.rank, s.start_ns)
+    )
     db.close()
 
 
@@ -84,21 +91,29 @@ def test_store_result_keeps_one_trial_per_call(result, tmp_path):
     first = store_result(db, result)
     second = store_result(db, result)
     assert second != first
-    assert db.count_spans(first) == db.count_spans(second) == sum(len(r.spans)
-                                                                   for r in result.ranks)
+    assert (
+        db.count_spans(first) == db.count_spans(second) == sum(len(r.spans) for r in result.ranks)
+    )
     db.close()
 
 
 def _cli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_profile_then_trace_from_the_cli(tmp_path):
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"world_size": 2, "zero_stage": 0, "micro_batch_size": 4,
-                               "num_timed_steps": 2}))
+    cfg.write_text(
+        json.dumps({"world_size": 2, "zero_stage": 0, "micro_batch_size": 4, "num_timed_steps": 2})
+    )
     proc = _cli("profile", "--config", str(cfg), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "autotune.db").exists()  # the default database, in the working dir
@@ -118,7 +133,15 @@ def test_profile_then_trace_from_the_cli(tmp_path):
 
 def test_trace_of_a_missing_trial_is_one_line(tmp_path):
     Database.open(f"sqlite:///{tmp_path / 'c.db'}").close()
-    proc = _cli("trace", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--trial", "9", "-o",
-                str(tmp_path / "x.json"), cwd=tmp_path)
+    proc = _cli(
+        "trace",
+        "--db",
+        f"sqlite:///{tmp_path / 'c.db'}",
+        "--trial",
+        "9",
+        "-o",
+        str(tmp_path / "x.json"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1 and "no trial with id 9" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -12,7 +12,6 @@ import socket
 import time
 
 import pytest
-
 from spawn import run_ranks
 
 SKEW_NS = 3600 * 10**9
@@ -46,9 +45,14 @@ def _exchange(rank: int, other_host: bool) -> dict:
         world_takes_cpu = True
     except RuntimeError:
         world_takes_cpu = False
-    return {"hosts": hosts, "offset": offset, "world_carries_cpu": world_carries_cpu,
-            "world_takes_cpu": world_takes_cpu, "same_channel": same_channel,
-            "channel_is_world": channel is dist.group.WORLD}
+    return {
+        "hosts": hosts,
+        "offset": offset,
+        "world_carries_cpu": world_carries_cpu,
+        "world_takes_cpu": world_takes_cpu,
+        "same_channel": same_channel,
+        "channel_is_world": channel is dist.group.WORLD,
+    }
 
 
 @pytest.mark.parametrize("other_host", [False, True], ids=["one-host", "two-hosts"])

@@ -62,7 +62,7 @@ def test_two_nodes_of_eight_gpus_keep_each_tp_group_on_consecutive_devices_of_on
     devices = device_map(rank_nodes, {"n0": list(range(8)), "n1": list(range(8))[::-1]})
     assert _triples(devices) == [(f"n{r // 8}", r % 8, r % 8) for r in range(16)]
     for start in range(0, 16, tp):
-        group = devices[start: start + tp]
+        group = devices[start : start + tp]
         assert len({d.node_id for d in group}) == 1
         assert [d.device_index for d in group] == list(range(start % 8, start % 8 + tp))
 
@@ -75,8 +75,11 @@ def test_a_group_sharing_a_node_takes_the_gpus_ray_gave_it():
 
 
 def test_more_ranks_than_gpus_on_a_node_is_refused_naming_the_node():
-    with pytest.raises(PlacementError, match=r"^Ray node n1 holds 3 ranks of this trial but "
-                                             r"2 GPU\(s\) for them; give each rank one GPU"):
+    with pytest.raises(
+        PlacementError,
+        match=r"^Ray node n1 holds 3 ranks of this trial but "
+        r"2 GPU\(s\) for them; give each rank one GPU",
+    ):
         device_map(["n0", "n1", "n1", "n1"], {"n0": [0], "n1": [0, 1]})
     with pytest.raises(PlacementError, match="Ray node n2 holds 1 ranks of this trial but 0"):
         device_map(["n2"], {})
@@ -92,9 +95,16 @@ def test_visible_index_is_the_position_in_the_nodes_cuda_visible_devices():
 
 def _nodes(num_nodes: int, cpus: float, gpus: float) -> list[dict]:
     """Entries shaped as Ray 2.60's ``ray.nodes()`` returns them (the keys the executor reads)."""
-    return [{"NodeID": f"n{i}", "Alive": True, "NodeManagerHostname": f"host{i}",
-             "NodeManagerAddress": f"10.0.0.{i}",
-             "Resources": {"CPU": cpus, "GPU": gpus, "memory": 1e11}} for i in range(num_nodes)]
+    return [
+        {
+            "NodeID": f"n{i}",
+            "Alive": True,
+            "NodeManagerHostname": f"host{i}",
+            "NodeManagerAddress": f"10.0.0.{i}",
+            "Resources": {"CPU": cpus, "GPU": gpus, "memory": 1e11},
+        }
+        for i in range(num_nodes)
+    ]
 
 
 def test_gpu_ranks_reserve_one_gpu_and_keep_every_gpu_of_the_node_visible():
@@ -104,14 +114,22 @@ def test_gpu_ranks_reserve_one_gpu_and_keep_every_gpu_of_the_node_visible():
     plan = rank_actor_options(rank_nodes, _nodes(2, 32.0, 8.0), True, ExecutorSettings())
     assert len(plan) == 16
     for options, threads in plan:
-        assert options == {"num_cpus": 1.0, "num_gpus": 1, "runtime_env": {
-            "env_vars": {NOSET_CUDA_VISIBLE_DEVICES_ENV_VAR: "1"}}}
+        assert options == {
+            "num_cpus": 1.0,
+            "num_gpus": 1,
+            "runtime_env": {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES_ENV_VAR: "1"}},
+        }
         assert threads == 32 // 8
     # CPU ranks: nothing about GPUs; 2 groups side by side split a node's 32 cores 8 ways.
-    plan = rank_actor_options(rank_nodes[:8], _nodes(1, 32.0, 0.0), False,
-                              ExecutorSettings(cpus_per_rank=0.5, concurrent_groups=2))
+    plan = rank_actor_options(
+        rank_nodes[:8],
+        _nodes(1, 32.0, 0.0),
+        False,
+        ExecutorSettings(cpus_per_rank=0.5, concurrent_groups=2),
+    )
     assert {json.dumps(o, sort_keys=True) for o, _ in plan} == {
-        json.dumps({"num_cpus": 0.5, "num_gpus": 0}, sort_keys=True)}
+        json.dumps({"num_cpus": 0.5, "num_gpus": 0}, sort_keys=True)
+    }
     assert {t for _, t in plan} == {32 // (8 * 2)}
 
 
@@ -143,10 +161,12 @@ def test_ray_leaves_cuda_visible_devices_alone_and_still_names_the_assigned_gpu(
     masked to ``"0"`` and ``"1"``, each then seeing only its own GPU, as device 0 (what the
     old ``set_device(0)`` relied on)."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          env=env, timeout=300)
+    env.update(
+        PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     noset, masked = json.loads(proc.stdout.splitlines()[-1])
     assert noset["cuda_visible_devices"] == [None, None]

@@ -12,14 +12,20 @@ from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ClusterError, ConfigError, TrialFailed, TrialTimeout, WorkloadError
 from autotune.trial.executor import ExecutorSettings, RayExecutor
 
-CONFIG = TrialConfig(world_size=2, micro_batch_size=2, num_warmup_steps=1, num_timed_steps=2,
-                     device="cpu")
+CONFIG = TrialConfig(
+    world_size=2, micro_batch_size=2, num_warmup_steps=1, num_timed_steps=2, device="cpu"
+)
 
 
 def _user(path: str) -> TrialConfig:
-    return TrialConfig(workload=WorkloadSpec(workload=path, seq_len=16, vocab_size=128),
-                       world_size=2, micro_batch_size=4, num_warmup_steps=0,
-                       num_timed_steps=1, device="cpu")
+    return TrialConfig(
+        workload=WorkloadSpec(workload=path, seq_len=16, vocab_size=128),
+        world_size=2,
+        micro_batch_size=4,
+        num_warmup_steps=0,
+        num_timed_steps=1,
+        device="cpu",
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -56,7 +62,8 @@ def test_result_metrics_are_consistent(executor):
     timed = [max(r.step_times[i] for r in result.ranks) for i in (1, 2)]
     assert min(timed) <= result.step_time_s <= max(timed)
     assert result.throughput_tokens_per_s == pytest.approx(
-        CONFIG.tokens_per_step / result.step_time_s)
+        CONFIG.tokens_per_step / result.step_time_s
+    )
     assert result.steps_s <= result.wall_s
     assert len(result.ranks) == 2 and {r.dp_rank for r in result.ranks} == {0, 1}
     assert result.env["backend"] == "gloo" and result.env["world_size"] == 2
@@ -106,13 +113,23 @@ def test_world_larger_than_cluster_is_refused(executor):
     executor.start()  # the cluster's size is read below (also when this test runs alone)
     cpus = ray.cluster_resources()["CPU"]
     world = int(cpus / executor.settings.cpus_per_rank) * 2
-    config = TrialConfig(world_size=world, micro_batch_size=1, device="cpu",
-                         workload=WorkloadSpec(global_batch_size=world))
+    config = TrialConfig(
+        world_size=world,
+        micro_batch_size=1,
+        device="cpu",
+        workload=WorkloadSpec(global_batch_size=world),
+    )
     with pytest.raises(ClusterError, match=f"world_size {world} needs"):
         executor.run(config)
 
 
 def test_invalid_config_is_refused_before_running(executor):
     with pytest.raises(ConfigError, match="must divide the 4 attention heads"):
-        executor.run(TrialConfig(world_size=3, tp_degree=3, micro_batch_size=1,
-                                 workload=WorkloadSpec(global_batch_size=3)))
+        executor.run(
+            TrialConfig(
+                world_size=3,
+                tp_degree=3,
+                micro_batch_size=1,
+                workload=WorkloadSpec(global_batch_size=3),
+            )
+        )

@@ -6,7 +6,6 @@ model reads their shape; bad input is one line.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -17,12 +16,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
 
+from spawn import run_ranks  # noqa: E402
+
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
-from autotune.errors import ConfigError  # noqa: E402
 from autotune.layouts import enumerate_configs, short_name  # noqa: E402
 from autotune.trial.models.workload import cross_entropy_loss, synthetic_batch  # noqa: E402
 from autotune.trial.parallel.zero import LEARNING_RATE  # noqa: E402
-from spawn import run_ranks  # noqa: E402
 
 NUM_STEPS = 2
 TINY = dict(vocab_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
@@ -32,16 +31,35 @@ ARCHS = {
     # default gelu_new composes five element-wise ops whose saved tensors the memory model
     # does not count (it under-predicts such a model by ~20% at this size).
     "gpt2": lambda: transformers.GPT2Config(
-        n_layer=4, n_embd=32, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        activation_function="gelu_pytorch_tanh", tie_word_embeddings=False, **TINY),
+        n_layer=4,
+        n_embd=32,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        activation_function="gelu_pytorch_tanh",
+        tie_word_embeddings=False,
+        **TINY,
+    ),
     # Grouped-query attention: 4 query heads share 2 key/value heads.
     "llama": lambda: transformers.LlamaConfig(
-        num_hidden_layers=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, **TINY),
+        num_hidden_layers=4,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        **TINY,
+    ),
     # QKV biases and tied input/output embeddings (so no pipeline layouts).
     "qwen2": lambda: transformers.Qwen2Config(
-        num_hidden_layers=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, tie_word_embeddings=True, **TINY),
+        num_hidden_layers=4,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+        **TINY,
+    ),
 }
 
 
@@ -70,7 +88,8 @@ def trimmed(path: str, per_group: int) -> list[TrialConfig]:
     """The sweep trimmed to fit the test budget: every (tp, pp, ZeRO stage, schedule)
     combination that is valid, each with ``per_group`` of its (micro-batch, checkpointing)
     variants, chosen round-robin so the checkpointing modes and micro-batch sizes (accumulation
-    counts) rotate through the groups. (All 138 valid layouts of the three models pass too; they take ~190 s here.)
+    counts) rotate through the groups. (All 138 valid layouts of the three models pass too; they
+    take ~190 s here.)
     Sequence parallelism and op recomputation, which joined the space after that count, run in
     test_sequence_parallel_and_recomputation_match_the_hf_model."""
     groups: dict[tuple, list[TrialConfig]] = {}
@@ -82,9 +101,15 @@ def trimmed(path: str, per_group: int) -> list[TrialConfig]:
         micros = sorted({c.micro_batch_size for c in variants})
         for _ in range(min(per_group, len(variants))):
             mode, micro = modes[turn % 3], micros[(turn // 3 + turn) % len(micros)]
-            fits = ([c for c in variants if (c.activation_checkpointing, c.micro_batch_size)
-                     == (mode, micro)] or [c for c in variants
-                                           if c.activation_checkpointing == mode] or variants)
+            fits = (
+                [
+                    c
+                    for c in variants
+                    if (c.activation_checkpointing, c.micro_batch_size) == (mode, micro)
+                ]
+                or [c for c in variants if c.activation_checkpointing == mode]
+                or variants
+            )
             chosen.append(next((c for c in fits if c not in chosen), fits[0]))
             turn += 1
     return chosen
@@ -100,8 +125,13 @@ def hf_reference(path: str, spec: WorkloadSpec, num_steps: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     losses = []
     for step in range(num_steps):
-        x, y = synthetic_batch(step, seed=0, batch_size=spec.global_batch_size,
-                               seq_len=spec.seq_len, vocab_size=config.vocab_size)
+        x, y = synthetic_batch(
+            step,
+            seed=0,
+            batch_size=spec.global_batch_size,
+            seq_len=spec.seq_len,
+            vocab_size=config.vocab_size,
+        )
         loss = cross_entropy_loss(model(input_ids=x).logits, y)
         loss.backward()
         opt.step()
@@ -110,8 +140,9 @@ def hf_reference(path: str, spec: WorkloadSpec, num_steps: int) -> list[float]:
     return losses
 
 
-def _train_layouts(rank: int, configs: list[TrialConfig], num_steps: int,
-                   measured: list[TrialConfig]) -> dict:
+def _train_layouts(
+    rank: int, configs: list[TrialConfig], num_steps: int, measured: list[TrialConfig]
+) -> dict:
     """On one process group: every layout built, parallelised and trained (per-step losses),
     and the memory of the ``measured`` trials as the runner measures it."""
     from autotune.trial.models.build import build_workload
@@ -146,11 +177,14 @@ def _measured(dirs: dict) -> list[TrialConfig]:
     def cfg(name, **kw):
         base = _base(dirs[name], **fast, **kw)
         return dataclasses.replace(base, workload=dataclasses.replace(base.workload, **spec))
-    return [cfg("llama", zero_stage=3, micro_batch_size=2, activation_checkpointing="full"),
-            cfg("llama", tp_degree=2, micro_batch_size=2),
-            cfg("llama", pp_degree=2, micro_batch_size=1, pp_schedule="gpipe"),
-            cfg("gpt2", zero_stage=2, micro_batch_size=2),
-            cfg("qwen2", zero_stage=1, micro_batch_size=1, activation_checkpointing="selective")]
+
+    return [
+        cfg("llama", zero_stage=3, micro_batch_size=2, activation_checkpointing="full"),
+        cfg("llama", tp_degree=2, micro_batch_size=2),
+        cfg("llama", pp_degree=2, micro_batch_size=1, pp_schedule="gpipe"),
+        cfg("gpt2", zero_stage=2, micro_batch_size=2),
+        cfg("qwen2", zero_stage=1, micro_batch_size=1, activation_checkpointing="selective"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +193,10 @@ def sweep(model_dirs):
     more than the sweep)."""
     # AUTOTUNE_HF_FULL_SWEEP=1 runs every valid layout instead (138 without SP and op).
     full = os.environ.get("AUTOTUNE_HF_FULL_SWEEP") == "1"
-    chosen = {p: layouts(p) if full else trimmed(p, 2 if name == "llama" else 1)
-              for name, p in model_dirs.items()}
+    chosen = {
+        p: layouts(p) if full else trimmed(p, 2 if name == "llama" else 1)
+        for name, p in model_dirs.items()
+    }
     configs = [c for cs in chosen.values() for c in cs]
     measured = _measured(model_dirs)
     results = run_ranks(2, _train_layouts, configs, NUM_STEPS, measured, timeout=900)
@@ -186,9 +222,11 @@ def test_every_layout_matches_the_single_process_hf_model(model_dirs, sweep):
             assert got == pytest.approx(expected, abs=2e-5), (path, name)
 
 
-NEWER_KNOBS = (dict(sequence_parallel=True),
-               dict(sequence_parallel=True, activation_checkpointing="op"),
-               dict(sequence_parallel=True, activation_checkpointing="full", ac_layers=1))
+NEWER_KNOBS = (
+    dict(sequence_parallel=True),
+    dict(sequence_parallel=True, activation_checkpointing="op"),
+    dict(sequence_parallel=True, activation_checkpointing="full", ac_layers=1),
+)
 
 
 @pytest.mark.slow
@@ -196,8 +234,11 @@ def test_sequence_parallel_and_recomputation_match_the_hf_model(model_dirs):
     """Llama (grouped KV heads) and Qwen2 (QKV biases: addmm, the matmul op recomputation
     counts as mm) at tp 2 with sequence parallelism (their RMSNorms on sequence shards, self_attn
     fed by keyword), alone, with op-level recomputation and with the first block recomputed."""
-    configs = [_base(model_dirs[name], tp_degree=2, micro_batch_size=2, **knobs)
-               for name in ("llama", "qwen2") for knobs in NEWER_KNOBS]
+    configs = [
+        _base(model_dirs[name], tp_degree=2, micro_batch_size=2, **knobs)
+        for name in ("llama", "qwen2")
+        for knobs in NEWER_KNOBS
+    ]
     results = run_ranks(2, _train_layouts, configs, NUM_STEPS, [], timeout=600)
     for config in configs:
         path = config.workload.hf_model
@@ -223,17 +264,26 @@ def test_deepspeed_parses_every_layouts_ds_config(model_dirs):
     for c in configs:
         if c.dp_degree == 1:
             ds = DeepSpeedConfig(ds_config(c))
-            assert (ds.world_size, ds.train_batch_size, ds.train_micro_batch_size_per_gpu,
-                    ds.gradient_accumulation_steps, ds.zero_optimization_stage) == (
-                c.dp_degree, c.workload.global_batch_size, c.micro_batch_size,
-                c.grad_accum_steps, c.zero_stage), short_name(c)
-            assert ds.tensor_parallel_config.autotp_size == (c.tp_degree if c.tp_degree > 1
-                                                             else 0)
+            assert (
+                ds.world_size,
+                ds.train_batch_size,
+                ds.train_micro_batch_size_per_gpu,
+                ds.gradient_accumulation_steps,
+                ds.zero_optimization_stage,
+            ) == (
+                c.dp_degree,
+                c.workload.global_batch_size,
+                c.micro_batch_size,
+                c.grad_accum_steps,
+                c.zero_stage,
+            ), short_name(c)
+            assert ds.tensor_parallel_config.autotp_size == (c.tp_degree if c.tp_degree > 1 else 0)
         else:
             with pytest.raises(AssertionError) as refused:
                 DeepSpeedConfig(ds_config(c))
-            assert (f"{c.workload.global_batch_size} != {c.micro_batch_size} * "
-                    f"{c.grad_accum_steps} * 1") in str(refused.value), short_name(c)
+            assert (
+                f"{c.workload.global_batch_size} != {c.micro_batch_size} * {c.grad_accum_steps} * 1"
+            ) in str(refused.value), short_name(c)
 
 
 def test_memory_model_reads_the_hf_shape_and_predicts_the_measured_peak(sweep):
@@ -248,8 +298,12 @@ def test_memory_model_reads_the_hf_shape_and_predicts_the_measured_peak(sweep):
         for est in estimate_all_stages(config, device_type="cpu"):
             # The built-in model's tolerance (tests/model/test_memory.py): -10% … +30%.
             assert -0.10 <= est.total / peaks[est.stage] - 1 <= 0.30, (
-                short_name(config), config.workload.hf_model, est.stage, est.as_dict(),
-                peaks[est.stage])
+                short_name(config),
+                config.workload.hf_model,
+                est.stage,
+                est.as_dict(),
+                peaks[est.stage],
+            )
 
 
 # ---- the command line ------------------------------------------------------------------------
@@ -266,17 +320,27 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def _bad_dirs(root: Path) -> dict[str, str]:
     (root / "empty").mkdir()
-    transformers.T5Config(num_layers=1, d_model=32, num_heads=2, d_kv=16, d_ff=64,
-                          vocab_size=128).save_pretrained(root / "t5")
-    transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                               num_key_value_heads=2, intermediate_size=64, num_local_experts=4,
-                               **TINY).save_pretrained(root / "moe")
+    transformers.T5Config(
+        num_layers=1, d_model=32, num_heads=2, d_kv=16, d_ff=64, vocab_size=128
+    ).save_pretrained(root / "t5")
+    transformers.MixtralConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_local_experts=4,
+        **TINY,
+    ).save_pretrained(root / "moe")
     return {"empty": str(root / "empty"), "t5": str(root / "t5"), "moe": str(root / "moe")}
 
 
-_BAD_CONFIGS = [("empty", "has no config.json"), ("t5", "not a causal language model"),
-                ("moe", "mixture of experts (num_local_experts 4)"),
-                ("missing-id", "is not in the local Hugging Face cache")]
+_BAD_CONFIGS = [
+    ("empty", "has no config.json"),
+    ("t5", "not a causal language model"),
+    ("moe", "mixture of experts (num_local_experts 4)"),
+    ("missing-id", "is not in the local Hugging Face cache"),
+]
 _BAD_LAYOUTS = [  # layout flags are estimate's; rank and search enumerate valid layouts only
     ("llama", ["--world-size", "4", "--tp", "4"], "must divide the 2 key/value heads"),
     ("llama", ["--world-size", "8", "--pp", "8"], "exceed the 4 layers"),
@@ -285,19 +349,28 @@ _BAD_LAYOUTS = [  # layout flags are estimate's; rank and search enumerate valid
 ]
 
 
-@pytest.mark.parametrize("command, case, flags, message", [
-    (command, case, [], message) for command in ("estimate", "rank", "search")
-    for case, message in _BAD_CONFIGS] + [("estimate", *bad) for bad in _BAD_LAYOUTS])
-def test_bad_hf_input_is_one_line(capsys, tmp_path, monkeypatch, model_dirs, command, case,
-                                  flags, message):
+@pytest.mark.parametrize(
+    "command, case, flags, message",
+    [
+        (command, case, [], message)
+        for command in ("estimate", "rank", "search")
+        for case, message in _BAD_CONFIGS
+    ]
+    + [("estimate", *bad) for bad in _BAD_LAYOUTS],
+)
+def test_bad_hf_input_is_one_line(
+    capsys, tmp_path, monkeypatch, model_dirs, command, case, flags, message
+):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     dirs = {**model_dirs, **_bad_dirs(tmp_path), "missing-id": "acme/not-downloaded"}
-    argv = {"estimate": ["estimate"], "search": ["search", "--db", f"sqlite:///{tmp_path}/x.db"],
-            "rank": ["rank", "--cluster", "a100-sxm4-80gb", "--global-batch", "8",
-                     "--seq-len", "16"]}[command]
+    argv = {
+        "estimate": ["estimate"],
+        "search": ["search", "--db", f"sqlite:///{tmp_path}/x.db"],
+        "rank": ["rank", "--cluster", "a100-sxm4-80gb", "--global-batch", "8", "--seq-len", "16"],
+    }[command]
     code, _, err = _cli(capsys, *argv, "--model", f"hf:{dirs[case]}", *flags)
     assert code == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -307,8 +380,7 @@ def test_bad_hf_input_is_one_line(capsys, tmp_path, monkeypatch, model_dirs, com
         assert "hf download acme/not-downloaded config.json" in lines[0]
 
 
-def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeypatch,
-                                                         model_dirs):
+def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeypatch, model_dirs):
     """A config placed in the Hugging Face cache layout (refs/main → snapshots/<commit>) is
     found by its id; the estimate's parameters are those of the HF model built from it."""
     import huggingface_hub.constants
@@ -318,36 +390,74 @@ def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeyp
     (repo / "refs" / "main").write_text("0123abcd")
     (repo / "snapshots" / "0123abcd").mkdir(parents=True)
     (repo / "snapshots" / "0123abcd" / "config.json").write_text(
-        (Path(model_dirs["llama"]) / "config.json").read_text())
+        (Path(model_dirs["llama"]) / "config.json").read_text()
+    )
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    code, out, err = _cli(capsys, "estimate", "--model", "hf:acme/tiny-llama", "--world-size",
-                          "1", "--seq-len", "16", "--precision", "32-true", "--json")
+    code, out, err = _cli(
+        capsys,
+        "estimate",
+        "--model",
+        "hf:acme/tiny-llama",
+        "--world-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--precision",
+        "32-true",
+        "--json",
+    )
     assert code == 0, err
     estimate = json.loads(out)
     model = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.from_pretrained(model_dirs["llama"]))
+        transformers.AutoConfig.from_pretrained(model_dirs["llama"])
+    )
     params = sum(p.numel() for p in model.parameters())
     assert estimate["per_rank"]["parameters"] == 4 * params  # float32; Llama's count is exact
 
 
-def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_path,
-                                                                            model_dirs):
+def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_path, model_dirs):
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "search", "--model", f"hf:{model_dirs['llama']}",
-         "--seq-len", "16", "--global-batch", "4", "--trials", "1", "--patience", "1",
-         "--top-k", "1", "--remeasure", "0", "--timed-steps", "1", "--fix", "tp_degree=2"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "--model",
+            f"hf:{model_dirs['llama']}",
+            "--seq-len",
+            "16",
+            "--global-batch",
+            "4",
+            "--trials",
+            "1",
+            "--patience",
+            "1",
+            "--top-k",
+            "1",
+            "--remeasure",
+            "0",
+            "--timed-steps",
+            "1",
+            "--fix",
+            "tp_degree=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     best = TrialConfig.from_file(tmp_path / "best_config.json")
     assert best.workload.hf_model == model_dirs["llama"] and best.tp_degree == 2
 
     # Predicted memory: every trial carries the memory model's prediction for the HF shape.
-    from autotune.study.leaderboard import build_leaderboard
     from autotune.search.screen import predict_peak
+    from autotune.study.leaderboard import build_leaderboard
     from db import Database
 
     database = Database.open(f"sqlite:///{tmp_path}/autotune.db", create=False)
@@ -404,8 +514,9 @@ def _check_torchtitan(folder: Path, config: TrialConfig) -> None:
 
     sys.path.insert(0, str(folder))
     try:
-        titan = ConfigManager().parse_args(["--module", "torchtitan_config",
-                                            "--config", "autotune_best"])
+        titan = ConfigManager().parse_args(
+            ["--module", "torchtitan_config", "--config", "autotune_best"]
+        )
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("torchtitan_config", None)

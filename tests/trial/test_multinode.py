@@ -42,13 +42,26 @@ class LoopbackCluster:
     def __init__(self, num_nodes: int, cpus: int) -> None:
         # Short: Ray's socket paths live under it and must fit in 107 bytes.
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        }
         self.env.pop("RAY_AUTH_MODE", None)  # the drivers must find token auth themselves
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "ray_cluster.py"), str(num_nodes), str(cpus),
-             self.temp_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=self.env)
+            [
+                sys.executable,
+                str(ROOT / "tests" / "ray_cluster.py"),
+                str(num_nodes),
+                str(cpus),
+                self.temp_dir,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
         info = self._read()
         self.address, self.nodes = info["address"], info["nodes"]
 
@@ -64,11 +77,26 @@ class LoopbackCluster:
         return self._read()
 
     def autotune(self, *args: str, **popen) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "autotune", *args,
-                                 "--ray-address", self.address, "--cpus-per-rank", "1",
-                                 "--timeout", "240"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT, env=self.env,
-                                **popen)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                *args,
+                "--ray-address",
+                self.address,
+                "--cpus-per-rank",
+                "1",
+                "--timeout",
+                "240",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=self.env,
+            **popen,
+        )
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -87,12 +115,22 @@ def cluster():
 
 
 def _expected_losses(config: TrialConfig) -> list[float]:
-    return reference_losses(config, config.num_warmup_steps + config.num_timed_steps
-                            + config.num_profiled_steps + NUM_STEPS_EXTRA)
+    return reference_losses(
+        config,
+        config.num_warmup_steps
+        + config.num_timed_steps
+        + config.num_profiled_steps
+        + NUM_STEPS_EXTRA,
+    )
 
 
-LAYOUTS = {(1, 1): "dp4", (1, 2): "pp2 x dp2", (2, 1): "tp2 x dp2", (2, 2): "tp2 x pp2",
-           (4, 1): "tp4"}
+LAYOUTS = {
+    (1, 1): "dp4",
+    (1, 2): "pp2 x dp2",
+    (2, 1): "tp2 x dp2",
+    (2, 2): "tp2 x pp2",
+    (4, 1): "tp4",
+}
 """(tp, pp) → name, over the search space: micro-batch 1 or 2, every other knob fixed."""
 SEED = 22
 """Optuna's RandomSampler with this seed proposes, after the plain baseline (dp4), tp2 × dp2,
@@ -104,10 +142,16 @@ def test_trial_runs_tp2_dp2_with_each_tp_pair_on_one_node(cluster, tmp_path):
     """``autotune trial --ray-address ADDR`` as a user runs it: tp2 × dp2 on the two nodes of
     2 CPUs, each TP pair on one node, both nodes used, the reference's losses; ``--json``
     carries every rank's node id and hostname, and the database keeps them."""
-    config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
-                                               global_batch_size=8),
-                         world_size=4, tp_degree=2, micro_batch_size=2, device="cpu",
-                         num_warmup_steps=1, num_timed_steps=2, num_profiled_steps=0)
+    config = TrialConfig(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32, global_batch_size=8),
+        world_size=4,
+        tp_degree=2,
+        micro_batch_size=2,
+        device="cpu",
+        num_warmup_steps=1,
+        num_timed_steps=2,
+        num_profiled_steps=0,
+    )
     path = tmp_path / "trial.json"
     path.write_text(json.dumps(config.to_dict()))
     db_url = f"sqlite:///{tmp_path / 'trial.db'}"
@@ -126,8 +170,7 @@ def test_trial_runs_tp2_dp2_with_each_tp_pair_on_one_node(cluster, tmp_path):
     assert {n.rank: n.node_id for n in stored.nodes} == node
 
 
-def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postgres,
-                                                                   tmp_path):
+def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postgres, tmp_path):
     """Two ``autotune search --ray-address`` drivers at once, each with two ranks on the
     four CPUs of the cluster, both writing a study of their own into one PostgreSQL database:
     both complete, and each study holds its own trials with their timelines and nodes, the
@@ -135,16 +178,51 @@ def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postg
     db_url = postgres.create_schema("autotune_tests", "two_drivers")
     space = tmp_path / "space.json"
     space.write_text(json.dumps({"micro_batch_size": [1, 2, 4]}))
-    fixed = ["tp_degree=1", "pp_degree=1", "zero_stage=0", "num_warmup_steps=1",
-             "num_profiled_steps=1", "device=cpu", "activation_checkpointing=none",
-             "overlap_enabled=true", "bucket_mb=25"]
+    fixed = [
+        "tp_degree=1",
+        "pp_degree=1",
+        "zero_stage=0",
+        "num_warmup_steps=1",
+        "num_profiled_steps=1",
+        "device=cpu",
+        "activation_checkpointing=none",
+        "overlap_enabled=true",
+        "bucket_mb=25",
+    ]
     studies = ("alpha", "beta")
-    procs = [cluster.autotune(
-        "search", "--world-size", "2", "--seq-len", "32", "--global-batch", "8",
-        "--space", str(space), *(a for f in fixed for a in ("--fix", f)),
-        "--timed-steps", "2", "--trials", "2", "--remeasure", "0", "--top-k", "1",
-        "--strategy", "random", "--seed", str(i), "--study", name, "--db", db_url,
-        "--out", str(tmp_path / name)) for i, name in enumerate(studies)]
+    procs = [
+        cluster.autotune(
+            "search",
+            "--world-size",
+            "2",
+            "--seq-len",
+            "32",
+            "--global-batch",
+            "8",
+            "--space",
+            str(space),
+            *(a for f in fixed for a in ("--fix", f)),
+            "--timed-steps",
+            "2",
+            "--trials",
+            "2",
+            "--remeasure",
+            "0",
+            "--top-k",
+            "1",
+            "--strategy",
+            "random",
+            "--seed",
+            str(i),
+            "--study",
+            name,
+            "--db",
+            db_url,
+            "--out",
+            str(tmp_path / name),
+        )
+        for i, name in enumerate(studies)
+    ]
     results = [p.communicate(timeout=400) for p in procs]
     for proc, (out, err) in zip(procs, results):
         assert proc.returncode == 0, err
@@ -162,8 +240,9 @@ def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postg
             assert len(trials) == 2 and [t.status for t in trials] == ["complete"] * 2
             for trial in trials:
                 config = TrialConfig.from_dict(trial.config)
-                assert trial.metrics["losses"] == pytest.approx(_expected_losses(config),
-                                                                abs=LOSS_ATOL)
+                assert trial.metrics["losses"] == pytest.approx(
+                    _expected_losses(config), abs=LOSS_ATOL
+                )
                 assert sorted(n.rank for n in trial.nodes) == [0, 1]
                 assert {n.node_id for n in trial.nodes} <= set(cluster.nodes)
                 spans = database.trial_spans(trial.id)
@@ -183,16 +262,47 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
     line, exporting the best it measured."""
     db_url = f"sqlite:///{tmp_path / 'search.db'}"
     space = tmp_path / "space.json"
-    space.write_text(json.dumps({"tp_degree": [1, 2, 4], "pp_degree": [1, 2],
-                                 "micro_batch_size": [1, 2]}))
-    fixed = ["zero_stage=0", "num_warmup_steps=1", "num_profiled_steps=0", "device=cpu",
-             "activation_checkpointing=none", "overlap_enabled=true",
-             "bucket_mb=25", "pp_schedule=1f1b"]
+    space.write_text(
+        json.dumps({"tp_degree": [1, 2, 4], "pp_degree": [1, 2], "micro_batch_size": [1, 2]})
+    )
+    fixed = [
+        "zero_stage=0",
+        "num_warmup_steps=1",
+        "num_profiled_steps=0",
+        "device=cpu",
+        "activation_checkpointing=none",
+        "overlap_enabled=true",
+        "bucket_mb=25",
+        "pp_schedule=1f1b",
+    ]
     proc = cluster.autotune(
-        "search", "--world-size", "4", "--seq-len", "32", "--global-batch", "8",
-        "--space", str(space), *(a for f in fixed for a in ("--fix", f)),
-        "--timed-steps", "2", "--trials", "6", "--remeasure", "0", "--top-k", "1",
-        "--strategy", "random", "--seed", str(SEED), "--db", db_url, "--out", str(tmp_path))
+        "search",
+        "--world-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--global-batch",
+        "8",
+        "--space",
+        str(space),
+        *(a for f in fixed for a in ("--fix", f)),
+        "--timed-steps",
+        "2",
+        "--trials",
+        "6",
+        "--remeasure",
+        "0",
+        "--top-k",
+        "1",
+        "--strategy",
+        "random",
+        "--seed",
+        str(SEED),
+        "--db",
+        db_url,
+        "--out",
+        str(tmp_path),
+    )
     try:
         stored = _wait_for_trials(db_url, 4, proc)
         workers = cluster.ask("workers")
@@ -211,9 +321,11 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
     assert layouts == ["dp4", "tp2 x dp2", "tp4", "pp2 x dp2"]
     refused = stored.pop(2)
     assert refused.status == "failed" and refused.nodes == ()
-    assert refused.error == ("not run: tp_degree 4 cannot sit inside one node: the Ray "
-                             "cluster's 2 node(s) hold 2 and 2 ranks (1 CPU per rank); use "
-                             "tp_degree ≤ 2 or nodes with more devices")
+    assert refused.error == (
+        "not run: tp_degree 4 cannot sit inside one node: the Ray "
+        "cluster's 2 node(s) hold 2 and 2 ranks (1 CPU per rank); use "
+        "tp_degree ≤ 2 or nodes with more devices"
+    )
     measured = stored
     # One worker group for all: the trials after the first ran on its processes.
     assert not any(t.metrics["cold_start"] for t in measured[1:])
@@ -223,8 +335,7 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
         assert sorted(node) == [0, 1, 2, 3] and all(n.hostname for n in trial.nodes)
         assert set(node.values()) == set(cluster.nodes)  # both nodes used
         config = TrialConfig.from_dict(trial.config)
-        assert trial.metrics["losses"] == pytest.approx(_expected_losses(config),
-                                                        abs=LOSS_ATOL)
+        assert trial.metrics["losses"] == pytest.approx(_expected_losses(config), abs=LOSS_ATOL)
     tp2, pp2 = ({n.rank: n.node_id for n in t.nodes} for t in measured[1:])
     assert pp2[0] == pp2[1] != pp2[2] == pp2[3]  # stage 0 on one node, stage 1 on the other
     assert tp2[0] == tp2[1] != tp2[2] == tp2[3]  # TP pairs (0, 1) and (2, 3) on one node each

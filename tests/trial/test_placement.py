@@ -28,25 +28,32 @@ def _brute_force(bundle_nodes: list[str], stages: int, per_stage: int) -> int:
     """The fewest (stage, node) pairs over every assignment of groups to bundles."""
     best = None
     for perm in itertools.permutations(range(len(bundle_nodes))):
-        pairs = sum(len({bundle_nodes[b] for b in perm[s * per_stage:(s + 1) * per_stage]})
-                    for s in range(stages))
+        pairs = sum(
+            len({bundle_nodes[b] for b in perm[s * per_stage : (s + 1) * per_stage]})
+            for s in range(stages)
+        )
         best = pairs if best is None else min(best, pairs)
     return best
 
 
-@pytest.mark.parametrize("bundle_nodes,stages,per_stage", [
-    (["a", "b", "a", "b"], 2, 2),            # PACK interleaved the bundles across two nodes
-    (["a", "a", "a", "b", "b", "b"], 2, 3),  # one stage per node
-    (["a", "a", "a", "b", "b", "c"], 3, 2),  # uneven nodes: best fit keeps stages whole
-    (["a", "b", "c", "a", "b", "c"], 2, 3),  # no node holds a stage: fewest nodes each
-    (["a", "a", "b", "b", "b", "b"], 3, 2),
-    (["a", "b"], 1, 2),
-])
+@pytest.mark.parametrize(
+    "bundle_nodes,stages,per_stage",
+    [
+        (["a", "b", "a", "b"], 2, 2),  # PACK interleaved the bundles across two nodes
+        (["a", "a", "a", "b", "b", "b"], 2, 3),  # one stage per node
+        (["a", "a", "a", "b", "b", "c"], 3, 2),  # uneven nodes: best fit keeps stages whole
+        (["a", "b", "c", "a", "b", "c"], 2, 3),  # no node holds a stage: fewest nodes each
+        (["a", "a", "b", "b", "b", "b"], 3, 2),
+        (["a", "b"], 1, 2),
+    ],
+)
 def test_stages_span_as_few_nodes_as_a_brute_force_finds(bundle_nodes, stages, per_stage):
     groups = assign_groups(bundle_nodes, stages, per_stage)
     assert sorted(groups) == list(range(len(bundle_nodes)))  # each bundle used once
-    pairs = sum(len({bundle_nodes[g] for g in groups[s * per_stage:(s + 1) * per_stage]})
-                for s in range(stages))
+    pairs = sum(
+        len({bundle_nodes[g] for g in groups[s * per_stage : (s + 1) * per_stage]})
+        for s in range(stages)
+    )
     assert pairs == _brute_force(bundle_nodes, stages, per_stage)
 
 
@@ -83,8 +90,11 @@ def test_a_tp_group_wider_than_every_node_is_refused_naming_the_sizes():
 
 def test_tp_groups_that_do_not_pack_are_refused_and_fitting_ones_pass():
     # Three ranks per node hold one pair each: two pairs of four ranks need two nodes.
-    with pytest.raises(PlacementError, match="2 TP groups of 2 ranks do not fit inside nodes: "
-                                             r"the Ray cluster's 1 node\(s\) hold 3 ranks"):
+    with pytest.raises(
+        PlacementError,
+        match="2 TP groups of 2 ranks do not fit inside nodes: "
+        r"the Ray cluster's 1 node\(s\) hold 3 ranks",
+    ):
         check_tp_fits(2, 4, _nodes(3), "0.5 CPU")
     check_tp_fits(2, 4, _nodes(3, 3), "0.5 CPU")
     check_tp_fits(4, 8, _nodes(4, 4), "1 GPU")

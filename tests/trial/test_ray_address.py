@@ -26,12 +26,25 @@ print(json.dumps({"address": address, "auth": os.environ.get("RAY_AUTH_MODE"),
 
 
 def _probe(address: str, home: Path, **env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+        )
+    }
     environ.update(HOME=str(home), PYTHONPATH=str(ROOT), **env)
-    proc = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True,
-                          text=True, env=environ, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, address],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -41,17 +54,40 @@ def _trial(address: str, tmp_path: Path, env: dict) -> tuple:
     a user runs it: (its config, the finished process)."""
     from autotune.config import TrialConfig, WorkloadSpec
 
-    config = TrialConfig(workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32,
-                                               global_batch_size=4),
-                         world_size=2, device="cpu", num_warmup_steps=1,
-                         num_timed_steps=1, num_profiled_steps=0)
+    config = TrialConfig(
+        workload=WorkloadSpec(family="gpt", size="tiny", seq_len=32, global_batch_size=4),
+        world_size=2,
+        device="cpu",
+        num_warmup_steps=1,
+        num_timed_steps=1,
+        num_profiled_steps=0,
+    )
     path = tmp_path / "trial.json"
     path.write_text(json.dumps(config.to_dict()))
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "trial", "--config", str(path), "--json",
-         "--db", f"sqlite:///{tmp_path / 'trial.db'}", "--ray-address", address,
-         "--cpus-per-rank", "1", "--timeout", "240"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "trial",
+            "--config",
+            str(path),
+            "--json",
+            "--db",
+            f"sqlite:///{tmp_path / 'trial.db'}",
+            "--ray-address",
+            address,
+            "--cpus-per-rank",
+            "1",
+            "--timeout",
+            "240",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=400,
+    )
     return config, proc
 
 
@@ -76,10 +112,12 @@ def test_addresses_join_as_auto_does(home_with_token, tmp_path):
     assert routable == {"address": "192.0.2.2:6379", "auth": "token", "cluster_mode": True}
     # No token anywhere: nothing to turn on. An explicit mode is respected. auto: Ray's own.
     assert _probe("192.0.2.2:6379", tmp_path / "empty")["auth"] is None
-    assert _probe("192.0.2.2:6379", home_with_token,
-                  RAY_AUTH_MODE="disabled")["auth"] == "disabled"
-    assert _probe("auto", home_with_token) == {"address": "auto", "auth": None,
-                                               "cluster_mode": True}
+    assert _probe("192.0.2.2:6379", home_with_token, RAY_AUTH_MODE="disabled")["auth"] == "disabled"
+    assert _probe("auto", home_with_token) == {
+        "address": "auto",
+        "auth": None,
+        "cluster_mode": True,
+    }
 
 
 def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
@@ -102,23 +140,48 @@ def test_a_ray_start_cluster_is_joined_at_the_address_it_prints(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's socket paths must stay short
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+        )
+    }
     env.update(HOME=str(home), PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     ray_cli = str(Path(sys.executable).parent / "ray")
-    made = subprocess.run([ray_cli, "get-auth-token", "--generate"], capture_output=True,
-                          text=True, env=env, timeout=300)
+    made = subprocess.run(
+        [ray_cli, "get-auth-token", "--generate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr
     assert (home / ".ray" / "auth_token").is_file()
     port = free_port()
     head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
-         "--include-dashboard=false", "--disable-usage-stats"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            f"--temp-dir={temp_dir}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**env, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-        start_new_session=True)
+        start_new_session=True,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in head.stdout], daemon=True).start()
     try:
@@ -161,15 +224,28 @@ def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_p
     import shutil
     import tempfile
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-               RAY_USAGE_STATS_ENABLED="0")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+        )
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), RAY_USAGE_STATS_ENABLED="0"
+    )
     temp_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # Ray's socket paths must stay short
     cluster = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "ray_cluster.py"), "1", "2", temp_dir,
-         "--no-auth"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        [sys.executable, str(ROOT / "tests" / "ray_cluster.py"), "1", "2", temp_dir, "--no-auth"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         address = json.loads(cluster.stdout.readline())["address"]
         env = {**env, "HOME": str(home_with_token)}
@@ -182,7 +258,8 @@ def test_a_cluster_without_token_authentication_is_joined(home_with_token, tmp_p
         assert refused.stderr.strip().splitlines() == [
             f"autotune: error: the Ray cluster at '{address}' has no token authentication but "
             "RAY_AUTH_MODE=token is set; unset RAY_AUTH_MODE (or start the cluster with "
-            "RAY_AUTH_MODE=token)"]
+            "RAY_AUTH_MODE=token)"
+        ]
     finally:
         cluster.stdin.close()
         try:

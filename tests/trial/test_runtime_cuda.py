@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import torch
-
 from spawn import run_ranks
 from test_clock_channel import SKEW_NS, _exchange
 
@@ -39,17 +38,24 @@ def _profiled_trial(rank: int) -> dict:
     init_rank_group("nccl", dist.HashStore(), 0, 1, timedelta(seconds=120), 0)
     after_init = non_allocator_bytes(device)
     result = run_rank(TrialConfig(world_size=1, micro_batch_size=2, device="cuda"))
-    return {"before": before, "after_init": after_init, "backend": result.backend,
-            "spans": len(result.spans), "offset": result.clock_offset_ns,
-            "reported": result.extra["non_allocator_bytes"],
-            "total": torch.cuda.mem_get_info(device)[1],
-            "bound": dist.group.WORLD.bound_device_id}
+    return {
+        "before": before,
+        "after_init": after_init,
+        "backend": result.backend,
+        "spans": len(result.spans),
+        "offset": result.clock_offset_ns,
+        "reported": result.extra["non_allocator_bytes"],
+        "total": torch.cuda.mem_get_info(device)[1],
+        "bound": dist.group.WORLD.bound_device_id,
+    }
 
 
 def test_a_profiled_trial_runs_on_nccl():
     (r,) = run_ranks(1, _profiled_trial, backend=None, timeout=300.0)
-    print(f"non-allocator bytes: context {r['before'] / MIB:.0f} MiB, after NCCL init "
-          f"{r['after_init'] / MIB:.0f} MiB, after the trial {r['reported'] / MIB:.0f} MiB")
+    print(
+        f"non-allocator bytes: context {r['before'] / MIB:.0f} MiB, after NCCL init "
+        f"{r['after_init'] / MIB:.0f} MiB, after the trial {r['reported'] / MIB:.0f} MiB"
+    )
     assert r["backend"] == "nccl" and r["bound"] == torch.device("cuda", 0)
     assert r["spans"] > 0 and r["offset"] == 0
     assert 0 < r["before"] <= r["after_init"] < r["total"]
@@ -110,7 +116,8 @@ def test_dtensor_caches_are_cleared_on_the_autograd_device_thread(monkeypatch):
     from autotune.trial.parallel import mesh
 
     threads: list[int] = []
-    monkeypatch.setattr(mesh, "_clear_sharding_caches",
-                        lambda: threads.append(threading.get_ident()))
+    monkeypatch.setattr(
+        mesh, "_clear_sharding_caches", lambda: threads.append(threading.get_ident())
+    )
     mesh._destroy(mesh._CachedMesh(mesh=None, world=None, owned=()), "cuda")
     assert len(threads) == 2 and threads[0] == threading.get_ident() != threads[1]

@@ -79,10 +79,15 @@ class SearchState:
     ``candidates`` and ``ruled_out`` are computed when first read (a memory prediction per
     untried configuration), so a strategy that does not read them does not pay for them."""
 
-    def __init__(self, *, configs: Sequence[TrialConfig], tried: frozenset[TrialConfig],
-                 history: Sequence[Measured],
-                 fits: Callable[[TrialConfig], tuple[bool, int | None]],
-                 shape: ModelShape | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        configs: Sequence[TrialConfig],
+        tried: frozenset[TrialConfig],
+        history: Sequence[Measured],
+        fits: Callable[[TrialConfig], tuple[bool, int | None]],
+        shape: ModelShape | None = None,
+    ) -> None:
         self._configs, self.tried, self.history = configs, tried, tuple(history)
         self._fits, self.shape = fits, shape
 

@@ -31,11 +31,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from autotune.model.calibration import FitReport, Sample, fit_calibration
-from autotune.model.cluster import ClusterSpec
 from autotune.config import GIB, TrialConfig
 from autotune.errors import ConfigError
-from autotune.shapes import ModelShape
+from autotune.model.calibration import FitReport, Sample, fit_calibration
+from autotune.model.cluster import ClusterSpec
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
@@ -43,8 +42,8 @@ from autotune.model.perf_model import (
     layer_shape_key,
     predict_step_time,
 )
-from autotune.search.strategies.base import (Measured, PassedOver, Proposal, SearchState,
-                                              Strategy)
+from autotune.search.strategies.base import Measured, PassedOver, Proposal, SearchState, Strategy
+from autotune.shapes import ModelShape
 
 PASSED_OVER = 3
 """When the strategy stops, this many of the untried configurations it ranks best are passed
@@ -85,8 +84,9 @@ class ModelGuided(Strategy):
     _calibration: Calibration | None = field(default=None, init=False)
 
     # ---- the calibration ---------------------------------------------------------------------
-    def current_calibration(self, history: Sequence[Measured],
-                            shape: ModelShape | None) -> Calibration:
+    def current_calibration(
+        self, history: Sequence[Measured], shape: ModelShape | None
+    ) -> Calibration:
         """The calibration refitted to ``history``'s measured trials (cached per length)."""
         start = self.calibration or Calibration.for_cluster(self.cluster)
         if self.fitted is not None:
@@ -98,8 +98,9 @@ class ModelGuided(Strategy):
         if self._fitted_on != len(measured) or self._calibration is None:
             samples = [Sample(m.config, m.step_time_s, shape) for m in measured]
             try:
-                self.last_fit = fit_calibration(samples, self.cluster, start=start,
-                                                engine=self.engine)
+                self.last_fit = fit_calibration(
+                    samples, self.cluster, start=start, engine=self.engine
+                )
                 self._calibration = self.last_fit.calibration
             except (ConfigError, ValueError, ArithmeticError):
                 self._calibration = self._calibration or start  # keep the last good one
@@ -110,8 +111,13 @@ class ModelGuided(Strategy):
         residuals = self.last_fit.residuals if self.last_fit else ()
         return math.sqrt(statistics.fmean(r * r for r in residuals)) if residuals else 0.0
 
-    def sigma(self, config: TrialConfig, calibration: Calibration, history: Sequence[Measured],
-              shape: ModelShape | None) -> float:
+    def sigma(
+        self,
+        config: TrialConfig,
+        calibration: Calibration,
+        history: Sequence[Measured],
+        shape: ModelShape | None,
+    ) -> float:
         """Relative uncertainty of ``config``'s predicted step time."""
         measured = [m for m in history if m.step_time_s]
         if not measured or self.last_fit is None:
@@ -122,13 +128,18 @@ class ModelGuided(Strategy):
         sigma = max(self.min_sigma, spread, self.prior_sigma / math.sqrt(n))
         device_type = self.cluster.device_type
         if _shape_key(config, shape, device_type) not in {
-                _shape_key(m.config, shape, device_type) for m in measured}:
+            _shape_key(m.config, shape, device_type) for m in measured
+        }:
             sigma *= self.unmeasured_shape_factor
         return sigma
 
     # ---- the strategy --------------------------------------------------------------------------
-    def ranked(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> list[tuple[float, float, TrialConfig]]:
+    def ranked(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> list[tuple[float, float, TrialConfig]]:
         """Untried candidates as (optimistic time, predicted time, config), best first."""
         tried = {m.config for m in history}
         calibration = self.current_calibration(history, shape)
@@ -136,8 +147,9 @@ class ModelGuided(Strategy):
         for config in candidates:
             if config in tried:
                 continue
-            predicted = predict_step_time(config, self.cluster, calibration, shape=shape,
-                                          engine=self.engine).step_time_s
+            predicted = predict_step_time(
+                config, self.cluster, calibration, shape=shape, engine=self.engine
+            ).step_time_s
             sigma = self.sigma(config, calibration, history, shape)
             out.append((predicted * math.exp(-self.kappa * sigma), predicted, config))
         out.sort(key=lambda t: (t[0], t[1]))
@@ -152,8 +164,10 @@ class ModelGuided(Strategy):
         return self.choose(state.candidates, state.history, state.shape)
 
     def stop_reason(self) -> str:
-        return ("the performance model predicts no untried configuration faster than the best "
-                f"measured by {self.tolerance:.0%}")
+        return (
+            "the performance model predicts no untried configuration faster than the best "
+            f"measured by {self.tolerance:.0%}"
+        )
 
     def passed_over(self, state: SearchState) -> list[PassedOver]:
         """The best few candidates it will not run (those with a ``skip_reason``), then the
@@ -166,12 +180,22 @@ class ModelGuided(Strategy):
                 out.append(PassedOver(config, reason))
         over = state.ruled_out
         for _, predicted_s, config in self.ranked(list(over), history, shape)[:PASSED_OVER]:
-            out.append(PassedOver(config, f"predicted {predicted_s * 1e3:.1f} ms, but a peak "
-                                  f"of {over[config] / GIB:.3g} GiB", over[config]))
+            out.append(
+                PassedOver(
+                    config,
+                    f"predicted {predicted_s * 1e3:.1f} ms, but a peak "
+                    f"of {over[config] / GIB:.3g} GiB",
+                    over[config],
+                )
+            )
         return out
 
-    def choose(self, candidates: Sequence[TrialConfig], history: Sequence[Measured],
-               shape: ModelShape | None = None) -> Proposal | None:
+    def choose(
+        self,
+        candidates: Sequence[TrialConfig],
+        history: Sequence[Measured],
+        shape: ModelShape | None = None,
+    ) -> Proposal | None:
         """The untried candidate with the lowest optimistic time, or None when it cannot beat
         the best measured by ``tolerance`` (after ``min_trials``) or the budget is spent."""
         if self.max_trials is not None and len(history) >= self.max_trials:
@@ -181,28 +205,37 @@ class ModelGuided(Strategy):
             return None
         optimistic, predicted, config = ranked[0]
         best = _best_measured(history)
-        if (best is not None and optimistic >= best * (1 - self.tolerance)
-                and len(history) >= self.min_trials):
+        if (
+            best is not None
+            and optimistic >= best * (1 - self.tolerance)
+            and len(history) >= self.min_trials
+        ):
             return None
-        why = (f"predicted {predicted * 1e3:.1f} ms (optimistic {optimistic * 1e3:.1f} ms)"
-               + (f" against the best measured {best * 1e3:.1f} ms" if best else ""))
+        why = f"predicted {predicted * 1e3:.1f} ms (optimistic {optimistic * 1e3:.1f} ms)" + (
+            f" against the best measured {best * 1e3:.1f} ms" if best else ""
+        )
         return Proposal(config, why, predicted)
 
-    def skip_reason(self, config: TrialConfig, history: Sequence[Measured],
-                    shape: ModelShape | None = None) -> str | None:
+    def skip_reason(
+        self, config: TrialConfig, history: Sequence[Measured], shape: ModelShape | None = None
+    ) -> str | None:
         """Why ``config`` need not run: its optimistic time cannot beat the best measured."""
         best = _best_measured(history)
         if best is None:
             return None
         calibration = self.current_calibration(history, shape)
-        predicted = predict_step_time(config, self.cluster, calibration, shape=shape,
-                                      engine=self.engine).step_time_s
-        optimistic = predicted * math.exp(-self.kappa * self.sigma(config, calibration,
-                                                                   history, shape))
+        predicted = predict_step_time(
+            config, self.cluster, calibration, shape=shape, engine=self.engine
+        ).step_time_s
+        optimistic = predicted * math.exp(
+            -self.kappa * self.sigma(config, calibration, history, shape)
+        )
         if optimistic < best * (1 - self.tolerance):
             return None
-        return (f"predicted {predicted * 1e3:.1f} ms, at best {optimistic * 1e3:.1f} ms: "
-                f"no faster than the best measured {best * 1e3:.1f} ms")
+        return (
+            f"predicted {predicted * 1e3:.1f} ms, at best {optimistic * 1e3:.1f} ms: "
+            f"no faster than the best measured {best * 1e3:.1f} ms"
+        )
 
 
 def _best_measured(history: Sequence[Measured]) -> float | None:

@@ -25,8 +25,9 @@ def make_sampler(name: str, seed: int):
     if name == "gp":
         # The space is define-by-run (pp_schedule only when pp > 1): GP models the knobs
         # every trial has and samples the conditional ones at random, which is intended here.
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5,
-                                         warn_independent_sampling=False)
+        return optuna.samplers.GPSampler(
+            seed=seed, n_startup_trials=5, warn_independent_sampling=False
+        )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ConfigError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")

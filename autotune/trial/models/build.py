@@ -25,13 +25,17 @@ def load_builder(path: str) -> Callable[[WorkloadSpec], Workload]:
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise WorkloadError(f"workload '{path}': module '{module_name}' has no function "
-                            f"'{attr}'")
+        raise WorkloadError(f"workload '{path}': module '{module_name}' has no function '{attr}'")
     return fn
 
 
-def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0,
-                   device: torch.device | str = "cpu") -> Workload:
+def build_workload(
+    spec: WorkloadSpec,
+    *,
+    attention: str = "sdpa",
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Workload:
     """Build the workload of a spec on this process, seeded identically on every rank; a
     built-in model is initialised on ``device`` (others are built where their code builds
     them, and moved by ``parallelize``)."""
@@ -46,10 +50,12 @@ def build_workload(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0
     try:
         workload = builder(spec)
     except Exception as e:
-        raise WorkloadError(f"workload '{spec.workload}' raised while building: "
-                            f"{type(e).__name__}: {e}") from None
+        raise WorkloadError(
+            f"workload '{spec.workload}' raised while building: {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(workload, Workload):
-        raise WorkloadError(f"workload '{spec.workload}' must return an autotune Workload, "
-                            f"not {type(workload).__name__}")
+        raise WorkloadError(
+            f"workload '{spec.workload}' must return an autotune Workload, "
+            f"not {type(workload).__name__}"
+        )
     return workload
-

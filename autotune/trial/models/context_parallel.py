@@ -58,8 +58,9 @@ class ContextParallel:
 
     def gathered_positions(self, device: torch.device) -> torch.Tensor:
         """Global positions of the keys after :func:`gather_sequence`: rank 0's, rank 1's, …"""
-        return torch.cat([chunk_positions(self.seq_len, self.degree, r)
-                          for r in range(self.degree)]).to(device)
+        return torch.cat(
+            [chunk_positions(self.seq_len, self.degree, r) for r in range(self.degree)]
+        ).to(device)
 
     def shard(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of a full-sequence tensor (inputs, targets)."""
@@ -88,8 +89,11 @@ class _GatherSequence(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         b, h, s_all, d = grad.shape
         s = s_all // ctx.degree
-        parts = grad.reshape(b, h, ctx.degree, s, d).permute(2, 0, 1, 3, 4).reshape(
-            ctx.degree * b, h, s, d)
+        parts = (
+            grad.reshape(b, h, ctx.degree, s, d)
+            .permute(2, 0, 1, 3, 4)
+            .reshape(ctx.degree * b, h, s, d)
+        )
         out = grad.new_empty((b, h, s, d))
         dist.reduce_scatter_tensor(out, parts, group=ctx.group)
         return out, None, None

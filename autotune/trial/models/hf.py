@@ -38,9 +38,17 @@ CP_ATTENTION = "autotune_cp"
 ``AttentionInterface``; it wraps the model's own implementation (sdpa or eager)."""
 
 
-def cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
-                 value: torch.Tensor, attention_mask: torch.Tensor | None, *,
-                 cp: ContextParallel, cp_inner: str, **kwargs: Any):
+def cp_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    cp: ContextParallel,
+    cp_inner: str,
+    **kwargs: Any,
+):
     """An ``AttentionInterface`` function: all-gather K/V (kv heads, before the inner function
     repeats them for GQA) over the cp group, then the inner implementation with the additive
     causal mask of the local queries' global positions against the gathered keys."""
@@ -60,9 +68,15 @@ def _register_cp_attention() -> None:
 
     AttentionInterface.register(CP_ATTENTION, cp_attention)
 
+
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
-def tp_plan(config: Any, layer_indices: range, *, sequence_parallel: bool = False,
-            layer: nn.Module | None = None) -> dict | None:
+def tp_plan(
+    config: Any,
+    layer_indices: range,
+    *,
+    sequence_parallel: bool = False,
+    layer: nn.Module | None = None,
+) -> dict | None:
     """torch ParallelStyles for the config's ``base_model_tp_plan``
     (``autotune.hf_config.tp_plan_names``), one per expanded path of :class:`HFStage`.
 
@@ -78,15 +92,20 @@ def tp_plan(config: Any, layer_indices: range, *, sequence_parallel: bool = Fals
         return None
     if not sequence_parallel:
         return plan_styles(names)
-    norms = [n for n, m in (layer.named_children() if layer is not None else ())
-             if type(m).__name__.endswith(("RMSNorm", "LayerNorm"))]
+    norms = [
+        n
+        for n, m in (layer.named_children() if layer is not None else ())
+        if type(m).__name__.endswith(("RMSNorm", "LayerNorm"))
+    ]
     if not norms:
         return None
     regions = {path.rpartition(".")[0] for path in names}
     return plan_styles(
-        names, sequence_parallel=True,
+        names,
+        sequence_parallel=True,
         norms=tuple(f"layers.{i}.{n}" for i in layer_indices for n in norms),
-        regions={r: "hidden_states" if r.endswith(".self_attn") else None for r in regions})
+        regions={r: "hidden_states" if r.endswith(".self_attn") else None for r in regions},
+    )
 
 
 # ---- the stage module ------------------------------------------------------------------------
@@ -120,11 +139,14 @@ class HFStage(nn.Module):
     @cp.setter
     def cp(self, cp: ContextParallel | None) -> None:
         if cp is not None and "sliding_attention" in _attention_kinds(self.config):
-            raise ConfigError(f"{self.config.model_type}: context parallelism runs full causal "
-                              "attention only (no sliding windows); use cp_degree 1")
+            raise ConfigError(
+                f"{self.config.model_type}: context parallelism runs full causal "
+                "attention only (no sliding windows); use cp_degree 1"
+            )
         _register_cp_attention()
-        self.config._attn_implementation = CP_ATTENTION if cp is not None else (
-            self._inner_attention)
+        self.config._attn_implementation = (
+            CP_ATTENTION if cp is not None else (self._inner_attention)
+        )
         self._cp = cp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,15 +157,21 @@ class HFStage(nn.Module):
 
         h = self.embed(x) if self.embed is not None else x
         cp = self._cp
-        position_ids = (cp.positions(h.device) if cp is not None
-                        else torch.arange(h.shape[1], device=h.device)).unsqueeze(0)
+        position_ids = (
+            cp.positions(h.device) if cp is not None else torch.arange(h.shape[1], device=h.device)
+        ).unsqueeze(0)
         if self.pos_embed is not None:
             h = h + self.pos_embed(position_ids)
         if self.embed_dropout is not None:
             h = self.embed_dropout(h)
         if self.layers:
-            mask_args = dict(config=self.config, inputs_embeds=h, attention_mask=None,
-                             cache=None, position_ids=position_ids)
+            mask_args = dict(
+                config=self.config,
+                inputs_embeds=h,
+                attention_mask=None,
+                cache=None,
+                position_ids=position_ids,
+            )
             layer_types = getattr(self.config, "layer_types", None)
             default = _default_attention(self.config)
             extra: dict[str, Any] = {}
@@ -158,8 +186,13 @@ class HFStage(nn.Module):
                 extra["position_embeddings"] = self.rotary(h, position_ids)
             for key, layer in self.layers.items():
                 kind = layer_types[int(key)] if layer_types else default
-                out = layer(h, attention_mask=masks[kind], position_ids=position_ids,
-                            use_cache=False, **extra)
+                out = layer(
+                    h,
+                    attention_mask=masks[kind],
+                    position_ids=position_ids,
+                    use_cache=False,
+                    **extra,
+                )
                 h = out[0] if isinstance(out, tuple) else out
         if self.norm is not None:
             h = self.norm(h)
@@ -171,8 +204,11 @@ class HFStage(nn.Module):
 def _default_attention(config: Any) -> str:
     """The attention of a layer the config's ``layer_types`` does not name: Mistral (no
     layer_types) slides every layer's window when it has one."""
-    return ("sliding_attention" if config.model_type == "mistral"
-            and getattr(config, "sliding_window", None) is not None else "full_attention")
+    return (
+        "sliding_attention"
+        if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None
+        else "full_attention"
+    )
 
 
 def _attention_kinds(config: Any) -> set[str]:
@@ -211,17 +247,31 @@ def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
     num_layers = config.num_hidden_layers
 
     def batch(step: int):
-        return synthetic_batch(step, seed=seed, batch_size=spec.global_batch_size,
-                               seq_len=spec.seq_len, vocab_size=vocab)
+        return synthetic_batch(
+            step,
+            seed=seed,
+            batch_size=spec.global_batch_size,
+            seq_len=spec.seq_len,
+            vocab_size=vocab,
+        )
 
     try:
         plan = tp_plan(config, range(num_layers))
-        sp_plan = tp_plan(config, range(num_layers), sequence_parallel=True,
-                          layer=next(iter(stage.layers.values()), None))
+        sp_plan = tp_plan(
+            config,
+            range(num_layers),
+            sequence_parallel=True,
+            layer=next(iter(stage.layers.values()), None),
+        )
     except ConfigError:
         plan = sp_plan = None  # check_layout names the entry when a layout asks for tp > 1
-    return Workload(model=stage, batch=batch, tp_plan=plan, sp_plan=sp_plan,
-                    pipeline_split=split_stage, blocks=transformer_blocks,
-                    num_heads=config.num_attention_heads, num_layers=num_layers)
-
-
+    return Workload(
+        model=stage,
+        batch=batch,
+        tp_plan=plan,
+        sp_plan=sp_plan,
+        pipeline_split=split_stage,
+        blocks=transformer_blocks,
+        num_heads=config.num_attention_heads,
+        num_layers=num_layers,
+    )

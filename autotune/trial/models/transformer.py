@@ -60,8 +60,9 @@ class Attention(nn.Module):
             out = self._core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Causal attention; ``mask`` (True: attend), where given, replaces the square causal
         mask (context parallelism: local queries against the whole sequence's keys)."""
         if self.attention == "sdpa":
@@ -74,8 +75,9 @@ class Attention(nn.Module):
         return torch.softmax(scores, dim=-1) @ v
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor | None = None,
-           base: float = 10000.0) -> torch.Tensor:
+def rotary(
+    x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0
+) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34), half-split layout, at
     ``positions`` (default 0, 1, …: context parallelism passes each token's global position)."""
     seq, dim = x.shape[1], x.shape[-1]
@@ -85,7 +87,7 @@ def rotary(x: torch.Tensor, positions: torch.Tensor | None = None,
     angles = torch.outer(positions.to(torch.float32), inv_freq)
     cos = angles.cos()[None, :, None, :].to(x.dtype)
     sin = angles.sin()[None, :, None, :].to(x.dtype)
-    x1, x2 = x[..., : dim // 2], x[..., dim // 2:]
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
@@ -96,8 +98,11 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
         self.w2 = nn.Linear(shape.ffn_hidden_size, shape.hidden_size, bias=False)
         # SwiGLU's gate (Shazeer 2020) for llama; GPT-2 uses a plain GELU MLP.
-        self.w3 = (nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
-                   if shape.family == "llama" else None)
+        self.w3 = (
+            nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
+            if shape.family == "llama"
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is None:
@@ -125,9 +130,11 @@ class Transformer(nn.Module):
         self.shape = shape
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, shape.hidden_size)
         self.pos_embeddings: nn.Embedding | None = (
-            nn.Embedding(shape.max_seq_len, shape.hidden_size) if shape.family == "gpt" else None)
+            nn.Embedding(shape.max_seq_len, shape.hidden_size) if shape.family == "gpt" else None
+        )
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(shape, attention) for i in range(shape.num_layers)})
+            {str(i): TransformerBlock(shape, attention) for i in range(shape.num_layers)}
+        )
         norm = nn.LayerNorm if shape.family == "gpt" else nn.RMSNorm
         self.norm: nn.Module | None = norm(shape.hidden_size)
         self.output: nn.Linear | None = nn.Linear(shape.hidden_size, vocab_size, bias=False)
@@ -149,8 +156,11 @@ class Transformer(nn.Module):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if self.pos_embeddings is not None:
-                positions = (self.cp.positions(x.device) if self.cp is not None
-                             else torch.arange(x.shape[1], device=x.device))
+                positions = (
+                    self.cp.positions(x.device)
+                    if self.cp is not None
+                    else torch.arange(x.shape[1], device=x.device)
+                )
                 h = h + self.pos_embeddings(positions)
         else:
             h = x

@@ -55,9 +55,13 @@ class Workload:
     """Blocks, for validating pp_degree (optional)."""
 
 
-def plan_styles(names: dict[str, str], *, sequence_parallel: bool = False,
-                norms: tuple[str, ...] = (), regions: dict[str, str | None] | None = None
-                ) -> dict:
+def plan_styles(
+    names: dict[str, str],
+    *,
+    sequence_parallel: bool = False,
+    norms: tuple[str, ...] = (),
+    regions: dict[str, str | None] | None = None,
+) -> dict:
     """torch ParallelStyles for ``{path: 'colwise' | 'rowwise'}`` (Megatron's TP, Shoeybi et al.
     2019, §3).
 
@@ -85,13 +89,17 @@ def plan_styles(names: dict[str, str], *, sequence_parallel: bool = False,
     seq = Shard(1)
     plan: dict = {path: SequenceParallel() for path in norms}
     for path, kwarg in (regions or {}).items():
-        plan[path] = (PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-                      if kwarg is None else
-                      PrepareModuleInput(input_kwarg_layouts={kwarg: seq},
-                                         desired_input_kwarg_layouts={kwarg: Replicate()}))
+        plan[path] = (
+            PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+            if kwarg is None
+            else PrepareModuleInput(
+                input_kwarg_layouts={kwarg: seq}, desired_input_kwarg_layouts={kwarg: Replicate()}
+            )
+        )
     for path, style in names.items():
-        plan[path] = ColwiseParallel() if style == "colwise" else RowwiseParallel(
-            output_layouts=seq)
+        plan[path] = (
+            ColwiseParallel() if style == "colwise" else RowwiseParallel(output_layouts=seq)
+        )
     return plan
 
 
@@ -107,12 +115,14 @@ def builtin_tp_plan(num_layers: int, *, sequence_parallel: bool = False) -> dict
         names.update({f"{block}.attention.wo": "rowwise", f"{block}.feed_forward.w2": "rowwise"})
         norms += [f"{block}.attention_norm", f"{block}.ffn_norm"]
         regions.update({f"{block}.attention": None, f"{block}.feed_forward": None})
-    return plan_styles(names, sequence_parallel=sequence_parallel, norms=tuple(norms),
-                       regions=regions)
+    return plan_styles(
+        names, sequence_parallel=sequence_parallel, norms=tuple(norms), regions=regions
+    )
 
 
-def synthetic_batch(step: int, *, seed: int, batch_size: int, seq_len: int,
-                    vocab_size: int) -> Batch:
+def synthetic_batch(
+    step: int, *, seed: int, batch_size: int, seq_len: int, vocab_size: int
+) -> Batch:
     """A deterministic, learnable batch: each sequence is an arithmetic progression mod vocab.
 
     Start token and stride are drawn per sequence from a generator seeded by (seed, step), so
@@ -129,8 +139,13 @@ def transformer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(f"layers.{k}", m) for k, m in model.layers.items()]
 
 
-def build_builtin(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0,
-                  device: torch.device | str = "cpu") -> Workload:
+def build_builtin(
+    spec: WorkloadSpec,
+    *,
+    attention: str = "sdpa",
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Workload:
     """The built-in model, its parameters initialised on ``device``: on a GPU the
     initialisation runs there (a 1.5B model's fp32 normal draws take 20 s on one CPU thread,
     milliseconds on an H200); every rank of a trial uses the same device type and seed, so
@@ -143,13 +158,24 @@ def build_builtin(spec: WorkloadSpec, *, attention: str = "sdpa", seed: int = 0,
         model = Transformer(shape, vocab_size=vocab, attention=attention)  # fp32: precision.py
 
     def batch(step: int) -> Batch:
-        return synthetic_batch(step, seed=seed, batch_size=spec.global_batch_size,
-                               seq_len=spec.seq_len, vocab_size=vocab)
+        return synthetic_batch(
+            step,
+            seed=seed,
+            batch_size=spec.global_batch_size,
+            seq_len=spec.seq_len,
+            vocab_size=vocab,
+        )
 
     def split(m: nn.Module, stage: int, num_stages: int) -> nn.Module:
         return split_for_pipeline(m, stage, num_stages)
 
-    return Workload(model=model, batch=batch, tp_plan=builtin_tp_plan(shape.num_layers),
-                    sp_plan=builtin_tp_plan(shape.num_layers, sequence_parallel=True),
-                    pipeline_split=split, blocks=transformer_blocks,
-                    num_heads=shape.num_heads, num_layers=shape.num_layers)
+    return Workload(
+        model=model,
+        batch=batch,
+        tp_plan=builtin_tp_plan(shape.num_layers),
+        sp_plan=builtin_tp_plan(shape.num_layers, sequence_parallel=True),
+        pipeline_split=split,
+        blocks=transformer_blocks,
+        num_heads=shape.num_heads,
+        num_layers=shape.num_layers,
+    )

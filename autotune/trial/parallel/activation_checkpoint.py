@@ -52,13 +52,18 @@ would run again in backward."""
 def _op_policy(counts: dict[str, int]) -> Callable[..., CheckpointPolicy]:
     """torchtitan's ``_custom_policy``: forward and recomputation count matmuls separately, so
     both keep the same ones."""
+
     def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
         key = "recompute" if ctx.is_recompute else "forward"
         if op in _OP_MATMULS:
             counts[key] += 1
-            return (CheckpointPolicy.MUST_SAVE if counts[key] % 2 == 1
-                    else CheckpointPolicy.PREFER_RECOMPUTE)
+            return (
+                CheckpointPolicy.MUST_SAVE
+                if counts[key] % 2 == 1
+                else CheckpointPolicy.PREFER_RECOMPUTE
+            )
         return CheckpointPolicy.MUST_SAVE if op in _OP_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
@@ -69,15 +74,19 @@ def _op_context():
 def _wrap(block: nn.Module, mode: str) -> nn.Module:
     if mode == "selective":
         return checkpoint_wrapper(
-            block, context_fn=partial(create_selective_checkpoint_contexts, _save_matmuls))
+            block, context_fn=partial(create_selective_checkpoint_contexts, _save_matmuls)
+        )
     if mode == "op":
         return checkpoint_wrapper(block, context_fn=_op_context)
     return checkpoint_wrapper(block)
 
 
-def apply_ac(model: nn.Module, mode: str,
-             blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
-             ac_layers: int | None = None) -> nn.Module:
+def apply_ac(
+    model: nn.Module,
+    mode: str,
+    blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+    ac_layers: int | None = None,
+) -> nn.Module:
     """Checkpoint ``model``'s blocks (the whole model without ``blocks``) in ``mode``; under
     full, only the first ``ac_layers`` blocks when it is given."""
     if mode == "none":

@@ -29,13 +29,15 @@ from autotune.errors import ConfigError
 def check_compile(config: TrialConfig) -> None:
     """The first step compiles: it must be a warm-up step, so that no timed step does."""
     if config.compile and config.num_warmup_steps < 1:
-        raise ConfigError("compile needs num_warmup_steps ≥ 1: the first step compiles the "
-                          "blocks and must not be timed; raise num_warmup_steps")
+        raise ConfigError(
+            "compile needs num_warmup_steps ≥ 1: the first step compiles the "
+            "blocks and must not be timed; raise num_warmup_steps"
+        )
 
 
-def apply_compile(model: nn.Module,
-                  blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None
-                  ) -> nn.Module:
+def apply_compile(
+    model: nn.Module, blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None
+) -> nn.Module:
     """Compile each block in place with ``fullgraph=True``; a workload that names no blocks is
     compiled whole, graph breaks allowed (its forward is not known to be one graph)."""
     if blocks is None:
@@ -48,5 +50,5 @@ def apply_compile(model: nn.Module,
 
 def compile_seconds(step_times: list[float], num_warmup: int, num_timed: int) -> float:
     """Seconds the first (warm-up) step took beyond a timed step: the compilation it ran."""
-    timed = step_times[num_warmup:num_warmup + num_timed]
+    timed = step_times[num_warmup : num_warmup + num_timed]
     return max(0.0, step_times[0] - statistics.median(timed)) if timed else step_times[0]

@@ -63,8 +63,7 @@ class Bucket:
 
 
 @torch.no_grad()
-def partition(params: list[nn.Parameter], world: int, rank: int,
-              bucket_mb: float) -> list[Bucket]:
+def partition(params: list[nn.Parameter], world: int, rank: int, bucket_mb: float) -> list[Bucket]:
     """Buckets of consecutive parameters (same dtype, device) of at least ``bucket_mb`` (the
     last may be smaller), and the slices of each that ``rank`` of ``world`` owns."""
     groups: list[list[nn.Parameter]] = []
@@ -90,7 +89,7 @@ def partition(params: list[nn.Parameter], world: int, rank: int,
             n = local.numel()
             a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                view = local.view(-1)[a - start:b - start]
+                view = local.view(-1)[a - start : b - start]
                 owned.append(OwnedSlice(p, a - start, b - start, view, a - lo))
             start += n
         buckets.append(Bucket(group, shard, owned))
@@ -106,8 +105,13 @@ class DistributedOptimizer:
     buckets are all-gathered. ``make_optimizer`` builds the inner optimizer from the tensors it
     steps on (the owned slices)."""
 
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, bucket_mb: float,
-                 make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> None:
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        group: dist.ProcessGroup,
+        bucket_mb: float,
+        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.group = group
         self.world = dist.get_world_size(group)
@@ -115,8 +119,7 @@ class DistributedOptimizer:
         self.owned = [s for b in self.buckets for s in b.owned]
         # A rank may own no slice (more ranks than elements); the optimizer still needs a tensor.
         first = local_tensor(self.params[0])
-        self.optim = make_optimizer([s.tensor for s in self.owned]
-                                    or [first.new_zeros(0)])
+        self.optim = make_optimizer([s.tensor for s in self.owned] or [first.new_zeros(0)])
 
     @property
     def param_groups(self) -> list[dict]:
@@ -126,7 +129,7 @@ class DistributedOptimizer:
     def step(self) -> None:
         for s in self.owned:
             g = s.param.grad
-            s.tensor.grad = None if g is None else local_tensor(g).reshape(-1)[s.start:s.stop]
+            s.tensor.grad = None if g is None else local_tensor(g).reshape(-1)[s.start : s.stop]
         self.optim.step()
         for bucket in self.buckets:
             self.gather(bucket)
@@ -136,14 +139,13 @@ class DistributedOptimizer:
         first = local_tensor(bucket.params[0])
         share = torch.zeros(bucket.shard_numel, dtype=first.dtype, device=first.device)
         for s in bucket.owned:
-            share[s.offset: s.offset + s.stop - s.start] = s.tensor
-        flat = torch.empty(self.world * bucket.shard_numel, dtype=first.dtype,
-                           device=first.device)
+            share[s.offset : s.offset + s.stop - s.start] = s.tensor
+        flat = torch.empty(self.world * bucket.shard_numel, dtype=first.dtype, device=first.device)
         dist.all_gather_into_tensor(flat, share, group=self.group)
         offset = 0
         for p in bucket.params:
             local = local_tensor(p).detach()
-            local.view(-1).copy_(flat[offset: offset + local.numel()])
+            local.view(-1).copy_(flat[offset : offset + local.numel()])
             offset += local.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

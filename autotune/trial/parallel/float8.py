@@ -29,26 +29,36 @@ def check_float8(config: TrialConfig, device: torch.device) -> None:
     if not config.float8:
         return
     if device.type != "cuda":
-        raise ConfigError(f"float8 needs a CUDA GPU of compute capability ≥ 8.9, but this trial "
-                          f"runs on {device.type} (device {config.device!r}, no GPU visible); "
-                          "turn float8 off or run on an H100/L40S-class GPU")
+        raise ConfigError(
+            f"float8 needs a CUDA GPU of compute capability ≥ 8.9, but this trial "
+            f"runs on {device.type} (device {config.device!r}, no GPU visible); "
+            "turn float8 off or run on an H100/L40S-class GPU"
+        )
     capability = torch.cuda.get_device_capability(device)
     if capability < MIN_CAPABILITY:
         raise ConfigError(
             f"float8 needs compute capability ≥ 8.9, but {torch.cuda.get_device_name(device)} "
-            f"is {capability[0]}.{capability[1]} (no float8 matmul); turn float8 off")
+            f"is {capability[0]}.{capability[1]} (no float8 matmul); turn float8 off"
+        )
     if importlib.util.find_spec("torchao") is None:
-        raise ConfigError("float8 trains with torchao, which is not installed; "
-                          "pip install 'autotune[float8]' or turn float8 off")
+        raise ConfigError(
+            "float8 trains with torchao, which is not installed; "
+            "pip install 'autotune[float8]' or turn float8 off"
+        )
     if config.tp_degree > 1:
-        raise ConfigError(f"float8 with tp_degree {config.tp_degree} needs torchao's float8 "
-                          "tensor-parallel styles, which trials do not apply yet; use "
-                          "tp_degree 1 or turn float8 off")
+        raise ConfigError(
+            f"float8 with tp_degree {config.tp_degree} needs torchao's float8 "
+            "tensor-parallel styles, which trials do not apply yet; use "
+            "tp_degree 1 or turn float8 off"
+        )
 
 
 def _float8_aligned(module: nn.Module, fqn: str) -> bool:
-    return (isinstance(module, nn.Linear) and module.in_features % 16 == 0
-            and module.out_features % 16 == 0)
+    return (
+        isinstance(module, nn.Linear)
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
 
 
 def apply_float8(model: nn.Module) -> nn.Module:

@@ -92,8 +92,13 @@ _MESHES: OrderedDict[MeshKey, _CachedMesh] = OrderedDict()
 def build_mesh(config: TrialConfig, device_type: str) -> TrialMesh:
     """The mesh of this layout: the cached one of its shape, or a new one (which may destroy the
     least recently used shape's sub-groups). Collective: every rank calls it."""
-    shape = (config.pp_degree, config.dp_replicate, config.dp_shard, config.cp_degree,
-             config.tp_degree)
+    shape = (
+        config.pp_degree,
+        config.dp_replicate,
+        config.dp_shard,
+        config.cp_degree,
+        config.tp_degree,
+    )
     key = (device_type, shape, MESH_DIM_NAMES)
     if key in _MESHES:
         _MESHES.move_to_end(key)
@@ -134,7 +139,7 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     ranks = torch.arange(dist.get_world_size(), dtype=torch.int).reshape(shape)
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
-    for dim, size in enumerate(shape):
+    for dim in range(len(shape)):
         group, new = _group_of_dim(ranks, dim, names[dim])
         groups.append(group)
         owned += [group] if new else []
@@ -154,8 +159,9 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     return _CachedMesh(TrialMesh(mesh, dp, grads), dist.group.WORLD, tuple(owned))
 
 
-def _gradient_mesh(mesh: DeviceMesh, dp: DeviceMesh, replicate: int, shard: int,
-                   cp: int) -> tuple[DeviceMesh, DeviceMesh | None]:
+def _gradient_mesh(
+    mesh: DeviceMesh, dp: DeviceMesh, replicate: int, shard: int, cp: int
+) -> tuple[DeviceMesh, DeviceMesh | None]:
     """dp × cp as FSDP2 takes it (torchtitan's rule): the shard dim is dp_shard × cp
     (``SHARD_CP``, flattened with ``_flatten`` so that it shares the root with tp's mesh, which
     FSDP2 needs to hold TP's DTensors), and under HSDP (replicate > 1) the replicate dim is
@@ -200,8 +206,9 @@ def _destroy(cached: _CachedMesh, device_type: str) -> None:
     if device_type == "cuda":
         # The caches are per thread, and the backward of CUDA ops runs on the autograd engine's
         # thread for the device: a backward through _ClearInBackward clears that thread's too.
-        x = torch.zeros((), device=torch.device("cuda", torch.cuda.current_device()),
-                        requires_grad=True)
+        x = torch.zeros(
+            (), device=torch.device("cuda", torch.cuda.current_device()), requires_grad=True
+        )
         _ClearInBackward.apply(x).backward()
 
 
@@ -219,10 +226,13 @@ def _clear_sharding_caches() -> None:
     ``_clear_python_sharding_prop_cache`` and ``_clear_fast_path_sharding_prop_cache``."""
     from torch.distributed.tensor import debug
 
-    separate = [getattr(debug, name, None) for name in (
-        "_clear_python_sharding_prop_cache", "_clear_fast_path_sharding_prop_cache")]
+    separate = [
+        getattr(debug, name, None)
+        for name in ("_clear_python_sharding_prop_cache", "_clear_fast_path_sharding_prop_cache")
+    ]
     for clear in [c for c in separate if c is not None] or [
-            getattr(debug, "_clear_sharding_prop_cache", None)]:
+        getattr(debug, "_clear_sharding_prop_cache", None)
+    ]:
         if clear is not None:
             clear()
 

@@ -77,23 +77,32 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     config.validate(num_heads=workload.num_heads, num_layers=workload.num_layers)
     check_compile(config)
     if config.tp_degree > 1 and not workload.tp_plan:
-        raise ConfigError(f"workload {config.workload.name} provides no tp_plan; "
-                          "use tp_degree 1 or add a tp_plan to its Workload")
+        raise ConfigError(
+            f"workload {config.workload.name} provides no tp_plan; "
+            "use tp_degree 1 or add a tp_plan to its Workload"
+        )
     if config.sequence_parallel and not workload.sp_plan:
-        raise ConfigError(f"workload {config.workload.name} provides no sp_plan (sequence-"
-                          "parallel TP plan); turn sequence_parallel off or add an sp_plan "
-                          "to its Workload")
+        raise ConfigError(
+            f"workload {config.workload.name} provides no sp_plan (sequence-"
+            "parallel TP plan); turn sequence_parallel off or add an sp_plan "
+            "to its Workload"
+        )
     if config.cp_degree > 1 and not supports_cp(workload.model):
-        raise ConfigError(f"workload {config.workload.name} has no context-parallel attention "
-                          "(no module with a cp attribute, models/context_parallel.py); use "
-                          "cp_degree 1")
+        raise ConfigError(
+            f"workload {config.workload.name} has no context-parallel attention "
+            "(no module with a cp attribute, models/context_parallel.py); use "
+            "cp_degree 1"
+        )
     if config.pp_degree > 1 and workload.pipeline_split is None:
-        raise ConfigError(f"workload {config.workload.name} provides no pipeline_split; "
-                          "use pp_degree 1 or add a pipeline_split to its Workload")
+        raise ConfigError(
+            f"workload {config.workload.name} provides no pipeline_split; "
+            "use pp_degree 1 or add a pipeline_split to its Workload"
+        )
 
 
-def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
-                device: torch.device) -> ParallelModel:
+def parallelize(
+    workload: Workload, config: TrialConfig, mesh: TrialMesh, device: torch.device
+) -> ParallelModel:
     """``config.precision`` must be resolved (``TrialConfig.with_precision``)."""
     coords = coords_of(mesh)
     model = workload.model
@@ -110,12 +119,15 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
         parts = [apply_tp(p, mesh["tp"], workload.tp_plan) for p in parts]
     cp = None
     if config.cp_degree > 1:
-        cp = ContextParallel(mesh["cp"].get_group(), config.cp_degree, coords.cp_rank,
-                             config.workload.seq_len)
+        cp = ContextParallel(
+            mesh["cp"].get_group(), config.cp_degree, coords.cp_rank, config.workload.seq_len
+        )
         for p in parts:
             apply_cp(p, cp)
-    parts = [apply_ac(p, config.activation_checkpointing, workload.blocks, config.ac_layers)
-             for p in parts]
+    parts = [
+        apply_ac(p, config.activation_checkpointing, workload.blocks, config.ac_layers)
+        for p in parts
+    ]
     if config.compile:
         parts = [apply_compile(p, workload.blocks) for p in parts]
     # dp × cp; under HSDP 2-D (dp_replicate, dp_shard × cp)
@@ -125,8 +137,9 @@ def parallelize(workload: Workload, config: TrialConfig, mesh: TrialMesh,
     if config.pp_degree > 1:
         loss_fn = workload.loss_fn
         if scaler is not None:
+
             def loss_fn(output, target, _loss=workload.loss_fn):  # the scaled loss backpropagates
                 return _loss(output, target) * scaler.scale
-        schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device,
-                                  loss_fn)
+
+        schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device, loss_fn)
     return ParallelModel(config, mesh, coords, dp, schedule, scaler, cp)

@@ -27,29 +27,45 @@ from torch.distributed.pipelining import (
 
 from autotune.config import TrialConfig
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-             "interleaved_1f1b": ScheduleInterleaved1F1B}
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+}
 
 
 def local_stage_indices(config: TrialConfig, pp_rank: int) -> list[int]:
     return list(range(pp_rank, config.num_pp_stages, config.pp_degree))
 
 
-def split_stages(model: nn.Module, config: TrialConfig, pp_rank: int,
-                 split: Callable[[nn.Module, int, int], nn.Module]) -> list[nn.Module]:
+def split_stages(
+    model: nn.Module,
+    config: TrialConfig,
+    pp_rank: int,
+    split: Callable[[nn.Module, int, int], nn.Module],
+) -> list[nn.Module]:
     """This rank's stage modules, each a copy of the full model with other stages removed."""
     indices = local_stage_indices(config, pp_rank)
-    return [split(copy.deepcopy(model) if i != indices[-1] else model, i, config.num_pp_stages)
-            for i in indices]
+    return [
+        split(copy.deepcopy(model) if i != indices[-1] else model, i, config.num_pp_stages)
+        for i in indices
+    ]
 
 
-def build_schedule(parts: list[nn.Module], config: TrialConfig, pp_rank: int,
-                   pp_mesh: DeviceMesh, device: torch.device,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+def build_schedule(
+    parts: list[nn.Module],
+    config: TrialConfig,
+    pp_rank: int,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+):
     """Wrap the (already TP/AC/ZeRO-parallelised) stage modules into stages and a schedule."""
     group = pp_mesh.get_group()
-    stages = [PipelineStage(part, index, config.num_pp_stages, device, group=group)
-              for part, index in zip(parts, local_stage_indices(config, pp_rank))]
+    stages = [
+        PipelineStage(part, index, config.num_pp_stages, device, group=group)
+        for part, index in zip(parts, local_stage_indices(config, pp_rank))
+    ]
     cls = SCHEDULES[config.pp_schedule]
     if config.pp_schedule == "interleaved_1f1b":
         return cls(stages, n_microbatches=config.grad_accum_steps, loss_fn=loss_fn)

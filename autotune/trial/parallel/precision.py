@@ -65,8 +65,9 @@ def uses_fsdp(config: TrialConfig) -> bool:
     return config.dp_degree * config.cp_degree > 1 and config.zero_stage >= 2
 
 
-def check_precision_supported(precision: str, device_type: str, *,
-                              bf16_supported: bool, device_name: str) -> None:
+def check_precision_supported(
+    precision: str, device_type: str, *, bf16_supported: bool, device_name: str
+) -> None:
     """Refuse a precision the device cannot compute in.
 
     CUDA: bfloat16 needs compute capability ≥ 8.0 (Ampere; torch's ``is_bf16_supported``
@@ -75,19 +76,26 @@ def check_precision_supported(precision: str, device_type: str, *,
     instruction set lacks them: fp16 matmuls were 68× slower than fp32 on the AVX512
     development machine), so nothing is refused there.
     """
-    if device_type == "cuda" and compute_dtype(precision) == torch.bfloat16 and not (
-            bf16_supported):
+    if (
+        device_type == "cuda"
+        and compute_dtype(precision) == torch.bfloat16
+        and not (bf16_supported)
+    ):
         raise ConfigError(
             f"precision {precision} needs a GPU with bfloat16 (compute capability ≥ 8.0, e.g. "
-            f"A100, H100); {device_name} has none: use 16-mixed or 32-true")
+            f"A100, H100); {device_name} has none: use 16-mixed or 32-true"
+        )
 
 
 def check_device_precision(precision: str, device: torch.device) -> None:
     """:func:`check_precision_supported` for this process's device."""
     if device.type == "cuda":
         check_precision_supported(
-            precision, "cuda", bf16_supported=torch.cuda.is_bf16_supported(
-                including_emulation=False), device_name=torch.cuda.get_device_name(device))
+            precision,
+            "cuda",
+            bf16_supported=torch.cuda.is_bf16_supported(including_emulation=False),
+            device_name=torch.cuda.get_device_name(device),
+        )
 
 
 def apply_precision(part: nn.Module, config: TrialConfig) -> nn.Module:
@@ -113,8 +121,7 @@ def mp_policy(precision: str):
 
     if not is_mixed(precision):
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=compute_dtype(precision),
-                                reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=compute_dtype(precision), reduce_dtype=torch.float32)
 
 
 def optimizer_class(config: TrialConfig) -> type[torch.optim.Optimizer]:
@@ -140,23 +147,32 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     parameter's local shard is updated on its own.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         for group in self.param_groups:
             for p in group["params"]:
                 local = local_tensor(p.detach())
-                self.state[p] = {"master": local.float().clone(),
-                                 "exp_avg": torch.zeros_like(local, dtype=torch.float32),
-                                 "exp_avg_sq": torch.zeros_like(local, dtype=torch.float32),
-                                 "step": torch.zeros((), dtype=torch.float32)}
+                self.state[p] = {
+                    "master": local.float().clone(),
+                    "exp_avg": torch.zeros_like(local, dtype=torch.float32),
+                    "exp_avg_sq": torch.zeros_like(local, dtype=torch.float32),
+                    "step": torch.zeros((), dtype=torch.float32),
+                }
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim.Optimizer.step
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
-            for chunk in step_chunks([local_tensor(p).numel() for p in live],
-                                     MASTER_STEP_CHUNK_NUMEL):
+            for chunk in step_chunks(
+                [local_tensor(p).numel() for p in live], MASTER_STEP_CHUNK_NUMEL
+            ):
                 self._step_chunk(group, [live[i] for i in chunk])
         return None
 
@@ -168,10 +184,10 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         steps = [s["step"] for s in states]
         # One fp32 buffer for the chunk's gradients; it later holds the denominator.
-        flat = torch.empty(sum(m.numel() for m in masters), dtype=torch.float32,
-                           device=masters[0].device)
-        grads = [b.view_as(m) for b, m in zip(flat.split([m.numel() for m in masters]),
-                                              masters)]
+        flat = torch.empty(
+            sum(m.numel() for m in masters), dtype=torch.float32, device=masters[0].device
+        )
+        grads = [b.view_as(m) for b, m in zip(flat.split([m.numel() for m in masters]), masters)]
         torch._foreach_copy_(grads, [local_tensor(p.grad) for p in params])
         torch._foreach_add_(steps, 1.0)
         step_values = torch.stack(steps).tolist()
@@ -183,10 +199,11 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         denom = grads
         torch._foreach_copy_(denom, exp_avg_sqs)
         torch._foreach_sqrt_(denom)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** s) for s in step_values])
+        torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in step_values])
         torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(masters, exp_avgs, denom,
-                                [-lr / (1 - beta1 ** s) for s in step_values])
+        torch._foreach_addcdiv_(
+            masters, exp_avgs, denom, [-lr / (1 - beta1**s) for s in step_values]
+        )
         torch._foreach_copy_([local_tensor(p) for p in params], masters)
 
 
@@ -216,7 +233,7 @@ class LossScaler:
     ``torch.amp.GradScaler`` (which also refuses fp16 gradients) is not.
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_interval: int = 2000) -> None:
+    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
         self.scale = init_scale
         self.growth_interval = growth_interval
         self._clean_steps = 0

@@ -23,9 +23,12 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: dict,
-             sequence_blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None = None
-             ) -> nn.Module:
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    plan: dict,
+    sequence_blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None = None,
+) -> nn.Module:
     """Shard the plan's submodules that exist in ``model`` (a pipeline stage holds only some).
     ``sequence_blocks`` (the workload's ``blocks``, given with a sequence-parallel plan) names
     the blocks whose residual stream is sequence-sharded."""
@@ -40,8 +43,18 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: dict,
     blocks = sequence_blocks(model) if sequence_blocks is not None else []
     if blocks:
         seq = Shard(1)
-        parallelize_module(blocks[0][1], tp_mesh, PrepareModuleInput(
-            input_layouts=(Replicate(),), desired_input_layouts=(seq,), use_local_output=True))
-        parallelize_module(blocks[-1][1], tp_mesh, PrepareModuleOutput(
-            output_layouts=(seq,), desired_output_layouts=(Replicate(),), use_local_output=True))
+        parallelize_module(
+            blocks[0][1],
+            tp_mesh,
+            PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(seq,), use_local_output=True
+            ),
+        )
+        parallelize_module(
+            blocks[-1][1],
+            tp_mesh,
+            PrepareModuleOutput(
+                output_layouts=(seq,), desired_output_layouts=(Replicate(),), use_local_output=True
+            ),
+        )
     return model

@@ -1,19 +1,23 @@
 """Data parallelism by ZeRO stage (Rajbhandari et al. 2020), with torch-native mechanisms.
 
-| stage | mechanism                                   | sharded over dp          |
-|-------|---------------------------------------------|--------------------------|
-| 0     | DDP (``bucket_cap_mb``)                     | nothing                  |
-| 1     | DDP + ``ZeroRedundancyOptimizer`` (DTensors: ``DistributedOptimizer``) | optimizer state |
-| 2     | FSDP2 ``fully_shard(reshard_after_forward=False)`` | + gradients (params gathered once per step) |
-| 3     | FSDP2 ``fully_shard(reshard_after_forward=True)``  | + parameters (gathered per use) |
+| stage | mechanism                                      | sharded over dp              |
+|-------|------------------------------------------------|------------------------------|
+| 0     | DDP (``bucket_cap_mb``)                        | nothing                      |
+| 1     | DDP + ``ZeroRedundancyOptimizer`` (DTensors:   | optimizer state              |
+|       | ``DistributedOptimizer``)                      |                              |
+| 2     | FSDP2 ``fully_shard(reshard_after_forward=     | + gradients (params gathered |
+|       | False)``                                       | once per step)               |
+| 3     | FSDP2 ``fully_shard(reshard_after_forward=     | + parameters (gathered per   |
+|       | True)``                                        | use)                         |
 
 ``overlap_enabled=False`` for stages 0/1 replaces DDP's backward hooks with one bucketed
 all-reduce after the last backward (:class:`BucketedAllReduce`); for stages 2/3 it drops the
 explicit prefetch of the next block's all-gather and runs every FSDP2 collective on the compute
 stream (:func:`serialize_collectives`). ``optimizer_offload_enabled`` (CUDA, stages 2/3, dp > 1:
 ``TrialConfig.validate``) is FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and
-AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells them apart). ``bucket_mb`` sets DDP's buckets, the
-all-reduce buckets, and for FSDP how many consecutive blocks share one all-gather.
+AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells them apart).
+``bucket_mb`` sets DDP's buckets, the all-reduce buckets, and for FSDP how many consecutive
+blocks share one all-gather.
 Gradients are averaged over dp × cp (cp ranks hold the same parameters); with dp × cp 1 there
 is nothing to shard or synchronise and no wrapper is applied.
 
@@ -61,8 +65,9 @@ class BucketedAllReduce:
     backward, in flat buffers of at most ``bucket_mb`` MB (one all-reduce each).
     """
 
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup,
-                 bucket_mb: float) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], group: dist.ProcessGroup, bucket_mb: float
+    ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.group = group
         self.world = dist.get_world_size(group)
@@ -89,7 +94,7 @@ class BucketedAllReduce:
         flat /= self.world
         offset = 0
         for g in grads:
-            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
 
@@ -120,14 +125,17 @@ def group_blocks(blocks: list[tuple[str, nn.Module]], bucket_mb: float) -> list[
     return groups
 
 
-def apply_zero(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
-               blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
-               device: torch.device) -> DataParallelParts:
+def apply_zero(
+    parts: list[nn.Module],
+    config: TrialConfig,
+    dp_mesh: DeviceMesh,
+    blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+    device: torch.device,
+) -> DataParallelParts:
     """``dp_mesh``: the ranks that average gradients, dp × cp (``mesh.data_parallel_mesh``):
     1-D, or under HSDP the 2-D (dp_replicate, dp_shard[_cp]) one."""
     if dp_mesh.size() == 1:  # cp ranks average gradients too
-        return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()],
-                                              config))
+        return DataParallelParts(parts, _adam([p for m in parts for p in m.parameters()], config))
     if config.zero_stage <= 1:
         return _apply_ddp(parts, config, dp_mesh, blocks, device)
     return _apply_fsdp(parts, config, dp_mesh, blocks)
@@ -137,20 +145,31 @@ def _adam(params: list[nn.Parameter], config: TrialConfig) -> torch.optim.Optimi
     return optimizer_class(config)(params, lr=LEARNING_RATE, weight_decay=0.0)
 
 
-def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
-               blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
-               device: torch.device) -> DataParallelParts:
+def _apply_ddp(
+    parts: list[nn.Module],
+    config: TrialConfig,
+    dp_mesh: DeviceMesh,
+    blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+    device: torch.device,
+) -> DataParallelParts:
     dp_group = dp_mesh.get_group()
     grad_sync = None
     if not config.overlap_enabled:
-        grad_sync = BucketedAllReduce([p for m in parts for p in m.parameters()], dp_group,
-                                      config.bucket_mb)
+        grad_sync = BucketedAllReduce(
+            [p for m in parts for p in m.parameters()], dp_group, config.bucket_mb
+        )
     elif config.tp_degree == 1 and config.pp_degree == 1:
         # gradient_as_bucket_view: gradients live in DDP's buckets, so no second copy exists.
-        parts = [DDP(m, process_group=dp_group, bucket_cap_mb=config.bucket_mb,
-                     gradient_as_bucket_view=True,
-                     device_ids=[device.index] if device.type == "cuda" else None)
-                 for m in parts]
+        parts = [
+            DDP(
+                m,
+                process_group=dp_group,
+                bucket_cap_mb=config.bucket_mb,
+                gradient_as_bucket_view=True,
+                device_ids=[device.index] if device.type == "cuda" else None,
+            )
+            for m in parts
+        ]
     else:
         # DDP cannot hold TP's DTensor parameters, and its per-forward bookkeeping breaks
         # under pipeline schedules that run several forwards before their backwards (GPipe).
@@ -166,34 +185,53 @@ def _apply_ddp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
     if config.zero_stage == 1 and any(isinstance(p, DTensor) for p in params):
         # TP's DTensors, or replicate's: ZeroRedundancyOptimizer cannot hold them. The inner
         # optimizer (with its fp32 master copy under mixed precision) steps on the owned slices.
-        optimizer = DistributedOptimizer(params, dp_group, config.bucket_mb,
-                                         lambda owned: _adam(owned, config))
+        optimizer = DistributedOptimizer(
+            params, dp_group, config.bucket_mb, lambda owned: _adam(owned, config)
+        )
     elif config.zero_stage == 1:
         optimizer = ZeroRedundancyOptimizer(
-            params, optimizer_class=optimizer_class(config), process_group=dp_group,
-            lr=LEARNING_RATE, weight_decay=0.0)
+            params,
+            optimizer_class=optimizer_class(config),
+            process_group=dp_group,
+            lr=LEARNING_RATE,
+            weight_decay=0.0,
+        )
     else:
         optimizer = _adam(params, config)
     return DataParallelParts(parts, optimizer, grad_sync)
 
 
-def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh,
-                blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None
-                ) -> DataParallelParts:
+def _apply_fsdp(
+    parts: list[nn.Module],
+    config: TrialConfig,
+    dp_mesh: DeviceMesh,
+    blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None,
+) -> DataParallelParts:
     reshard = config.zero_stage == 3
-    offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=True)
-                              if config.optimizer_offload_enabled else OffloadPolicy())
+    offload: OffloadPolicy = (
+        CPUOffloadPolicy(pin_memory=True) if config.optimizer_offload_enabled else OffloadPolicy()
+    )
     policy = mp_policy(config.precision)
     for part in parts:
         units: list[FSDPModule] = []
         for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
             # Several blocks in one unit share one all-gather / reduce-scatter (the bucket).
-            fully_shard(group if len(group) > 1 else group[0], mesh=dp_mesh,
-                        reshard_after_forward=reshard, offload_policy=offload, mp_policy=policy)
+            fully_shard(
+                group if len(group) > 1 else group[0],
+                mesh=dp_mesh,
+                reshard_after_forward=reshard,
+                offload_policy=offload,
+                mp_policy=policy,
+            )
             units.append(group[0])  # type: ignore[arg-type]
         # The root holds what no block holds (embeddings, final norm, head).
-        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=offload,
-                    mp_policy=policy)
+        fully_shard(
+            part,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard,
+            offload_policy=offload,
+            mp_policy=policy,
+        )
         if not config.overlap_enabled:
             serialize_collectives(part)  # type: ignore[arg-type]
         elif len(units) > 1:
@@ -204,8 +242,12 @@ def _apply_fsdp(parts: list[nn.Module], config: TrialConfig, dp_mesh: DeviceMesh
     return DataParallelParts(parts, _adam(params, config))
 
 
-FSDP_COMM_STREAMS = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream",
-                     "all_reduce_stream")
+FSDP_COMM_STREAMS = (
+    "all_gather_copy_in_stream",
+    "all_gather_stream",
+    "reduce_scatter_stream",
+    "all_reduce_stream",
+)
 """The side streams of FSDP2's communication context (torch
 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py``, ``FSDPCommContext.lazy_init``; the
 same four in torch 2.11 and 2.13)."""
@@ -227,8 +269,10 @@ def serialize_collectives(root: FSDPModule) -> None:
     ctx = state._comm_ctx
     missing = [name for name in FSDP_COMM_STREAMS if not hasattr(ctx, name)]
     if missing:
-        raise RuntimeError(f"this torch's FSDP2 has no {', '.join(missing)}: overlap off cannot "
-                           "serialise its collectives; use overlap_enabled true")
+        raise RuntimeError(
+            f"this torch's FSDP2 has no {', '.join(missing)}: overlap off cannot "
+            "serialise its collectives; use overlap_enabled true"
+        )
     current = ctx.device_handle.current_stream()
     for name in FSDP_COMM_STREAMS:
         setattr(ctx, name, current)

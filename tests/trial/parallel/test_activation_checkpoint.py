@@ -47,8 +47,9 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _backward_counts(mode: str, ac_layers: int | None = None,
-                     spec: WorkloadSpec = GPT) -> tuple[int, int]:
+def _backward_counts(
+    mode: str, ac_layers: int | None = None, spec: WorkloadSpec = GPT
+) -> tuple[int, int]:
     workload = build_builtin(spec)
     model = apply_ac(workload.model, mode, transformer_blocks, ac_layers)
     inputs, targets = workload.batch(0)
@@ -59,14 +60,17 @@ def _backward_counts(mode: str, ac_layers: int | None = None,
     return counter.matmuls, counter.sdpa
 
 
-@pytest.mark.parametrize("mode, ac_layers, matmuls, sdpa", [
-    ("none", None, 50, 0),
-    ("selective", None, 50, LAYERS),  # the attention core alone: SDPA again, no matmul
-    ("op", None, 50 + 2 * LAYERS, 0),
-    ("full", None, 50 + 5 * LAYERS, LAYERS),
-    ("full", 1, 50 + 5, 1),
-    ("full", 3, 50 + 5 * 3, 3),
-])
+@pytest.mark.parametrize(
+    "mode, ac_layers, matmuls, sdpa",
+    [
+        ("none", None, 50, 0),
+        ("selective", None, 50, LAYERS),  # the attention core alone: SDPA again, no matmul
+        ("op", None, 50 + 2 * LAYERS, 0),
+        ("full", None, 50 + 5 * LAYERS, LAYERS),
+        ("full", 1, 50 + 5, 1),
+        ("full", 3, 50 + 5 * 3, 3),
+    ],
+)
 def test_each_mode_recomputes_what_it_names(mode, ac_layers, matmuls, sdpa):
     assert _backward_counts(mode, ac_layers) == (matmuls, sdpa)
 

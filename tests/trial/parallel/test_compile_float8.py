@@ -25,9 +25,17 @@ from autotune.trial.parallel.compile import check_compile, compile_seconds
 from autotune.trial.parallel.float8 import check_float8
 
 LOSS_ATOL = 2e-5  # test_layouts.LOSS_ATOL: fp32 summation-order noise at losses ≈ 6.2
-COMPILED = TrialConfig(world_size=2, zero_stage=3, activation_checkpointing="full",
-                       compile=True, device="cpu", micro_batch_size=2, num_warmup_steps=1,
-                       num_timed_steps=1, num_profiled_steps=0)
+COMPILED = TrialConfig(
+    world_size=2,
+    zero_stage=3,
+    activation_checkpointing="full",
+    compile=True,
+    device="cpu",
+    micro_batch_size=2,
+    num_warmup_steps=1,
+    num_timed_steps=1,
+    num_profiled_steps=0,
+)
 
 
 def _compiled_trial(rank: int, config: TrialConfig) -> dict:
@@ -36,8 +44,12 @@ def _compiled_trial(rank: int, config: TrialConfig) -> dict:
     from autotune.trial.runner import run_rank
 
     result = run_rank(config)
-    return {"losses": result.losses, "compile_s": result.extra.get("compile_s"),
-            "graphs": counters["stats"]["unique_graphs"], "step_times": result.step_times}
+    return {
+        "losses": result.losses,
+        "compile_s": result.extra.get("compile_s"),
+        "graphs": counters["stats"]["unique_graphs"],
+        "step_times": result.step_times,
+    }
 
 
 @pytest.mark.slow
@@ -50,7 +62,9 @@ def test_compiled_trial_matches_single_process():
     for r in ranks:
         assert len(r["losses"]) == 3
         assert max(abs(a - b) for a, b in zip(r["losses"], expected)) <= LOSS_ATOL, (
-            r["losses"], expected)
+            r["losses"],
+            expected,
+        )
         # The blocks were compiled (dynamo captured graphs), once for all 4 blocks: the same
         # code with its parameters as inputs, not one graph per block.
         assert 1 <= r["graphs"] < 4
@@ -94,8 +108,11 @@ def _fake_gpu(monkeypatch, capability, name, torchao: bool) -> torch.device:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: (
-        (object() if torchao else None) if n == "torchao" else real(n, *a)))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: (object() if torchao else None) if n == "torchao" else real(n, *a),
+    )
     return torch.device("cuda", 0)
 
 
@@ -122,8 +139,11 @@ def test_float8_refused_with_tensor_parallelism(monkeypatch):
 
 
 def _float8_capable() -> bool:
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 9)
-            and importlib.util.find_spec("torchao") is not None)
+    return (
+        torch.cuda.is_available()
+        and torch.cuda.get_device_capability(0) >= (8, 9)
+        and importlib.util.find_spec("torchao") is not None
+    )
 
 
 def _float8_trial(rank: int, config: TrialConfig) -> dict:
@@ -146,10 +166,16 @@ def test_float8_trial_trains_beside_bf16_on_a_gpu():
     first steps of a 4-layer model by far less than 0.05)."""
     from spawn import run_ranks
 
-    base = TrialConfig(world_size=1, device="cuda", precision="bf16-mixed", micro_batch_size=2,
-                       num_profiled_steps=0)
-    (f8,) = run_ranks(1, _float8_trial, dataclasses.replace(base, float8=True), backend=None,
-                      timeout=300.0)
+    base = TrialConfig(
+        world_size=1,
+        device="cuda",
+        precision="bf16-mixed",
+        micro_batch_size=2,
+        num_profiled_steps=0,
+    )
+    (f8,) = run_ranks(
+        1, _float8_trial, dataclasses.replace(base, float8=True), backend=None, timeout=300.0
+    )
     (bf16,) = run_ranks(1, _float8_trial, base, backend=None, timeout=300.0)
     assert all(abs(a - b) < 0.05 for a, b in zip(f8["losses"], bf16["losses"]))
     assert f8["losses"] != bf16["losses"]  # the linears did change precision

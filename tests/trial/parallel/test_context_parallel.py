@@ -15,17 +15,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawn import run_ranks
+from test_layouts import BASE, LOSS_ATOL, _check, _reference
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.layouts import short_name
 from autotune.trial.models.context_parallel import chunk_positions
-from spawn import run_ranks
-from test_layouts import BASE, LOSS_ATOL, _check, _reference
 
 CP_LAYOUTS = [
     dict(world_size=2, cp_degree=2),
-    dict(world_size=2, cp_degree=2, attention="eager",
-         workload=WorkloadSpec(family="llama", size="tiny")),
+    dict(
+        world_size=2,
+        cp_degree=2,
+        attention="eager",
+        workload=WorkloadSpec(family="llama", size="tiny"),
+    ),
     dict(world_size=4, cp_degree=2, tp_degree=2),
     dict(world_size=4, cp_degree=2, zero_stage=3, micro_batch_size=4),
 ]
@@ -46,8 +50,9 @@ def test_each_cp_rank_holds_two_balanced_chunks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", CP_LAYOUTS,
-                         ids=lambda d: _layout_id(dataclasses.replace(BASE, **d)))
+@pytest.mark.parametrize(
+    "layout", CP_LAYOUTS, ids=lambda d: _layout_id(dataclasses.replace(BASE, **d))
+)
 def test_cp_layout_matches_single_process(executor, layout):
     _check(executor, dataclasses.replace(BASE, **layout))
 
@@ -89,9 +94,14 @@ def test_cp_moves_the_kv_all_gather():
     heads (gathered before grouped-query attention repeats them). The profiler records an
     all-gather's whole output (cp parts), so the received bytes are its bytes × (cp−1)/cp.
     ZeRO-0's DDP only all-reduces: every all-gather of the step is attention's."""
-    config = dataclasses.replace(BASE, world_size=2, cp_degree=2, num_profiled_steps=1,
-                                 micro_batch_size=8,
-                                 workload=WorkloadSpec(family="llama", size="tiny"))
+    config = dataclasses.replace(
+        BASE,
+        world_size=2,
+        cp_degree=2,
+        num_profiled_steps=1,
+        micro_batch_size=8,
+        workload=WorkloadSpec(family="llama", size="tiny"),
+    )
     shape = config.workload.shape
     b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
     per_layer = 2 * b * (s // cp) * shape.num_kv_heads * shape.head_dim * 4 * (cp - 1)

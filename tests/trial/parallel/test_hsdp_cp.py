@@ -13,17 +13,26 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from autotune.config import TrialConfig
 from reference import reference_losses
 from spawn import run_ranks
 from test_layouts import LOSS_ATOL
 
-BASE = TrialConfig(world_size=4, dp_replicate=2, cp_degree=2, num_warmup_steps=0,
-                   num_timed_steps=2, num_profiled_steps=0, device="cpu")
+from autotune.config import TrialConfig
+
+BASE = TrialConfig(
+    world_size=4,
+    dp_replicate=2,
+    cp_degree=2,
+    num_warmup_steps=0,
+    num_timed_steps=2,
+    num_profiled_steps=0,
+    device="cpu",
+)
 NUM_STEPS = 3  # 2 timed + the memory step
-LAYOUTS = [dataclasses.replace(BASE, zero_stage=3, micro_batch_size=2),
-           dataclasses.replace(BASE, zero_stage=2, micro_batch_size=1)]  # 2 accumulation steps
+LAYOUTS = [
+    dataclasses.replace(BASE, zero_stage=3, micro_batch_size=2),
+    dataclasses.replace(BASE, zero_stage=2, micro_batch_size=1),
+]  # 2 accumulation steps
 
 
 def _run_all(rank: int, configs: list[TrialConfig]) -> list:

@@ -28,23 +28,38 @@ import dataclasses
 import math
 
 import pytest
-
-from autotune.config import TrialConfig, WorkloadSpec
-from autotune.trial.models.build import build_workload
 from reference import reference_losses
 from spawn import run_ranks
 from test_layouts import LOSS_ATOL
 
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.trial.models.build import build_workload
+
 transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
 
-BASE = TrialConfig(world_size=4, dp_replicate=2, num_warmup_steps=0, num_timed_steps=1,
-                   num_profiled_steps=1, device="cpu")
+BASE = TrialConfig(
+    world_size=4,
+    dp_replicate=2,
+    num_warmup_steps=0,
+    num_timed_steps=1,
+    num_profiled_steps=1,
+    device="cpu",
+)
 NUM_STEPS = 3  # 1 timed + 1 profiled + the memory step
-HSDP_GPT = [dataclasses.replace(BASE, zero_stage=3, micro_batch_size=2),
-            dataclasses.replace(BASE, zero_stage=2, micro_batch_size=1)]
-HF_TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=64, vocab_size=128, max_position_embeddings=64,
-               bos_token_id=0, eos_token_id=0)
+HSDP_GPT = [
+    dataclasses.replace(BASE, zero_stage=3, micro_batch_size=2),
+    dataclasses.replace(BASE, zero_stage=2, micro_batch_size=1),
+]
+HF_TINY = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    vocab_size=128,
+    max_position_embeddings=64,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 
 
 def _llama_dir(root, layers: int) -> str:
@@ -87,8 +102,13 @@ def _check_losses(config: TrialConfig, losses: list[float]) -> None:
 
 @pytest.fixture(scope="module")
 def hsdp(tmp_path_factory):
-    llama = _hf(_llama_dir(tmp_path_factory.mktemp("hf"), 4), zero_stage=3, micro_batch_size=1,
-                num_profiled_steps=0, num_timed_steps=2)
+    llama = _hf(
+        _llama_dir(tmp_path_factory.mktemp("hf"), 4),
+        zero_stage=3,
+        micro_batch_size=1,
+        num_profiled_steps=0,
+        num_timed_steps=2,
+    )
     configs = HSDP_GPT + [llama]
     control = dataclasses.replace(HSDP_GPT[0], num_profiled_steps=0, num_timed_steps=2)
     ranks = run_ranks(4, _run_all, configs, control, timeout=600.0)
@@ -125,9 +145,11 @@ def test_hsdp_moves_reduce_scatter_in_shard_and_all_reduce_across_replicas(hsdp,
     gathers = config.grad_accum_steps * (2 if config.zero_stage == 3 else 1)
     spans = [s for r in ranks for s in r["results"][which].spans]
     for rank, moved in bytes_per_step(spans).items():
-        assert moved == {("comm", "reduce_scatter", "dp_shard"): full,
-                         ("comm", "all_reduce", "dp_replicate"): full / config.dp_shard,
-                         ("comm", "all_gather", "dp_shard"): gathers * full}, rank
+        assert moved == {
+            ("comm", "reduce_scatter", "dp_shard"): full,
+            ("comm", "all_reduce", "dp_replicate"): full / config.dp_shard,
+            ("comm", "all_gather", "dp_shard"): gathers * full,
+        }, rank
 
 
 @pytest.mark.slow
@@ -150,9 +172,20 @@ def _num_params(config: TrialConfig) -> int:
 def test_interleaved_virtual_stages_match_single_process(tmp_path):
     """pp 2 × 4 virtual stages (8 stages, a layer each) and × 3 (6 stages over 8 layers)."""
     path = _llama_dir(tmp_path, 8)
-    configs = [_hf(path, world_size=2, dp_replicate=1, pp_degree=2, micro_batch_size=1,
-                   pp_schedule="interleaved_1f1b", virtual_stages=v, num_profiled_steps=0,
-                   num_timed_steps=2) for v in (4, 3)]
+    configs = [
+        _hf(
+            path,
+            world_size=2,
+            dp_replicate=1,
+            pp_degree=2,
+            micro_batch_size=1,
+            pp_schedule="interleaved_1f1b",
+            virtual_stages=v,
+            num_profiled_steps=0,
+            num_timed_steps=2,
+        )
+        for v in (4, 3)
+    ]
     ranks = run_ranks(2, _run_all, configs, None, timeout=600.0)
     for i, config in enumerate(configs):
         assert config.num_pp_stages == 2 * config.virtual_stages

@@ -18,10 +18,10 @@ import dataclasses
 import functools
 
 import pytest
+from reference import reference_losses
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.layouts import enumerate_configs, short_name
-from reference import reference_losses
 
 LOSS_ATOL = 2e-5
 NUM_STEPS = 2  # 1 timed step + 1 memory step
@@ -39,15 +39,20 @@ ONLY_CP1 = {"cp_degree": (1,)}
 
 
 def _configs(world: int, **kwargs) -> list[TrialConfig]:
-    return list(enumerate_configs(dataclasses.replace(BASE, world_size=world),
-                                  extra=WITHOUT_HSDP | ONLY_CP1,
-                                  **kwargs))
+    return list(
+        enumerate_configs(
+            dataclasses.replace(BASE, world_size=world), extra=WITHOUT_HSDP | ONLY_CP1, **kwargs
+        )
+    )
 
 
 def _zero1_of_dtensors(c: TrialConfig) -> bool:
     """ZeRO-1 by the distributed optimizer (TP's DTensors, or replicate's under a pipeline)."""
-    return (c.zero_stage == 1 and c.dp_degree > 1
-            and (c.tp_degree > 1 or (c.pp_degree > 1 and c.overlap_enabled)))
+    return (
+        c.zero_stage == 1
+        and c.dp_degree > 1
+        and (c.tp_degree > 1 or (c.pp_degree > 1 and c.overlap_enabled))
+    )
 
 
 # Trimmed for the suite's time (the multi-node tests joined it; 274 configurations before):
@@ -65,57 +70,112 @@ def _zero1_of_dtensors(c: TrialConfig) -> bool:
 # - sequence parallelism and op-level recomputation (and ac_layers) run in NEWER_KNOBS below,
 #   on the layouts they change (TP regions, ZeRO-3 and pipeline stages around them), not
 #   across the whole grid (which they would double).
-ALL = [c for c in _configs(2) + _configs(4)
-       if not c.sequence_parallel and c.activation_checkpointing != "op"
-       and (c.grad_accum_steps == 2 if c.activation_checkpointing != "none"
-           else c.grad_accum_steps <= 2 or c.pp_degree > 1)
-       and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
-       and (not _zero1_of_dtensors(c)
-            or (c.activation_checkpointing == "none" and c.grad_accum_steps <= 2))]
+ALL = [
+    c
+    for c in _configs(2) + _configs(4)
+    if not c.sequence_parallel
+    and c.activation_checkpointing != "op"
+    and (
+        c.grad_accum_steps == 2
+        if c.activation_checkpointing != "none"
+        else c.grad_accum_steps <= 2 or c.pp_degree > 1
+    )
+    and not (c.pp_degree > 1 and c.activation_checkpointing == "selective")
+    and (
+        not _zero1_of_dtensors(c)
+        or (c.activation_checkpointing == "none" and c.grad_accum_steps <= 2)
+    )
+]
 # The non-overlapped sync path on every data-parallel layout, with 2 accumulation steps: the
 # bucketed all-reduce runs once per optimizer step, after the last, so 2 steps cover a step
 # that skips it and the one that runs it, and more add nothing new.
-NO_OVERLAP = [c for c in _configs(2, overlap=(False,), activation_checkpointing=("none",))
-              + _configs(4, overlap=(False,), activation_checkpointing=("none",))
-              if c.dp_degree > 1 and c.grad_accum_steps == 2 and not c.sequence_parallel]
-LLAMA_BASE = dataclasses.replace(BASE, world_size=4, attention="eager",
-                                 workload=WorkloadSpec(family="llama", size="tiny"))
+NO_OVERLAP = [
+    c
+    for c in _configs(2, overlap=(False,), activation_checkpointing=("none",))
+    + _configs(4, overlap=(False,), activation_checkpointing=("none",))
+    if c.dp_degree > 1 and c.grad_accum_steps == 2 and not c.sequence_parallel
+]
+LLAMA_BASE = dataclasses.replace(
+    BASE, world_size=4, attention="eager", workload=WorkloadSpec(family="llama", size="tiny")
+)
 # Llama's blocks under every layout with one micro-batch per step (accumulation itself is
 # model-independent and covered by ALL), with full recomputation: each block's forward runs as
 # without it (the same code, its activations dropped) and again in the backward.
-LLAMA = [c for c in enumerate_configs(LLAMA_BASE, activation_checkpointing=("full",),
-                                      extra=WITHOUT_HSDP | ONLY_CP1)
-         if c.grad_accum_steps == 1 and not c.sequence_parallel]
+LLAMA = [
+    c
+    for c in enumerate_configs(
+        LLAMA_BASE, activation_checkpointing=("full",), extra=WITHOUT_HSDP | ONLY_CP1
+    )
+    if c.grad_accum_steps == 1 and not c.sequence_parallel
+]
 # Sequence parallelism (tp 2: norms on sequence shards, reduce-scatter and all-gather instead of
 # all-reduce), alone, under ZeRO 0, 1 and 3 at dp 2 and under a pipeline (whose stages gather
 # the sequence at their ends), with each recomputation that replays its collectives; op-level
 # recomputation and full recomputation of the first ac_layers blocks with and without TP; on
 # GPT (LayerNorm, GELU) and Llama (RMSNorm, SwiGLU, grouped KV heads, eager attention).
-NEWER_KNOBS = [dataclasses.replace(BASE, **layout) for layout in (
-    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
-    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4,
-         activation_checkpointing="op"),
-    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4,
-         activation_checkpointing="full", ac_layers=1),
-    dict(world_size=2, micro_batch_size=2, activation_checkpointing="op", zero_stage=3),
-    dict(world_size=2, micro_batch_size=2, activation_checkpointing="full", ac_layers=1),
-    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=3),
-    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=1),
-    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=0,
-         activation_checkpointing="selective"),
-    dict(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=True, micro_batch_size=4),
-    dict(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=True, micro_batch_size=4,
-         activation_checkpointing="full", ac_layers=1, pp_schedule="gpipe"),
-)] + [dataclasses.replace(LLAMA_BASE, **layout) for layout in (
-    dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
-    dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=4, zero_stage=3,
-         activation_checkpointing="op"),
-)]
+NEWER_KNOBS = [
+    dataclasses.replace(BASE, **layout)
+    for layout in (
+        dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
+        dict(
+            world_size=2,
+            tp_degree=2,
+            sequence_parallel=True,
+            micro_batch_size=4,
+            activation_checkpointing="op",
+        ),
+        dict(
+            world_size=2,
+            tp_degree=2,
+            sequence_parallel=True,
+            micro_batch_size=4,
+            activation_checkpointing="full",
+            ac_layers=1,
+        ),
+        dict(world_size=2, micro_batch_size=2, activation_checkpointing="op", zero_stage=3),
+        dict(world_size=2, micro_batch_size=2, activation_checkpointing="full", ac_layers=1),
+        dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=3),
+        dict(world_size=4, tp_degree=2, sequence_parallel=True, micro_batch_size=2, zero_stage=1),
+        dict(
+            world_size=4,
+            tp_degree=2,
+            sequence_parallel=True,
+            micro_batch_size=2,
+            zero_stage=0,
+            activation_checkpointing="selective",
+        ),
+        dict(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=True, micro_batch_size=4),
+        dict(
+            world_size=4,
+            tp_degree=2,
+            pp_degree=2,
+            sequence_parallel=True,
+            micro_batch_size=4,
+            activation_checkpointing="full",
+            ac_layers=1,
+            pp_schedule="gpipe",
+        ),
+    )
+] + [
+    dataclasses.replace(LLAMA_BASE, **layout)
+    for layout in (
+        dict(world_size=2, tp_degree=2, sequence_parallel=True, micro_batch_size=4),
+        dict(
+            world_size=4,
+            tp_degree=2,
+            sequence_parallel=True,
+            micro_batch_size=4,
+            zero_stage=3,
+            activation_checkpointing="op",
+        ),
+    )
+]
 
 
 @functools.cache
-def _reference(workload: WorkloadSpec, attention: str,
-               num_steps: int = NUM_STEPS) -> tuple[float, ...]:
+def _reference(
+    workload: WorkloadSpec, attention: str, num_steps: int = NUM_STEPS
+) -> tuple[float, ...]:
     config = dataclasses.replace(BASE, workload=workload, attention=attention)
     return tuple(reference_losses(config, num_steps))
 
@@ -132,16 +192,26 @@ def _check(executor, config: TrialConfig) -> None:
 
 def test_grid_covers_every_layout():
     layouts = {(c.world_size, c.tp_degree, c.pp_degree) for c in ALL}
-    assert layouts == {(2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1),
-                       (4, 1, 2), (4, 2, 2), (4, 1, 4)}
+    assert layouts == {
+        (2, 1, 1),
+        (2, 2, 1),
+        (2, 1, 2),
+        (4, 1, 1),
+        (4, 2, 1),
+        (4, 4, 1),
+        (4, 1, 2),
+        (4, 2, 2),
+        (4, 1, 4),
+    }
     assert {c.zero_stage for c in ALL if c.dp_degree > 1} == {0, 1, 2, 3}
     # ZeRO-1 of DTensor parameters: with TP, and under a pipeline with overlap on.
     assert any(c.zero_stage == 1 and c.tp_degree == 2 and c.dp_degree == 2 for c in ALL)
-    assert any(c.zero_stage == 1 and c.pp_degree == 2 and c.dp_degree == 2 and c.overlap_enabled
-               for c in ALL)
+    assert any(
+        c.zero_stage == 1 and c.pp_degree == 2 and c.dp_degree == 2 and c.overlap_enabled
+        for c in ALL
+    )
     assert {c.grad_accum_steps for c in ALL} >= {1, 2, 4, 8}
-    assert {c.pp_schedule for c in ALL if c.pp_degree > 1} == {"gpipe", "1f1b",
-                                                               "interleaved_1f1b"}
+    assert {c.pp_schedule for c in ALL if c.pp_degree > 1} == {"gpipe", "1f1b", "interleaved_1f1b"}
 
 
 @pytest.mark.slow
@@ -162,8 +232,9 @@ def test_llama_layout_matches_single_process(executor, config):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", NEWER_KNOBS, ids=lambda c: f"{c.workload.family}-"
-                         f"{short_name(c)}")
+@pytest.mark.parametrize(
+    "config", NEWER_KNOBS, ids=lambda c: f"{c.workload.family}-{short_name(c)}"
+)
 def test_newer_knob_layout_matches_single_process(executor, config):
     _check(executor, config)
 
@@ -177,8 +248,7 @@ def _train_without_reduce_scatter(rank: int, config: TrialConfig) -> list[float]
     def partial_kept(output_layouts, use_local_output, mod, outputs, device_mesh):
         # the bug this control plants: each rank keeps its sequence slice of its own partial
         # sum, as if the rowwise output were already reduced
-        local = DTensor.from_local(outputs.to_local(), device_mesh, [Replicate()],
-                                   run_check=False)
+        local = DTensor.from_local(outputs.to_local(), device_mesh, [Replicate()], run_check=False)
         return local.redistribute(placements=output_layouts).to_local()
 
     RowwiseParallel._prepare_output_fn = staticmethod(partial_kept)
@@ -246,19 +316,24 @@ only 4.0e-4 in 2 steps, inside BF16_LOSS_ATOL, and by 5.7e-3 in 3 (tests/referen
 
 
 @functools.cache
-def _precision_reference(workload: WorkloadSpec, attention: str,
-                         precision: str) -> tuple[float, ...]:
+def _precision_reference(
+    workload: WorkloadSpec, attention: str, precision: str
+) -> tuple[float, ...]:
     config = dataclasses.replace(BASE, workload=workload, attention=attention)
     return tuple(reference_losses(config, PRECISION_STEPS, precision))
 
 
 def _precision_config(layout: dict) -> TrialConfig:
-    return dataclasses.replace(BASE, **{"world_size": 2, "num_timed_steps": PRECISION_STEPS - 1,
-                                        **layout})
+    return dataclasses.replace(
+        BASE, **{"world_size": 2, "num_timed_steps": PRECISION_STEPS - 1, **layout}
+    )
 
 
-@pytest.mark.parametrize("layout", PRECISION_LAYOUTS,
-                         ids=lambda d: f"{d['precision']}-{short_name(_precision_config(d))}")
+@pytest.mark.parametrize(
+    "layout",
+    PRECISION_LAYOUTS,
+    ids=lambda d: f"{d['precision']}-{short_name(_precision_config(d))}",
+)
 def test_mixed_precision_matches_the_mixed_reference(executor, layout):
     """Per-step losses within BF16_LOSS_ATOL of the single-process reference in the same mixed
     precision, and within MIXED_VS_FP32_LOSS_ATOL of fp32 (tests/reference.py states both)."""
@@ -281,8 +356,9 @@ def test_wrong_mixed_precision_layout_is_detected():
     from reference import BF16_LOSS_ATOL
     from spawn import run_ranks
 
-    config = _precision_config(dict(precision="bf16-mixed", micro_batch_size=4,
-                                    overlap_enabled=False))
+    config = _precision_config(
+        dict(precision="bf16-mixed", micro_batch_size=4, overlap_enabled=False)
+    )
     losses = run_ranks(2, _train_without_grad_sync, config)[0]
     expected = _precision_reference(config.workload, config.attention, config.precision)
     assert losses[0] == pytest.approx(expected[0], abs=BF16_LOSS_ATOL)  # same start

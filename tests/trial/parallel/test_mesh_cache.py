@@ -15,8 +15,11 @@ from spawn import run_ranks
 WORLD = 4
 # (pp, dp_replicate, dp_shard, cp, tp): every (pp, dp, tp) shape without HSDP or CP, HSDP 2 × 2,
 # HSDP 2 × cp 2 (one rank per shard group: FSDP2 shards over cp) and cp 2 × tp 2.
-SHAPES = [(pp, 1, dp, 1, tp) for pp, dp, tp in itertools.product([1, 2, 4], repeat=3)
-          if pp * dp * tp == WORLD] + [(1, 2, 2, 1, 1), (1, 2, 1, 2, 1), (1, 1, 1, 2, 2)]
+SHAPES = [
+    (pp, 1, dp, 1, tp)
+    for pp, dp, tp in itertools.product([1, 2, 4], repeat=3)
+    if pp * dp * tp == WORLD
+] + [(1, 2, 2, 1, 1), (1, 2, 1, 2, 1), (1, 1, 1, 2, 2)]
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp")
 CYCLES = 3
 
@@ -27,8 +30,15 @@ def _config(shape, **kw):
     pp, replicate, _, cp, tp = shape  # dp_shard is what the world leaves
     if replicate > 1:
         kw = {"zero_stage": 2, **kw}  # HSDP shards with FSDP2
-    return TrialConfig(world_size=WORLD, pp_degree=pp, tp_degree=tp, cp_degree=cp,
-                       dp_replicate=replicate, device="cpu", **kw)
+    return TrialConfig(
+        world_size=WORLD,
+        pp_degree=pp,
+        tp_degree=tp,
+        cp_degree=cp,
+        dp_replicate=replicate,
+        device="cpu",
+        **kw,
+    )
 
 
 def _groups_of(mesh) -> list:
@@ -51,8 +61,13 @@ def _cycle(rank: int) -> dict:
     from autotune.trial.parallel.mesh import MESH_CACHE_SIZE, build_mesh, cached_mesh_shapes
 
     registry = dist.distributed_c10d._world.pg_map  # every live group of this process
-    out: dict = {"bound": MESH_CACHE_SIZE, "counts": [], "cached": [], "dim_sums": [],
-                 "doubled": []}
+    out: dict = {
+        "bound": MESH_CACHE_SIZE,
+        "counts": [],
+        "cached": [],
+        "dim_sums": [],
+        "doubled": [],
+    }
     recent: list[tuple[int, ...]] = []
     for shape in SHAPES * CYCLES:
         mesh = build_mesh(_config(shape), "cpu")
@@ -69,12 +84,12 @@ def _cycle(rank: int) -> dict:
     # Same shape, another layout of it: the very same mesh and groups.
     a = build_mesh(_config((1, 1, 2, 1, 2), zero_stage=1), "cpu")
     b = build_mesh(_config((1, 1, 2, 1, 2), zero_stage=2, micro_batch_size=2), "cpu")
-    out["same_shape_reused"] = a is b and all(
-        x is y for x, y in zip(_groups_of(a), _groups_of(b)))
+    out["same_shape_reused"] = a is b and all(x is y for x, y in zip(_groups_of(a), _groups_of(b)))
     # Another shape: new sub-groups (only the world group is shared).
     c = build_mesh(_config((2, 1, 1, 1, 2)), "cpu")
     out["other_shape_new"] = all(
-        (x is y) == (x is dist.group.WORLD) for x, y in zip(_groups_of(a), _groups_of(c)))
+        (x is y) == (x is dist.group.WORLD) for x, y in zip(_groups_of(a), _groups_of(c))
+    )
     return out
 
 
@@ -83,8 +98,11 @@ def _live_groups(recent: list[tuple[int, ...]]) -> int:
     not span every rank (a dim that does is the world group), and the flattened dp's where
     both DP dims exceed 1 and it does not span every rank. (No shape here flattens dp_shard × cp:
     with dp_shard or cp 1 that is the other dim's group.)"""
-    return 1 + sum(sum(size != WORLD for size in shape)
-                   + (min(shape[1:3]) > 1 and shape[1] * shape[2] != WORLD) for shape in recent)
+    return 1 + sum(
+        sum(size != WORLD for size in shape)
+        + (min(shape[1:3]) > 1 and shape[1] * shape[2] != WORLD)
+        for shape in recent
+    )
 
 
 def test_meshes_are_reused_by_shape_and_bounded():
@@ -94,7 +112,7 @@ def test_meshes_are_reused_by_shape_and_bounded():
         assert 1 <= r["bound"] < len(SHAPES)  # else nothing would ever be destroyed
         for count, recent in r["counts"]:
             assert count == _live_groups(recent)
-        assert r["cached"][-1] == [tuple(s) for s in SHAPES[-r["bound"]:]]
+        assert r["cached"][-1] == [tuple(s) for s in SHAPES[-r["bound"] :]]
         assert max(count for count, _ in r["counts"]) <= 1 + 6 * r["bound"]
         for shape, sums in r["dim_sums"]:
             assert sums == list(shape)

@@ -47,8 +47,9 @@ def test_offloaded_states_leave_the_device(zero):
     assert MODEL_SHAPES[("gpt", "tiny")].num_params() == GPT_TINY_PARAMS
     base = _config(world_size=4, zero_stage=zero, workload=dict(global_batch_size=64))
     on = estimate_memory(base, device_type="cuda")
-    off = estimate_memory(dataclasses.replace(base, optimizer_offload_enabled=True),
-                          device_type="cuda")
+    off = estimate_memory(
+        dataclasses.replace(base, optimizer_offload_enabled=True), device_type="cuda"
+    )
     assert (off.parameters, off.gradients, off.optimizer_state) == (0, 0, 0)
     assert on.gradients == 4 * GPT_TINY_PARAMS // 4  # the fp32 gradient shard, for reference
     assert on.phase == off.phase == PHASE_FORWARD_BACKWARD
@@ -68,8 +69,10 @@ def test_offloaded_step_leaves_no_device_temporaries():
 
     base = _config(world_size=2, zero_stage=2, workload=dict(global_batch_size=2))
     shape = MODEL_SHAPES[("gpt", "tiny")]
-    temporaries = [memory._optimizer_temporaries(memory._stage(c, shape, 0, "cuda")) for c in (
-        base, dataclasses.replace(base, optimizer_offload_enabled=True))]
+    temporaries = [
+        memory._optimizer_temporaries(memory._stage(c, shape, 0, "cuda"))
+        for c in (base, dataclasses.replace(base, optimizer_offload_enabled=True))
+    ]
     assert temporaries == [2 * 4 * 512 * 64, 0]
 
 

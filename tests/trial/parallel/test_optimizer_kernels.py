@@ -17,9 +17,19 @@ from torch.profiler import ProfilerActivity, profile
 from autotune.trial.parallel import precision
 from autotune.trial.parallel.precision import MasterWeightAdamW, step_chunks
 
-METADATA_OPS = {"aten::view", "aten::split", "aten::split_with_sizes", "aten::as_strided",
-                "aten::empty", "aten::detach", "aten::alias", "aten::unsqueeze",
-                "aten::_local_scalar_dense", "aten::item", "aten::view_as"}
+METADATA_OPS = {
+    "aten::view",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::as_strided",
+    "aten::empty",
+    "aten::detach",
+    "aten::alias",
+    "aten::unsqueeze",
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::view_as",
+}
 """Ops that launch no kernel (views, allocations, reading a CPU scalar)."""
 
 
@@ -35,16 +45,18 @@ def reference_step(params, state, lr, betas, eps, weight_decay):
         master.mul_(1 - lr * weight_decay)
         m.lerp_(grad, 1 - beta1)
         v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = (v.sqrt() / math.sqrt(1 - beta2 ** step)).add_(eps)
-        master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step))
+        denom = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+        master.addcdiv_(m, denom, value=-lr / (1 - beta1**step))
         p.detach().copy_(master)
 
 
 def _params(n: int, seed: int = 0) -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
     shapes = [(16, 8), (8,), (3, 5, 7), (1,)]
-    return [torch.nn.Parameter((torch.randn(shapes[i % 4], generator=g) * 0.02)
-                               .to(torch.bfloat16)) for i in range(n)]
+    return [
+        torch.nn.Parameter((torch.randn(shapes[i % 4], generator=g) * 0.02).to(torch.bfloat16))
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("chunk_limit", [2**24, 100])  # one pass; several passes
@@ -53,9 +65,15 @@ def test_foreach_step_equals_the_per_parameter_loop(monkeypatch, chunk_limit):
     ours_params, ref_params = _params(9), _params(9)
     hyper = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     ours = MasterWeightAdamW(ours_params, **hyper)
-    ref_state = {p: {"master": p.detach().float().clone(),
-                     "exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape),
-                     "step": torch.zeros(())} for p in ref_params}
+    ref_state = {
+        p: {
+            "master": p.detach().float().clone(),
+            "exp_avg": torch.zeros(p.shape),
+            "exp_avg_sq": torch.zeros(p.shape),
+            "step": torch.zeros(()),
+        }
+        for p in ref_params
+    }
     g = torch.Generator().manual_seed(1)
     for step in range(4):
         for i, (a, b) in enumerate(zip(ours_params, ref_params)):
@@ -66,8 +84,7 @@ def test_foreach_step_equals_the_per_parameter_loop(monkeypatch, chunk_limit):
         reference_step([p for p in ref_params if p.grad is not None], ref_state, **hyper)
     for a, b in zip(ours_params, ref_params):
         for key in ("master", "exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(ours.state[a][key], ref_state[b][key],
-                                       rtol=1.2e-7, atol=0)
+            torch.testing.assert_close(ours.state[a][key], ref_state[b][key], rtol=1.2e-7, atol=0)
         assert torch.equal(a.detach(), b.detach())
 
 
@@ -103,12 +120,23 @@ def test_reference_loop_is_per_parameter():
     totals = []
     for n in (4, 40):
         params = _params(n)
-        state = {p: {"master": p.detach().float().clone(), "exp_avg": torch.zeros(p.shape),
-                     "exp_avg_sq": torch.zeros(p.shape), "step": torch.zeros(())}
-                 for p in params}
-        totals.append(sum(_compute_ops(
-            lambda: reference_step(params, state, 1e-3, (0.9, 0.999), 1e-8, 0.0),
-            params).values()))
+        state = {
+            p: {
+                "master": p.detach().float().clone(),
+                "exp_avg": torch.zeros(p.shape),
+                "exp_avg_sq": torch.zeros(p.shape),
+                "step": torch.zeros(()),
+            }
+            for p in params
+        }
+        totals.append(
+            sum(
+                _compute_ops(
+                    lambda p=params, s=state: reference_step(p, s, 1e-3, (0.9, 0.999), 1e-8, 0.0),
+                    params,
+                ).values()
+            )
+        )
     assert totals[1] >= 10 * totals[0] - 1
 
 

@@ -12,20 +12,26 @@ compute stream after real training steps — and that with overlap on they stay 
 from __future__ import annotations
 
 import torch
+from spawn import run_ranks
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from autotune.config import TrialConfig
 from autotune.trial.parallel.zero import FSDP_COMM_STREAMS, apply_zero
-from spawn import run_ranks
 
 
 def _streams_after_steps(rank: int, overlap: bool) -> tuple[int, int]:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)])
-    config = TrialConfig(world_size=2, zero_stage=3, precision="32-true", device="cpu",
-                         overlap_enabled=overlap, bucket_mb=1e-6)  # one block per unit
+    config = TrialConfig(
+        world_size=2,
+        zero_stage=3,
+        precision="32-true",
+        device="cpu",
+        overlap_enabled=overlap,
+        bucket_mb=1e-6,
+    )  # one block per unit
     mesh = init_device_mesh("cpu", (2,))
     dp = apply_zero([model], config, mesh, lambda m: list(m.named_children()), torch.device("cpu"))
     for _ in range(2):

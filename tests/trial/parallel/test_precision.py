@@ -2,7 +2,8 @@
 master-weight optimizer and loss scale on their own (no process group).
 
 Losses of every mechanism in mixed precision against the single-process references are in
-tests/trial/parallel/test_layouts.py; measured bytes per category in tests/trial/parallel/test_zero_sharding.py.
+tests/trial/parallel/test_layouts.py; measured bytes per category in
+tests/trial/parallel/test_zero_sharding.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import json
 import pytest
 import torch
 
+from autotune.cli.estimate import main as estimate_main
 from autotune.cli.main import main as cli_main
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.cli.estimate import main as estimate_main
 from autotune.export.ds_config import ds_config
 from autotune.model.memory import estimate_memory
 from autotune.shapes import MODEL_SHAPES
@@ -33,14 +34,26 @@ def test_estimate_reproduces_zero_paper_figure_1(capsys, stage, paper_gb):
     """Rajbhandari et al. 2020, Figure 1: Φ = 7.5B, N = 64, mixed-precision Adam (K = 12):
     16Φ, 4Φ + 12Φ/N, 2Φ + 14Φ/N, 16Φ/N. Ours at ZeRO-2 is 2Φ + 16Φ/N (FSDP2's fp32 gradient
     shards), 1.7% above the figure; in GiB no stage but ZeRO-3 would be within 2%."""
-    code = estimate_main(["--params", "7.5e9", "--world-size", "64", "--zero", str(stage),
-                          "--precision", "16-mixed", "--json"])
+    code = estimate_main(
+        [
+            "--params",
+            "7.5e9",
+            "--world-size",
+            "64",
+            "--zero",
+            str(stage),
+            "--precision",
+            "16-mixed",
+            "--json",
+        ]
+    )
     assert code == 0
     states = json.loads(capsys.readouterr().out)["per_rank"]["model_states"]
     assert states == pytest.approx(paper_gb * GB, rel=0.02)
     phi, n = 7.5e9, 64
-    formula = {0: 16 * phi, 1: 4 * phi + 12 * phi / n, 2: 2 * phi + 16 * phi / n,
-               3: 16 * phi / n}[stage]
+    formula = {0: 16 * phi, 1: 4 * phi + 12 * phi / n, 2: 2 * phi + 16 * phi / n, 3: 16 * phi / n}[
+        stage
+    ]
     assert states == formula
 
 
@@ -50,8 +63,11 @@ def test_precision_default_and_old_configs():
     assert config.resolved_precision("cuda") == "bf16-mixed"
     assert config.resolved_precision("cpu") == "32-true"
     # A config written before precision existed: its dtype cast the whole model.
-    for dtype, precision in [("float32", "32-true"), ("bfloat16", "bf16-true"),
-                             ("float16", "16-true")]:
+    for dtype, precision in [
+        ("float32", "32-true"),
+        ("bfloat16", "bf16-true"),
+        ("float16", "16-true"),
+    ]:
         old = TrialConfig.from_json(json.dumps({"workload": {"dtype": dtype}}))
         old.validate()
         assert old.resolved_precision("cuda") == precision == old.with_precision("cpu").precision
@@ -62,11 +78,13 @@ def test_precision_default_and_old_configs():
 def test_bf16_mixed_is_the_cuda_default_in_the_memory_model():
     # GPT-2 small on one GPU, ZeRO-0: 2Φ bf16 parameters, 2Φ bf16 gradients, 12Φ of fp32 master
     # copy and moments (the paper's 16Φ), plus AdamW's 4-byte step per tensor.
-    config = TrialConfig(world_size=1, workload=WorkloadSpec(size="small", seq_len=128,
-                                                             global_batch_size=1))
+    config = TrialConfig(
+        world_size=1, workload=WorkloadSpec(size="small", seq_len=128, global_batch_size=1)
+    )
     est = estimate_memory(config, device_type="cuda")
-    assert est == estimate_memory(TrialConfig(**{**_fields(config), "precision": "bf16-mixed"}),
-                                  device_type="cuda")
+    assert est == estimate_memory(
+        TrialConfig(**{**_fields(config), "precision": "bf16-mixed"}), device_type="cuda"
+    )
     phi = MODEL_SHAPES[("gpt", "small")].num_params()
     tensors = 2 + 12 * 10 + 2 + 1
     assert (est.parameters, est.gradients) == (2 * phi, 2 * phi)
@@ -79,9 +97,15 @@ def _fields(config: TrialConfig) -> dict:
     return {f: getattr(config, f) for f in config.__slots__}
 
 
-@pytest.mark.parametrize("precision, bf16, fp16", [
-    ("32-true", False, False), ("bf16-mixed", True, False), ("16-mixed", False, True),
-    ("bf16-true", True, False)])
+@pytest.mark.parametrize(
+    "precision, bf16, fp16",
+    [
+        ("32-true", False, False),
+        ("bf16-mixed", True, False),
+        ("16-mixed", False, True),
+        ("bf16-true", True, False),
+    ],
+)
 def test_ds_config_precision_sections(precision, bf16, fp16):
     ds = ds_config(TrialConfig(precision=precision))
     assert ds["bf16"]["enabled"] is bf16 and ds["fp16"]["enabled"] is fp16

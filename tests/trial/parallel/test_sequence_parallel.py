@@ -25,10 +25,10 @@ import dataclasses
 
 import pytest
 import torch
+from spawn import run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.config import TrialConfig, WorkloadSpec
-from spawn import run_ranks
 
 TP = 4
 LAYERS = 4
@@ -75,8 +75,14 @@ def _wire(calls: list[tuple[str, int]]) -> float:
 
 @pytest.fixture(scope="module")
 def recorded():
-    base = TrialConfig(workload=SPEC, world_size=TP, tp_degree=TP, micro_batch_size=8,
-                       device="cpu", precision="32-true")
+    base = TrialConfig(
+        workload=SPEC,
+        world_size=TP,
+        tp_degree=TP,
+        micro_batch_size=8,
+        device="cpu",
+        precision="32-true",
+    )
     tp, sp = run_ranks(TP, _record, [base, dataclasses.replace(base, sequence_parallel=True)])[0]
     return tp, sp
 
@@ -86,8 +92,9 @@ def test_sequence_parallel_moves_the_bytes_of_the_all_reduces(recorded):
     tp, sp = recorded
     gather = (TP - 1) / TP * S  # the sequence gathered after the last block (or its gradient)
     assert tp["forward"] == [("AR", S)] * (2 * LAYERS)
-    assert sorted(sp["forward"]) == sorted([("AG", S // TP)] * (2 * LAYERS + 1)
-                                           + [("RS", S)] * (2 * LAYERS))
+    assert sorted(sp["forward"]) == sorted(
+        [("AG", S // TP)] * (2 * LAYERS + 1) + [("RS", S)] * (2 * LAYERS)
+    )
     assert _wire(sp["forward"]) - gather == _wire(tp["forward"]) == 2 * LAYERS * 1.5 * S
     assert sorted(sp["backward"]) == sorted(sp["forward"])
     assert sorted(tp["backward"]) == [("AR", S)] * (4 * LAYERS)  # q, k, v, w1 apart
@@ -100,8 +107,14 @@ def test_a_workload_without_a_sequence_parallel_plan_is_refused_in_one_line():
     from autotune.trial.parallel.parallelize import check_workload_supports
 
     spec = WorkloadSpec(workload="user_workload:build", seq_len=16, global_batch_size=4)
-    config = TrialConfig(workload=spec, world_size=2, tp_degree=2, sequence_parallel=True,
-                         micro_batch_size=4, device="cpu")
+    config = TrialConfig(
+        workload=spec,
+        world_size=2,
+        tp_degree=2,
+        sequence_parallel=True,
+        micro_batch_size=4,
+        device="cpu",
+    )
     workload = build_workload(spec)
     assert workload.tp_plan and workload.sp_plan is None  # TP, but no SP plan
     with pytest.raises(ConfigError, match="provides no sp_plan .*turn sequence_parallel off"):

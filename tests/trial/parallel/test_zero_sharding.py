@@ -30,16 +30,23 @@ import functools
 import math
 
 import pytest
+from reference import reference_losses
 
 from autotune.config import TrialConfig
 from autotune.model.memory import estimate_all_stages
 from autotune.trial.models.build import build_workload
-from reference import reference_losses
 
 WORLD = 4
 # bucket_mb 0.1: each ~0.2 MB block is its own FSDP unit (a larger bucket groups blocks).
-CONFIG = TrialConfig(world_size=WORLD, micro_batch_size=2, num_warmup_steps=0,
-                     num_timed_steps=1, num_profiled_steps=0, device="cpu", bucket_mb=0.1)
+CONFIG = TrialConfig(
+    world_size=WORLD,
+    micro_batch_size=2,
+    num_warmup_steps=0,
+    num_timed_steps=1,
+    num_profiled_steps=0,
+    device="cpu",
+    bucket_mb=0.1,
+)
 STEP_BYTES = 8  # AdamW's per-tensor step counter (fp32 scalar, allowed up to 8 bytes)
 
 
@@ -59,8 +66,9 @@ def _padded_shard_numel(shape, n: int) -> int:
 
 @pytest.fixture(scope="module")
 def by_stage(executor):
-    return {stage: executor.run(dataclasses.replace(CONFIG, zero_stage=stage))
-            for stage in (0, 1, 2, 3)}
+    return {
+        stage: executor.run(dataclasses.replace(CONFIG, zero_stage=stage)) for stage in (0, 1, 2, 3)
+    }
 
 
 def test_stage0_replicates_everything(by_stage):
@@ -155,15 +163,20 @@ def _stage_of(name: str, pp: int, num_layers: int) -> int:
 def _expected_local(config: TrialConfig, pp_rank: int) -> tuple[int, int]:
     """(elements, tensors) of one rank's parameters, from the model's shapes."""
     model = build_workload(config.workload).model
-    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()
-             if _stage_of(n, config.pp_degree, len(model.layers)) == pp_rank]
+    named = [
+        (n, tuple(p.shape))
+        for n, p in model.named_parameters()
+        if _stage_of(n, config.pp_degree, len(model.layers)) == pp_rank
+    ]
     return sum(_local_numel(n, s, config.tp_degree) for n, s in named), len(named)
 
 
 @pytest.fixture(scope="module")
 def zero1_dtensor(executor):
-    configs = {name: dataclasses.replace(CONFIG, zero_stage=1, num_profiled_steps=2, **layout)
-               for name, layout in ZERO1_LAYOUTS.items()}
+    configs = {
+        name: dataclasses.replace(CONFIG, zero_stage=1, num_profiled_steps=2, **layout)
+        for name, layout in ZERO1_LAYOUTS.items()
+    }
     return {name: (c, executor.run(c)) for name, c in configs.items()}
 
 
@@ -186,8 +199,9 @@ def test_stage1_shards_optimizer_state_of_dtensor_parameters(zero1_dtensor, layo
         moments_by_replica[key] = moments_by_replica.get(key, 0) + share
     # The memory model reproduces the partition: its worst rank of each stage is the measured one.
     for e in estimate_all_stages(config):
-        assert e.optimizer_state == max(r.memory.optimizer_state for r in result.ranks
-                                        if r.pp_rank == e.stage)
+        assert e.optimizer_state == max(
+            r.memory.optimizer_state for r in result.ranks if r.pp_rank == e.stage
+        )
     for (pp_rank, _), total in moments_by_replica.items():
         numel, tensors = _expected_local(config, pp_rank)
         # every moment held exactly once over the dp group
@@ -196,8 +210,8 @@ def test_stage1_shards_optimizer_state_of_dtensor_parameters(zero1_dtensor, layo
 
 @pytest.mark.parametrize("layout", ZERO1_LAYOUTS)
 def test_stage1_with_dtensor_parameters_trains_the_reference_model(zero1_dtensor, layout):
-    """The layout sweep's criterion (tests/trial/parallel/test_layouts.py): every step's loss equals the
-    single-process reference within fp32 summation-order noise (2e-5 at loss ≈ 6.2)."""
+    """The layout sweep's criterion (tests/trial/parallel/test_layouts.py): every step's loss
+    equals the single-process reference within fp32 summation-order noise (2e-5 at loss ≈ 6.2)."""
     config, result = zero1_dtensor[layout]
     assert result.losses == pytest.approx(_reference(len(result.losses)), abs=2e-5)
 
@@ -216,8 +230,10 @@ def test_stage1_with_dtensor_parameters_moves_the_local_parameters(zero1_dtensor
         numel, _ = _expected_local(config, r.pp_rank)
         assert numel % config.dp_degree == 0
         dp_bytes = {k: v for k, v in per_step[r.rank].items() if k[2] == "dp"}
-        assert dp_bytes == {("comm", "all_reduce", "dp"): 4 * numel,
-                            ("comm", "all_gather", "dp"): 4 * numel}
+        assert dp_bytes == {
+            ("comm", "all_reduce", "dp"): 4 * numel,
+            ("comm", "all_gather", "dp"): 4 * numel,
+        }
 
 
 @functools.cache
@@ -268,8 +284,9 @@ BF16, FP32 = 2, 4
 
 @pytest.fixture(scope="module")
 def mixed_by_stage(executor):
-    return {stage: executor.run(dataclasses.replace(MIXED, zero_stage=stage))
-            for stage in (0, 1, 2, 3)}
+    return {
+        stage: executor.run(dataclasses.replace(MIXED, zero_stage=stage)) for stage in (0, 1, 2, 3)
+    }
 
 
 def check_mixed_precision_bytes(result, stage: int) -> None:
@@ -311,8 +328,10 @@ def test_mixed_precision_bytes_per_category(mixed_by_stage, stage):
     # included).
     est = estimate_memory(dataclasses.replace(MIXED, zero_stage=stage), device_type="cpu")
     for category in ("parameters", "gradients", "optimizer_state"):
-        assert getattr(est, category) == max(getattr(r.memory, category)
-                                             for r in result.ranks), (stage, category)
+        assert getattr(est, category) == max(getattr(r.memory, category) for r in result.ranks), (
+            stage,
+            category,
+        )
     if stage == 0:  # the paper's 16Φ: 2 + 2 + 12 bytes per parameter
         numel = sum(_numel(s) for s in _shapes())
         m = result.ranks[0].memory
