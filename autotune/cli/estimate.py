@@ -42,6 +42,7 @@ from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.memory import (
     CATEGORIES,
+    MemoryEstimate,
     estimate_all_stages,
     gathered_parameter_bytes,
     model_state_bytes,
@@ -164,57 +165,82 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if traits is None
         else estimate_engine_memory(config, shape, traits, device_type=device).total
     )
+    report = _Report(
+        config, shape, device, stages, worst, refusal, engine.name, engine_peak, cluster, time
+    )
     if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        report.print_text()
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Report:
+    """What ``estimate`` predicted, as JSON or as text."""
+
+    config: TrialConfig
+    shape: ModelShape | None
+    device: str
+    stages: list[MemoryEstimate]
+    worst: MemoryEstimate
+    refusal: str | None
+    engine: str
+    engine_peak: int | None
+    cluster: ClusterSpec | None
+    time: StepTimeEstimate | None
+
+    def as_json(self) -> dict:
+        worst, cluster = self.worst, self.cluster
         extra = (
             {}
             if cluster is None
-            else {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": time.as_dict()}
+            else {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": self.time.as_dict()}
         )
-        extra |= {"engine": engine.name, "engine_peak_bytes": engine_peak}
-        print(
-            json.dumps(
-                {
-                    "config": config.resolved(),
-                    "shape": dataclasses.asdict(shape) if shape else None,
-                    "device": device,
-                    "per_rank": worst.as_dict(),
-                    "stage": worst.stage,
-                    "phase": worst.phase,
-                    "stages": [e.as_dict() for e in stages],
-                    "engine_refusal": refusal,
-                    **extra,
-                },
-                indent=2,
+        extra |= {"engine": self.engine, "engine_peak_bytes": self.engine_peak}
+        return {
+            "config": self.config.resolved(),
+            "shape": dataclasses.asdict(self.shape) if self.shape else None,
+            "device": self.device,
+            "per_rank": worst.as_dict(),
+            "stage": worst.stage,
+            "phase": worst.phase,
+            "stages": [e.as_dict() for e in self.stages],
+            "engine_refusal": self.refusal,
+            **extra,
+        }
+
+    def print_text(self) -> None:
+        config, worst, time = self.config, self.worst, self.time
+        print(_describe(config, self.shape, self.device))
+        where = (
+            ""
+            if config.pp_degree == 1
+            else (f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
+        )
+        title = f"per rank{where}, peak {worst.phase}"
+        if time is None:
+            print(f"{title}:")
+            _print_table(worst.as_dict())
+        else:
+            print(f"{title}; predicted step time on {self.cluster.name}:")
+            print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
+            print(_time_summary(time, self.cluster, self.engine))
+        if self.engine_peak is not None:
+            print(
+                f"as {self.engine} runs it: {_human(self.engine_peak)} reserved on the worst "
+                "pipeline rank (engine_memory)"
             )
-        )
-        return 0
-    print(_describe(config, shape, device))
-    where = (
-        ""
-        if config.pp_degree == 1
-        else (f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
-    )
-    title = f"per rank{where}, peak {worst.phase}"
-    if time is None:
-        print(f"{title}:")
-        _print_table(worst.as_dict())
-    else:
-        print(f"{title}; predicted step time on {cluster.name}:")
-        print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
-        print(_time_summary(time, cluster, engine.name))
-    if engine_peak is not None:
-        print(
-            f"as {engine.name} runs it: {_human(engine_peak)} reserved on the worst pipeline "
-            "rank (engine_memory)"
-        )
-    if config.pp_degree > 1:
-        print("total per stage: " + ", ".join(f"{e.stage}: {_human(e.total)}" for e in stages))
-    if refusal:
-        print(
-            f"note: the trial engine refuses this layout ({refusal}); the estimate is of the "
-            "layout itself"
-        )
-    return 0
+        if config.pp_degree > 1:
+            print(
+                "total per stage: "
+                + ", ".join(f"{e.stage}: {_human(e.total)}" for e in self.stages)
+            )
+        if self.refusal:
+            print(
+                f"note: the trial engine refuses this layout ({self.refusal}); the estimate is of "
+                "the layout itself"
+            )
 
 
 # ---- building the configuration ------------------------------------------------------------

@@ -195,8 +195,6 @@ def add_rank_parser(sub) -> None:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    from autotune.search.screen import allowance  # the search's allowances
-
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, not {args.top}")
     if args.memory_limit is not None and not args.memory_limit > 0:
@@ -228,18 +226,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         memory_traits=memory_traits,
     )
     if not ranking.fitting:
-        config, peak = min(
-            filter(None, (ranking.smallest_peak, screened.smallest)), key=lambda cp: cp[1]
-        )
-        least = "" if ranking.smallest_peak and peak == ranking.smallest_peak[1] else "at least "
-        raise AutotuneError(
-            f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB "
-            f"({_screened_text(screened)}): the smallest predicted peak is {least}"
-            f"{peak / GIB:.1f} GiB ({_layout_name(config)}), "
-            f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
-            f"{allowance(device_type).describe()}; "
-            "add nodes (--nodes) or raise --memory-limit"
-        )
+        raise _nothing_fits(ranking, screened, limit_gib, device_type)
     top = ranking.rows[: args.top]
     if args.json:
         print(
@@ -261,6 +248,48 @@ def cmd_rank(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    _print_ranking(ranking, screened, top, base, shape, cluster, engine.name, limit_gib)
+    if args.compare:
+        reference = parse_layout(args.compare, base)
+        print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
+    return 0
+
+
+def _nothing_fits(
+    ranking: Ranking, screened: Screened, limit_gib: float, device_type: str
+) -> AutotuneError:
+    """The error when no layout is predicted to fit: the smallest peak seen, scored or
+    screened, and what it would take."""
+    from autotune.search.screen import allowance
+
+    config, peak = min(
+        filter(None, (ranking.smallest_peak, screened.smallest)), key=lambda cp: cp[1]
+    )
+    least = "" if ranking.smallest_peak and peak == ranking.smallest_peak[1] else "at least "
+    return AutotuneError(
+        f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB "
+        f"({_screened_text(screened)}): the smallest predicted peak is {least}"
+        f"{peak / GIB:.1f} GiB ({_layout_name(config)}), "
+        f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
+        f"{allowance(device_type).describe()}; "
+        "add nodes (--nodes) or raise --memory-limit"
+    )
+
+
+def _print_ranking(
+    ranking: Ranking,
+    screened: Screened,
+    top: list,
+    base: TrialConfig,
+    shape: ModelShape | None,
+    cluster: ClusterSpec,
+    engine: str,
+    limit_gib: float,
+) -> None:
+    """The ranking as text: what was ranked, the table, and what was scored, screened, folded."""
+    from autotune.search.screen import allowance
+
+    device_type = cluster.device_type
     wl = base.workload
     name = (
         wl.name
@@ -271,7 +300,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         )
     )
     print(
-        f"{name} on {describe_cluster(cluster, engine.name)}: world {base.world_size}, "
+        f"{name} on {describe_cluster(cluster, engine)}: world {base.world_size}, "
         f"global batch "
         f"{wl.global_batch_size} × seq {wl.seq_len}, "
         f"{base.resolved_precision(device_type)}"
@@ -290,10 +319,6 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"bucket size, with the same prediction (step and peak within "
             f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes"
         )
-    if args.compare:
-        reference = parse_layout(args.compare, base)
-        print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
-    return 0
 
 
 LAYOUT_KEYS = {
