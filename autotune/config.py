@@ -322,16 +322,7 @@ class TrialConfig:
                 f"{self.world_size} (dp × cp × tp × pp = world size)"
             )
         self._validate_new_knobs(num_layers)
-        if num_heads is not None and num_heads % self.tp_degree:
-            raise ConfigError(
-                f"tp_degree {self.tp_degree} must divide the {num_heads} attention heads of "
-                f"{self.workload.name}; choose a tp_degree among {_divisors(num_heads)}"
-            )
-        if num_kv_heads is not None and num_kv_heads % self.tp_degree:
-            raise ConfigError(
-                f"tp_degree {self.tp_degree} must divide the {num_kv_heads} key/value heads of "
-                f"{self.workload.name}; choose a tp_degree among {_divisors(num_kv_heads)}"
-            )
+        self._validate_heads(num_heads, num_kv_heads)
         per_dp = self.micro_batch_size * self.dp_degree
         if self.workload.global_batch_size % per_dp:
             raise ConfigError(
@@ -347,23 +338,42 @@ class TrialConfig:
             from autotune.hf_config import check_layout, load_config
 
             check_layout(load_config(self.workload.hf_model), self)
-        if self.optimizer_offload_enabled:
-            if self.device == "cpu":
-                raise ConfigError(
-                    "optimizer_offload_enabled needs device cuda: on CPU the optimizer state "
-                    "is already in host memory; set optimizer_offload_enabled to false"
-                )
-            if self.zero_stage < 2:
-                raise ConfigError(
-                    "optimizer_offload_enabled needs zero_stage 2 or 3 (FSDP2 CPU offload); "
-                    "raise zero_stage or turn offload off"
-                )
-            if self.dp_degree == 1:
-                raise ConfigError(
-                    "optimizer_offload_enabled needs dp_degree > 1 (it is FSDP2's "
-                    "CPUOffloadPolicy, and dp_degree 1 trains without FSDP2); lower tp_degree or "
-                    "pp_degree, or turn offload off"
-                )
+        self._validate_offload()
+
+    def _validate_heads(self, num_heads: int | None, num_kv_heads: int | None) -> None:
+        """tp_degree divides the attention heads and the key/value heads."""
+        if num_heads is not None and num_heads % self.tp_degree:
+            raise ConfigError(
+                f"tp_degree {self.tp_degree} must divide the {num_heads} attention heads of "
+                f"{self.workload.name}; choose a tp_degree among {_divisors(num_heads)}"
+            )
+        if num_kv_heads is not None and num_kv_heads % self.tp_degree:
+            raise ConfigError(
+                f"tp_degree {self.tp_degree} must divide the {num_kv_heads} key/value heads of "
+                f"{self.workload.name}; choose a tp_degree among {_divisors(num_kv_heads)}"
+            )
+
+    def _validate_offload(self) -> None:
+        """The rules of optimizer_offload_enabled: CUDA, ZeRO-2/3 and dp > 1 (FSDP2's
+        CPUOffloadPolicy)."""
+        if not self.optimizer_offload_enabled:
+            return
+        if self.device == "cpu":
+            raise ConfigError(
+                "optimizer_offload_enabled needs device cuda: on CPU the optimizer state "
+                "is already in host memory; set optimizer_offload_enabled to false"
+            )
+        if self.zero_stage < 2:
+            raise ConfigError(
+                "optimizer_offload_enabled needs zero_stage 2 or 3 (FSDP2 CPU offload); "
+                "raise zero_stage or turn offload off"
+            )
+        if self.dp_degree == 1:
+            raise ConfigError(
+                "optimizer_offload_enabled needs dp_degree > 1 (it is FSDP2's "
+                "CPUOffloadPolicy, and dp_degree 1 trains without FSDP2); lower tp_degree or "
+                "pp_degree, or turn offload off"
+            )
 
     def _validate_new_knobs(self, num_layers: int | None) -> None:
         """The rules of sequence_parallel, cp_degree, dp_replicate, virtual_stages, ac_layers

@@ -439,6 +439,28 @@ def memory_scatter(study: StudyData) -> go.Figure:
                 "<extra></extra>",
             )
         )
+    traces += _pareto_and_limit(study)
+    note = (
+        "x: measured peak of the worst rank (predicted for trials that did not measure one);"
+        " trials that measured no throughput sit at 0"
+    )
+    if unplaced:
+        note += f"; {unplaced} trial(s) without any peak figure are not drawn"
+    if not study.limit_bytes:
+        note += "; no memory limit recorded"
+    return _figure(
+        traces,
+        "Throughput against peak memory",
+        note,
+        xaxis=_axis("peak memory per device (MiB)"),
+        yaxis=_axis("tokens/s"),
+        height=460,
+    )
+
+
+def _pareto_and_limit(study: StudyData) -> list[dict]:
+    """The memory scatter's Pareto front of the complete trials and its memory-limit line."""
+    traces = []
     complete = [t for t in study.by_status(TrialStatus.COMPLETE) if t.measured_peak is not None]
     points = [(t.measured_peak / MIB, t.throughput or 0.0) for t in complete]
     front = [complete[i] for i in pareto_front(points)]
@@ -470,22 +492,7 @@ def memory_scatter(study: StudyData) -> go.Figure:
                 hovertemplate="memory limit %{x:,.1f} MiB<extra></extra>",
             )
         )
-    note = (
-        "x: measured peak of the worst rank (predicted for trials that did not measure one);"
-        " trials that measured no throughput sit at 0"
-    )
-    if unplaced:
-        note += f"; {unplaced} trial(s) without any peak figure are not drawn"
-    if not study.limit_bytes:
-        note += "; no memory limit recorded"
-    return _figure(
-        traces,
-        "Throughput against peak memory",
-        note,
-        xaxis=_axis("peak memory per device (MiB)"),
-        yaxis=_axis("tokens/s"),
-        height=460,
-    )
+    return traces
 
 
 # ---- timeline ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from autotune.trial.models.build import build_workload
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.compile import compile_seconds
 from autotune.trial.parallel.float8 import check_float8
-from autotune.trial.parallel.mesh import MESH_DIM_NAMES, build_mesh
+from autotune.trial.parallel.mesh import MESH_DIM_NAMES, TrialMesh, build_mesh
 from autotune.trial.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.trial.parallel.precision import check_device_precision, compute_dtype
 from autotune.trial.parallel.zero import local_tensor
@@ -347,26 +347,8 @@ def run_rank(config: TrialConfig) -> RankResult:
             torch.cuda.synchronize(device)
         step_times.append(time.perf_counter() - start)
     # Profiled steps come after the timed ones: throughput is never measured under the profiler.
-    spans: list[Span] = []
-    offset = 0
-    if config.num_profiled_steps:
-        offset = measure_offset()
-        with profile_record(
-            rank=dist.get_rank(),
-            clock_offset_ns=offset,
-            group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
-            group_names=mesh_group_names(mesh),
-            cuda=device.type == "cuda",
-        ) as rec:
-            for step in range(num_steps, num_steps + config.num_profiled_steps):
-                start = time.perf_counter()
-                with rec.step(step):
-                    trainer.step(step, phase=rec.phase)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                step_times.append(time.perf_counter() - start)
-        spans = rec.spans
-        num_steps += config.num_profiled_steps
+    spans, offset = _profiled_steps(config, trainer, mesh, device, num_steps, step_times)
+    num_steps += config.num_profiled_steps
     memory, memory_s = measure_memory(trainer, num_steps)
     step_times.append(memory_s)
     losses = trainer.losses()
@@ -399,6 +381,36 @@ def run_rank(config: TrialConfig) -> RankResult:
             **extra,
         },
     )
+
+
+def _profiled_steps(
+    config: TrialConfig,
+    trainer: Trainer,
+    mesh: TrialMesh,
+    device: torch.device,
+    first: int,
+    step_times: list[float],
+) -> tuple[list[Span], int]:
+    """Run the profiled steps after step ``first - 1`` (their times appended to
+    ``step_times``): their spans and the clock offset they were recorded with."""
+    if not config.num_profiled_steps:
+        return [], 0
+    offset = measure_offset()
+    with profile_record(
+        rank=dist.get_rank(),
+        clock_offset_ns=offset,
+        group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
+        group_names=mesh_group_names(mesh),
+        cuda=device.type == "cuda",
+    ) as rec:
+        for step in range(first, first + config.num_profiled_steps):
+            start = time.perf_counter()
+            with rec.step(step):
+                trainer.step(step, phase=rec.phase)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            step_times.append(time.perf_counter() - start)
+    return rec.spans, offset
 
 
 def non_allocator_bytes(device: torch.device) -> int | None:
