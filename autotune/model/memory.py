@@ -316,84 +316,84 @@ def _states(
     layers = sum(p.num_layers for p in parts)
     numel = layers * layer.numel + sum(r.numel for r in roots)
     num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
+    root_numel = sum(r.numel for r in roots)
+    biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
+    # optimizer bytes per element: master copy, moments
+    state = bytes_per.master + 2 * bytes_per.moment
+    gather = 0
+    if dp == 1 or zero == 0:
+        # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
+        # per tensor.
+        held = optimizer_numel = numel
+        optimizer_tensors = num_tensors
+    elif zero == 1 and flat_zero1:
+        # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
+        # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
+        held = numel
+        optimizer_numel, optimizer_tensors, gather = _flat_partition(
+            _model_order_sizes(shape, parts, layer, roots),
+            dp,
+            bucket_mb * MIB / bytes_per.parameter,
+            state,
+        )
+    elif zero == 1:
+        # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
+        # (``_partition_parameters``); the worst rank's moments and step counters.
+        held = numel
+        sizes = [r * c for r, c in layer.shapes] * layers
+        for root in roots:
+            sizes += [r * c for r, c in root.shapes]
+        optimizer_numel, optimizer_tensors = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
+    else:
+        # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
+        held = optimizer_numel = layers * layer.fsdp_shard_numel(dp) + sum(
+            r.fsdp_shard_numel(dp) for r in roots
+        )
+        optimizer_tensors = num_tensors
+    return _States(
+        held * bytes_per.parameter,
+        held * bytes_per.gradient,
+        state * optimizer_numel + ADAM_STEP_BYTES * optimizer_tensors,
+        numel,
+        root_numel,
+        _fsdp_units(parts, layer, roots, bytes_per.parameter, bucket_mb),
+        biggest,
+        optimizer_numel,
+        gather,
+    )
+
+
+def _fsdp_units(
+    parts: tuple[_Part, ...],
+    layer: _Tensors,
+    roots: list[_Tensors],
+    parameter_bytes: int,
+    bucket_mb: float,
+) -> tuple[int, ...]:
+    """Unsharded elements of each FSDP unit of the rank's parts, in order."""
     # FSDP units: consecutive blocks grouped until their bytes reach bucket_mb
     # (``zero.group_blocks``), per part; each part's root is a unit of its own.
-    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * bytes_per.parameter)))
+    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * parameter_bytes)))
     units: list[int] = []
     for p, r in zip(parts, roots):
         full, rest = divmod(p.num_layers, per_unit)
         units += [per_unit * layer.numel] * full + ([rest * layer.numel] if rest else [])
         if r.numel:
             units.append(r.numel)
-    root_numel = sum(r.numel for r in roots)
-    biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
-    # optimizer bytes per element: master copy, moments
-    state = bytes_per.master + 2 * bytes_per.moment
-    if dp == 1 or zero == 0:
-        # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
-        # per tensor.
-        return _States(
-            numel * bytes_per.parameter,
-            numel * bytes_per.gradient,
-            state * numel + ADAM_STEP_BYTES * num_tensors,
-            numel,
-            root_numel,
-            tuple(units),
-            biggest,
-            numel,
-        )
-    if zero == 1 and flat_zero1:
-        # DistributedOptimizer (DTensor parameters): the rank's parameters in model order, in
-        # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
-        sizes = []
-        for p, r in zip(parts, roots):
-            head = 2 if p.first and shape.family == "gpt" else int(p.first)  # the embeddings
-            sizes += [a * b for a, b in r.shapes[:head]]
-            sizes += [a * b for a, b in layer.shapes] * p.num_layers
-            sizes += [a * b for a, b in r.shapes[head:]]
-        worst_numel, worst_count, gather = _flat_partition(
-            tuple(sizes), dp, bucket_mb * MIB / bytes_per.parameter, state
-        )
-        return _States(
-            numel * bytes_per.parameter,
-            numel * bytes_per.gradient,
-            state * worst_numel + ADAM_STEP_BYTES * worst_count,
-            numel,
-            root_numel,
-            tuple(units),
-            biggest,
-            worst_numel,
-            gather,
-        )
-    if zero == 1:
-        # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
-        # (``_partition_parameters``); the worst rank's moments and step counters.
-        sizes = [r * c for r, c in layer.shapes] * layers
-        for root in roots:
-            sizes += [r * c for r, c in root.shapes]
-        worst_numel, worst_count = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
-        return _States(
-            numel * bytes_per.parameter,
-            numel * bytes_per.gradient,
-            state * worst_numel + ADAM_STEP_BYTES * worst_count,
-            numel,
-            root_numel,
-            tuple(units),
-            biggest,
-            worst_numel,
-        )
-    # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
-    shard = layers * layer.fsdp_shard_numel(dp) + sum(r.fsdp_shard_numel(dp) for r in roots)
-    return _States(
-        shard * bytes_per.parameter,
-        shard * bytes_per.gradient,
-        state * shard + ADAM_STEP_BYTES * num_tensors,
-        numel,
-        root_numel,
-        tuple(units),
-        biggest,
-        shard,
-    )
+    return tuple(units)
+
+
+def _model_order_sizes(
+    shape: ModelShape, parts: tuple[_Part, ...], layer: _Tensors, roots: list[_Tensors]
+) -> tuple[int, ...]:
+    """Elements of each of the rank's tensors in model order: embeddings, blocks, the rest."""
+    sizes = []
+    for p, r in zip(parts, roots):
+        head = 2 if p.first and shape.family == "gpt" else int(p.first)  # the embeddings
+        sizes += [a * b for a, b in r.shapes[:head]]
+        sizes += [a * b for a, b in layer.shapes] * p.num_layers
+        sizes += [a * b for a, b in r.shapes[head:]]
+    return tuple(sizes)
 
 
 @lru_cache(maxsize=4096)

@@ -600,80 +600,19 @@ def _layer_cost(step: _Step) -> _LayerCost:
     ``matmul_efficiency``), backward twice the forward, recomputation per Korthikanti et al.
     2022 §4, plus the element-wise kernels as bytes ÷ memory bandwidth. TP: Megatron's
     all-reduces (Shoeybi et al. 2019 §3), each a ring ``collective_time``."""
-    config, cal, shape, engine = step.config, step.cal, step.shape, step.engine
-    tp, ac = config.tp_degree, config.activation_checkpointing
-    b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
-    h, a, mem_bw = shape.hidden_size, shape.num_heads, step.mem_bw
-    elem_bytes = step.layout.elem_bytes
-    tokens = step.layout.microbatch_tokens  # b·s/cp: a rank's queries under context parallelism
-    full = ac == "full"
+    config, cal, shape = step.config, step.cal, step.shape
+    full = config.activation_checkpointing == "full"
     shape_key = layer_shape_key(config, shape, step.device_type)
-    if engine.roofline:
+    if step.engine.roofline:
         layer_fwd_s, layer_bwd_s, attn_core_s = _roofline_layer(step)
-        head_s = 3 * roofline.gemm_time(
-            roofline.Gemm(tokens, step.layout.vocab / step.vocab_shards, h),
-            peak=step.peak_flops,
-            mem_bw=mem_bw,
-            elem_bytes=elem_bytes,
-            e_max=cal.compute_efficiency,
-            half_dim=cal.gemm_half_dim,
-        )
     else:
-        # A context-parallel rank computes its s/cp queries against all s keys: the matmuls
-        # and the scores both divide by cp (Liu et al. 2023, ring attention).
-        mat_flops, score_flops = (
-            f / cp for f in layer_forward_flops(shape, seq_len=s, micro_batch=b)
-        )
-        flop_rate = step.peak_flops * matmul_efficiency(cal, tokens, h / tp)
-        eager = config.attention == "eager"
-        act_elems = tokens * h
-        # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
-        # parallelism); the MLP activation and biases on the rank's shard.
-        elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
-            act_elems * elem_bytes / mem_bw
-        )
-        score_s = (
-            (cal.score_bytes * b * (a / tp) * s * s / cp * elem_bytes / mem_bw) if eager else 0.0
-        )
-        layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
-        layer_bwd_s = 2 * layer_fwd_s
-        attn_core_s = score_flops / tp / flop_rate + score_s
-        head_work = tokens * h * step.layout.vocab / step.vocab_shards
-        head_s = (
-            3
-            * 2
-            * head_work
-            / (
-                step.peak_flops
-                * matmul_efficiency(cal, tokens, step.layout.vocab / step.vocab_shards)
-            )
-        )
-    if full:
-        recompute_s = layer_fwd_s * full_recompute_share(config, shape.num_layers)
-    elif ac == "selective":
-        recompute_s = attn_core_s
-        if engine.selective_recompute == "op" and engine.roofline:
-            recompute_s = selective_op_recompute(layer_fwd_s, attn_core_s)
-    else:
-        recompute_s = 0.0
+        layer_fwd_s, layer_bwd_s, attn_core_s = _analytic_layer(step)
+    head_s = _head_time(step)
+    recompute_s = _recompute_time(step, layer_fwd_s, attn_core_s)
     device_s = (layer_fwd_s + layer_bwd_s + recompute_s) * cal.layer_shape_factors.get(
         shape_key, 1.0
     )
-
-    # ---- tensor-parallel collectives per layer per micro-batch ------------------------------
-    tp_group = _groups(config, step.cluster.devices_per_node)[0]
-    if tp > 1:
-        backward_inputs = (
-            2 if engine.fused_column_inputs else (3 + (2 if shape.family == "llama" else 1))
-        )
-        tp_collectives = 2 * (2 if full else 1) + backward_inputs
-        allreduce_s = collective_time(step.cluster, cal, tp_group, step.activation_bytes)
-        # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
-        tp_s = tp_collectives * allreduce_s * (1 - engine.tp_comm_overlap * cal.overlap_efficiency)
-        tp_embed_s = allreduce_s if engine.vocab_parallel else 0.0
-    else:
-        tp_collectives = 0
-        tp_s = tp_embed_s = 0.0
+    tp_collectives, tp_s, tp_embed_s = _tp_layer_time(step, full)
     tp_s += context_parallel_time(step)
     host_s = _host_layer_time(step, tp_collectives, 3 if full else 2, shape_key)
     if step.cluster.device.asynchronous:
@@ -682,6 +621,80 @@ def _layer_cost(step: _Step) -> _LayerCost:
     else:
         excess_s = host_s
     return _LayerCost(device_s, head_s, tp_s, tp_embed_s, host_s, excess_s)
+
+
+def _analytic_layer(step: _Step) -> tuple[float, float, float]:
+    """(forward, backward, attention core's forward) seconds of one layer on one rank, by FLOPs."""
+    config, cal, shape = step.config, step.cal, step.shape
+    tp = config.tp_degree
+    b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
+    h, a, mem_bw = shape.hidden_size, shape.num_heads, step.mem_bw
+    elem_bytes = step.layout.elem_bytes
+    tokens = step.layout.microbatch_tokens  # b·s/cp: a rank's queries under context parallelism
+    # A context-parallel rank computes its s/cp queries against all s keys: the matmuls
+    # and the scores both divide by cp (Liu et al. 2023, ring attention).
+    mat_flops, score_flops = (f / cp for f in layer_forward_flops(shape, seq_len=s, micro_batch=b))
+    flop_rate = step.peak_flops * matmul_efficiency(cal, tokens, h / tp)
+    eager = config.attention == "eager"
+    act_elems = tokens * h
+    # Norms, residuals and dropout act on the whole b·s·h on every TP rank (no sequence
+    # parallelism); the MLP activation and biases on the rank's shard.
+    elementwise_s = (cal.elementwise_bytes + cal.elementwise_sharded_bytes / tp) * (
+        act_elems * elem_bytes / mem_bw
+    )
+    score_s = (cal.score_bytes * b * (a / tp) * s * s / cp * elem_bytes / mem_bw) if eager else 0.0
+    layer_fwd_s = (mat_flops + score_flops) / tp / flop_rate + elementwise_s + score_s
+    return layer_fwd_s, 2 * layer_fwd_s, score_flops / tp / flop_rate + score_s
+
+
+def _head_time(step: _Step) -> float:
+    """Seconds of the output head's forward and backward (3× its GEMM) per micro-batch."""
+    cal, h = step.cal, step.shape.hidden_size
+    tokens = step.layout.microbatch_tokens
+    if step.engine.roofline:
+        return 3 * roofline.gemm_time(
+            roofline.Gemm(tokens, step.layout.vocab / step.vocab_shards, h),
+            peak=step.peak_flops,
+            mem_bw=step.mem_bw,
+            elem_bytes=step.layout.elem_bytes,
+            e_max=cal.compute_efficiency,
+            half_dim=cal.gemm_half_dim,
+        )
+    head_work = tokens * h * step.layout.vocab / step.vocab_shards
+    return (
+        3
+        * 2
+        * head_work
+        / (step.peak_flops * matmul_efficiency(cal, tokens, step.layout.vocab / step.vocab_shards))
+    )
+
+
+def _recompute_time(step: _Step, layer_fwd_s: float, attn_core_s: float) -> float:
+    """Seconds of one layer's forward recomputed in backward under activation checkpointing."""
+    ac, engine = step.config.activation_checkpointing, step.engine
+    if ac == "full":
+        return layer_fwd_s * full_recompute_share(step.config, step.shape.num_layers)
+    if ac == "selective":
+        if engine.selective_recompute == "op" and engine.roofline:
+            return selective_op_recompute(layer_fwd_s, attn_core_s)
+        return attn_core_s
+    return 0.0
+
+
+def _tp_layer_time(step: _Step, full: bool) -> tuple[int, float, float]:
+    """(TP collectives, their seconds, the embedding's all-reduce) of one layer per micro-batch."""
+    config, engine = step.config, step.engine
+    tp_group = _groups(config, step.cluster.devices_per_node)[0]
+    if config.tp_degree <= 1:
+        return 0, 0.0, 0.0
+    backward_inputs = (
+        2 if engine.fused_column_inputs else (3 + (2 if step.shape.family == "llama" else 1))
+    )
+    tp_collectives = 2 * (2 if full else 1) + backward_inputs
+    allreduce_s = collective_time(step.cluster, step.cal, tp_group, step.activation_bytes)
+    # Overlapped TP communication (Megatron's --tp-comm-overlap) hides behind the GEMMs.
+    tp_s = tp_collectives * allreduce_s * (1 - engine.tp_comm_overlap * step.cal.overlap_efficiency)
+    return tp_collectives, tp_s, allreduce_s if engine.vocab_parallel else 0.0
 
 
 def _inner_group(size: int, inner: int, devices_per_node: int) -> _Group:
