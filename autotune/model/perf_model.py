@@ -674,6 +674,8 @@ def _recompute_time(step: _Step, layer_fwd_s: float, attn_core_s: float) -> floa
     ac, engine = step.config.activation_checkpointing, step.engine
     if ac == "full":
         return layer_fwd_s * full_recompute_share(step.config, step.shape.num_layers)
+    if ac == "op":  # the trial runs torchtitan's op-level policy (activation_checkpoint.py)
+        return selective_op_recompute(layer_fwd_s, attn_core_s)
     if ac == "selective":
         if engine.selective_recompute == "op" and engine.roofline:
             return selective_op_recompute(layer_fwd_s, attn_core_s)
