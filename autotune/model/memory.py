@@ -350,6 +350,16 @@ def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
     return elements, count
 
 
+def state_shards(config: TrialConfig) -> int:
+    """The ranks a ZeRO stage shards model states over. HSDP shards within groups of dp_shard =
+    dp / dp_replicate ranks and replicates the shards across the groups (FSDP2 ``fully_shard``
+    on a 2-D mesh). Context-parallel ranks hold the same parameters and sync gradients with
+    the data-parallel ones, so the shard group is dp_shard × cp (``trial/parallel/mesh.py``:
+    torchtitan's ``dp_shard_cp``; ZeRO-1 over dp × cp). Only where dp > 1: the model's other
+    data-parallel terms (comm buffers, the fp32 FSDP shards) are those of dp alone."""
+    return config.dp_shard * config.cp_degree if config.dp_degree > 1 else 1
+
+
 def _uses_distributed_optimizer(config: TrialConfig) -> bool:
     """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
     which carries data parallelism under a pipeline with overlap on."""
@@ -723,13 +733,13 @@ def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str
 
 
 def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
-    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, dp_shard, ZeRO stage,
+    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, state shards, ZeRO stage,
     schedule, bucket and precision): what no micro-batch, checkpointing or sequence knob
     changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
     return _rank0_states(
         shape, config.workload.vocab_size or shape.vocab_size, config.tp_degree,
-        config.pp_degree, config.dp_degree, config.dp_shard, config.zero_stage,
+        config.pp_degree, config.dp_degree, state_shards(config), config.zero_stage,
         is_interleaved(config),
         config.virtual_stages, precision, config.bucket_mb, _uses_distributed_optimizer(config),
         config.optimizer_offload_enabled and device_type == "cuda")[0]
@@ -771,14 +781,14 @@ def _part_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int
 
 
 @lru_cache(maxsize=65536)
-def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, dp_shard: int,
+def _rank0_states(shape: ModelShape, vocab: int, tp: int, pp: int, dp: int, shards: int,
                   zero: int, interleaved: bool, virtual_stages: int, precision: str,
                   bucket_mb: float, flat_zero1: bool, offloaded: bool
                   ) -> tuple[int, tuple[int, ...]]:
     """(model-state bytes, layers per part) of pipeline rank 0, as ``_stage`` computes them."""
     parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
     bytes_per = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
-    states = _states(shape, vocab, parts, tp, dp_shard, zero, bytes_per, bucket_mb,
+    states = _states(shape, vocab, parts, tp, shards, zero, bytes_per, bucket_mb,
                      flat_zero1=flat_zero1)
     held = 0 if offloaded else states.parameters + states.gradients + states.optimizer_state
     return held, tuple(p.num_layers for p in parts)
@@ -894,9 +904,7 @@ def _stage(config: TrialConfig, shape: ModelShape, pp_rank: int, device_type: st
         layout = LayoutQuantities.of(config, shape, config.resolved_precision(device_type))
     parts = _parts(shape.num_layers, config.pp_degree, layout.interleaved, pp_rank,
                    config.virtual_stages)
-    # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
-    # across the groups (FSDP2 ``fully_shard`` on a 2-D mesh): a rank's shard is 1/dp_shard.
-    states = _states(shape, layout.vocab, parts, config.tp_degree, config.dp_shard,
+    states = _states(shape, layout.vocab, parts, config.tp_degree, state_shards(config),
                      config.zero_stage, layout.state_bytes, config.bucket_mb,
                      flat_zero1=_uses_distributed_optimizer(config))
     return _Stage(config, shape, pp_rank, device_type, layout, parts, states)
@@ -1000,7 +1008,8 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     if states.gather_numel:
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
-        comm_post = max(comm_post, (states.gather_numel + states.gather_numel // dp)
+        comm_post = max(comm_post, (states.gather_numel
+                                    + states.gather_numel // state_shards(config))
                         * bytes_per.parameter)
     return comm_held, extra, comm_post
 
