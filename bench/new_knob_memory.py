@@ -14,7 +14,7 @@ and the false fits: measurements the search's screen (``screen.predicted_to_fit`
 it. Beside it, the tightest limit: a measurement over its own prediction × 1.15 (a layout the
 screen admits at the limit it just fits, which then overflows).
 
-Usage: python bench/new_knob_memory.py [--repeats 2] [--only NAME,…] [--json]
+Usage: python bench/new_knob_memory.py [--repeats 2] [--only NAME,…] [--json] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from autotune.config import MIB, TrialConfig, WorkloadSpec  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
@@ -62,6 +63,7 @@ LAYOUTS: dict[str, TrialConfig] = {
     "gpt w4 tp2 sp dp2 z3": _gpt(4, tp_degree=2, sequence_parallel=True, zero_stage=3),
     "gpt w2 cp2": _gpt(2, cp_degree=2),
     "gpt w4 cp2 dp2 z0": _gpt(4, cp_degree=2, zero_stage=0),
+    "gpt w4 cp2 dp2 z1": _gpt(4, cp_degree=2, zero_stage=1),
     "gpt w4 cp2 dp2 z3": _gpt(4, cp_degree=2, zero_stage=3),
     "gpt w4 hsdp2x2 z2": _gpt(4, dp_replicate=2, zero_stage=2),
     "gpt w4 hsdp2x2 z3": _gpt(4, dp_replicate=2, zero_stage=3),
@@ -184,15 +186,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--only", default=None, help="comma-separated layout names")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default=None, help="also write the JSON report to this file")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(layouts())
     start = time.monotonic()
     rows = measure(names, args.repeats)
     s = summary(rows)
+    report = json.dumps({"rows": [dataclasses.asdict(m) | {"error": m.error} for m in rows],
+                         "summary": s, "today": TODAY, "wall_s": time.monotonic() - start},
+                        indent=2)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
     if args.json:
-        print(json.dumps({"rows": [dataclasses.asdict(m) | {"error": m.error} for m in rows],
-                          "summary": s, "today": TODAY, "wall_s": time.monotonic() - start},
-                         indent=2))
+        print(report)
         return
     print_table(rows)
     print(f"\nnewer knobs, {s['measurements']} measurements: median |error| "

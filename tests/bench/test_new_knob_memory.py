@@ -33,7 +33,7 @@ def test_each_newer_knob_has_a_layout():
     assert {c.zero_stage for c in configs if c.sequence_parallel and c.dp_degree > 1} == {0, 1, 3}
     assert {(c.dp_degree, c.zero_stage) for c in configs
             if c.cp_degree == 2 and c.tp_degree == 1 and c.dp_replicate == 1} == {
-        (1, 0), (2, 0), (2, 3)}
+        (1, 0), (2, 0), (2, 1), (2, 3)}
     assert {c.zero_stage for c in configs if c.dp_replicate == 2 and c.cp_degree == 1} == {2, 3}
     assert any(c.dp_replicate == 2 and c.cp_degree == 2 for c in configs)
     v4 = [c for c in configs if c.pp_schedule == "interleaved_1f1b" and c.virtual_stages == 4]
