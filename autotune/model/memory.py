@@ -350,20 +350,26 @@ def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
     return elements, count
 
 
+def sync_ranks(config: TrialConfig) -> int:
+    """The ranks that hold the same parameters and average their gradients: dp × cp, since
+    context-parallel ranks see other tokens of the same sequences (``parallel/zero.py`` syncs,
+    and shards, over ``mesh.data_parallel_mesh``). DDP, replicate, ZeRO-1 and FSDP2 and their
+    buffers are there wherever this exceeds 1, also at dp 1 under cp."""
+    return config.dp_degree * config.cp_degree
+
+
 def state_shards(config: TrialConfig) -> int:
     """The ranks a ZeRO stage shards model states over. HSDP shards within groups of dp_shard =
     dp / dp_replicate ranks and replicates the shards across the groups (FSDP2 ``fully_shard``
-    on a 2-D mesh). Context-parallel ranks hold the same parameters and sync gradients with
-    the data-parallel ones, so the shard group is dp_shard × cp (``trial/parallel/mesh.py``:
-    torchtitan's ``dp_shard_cp``; ZeRO-1 over dp × cp). Only where dp > 1: the model's other
-    data-parallel terms (comm buffers, the fp32 FSDP shards) are those of dp alone."""
-    return config.dp_shard * config.cp_degree if config.dp_degree > 1 else 1
+    on a 2-D mesh); cp ranks shard with them: dp_shard × cp (``trial/parallel/mesh.py``,
+    torchtitan's ``dp_shard_cp``; ZeRO-1 over dp × cp)."""
+    return config.dp_shard * config.cp_degree
 
 
 def _uses_distributed_optimizer(config: TrialConfig) -> bool:
     """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
     which carries data parallelism under a pipeline with overlap on."""
-    return (config.zero_stage == 1 and config.dp_degree > 1
+    return (config.zero_stage == 1 and sync_ranks(config) > 1
             and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled)))
 
 
@@ -968,7 +974,7 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     unsharded parameters and gradients, the distributed optimizer's gathered bucket."""
     config, states, layout = stage.config, stage.states, stage.layout
     bytes_per, elem_bytes = layout.state_bytes, layout.elem_bytes
-    dp, zero, pp = config.dp_degree, config.zero_stage, config.pp_degree
+    dp, zero, pp = sync_ranks(config), config.zero_stage, config.pp_degree
     accumulates = layout.num_microbatches > 1
     # Offloaded (FSDP2's CPUOffloadPolicy) sharded gradients are in host memory.
     grads = 0 if _offloaded(config, stage.device_type) else states.gradients
@@ -1008,8 +1014,7 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     if states.gather_numel:
         # DistributedOptimizer: one bucket gathered at a time after the step (its share and the
         # gathered bucket, padded); the gradient sync's buffers are gone by then.
-        comm_post = max(comm_post, (states.gather_numel
-                                    + states.gather_numel // state_shards(config))
+        comm_post = max(comm_post, (states.gather_numel + states.gather_numel // dp)
                         * bytes_per.parameter)
     return comm_held, extra, comm_post
 
@@ -1018,7 +1023,7 @@ def _other(stage: _Stage) -> int:
     """Torch pipelining's receive buffers, and on CPU the measurement's allowance."""
     config, layout = stage.config, stage.layout
     elem_bytes, stream_elems = layout.elem_bytes, layout.stream_elems
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, sync_ranks(config), config.zero_stage
     microbatches = layout.num_microbatches
     other = 0
     if pp > 1:
@@ -1055,7 +1060,7 @@ def _optimizer_temporaries(stage: _Stage) -> int:
     gradients read as fp32, then the denominator). Under optimizer offload the step runs on the
     host: nothing on the device."""
     config, states, bytes_per = stage.config, stage.states, stage.layout.state_bytes
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, sync_ranks(config), config.zero_stage
     if _offloaded(config, stage.device_type):
         return 0
     if bytes_per.master:
