@@ -9,10 +9,11 @@ peak — the slowest rank's ``RankResult.memory.peak``, the CPU profiler's alloc
 set against ``estimate_memory(config, device_type="cpu").total`` (the worst pipeline rank), as
 ``bench/search_efficiency.py`` does for today's layouts. The summary
 (``common.memory_error_summary``, the same function that bench uses) is the median |error|,
-the worst under- and over-prediction and the false fits: measurements the search's screen (``screen.predicted_to_fit``, prediction ×
-1.15 within the limit) would run under a limit at the median predicted peak that measured over
-it. Beside it, the tightest limit: a measurement over its own prediction × 1.15 (a layout the
-screen admits at the limit it just fits, which then overflows).
+the worst under- and over-prediction and the false fits: measurements the search's screen
+(``screen.predicted_to_fit``, prediction × 1.15 within the limit) would run under a limit at the
+median predicted peak that measured over it. Beside it, the tightest limit: a measurement over
+its own prediction × 1.15 (a layout the screen admits at the limit it just fits, which then
+overflows).
 
 Usage: python bench/new_knob_memory.py [--repeats 2] [--only NAME,…] [--json] [--out FILE]
 """
