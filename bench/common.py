@@ -53,3 +53,31 @@ def spearman(
         return None
     rho = spearmanr(xs, ys).statistic
     return float(rho) if rho == rho else constant
+
+
+def memory_error_summary(
+    pairs: list[tuple[int, int]], limit: int, device_type: str = "cpu"
+) -> dict[str, float | int]:
+    """The memory model against measurement over (predicted, measured) peak bytes: the signed
+    relative error (predicted − measured) / measured, its median and median absolute value,
+    the worst under- and over-prediction, and the false fits — measurements the search's screen
+    (``screen.predicted_to_fit``: prediction × (1 + margin) within the limit) would run under
+    ``limit`` that measured over it — and ``over_own_margin``: measurements over the tightest
+    limit their prediction fits (``screen.required_bytes``)."""
+    import statistics
+
+    from autotune.search.screen import predicted_to_fit, required_bytes
+
+    errors = [(p - m) / m for p, m in pairs]
+    return {
+        "median_rel_error": statistics.median(errors),
+        "median_abs_rel_error": statistics.median(abs(e) for e in errors),
+        "worst_under": min(errors),
+        "worst_over": max(errors),
+        "limit_bytes": limit,
+        "fit_but_measured_over": sum(
+            predicted_to_fit(p, limit, device_type) and m > limit for p, m in pairs
+        ),
+        "over_own_margin": sum(m > required_bytes(p, device_type) for p, m in pairs),
+        "measurements": len(pairs),
+    }

@@ -50,7 +50,6 @@ from autotune.search.search import (  # noqa: E402
     SAMPLERS,
     Search,
     SearchSpec,
-    predicted_to_fit,
 )
 from autotune.search.space import SearchSpace  # noqa: E402
 from autotune.trial.executor import RayExecutor  # noqa: E402
@@ -202,7 +201,7 @@ def main() -> None:
     configs = space.configs
     rows: dict[str, list] = {}
     sweeps = []
-    errors, over = [], 0
+    pairs = []
     predicted = {c: estimate_memory(c).total for c in configs}
     limit = statistics.median(predicted.values())
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,11 +229,7 @@ def main() -> None:
             for name, results in strategies(space, table, args.seeds, db).items():
                 rows.setdefault(name, []).extend(results)
             # memory model against measurement
-            for c, r in table.items():
-                measured = max(rank.memory.peak for rank in r.ranks)
-                errors.append((predicted[c] - measured) / measured)
-                if predicted_to_fit(predicted[c], limit, "cpu") and measured > limit:
-                    over += 1
+            pairs += [(predicted[c], r.peak_memory_bytes) for c, r in table.items()]
         db.close()
 
     summary = {}
@@ -259,15 +254,7 @@ def main() -> None:
         "strategies": summary,
         "best_sampler": chosen,
         "default_sampler": DEFAULT_SAMPLER,
-        "memory_model": {
-            "median_rel_error": statistics.median(errors),
-            "median_abs_rel_error": statistics.median(abs(e) for e in errors),
-            "worst_under": min(errors),
-            "worst_over": max(errors),
-            "limit_bytes": limit,
-            "fit_but_measured_over": over,
-            "measurements": len(errors),
-        },
+        "memory_model": common.memory_error_summary(pairs, limit),
     }
     if args.json:
         print(json.dumps(report, indent=2, default=float))
@@ -298,7 +285,7 @@ def main() -> None:
         f"measurements: median |error| {m['median_abs_rel_error']:.1%}, worst "
         f"under-prediction {m['worst_under']:.1%}, worst over-prediction "
         f"{m['worst_over']:.1%}; predicted to fit {limit / 2**20:.1f} MiB but measured "
-        f"over: {over}"
+        f"over: {m['fit_but_measured_over']}"
     )
     print(
         f"fewest trials without the baseline: sampler '{chosen}' (the search's default is "

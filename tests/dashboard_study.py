@@ -38,6 +38,8 @@ PASSWORD = "s3cret-pw"
 SPACE = dict(
     fixed={
         "tp_degree": 1,
+        "cp_degree": 1,
+        "dp_replicate": 1,
         "pp_degree": 1,
         "zero_stage": 0,
         "overlap_enabled": True,

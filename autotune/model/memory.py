@@ -408,12 +408,28 @@ def _greedy_worst(sizes: tuple[int, ...], n: int) -> tuple[int, int]:
     return elements, count
 
 
+def sync_ranks(config: TrialConfig) -> int:
+    """The ranks that hold the same parameters and average their gradients: dp × cp, since
+    context-parallel ranks see other tokens of the same sequences (``parallel/zero.py`` syncs,
+    and shards, over ``mesh.data_parallel_mesh``). DDP, replicate, ZeRO-1 and FSDP2 and their
+    buffers are there wherever this exceeds 1, also at dp 1 under cp."""
+    return config.dp_degree * config.cp_degree
+
+
+def state_shards(config: TrialConfig) -> int:
+    """The ranks a ZeRO stage shards model states over. HSDP shards within groups of dp_shard =
+    dp / dp_replicate ranks and replicates the shards across the groups (FSDP2 ``fully_shard``
+    on a 2-D mesh); cp ranks shard with them: dp_shard × cp (``trial/parallel/mesh.py``,
+    torchtitan's ``dp_shard_cp``; ZeRO-1 over dp × cp)."""
+    return config.dp_shard * config.cp_degree
+
+
 def _uses_distributed_optimizer(config: TrialConfig) -> bool:
     """ZeRO-1 of DTensor parameters (``parallel/zero.py``): TP's, or those of FSDP2's replicate,
     which carries data parallelism under a pipeline with overlap on."""
     return (
         config.zero_stage == 1
-        and config.dp_degree > 1
+        and sync_ranks(config) > 1
         and (config.tp_degree > 1 or (config.pp_degree > 1 and config.overlap_enabled))
     )
 
@@ -830,7 +846,7 @@ def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str
 
 
 def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
-    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, dp_shard, ZeRO stage,
+    """Pipeline rank 0's model-state bytes (cached per tp, pp, dp, state shards, ZeRO stage,
     schedule, bucket and precision): what no micro-batch, checkpointing or sequence knob
     changes, so ``rank`` drops a whole group of layouts on it."""
     precision = config.precision or config.resolved_precision(device_type)
@@ -840,7 +856,7 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
         config.tp_degree,
         config.pp_degree,
         config.dp_degree,
-        config.dp_shard,
+        state_shards(config),
         config.zero_stage,
         is_interleaved(config),
         config.virtual_stages,
@@ -900,7 +916,7 @@ def _rank0_states(
     tp: int,
     pp: int,
     dp: int,
-    dp_shard: int,
+    shards: int,
     zero: int,
     interleaved: bool,
     virtual_stages: int,
@@ -913,7 +929,7 @@ def _rank0_states(
     parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
     bytes_per = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
     states = _states(
-        shape, vocab, parts, tp, dp_shard, zero, bytes_per, bucket_mb, flat_zero1=flat_zero1
+        shape, vocab, parts, tp, shards, zero, bytes_per, bucket_mb, flat_zero1=flat_zero1
     )
     held = 0 if offloaded else states.parameters + states.gradients + states.optimizer_state
     return held, tuple(p.num_layers for p in parts)
@@ -1066,14 +1082,12 @@ def _stage(
     parts = _parts(
         shape.num_layers, config.pp_degree, layout.interleaved, pp_rank, config.virtual_stages
     )
-    # HSDP shards within groups of dp_shard = dp / dp_replicate ranks and replicates the shards
-    # across the groups (FSDP2 ``fully_shard`` on a 2-D mesh): a rank's shard is 1/dp_shard.
     states = _states(
         shape,
         layout.vocab,
         parts,
         config.tp_degree,
-        config.dp_shard,
+        state_shards(config),
         config.zero_stage,
         layout.state_bytes,
         config.bucket_mb,
@@ -1152,7 +1166,7 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     unsharded parameters and gradients, the distributed optimizer's gathered bucket."""
     config, states, layout = stage.config, stage.states, stage.layout
     bytes_per, elem_bytes = layout.state_bytes, layout.elem_bytes
-    dp, zero, pp = config.dp_degree, config.zero_stage, config.pp_degree
+    dp, zero, pp = sync_ranks(config), config.zero_stage, config.pp_degree
     accumulates = layout.num_microbatches > 1
     # Offloaded (FSDP2's CPUOffloadPolicy) sharded gradients are in host memory.
     grads = 0 if _offloaded(config, stage.device_type) else states.gradients
@@ -1203,7 +1217,7 @@ def _other(stage: _Stage) -> int:
     """Torch pipelining's receive buffers, and on CPU the measurement's allowance."""
     config, layout = stage.config, stage.layout
     elem_bytes, stream_elems = layout.elem_bytes, layout.stream_elems
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, sync_ranks(config), config.zero_stage
     microbatches = layout.num_microbatches
     other = 0
     if pp > 1:
@@ -1244,7 +1258,7 @@ def _optimizer_temporaries(stage: _Stage) -> int:
     gradients read as fp32, then the denominator). Under optimizer offload the step runs on the
     host: nothing on the device."""
     config, states, bytes_per = stage.config, stage.states, stage.layout.state_bytes
-    tp, pp, dp, zero = config.tp_degree, config.pp_degree, config.dp_degree, config.zero_stage
+    tp, pp, dp, zero = config.tp_degree, config.pp_degree, sync_ranks(config), config.zero_stage
     if _offloaded(config, stage.device_type):
         return 0
     if bytes_per.master:

@@ -5,7 +5,7 @@ One scenario, run once for the module (about half a minute; its figures are in
 docs/reliability.md):
 
 1. ``autotune search`` (study 'interrupted') runs in a session of its own with a budget of its
-   whole space (54 configurations), which it cannot spend before the interrupt: once a trial is
+   whole space (72 configurations), which it cannot spend before the interrupt: once a trial is
    stored and the next one is running, the whole process group gets SIGINT, as Ctrl-C in a
    terminal sends it. The interrupt is keyed to the database, not to the clock: however fast
    or slow the trials run, the driver is still searching when it comes (a budget of 5 out of 9
@@ -48,9 +48,9 @@ from autotune.search.space import SearchSpace
 from db import Database
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0}
-SPACE_SIZE = 54
-"""Configurations left by FIXED at world 2: micro-batch 1, 2, 4 × no, selective, full
+FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "cp_degree": 1, "dp_replicate": 1}
+SPACE_SIZE = 72
+"""Configurations left by FIXED at world 2: micro-batch 1, 2, 4 × no, selective, op, full
 recomputation × overlap on, off × bucket 5, 25, 100 MB (all DDP on the tiny GPT, equally
 cheap). The interrupted search's budget is all of them."""
 NUM_RESUMED = 4

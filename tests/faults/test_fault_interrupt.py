@@ -36,7 +36,14 @@ from autotune.search.search import Search, SearchSpec
 from db import Database
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXED = {"tp_degree": 1, "pp_degree": 1, "zero_stage": 0, "activation_checkpointing": "none"}
+FIXED = {
+    "tp_degree": 1,
+    "pp_degree": 1,
+    "zero_stage": 0,
+    "activation_checkpointing": "none",
+    "cp_degree": 1,
+    "dp_replicate": 1,
+}
 BUDGET = 18
 """The configurations FIXED leaves at world 2 (micro-batch 1, 2, 4 × overlap × bucket): more
 than the search can run before the interrupt."""

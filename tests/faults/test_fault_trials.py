@@ -27,6 +27,8 @@ from db import Database, TrialRecord
 
 FIXED = {
     "tp_degree": 1,
+    "cp_degree": 1,
+    "dp_replicate": 1,
     "pp_degree": 1,
     "zero_stage": 0,
     "overlap_enabled": True,

@@ -135,6 +135,60 @@ def test_hsdp_shards_over_the_replica_group_only():
     assert plain.parameters == 4 * phi // 4
 
 
+def _tiny_gpt_shard_numel(n: int) -> int:
+    """Tiny GPT's (h 64, FFN 256, vocab 512, 256 positions, 4 layers, untied head) parameter
+    elements on one FSDP2 rank of n: every tensor's rows split into n (all divide here)."""
+    h, f, v, s = 64, 256, 512, 256
+    layer = 4 * h // n + 4 * (h // n) * h + (f // n) * h + (h // n) * f  # 2 LayerNorms, 6 Linears
+    roots = (v // n) * h + (s // n) * h + 2 * h // n + (v // n) * h  # embeddings, norm, head
+    return 4 * layer + roots
+
+
+def test_context_parallel_ranks_share_the_zero_shards():
+    # The trial engine shards FSDP2 over dp_shard × cp (parallel/mesh.py, torchtitan's
+    # dp_shard_cp): cp 2 × dp 2 at ZeRO-3 holds a quarter of tiny GPT in fp32 (measured on CPU
+    # by bench/new_knob_memory.py: 0.267 MiB of parameters), not a half.
+    wl = WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=8)
+    cp = TrialConfig(
+        workload=wl, world_size=4, cp_degree=2, zero_stage=3, micro_batch_size=2, device="cpu"
+    )
+    est = estimate_memory(cp, device_type="cpu")
+    quarter = _tiny_gpt_shard_numel(4)
+    assert quarter == 69_920
+    assert est.parameters == est.gradients == 4 * quarter
+    # fp32 moments (8 bytes an element) and one 4-byte step per tensor (10 a layer, 5 roots)
+    assert est.optimizer_state == 8 * quarter + 4 * (4 * 10 + 5)
+    # HSDP × cp: 2 replicas, each sharded over its dp_shard 1 × cp 2 ranks: a half.
+    hsdp = dataclasses.replace(cp, dp_replicate=2)
+    assert estimate_memory(hsdp, device_type="cpu").parameters == 4 * _tiny_gpt_shard_numel(2)
+    # cp alone (dp 1) at ZeRO-0 shards nothing; at ZeRO-3 FSDP2 shards over its 2 cp ranks.
+    alone = dataclasses.replace(cp, world_size=2, zero_stage=0)
+    assert estimate_memory(alone, device_type="cpu").parameters == 4 * _tiny_gpt_shard_numel(1)
+    alone3 = dataclasses.replace(alone, zero_stage=3)
+    assert estimate_memory(alone3, device_type="cpu").parameters == 4 * _tiny_gpt_shard_numel(2)
+
+
+def test_context_parallel_ranks_sync_gradients_at_dp_1():
+    # cp 2 × tp 2 at dp 1: the cp ranks average gradients with replicate (parallel/zero.py;
+    # DDP cannot hold TP's DTensors), which while 4 micro-batches accumulate keeps a second copy
+    # of the TP-local gradients: tiny GPT at tp 2 holds per layer 2 LayerNorms (4 × 64), wq/wk/wv
+    # (3 × 32 × 64), wo (64 × 32), w1 (128 × 64), w2 (64 × 128); embeddings 512 × 64, positions
+    # 256 × 64, final norm 2 × 64, head 512 × 64 — fp32. Measured on CPU: 4.65–4.71 MiB in all
+    # (bench/new_knob_memory.py), 3.99 predicted without the copy.
+    wl = WorkloadSpec(family="gpt", size="tiny", seq_len=64, global_batch_size=8)
+    config = TrialConfig(
+        workload=wl, world_size=4, cp_degree=2, tp_degree=2, micro_batch_size=2, device="cpu"
+    )
+    layer = 4 * 64 + 3 * 32 * 64 + 64 * 32 + 128 * 64 + 64 * 128
+    numel = 4 * layer + 512 * 64 + 256 * 64 + 2 * 64 + 512 * 64
+    est = estimate_memory(config, device_type="cpu")
+    assert est.gradients == 4 * numel == 725_504
+    assert est.comm_buffers == 4 * numel
+    # tp 2 alone (no cp, no dp): nothing syncs gradients, no copy.
+    tp = dataclasses.replace(config, world_size=2, cp_degree=1)
+    assert estimate_memory(tp, device_type="cpu").comm_buffers == 0
+
+
 def test_ac_layers_recomputes_that_many_blocks_per_stage():
     # 4 blocks, 1 recomputed whole: the other 3 keep everything. The backward temporary (a
     # recomputed block's) is the same in both, so the difference is 3 × (whole − input).

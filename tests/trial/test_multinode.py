@@ -182,6 +182,8 @@ def test_two_searches_share_the_cluster_and_one_postgres_database(cluster, postg
         "tp_degree=1",
         "pp_degree=1",
         "zero_stage=0",
+        "cp_degree=1",
+        "dp_replicate=1",
         "num_warmup_steps=1",
         "num_profiled_steps=1",
         "device=cpu",
@@ -267,6 +269,9 @@ def test_search_places_ranks_by_node_and_survives_losing_one(cluster, tmp_path):
     )
     fixed = [
         "zero_stage=0",
+        "cp_degree=1",
+        "dp_replicate=1",
+        "sequence_parallel=false",
         "num_warmup_steps=1",
         "num_profiled_steps=0",
         "device=cpu",
