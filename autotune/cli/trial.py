@@ -159,7 +159,15 @@ def format_result(result) -> str:
         + (f" (first {c['ac_layers']} blocks per stage)" if c.get("ac_layers") else "")
         + f"   attention {c['attention']}"
         + ("   sequence parallel" if c.get("sequence_parallel") else "")
-        + (f"   schedule {c['pp_schedule']}" if c["pp_degree"] > 1 else ""),
+        + (f"   HSDP {c['dp_replicate']} replicas" if c.get("dp_replicate", 1) > 1 else "")
+        + (f"   schedule {c['pp_schedule']}" if c["pp_degree"] > 1 else "")
+        + (
+            f" × {c['virtual_stages']} virtual stages"
+            if c["pp_degree"] > 1 and c["pp_schedule"] == "interleaved_1f1b"
+            else ""
+        )
+        + ("   compiled" if c.get("compile") else "")
+        + ("   float8" if c.get("float8") else ""),
         f"device       {result.env['device']} ({result.env['backend']}), "
         f"{result.env['threads_per_rank']} thread(s) per rank",
         "",
