@@ -194,6 +194,24 @@ def master_copy_bytes(optimizer: torch.optim.Optimizer) -> int:
     return _tensor_bytes(state["master"] for state in inner.state.values() if "master" in state)
 
 
+def _ddp_bucket_bytes(parts) -> int:
+    """Bytes of DDP's gradient buckets: allocated when the wrapper is built and held for the
+    trial (with ``gradient_as_bucket_view`` they are the gradients after each sync), so a
+    step's allocation events never show them. Sizes from DDP's own record of its buckets
+    (``_get_ddp_logging_data``, bytes per bucket), else the parameters the buckets cover."""
+    total = 0
+    for part in parts:
+        if not isinstance(part, torch.nn.parallel.DistributedDataParallel):
+            continue
+        info = part._get_ddp_logging_data()
+        sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes")
+        if isinstance(sizes, str) and sizes.strip():
+            total += sum(int(size) for size in sizes.replace(",", " ").split())
+        else:
+            total += _tensor_bytes(p for p in part.parameters() if p.requires_grad)
+    return total
+
+
 def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
     """Run one training step and measure this rank's memory by category, with the allocated
     peak and the allocator's reserved peak (on CPU, reserved = allocated)."""
@@ -205,6 +223,15 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
         nonlocal grads_bytes
         grads_bytes = _tensor_bytes(p.grad for p in params())
 
+    if device.type != "cuda":
+        # On CPU the profiler gives allocations relative to the step's start. Alive then: the
+        # parameters, the optimizer state (none before the first step: AdamW creates it
+        # lazily, inside the step) and DDP's buckets; the gradients are freed by zero_grad.
+        cpu_at_rest = (
+            _tensor_bytes(params())
+            + _tensor_bytes(_optimizer_state_tensors(pm.dp.optimizer))
+            + _ddp_bucket_bytes(pm.parts)
+        )
     start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -217,23 +244,19 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
     else:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             trainer.step(step, on_grads)
-        peak_delta = _peak_live_delta(prof)
-        at_rest = None
+        peak = cpu_at_rest + _peak_live_delta(prof)
         source = "cpu_profiler"
+        # No caching allocator on CPU: torch's CPU allocator frees a block when its tensor dies,
+        # so what was held from the system at the peak is what was allocated.
+        reserved = peak
     elapsed = time.perf_counter() - start
     param_bytes = _tensor_bytes(params())
     opt_bytes = _tensor_bytes(_optimizer_state_tensors(pm.dp.optimizer))
     states = param_bytes + opt_bytes
-    if at_rest is None:
-        # On CPU the profiler gives allocations relative to the step's start; the bytes alive
-        # then are the parameters and optimizer state (gradients are freed by zero_grad).
-        at_rest = states
-        peak = at_rest + peak_delta
-        # No caching allocator on CPU: torch's CPU allocator frees a block when its tensor dies,
-        # so what was held from the system at the peak is what was allocated.
-        reserved = peak
     activations = max(0, peak - states - grads_bytes)
-    other = max(0, at_rest - states)
+    # On CPU nothing else is held at rest: DDP's buckets are the gradients' storage after each
+    # sync, so they are counted under the gradients.
+    other = max(0, at_rest - states) if device.type == "cuda" else 0
     return MemoryBreakdown(
         param_bytes,
         grads_bytes,

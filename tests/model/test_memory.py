@@ -26,22 +26,25 @@ misses: the same layout measured 4.4 MiB and 6.5 MiB in different worker process
 with one micro-batch, where the gradients counted are not yet allocated at the peak. The CPU
 measurement also carries tensors that gloo's threads free (the profiler records only frees on
 profiled threads), so its peaks vary between runs by up to one FSDP unit; ``device_type="cpu"``
-adds an allowance for that (``other``). The trials re-measured here, three runs each
-(predicted / measured peak in MiB, error; two stages separated by "|"):
+adds an allowance for that (``other``). The level it starts from counts DDP's gradient buckets,
+which are allocated with the wrapper and never appear in a step's events. The trials
+re-measured here run one warm-up step first, as every trial does: DDP rebuilds its buckets in
+the second step, whose reading carries both sets. Two runs each (predicted / measured peak in
+MiB, error; two stages separated by "|"):
 
 | trial                                          | predicted   | measured          | error      |
 |------------------------------------------------|-------------|-------------------|------------|
 | gpt w2 ZeRO-0 mb1×4 s64                        | 6.75        | 6.76              | −0%        |
 | gpt w2 ZeRO-1 mb4×1 s128 selective             | 14.49       | 14.52             | −0%        |
 | gpt w2 ZeRO-2 mb2×2 s64                        | 7.56        | 6.83              | +11%       |
-| gpt w2 ZeRO-3 mb1×4 s128 full                  | 5.99        | 4.96–6.34         | −6…+21%    |
-| gpt w2 tp2 mb2×4 s64                           | 5.09        | 4.91–5.16         | −1…+4%     |
-| gpt w2 pp2 1f1b mb1×8 s64                      | 3.50 | 4.38 | 3.45 | 4.02       | +2 | +9%   |
-| llama bf16 w2 ZeRO-3 mb2×2 s128                | 6.47        | 6.05–6.17         | +5…+7%     |
-| gpt w4 ZeRO-3 tp2 mb2×2 s64 selective          | 5.09        | 4.43–4.74         | +7…+15%    |
-| gpt w4 pp2 gpipe mb2×2 s128 full               | 4.64 | 6.46 | 4.36 | 5.42       | +7 | +19%  |
-| gpt w4 ZeRO-2 pp2 interleaved mb1×4 s64        | 4.14 | 4.03 | 3.49–3.68 | 3.52  | +12…19 | +14% |
-| gpt w4 ZeRO-1 pp2 1f1b no overlap mb2×2 sel.   | 3.98 | 3.89 | 3.41 | 3.84       | +17 | +1%  |
+| gpt w2 ZeRO-3 mb1×4 s128 full                  | 5.99        | 5.34–5.72         | +5…+12%    |
+| gpt w2 tp2 mb2×4 s64                           | 5.09        | 4.85–4.88         | +4…+5%     |
+| gpt w2 pp2 1f1b mb1×8 s64                      | 3.50 | 3.05 | 3.45 | 3.05       | +2 | −0%   |
+| llama bf16 w2 ZeRO-3 mb2×2 s128                | 6.47        | 6.05              | +7%        |
+| gpt w4 ZeRO-3 tp2 mb2×2 s64 selective          | 5.09        | 4.43–4.71         | +8…+15%    |
+| gpt w4 pp2 gpipe mb2×2 s128 full               | 4.64 | 5.46 | 4.36 | 5.42       | +7 | +1%   |
+| gpt w4 ZeRO-2 pp2 interleaved mb1×4 s64        | 4.14 | 3.53 | 3.49 | 3.15       | +19 | +12% |
+| gpt w4 ZeRO-1 pp2 1f1b no overlap mb2×2 sel.   | 3.98 | 3.39 | 3.41 | 3.59       | +17 | −6%  |
 | llama w4 ZeRO-0 mb1×2 s128 full eager          | 6.61        | 5.88              | +12%       |
 
 The test below asserts, per trial, exact model states and a peak within −10% … +30% (the
@@ -554,7 +557,7 @@ def test_speed_thousands_of_estimates_a_second():
 
 
 # ---- measured against predicted --------------------------------------------------------------
-_FAST = dict(num_warmup_steps=0, num_timed_steps=1, num_profiled_steps=0, device="cpu")
+_FAST = dict(num_warmup_steps=1, num_timed_steps=1, num_profiled_steps=0, device="cpu")
 MEASURED = [  # world 2 first, then world 4: the executor keeps one worker group per world size
     _config(world_size=2, micro_batch_size=1, **_FAST),
     _config(
@@ -662,6 +665,18 @@ def test_predicted_against_measured(executor, config):
     for est in estimate_all_stages(config, device_type="cpu"):
         peak = peaks[est.stage]
         assert -0.10 <= est.total / peak - 1 <= 0.30, (est.stage, est.as_dict(), peak)
+
+
+@pytest.mark.parametrize("config", MEASURED[:2], ids=["zero0-accumulating", "zero1-one-microbatch"])
+def test_ddp_peak_counts_its_buckets(executor, config):
+    # DDP's buckets hold a copy of the gradients from the wrapper's construction on, outside
+    # any step's allocation events. Counted, DDP's peak is the model's within 3% on both sides
+    # (with no FSDP units there is no gloo-thread noise: repeated runs read the same bytes).
+    # Missed, the ZeRO-0 layout reads 18% and the ZeRO-1 one 8% under the prediction.
+    assert config.zero_stage <= 1 and config.tp_degree == config.pp_degree == 1
+    (est,) = estimate_all_stages(config, device_type="cpu")
+    peak = _stage_peaks(executor.run(config))[0]
+    assert est.total / peak - 1 == pytest.approx(0, abs=0.03), (est.as_dict(), peak)
 
 
 def _stage_peaks(result) -> dict[int, int]:
