@@ -9,7 +9,8 @@ Tolerance reached against the runner's measurement (``runner.measure_memory``: s
 peak from the CPU profiler's allocation events), over a sweep of 2,181 (trial, pipeline stage)
 pairs on the 2-core CPU machine — gpt/llama tiny, world 2 and 4, ZeRO 0-3, tp 1/2/4,
 pp 1/2/4 with gpipe / 1f1b / interleaved, checkpointing none/selective/full, micro-batch 1/2/4,
-sequence 64/128, float32/bfloat16, sdpa/eager, bucket 0.1-25 MB, overlap on/off:
+sequence 64/128, float32/bfloat16, sdpa/eager, bucket 0.1-25 MB, overlap on/off (measured
+before the runner counted DDP's buckets, so its DDP layouts read one copy of the gradients low):
 
 | category                          | predicted − measured (worst rank of each stage)          |
 |-----------------------------------|----------------------------------------------------------|
