@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import types
 import typing
 from dataclasses import dataclass, field
@@ -532,6 +533,24 @@ class TrialConfig:
 
 
 # ---- helpers ---------------------------------------------------------------------------
+_TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialConfig))
+_trial_values = operator.attrgetter(*_TRIAL_FIELDS)
+
+
+def with_fields(config: TrialConfig, **changes: Any) -> TrialConfig:
+    """``dataclasses.replace(config, **changes)`` in half the time, for ``rank``, which builds
+    hundreds of thousands of layouts: the fields are copied into a new instance as the frozen
+    dataclass's ``__init__`` sets them (``TrialConfig`` has no ``__post_init__``), without its
+    call overhead. A name that is not a field raises ``AttributeError`` (slots). Neither
+    validates; ``TrialConfig.validate`` does."""
+    new = object.__new__(TrialConfig)
+    for name, value in zip(_TRIAL_FIELDS, _trial_values(config)):
+        object.__setattr__(new, name, value)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
+    return new
+
+
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, not {value!r}")

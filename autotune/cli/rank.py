@@ -69,12 +69,14 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors, short_name
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
+from autotune.model.layout_quantities import fields_key
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
     EngineTraits,
     StepTimeEstimate,
+    StepTimeModel,
     engine_traits,
     predict_step_time,
 )
@@ -224,6 +226,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         progress=_Progress(len(layouts)),
         engine=engine,
         memory_traits=memory_traits,
+        screened=True,
     )
     if not ranking.fitting:
         raise _nothing_fits(ranking, screened, limit_gib, device_type)
@@ -583,6 +586,7 @@ def rank_layouts(
     progress: _Progress | None = None,
     memory_traits: MemoryTraits | None = None,
     engine: EngineTraits = AUTOTUNE_ENGINE,
+    screened: bool = False,
 ) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
     search's margin), the step time; fastest first (ties: smaller peak first).
@@ -592,7 +596,10 @@ def rank_layouts(
     bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
     smallest peak of those that do not fit is only needed, and only computed, when none fits.
     ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
-    every layout estimated (the screen is autotune's runtime's); ``engine``: judge time so."""
+    every layout estimated (the screen is autotune's runtime's); ``engine``: judge time so.
+    ``screened``: the layouts come from ``rank_space.screened_layouts``, whose bounds (the least
+    over their bucket and overlap) already fit, so they are not bounded again: the bound drops
+    a few dozen of SC21's 250,297 and costs more than it saves."""
     from autotune.search.screen import allowance, predicted_to_fit  # the search's rule
 
     calibration = calibration or Calibration.for_cluster(cluster)
@@ -606,13 +613,14 @@ def rank_layouts(
             (limit_bytes - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation)
         )
     )
+    step_time = StepTimeModel(cluster, calibration, shape=shape, engine=engine)
     fitting = []
     for done, config in enumerate(layouts, 1):
         if memory_traits is not None:
             peak = estimate_engine_memory(
                 config, shape_of, memory_traits, device_type=device_type, checked=True
             ).total
-        elif predicted_to_fit(
+        elif screened or predicted_to_fit(
             peak_lower_bound(config, shape_of, device_type=device_type), limit_bytes, device_type
         ):
             peak = estimate_memory(
@@ -621,7 +629,7 @@ def rank_layouts(
         else:
             peak = None
         if peak is not None and predicted_to_fit(peak, limit_bytes, device_type):
-            time = predict_step_time(config, cluster, calibration, shape=shape, engine=engine)
+            time = step_time.predict(config)
             fitting.append(ScoredLayout(config, time, peak))
         if progress is not None:
             progress.update(done)
@@ -654,14 +662,17 @@ only in bucket size are one row: the models say the bucket changes nothing there
 bucket only groups FSDP units, whose gathers the step-time model overlaps)."""
 
 
+_BUCKET = frozenset({"bucket_mb"})
+
+
 def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
     """``fitting`` (fastest first) with each layout that differs from a faster listed one only
     in bucket size, and whose predicted step and peak are within ``COLLAPSE_TOLERANCE`` of that
     row's, folded into the first such row (its ``collapsed_buckets_mb``)."""
     rows: list[ScoredLayout] = []
-    listed: dict[TrialConfig, list[int]] = {}  # the layout less its bucket → its rows
+    listed: dict[tuple, list[int]] = {}  # the layout less its bucket → its rows
     for s in fitting:
-        same = listed.setdefault(dataclasses.replace(s.config, bucket_mb=0.0), [])
+        same = listed.setdefault(fields_key(s.config, _BUCKET), [])
         i = next((i for i in same if _same_prediction(rows[i], s)), None)
         if i is None:
             same.append(len(rows))

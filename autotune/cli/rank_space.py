@@ -22,7 +22,6 @@ the layouts predicted to fit, and their order, are those of the unscreened grid.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from autotune.config import (
     PP_SCHEDULES,
     ZERO_STAGES,
     TrialConfig,
+    with_fields,
 )
 from autotune.errors import ConfigError
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
@@ -146,7 +146,7 @@ def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict
         interleaved = pp > 1 and schedule == "interleaved_1f1b"
         stages = choices["virtual_stages"] if interleaved else (base.virtual_stages,)
         for rep, v in itertools.product(replicas, stages):
-            yield dataclasses.replace(
+            yield with_fields(
                 base,
                 tp_degree=tp,
                 pp_degree=pp,
@@ -184,9 +184,9 @@ def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
 def _overlap_bucket(config: TrialConfig) -> list[TrialConfig]:
     """``config`` with each overlap and bucket size the grid lists (one when dp is 1)."""
     if config.dp_degree == 1:
-        return [dataclasses.replace(config, overlap_enabled=True, bucket_mb=DEFAULT_BUCKETS_MB[0])]
+        return [with_fields(config, overlap_enabled=True, bucket_mb=DEFAULT_BUCKETS_MB[0])]
     return [
-        dataclasses.replace(config, overlap_enabled=ov, bucket_mb=b)
+        with_fields(config, overlap_enabled=ov, bucket_mb=b)
         for ov, b in itertools.product(OVERLAP_CHOICES, DEFAULT_BUCKETS_MB)
     ]
 
@@ -205,7 +205,7 @@ def _branches(
     dp = group.dp_degree
     modes = ("full",) if group.ac_layers is not None else CHECKPOINTING_MODES
     sps = choices["sequence_parallel"] if group.tp_degree > 1 else (False,)
-    lean = dict(compile=any(choices["compile"]))  # compiled blocks keep the least
+    lean = any(choices["compile"])  # compiled blocks keep the least
     # Without a pipeline rank 0 holds one micro-batch of b sequences; under 1F1B p of them
     # (M ≥ p, its rule): its activations grow with b, so once a micro-batch cannot fit, the
     # larger ones (listed after it) cannot either.
@@ -217,24 +217,27 @@ def _branches(
         if (ac, sp) in over:
             out.branches_dropped += 1
             continue
-        branch = dataclasses.replace(
+        branch = with_fields(
             group, micro_batch_size=micro, activation_checkpointing=ac, sequence_parallel=sp
         )
-        bound = states + activation_lower_bound(
-            dataclasses.replace(branch, **lean), shape, device_type=branch.device
-        )
+        leanest = branch if branch.compile == lean else with_fields(branch, compile=lean)
+        bound = states + activation_lower_bound(leanest, shape, device_type=branch.device)
         if not fits(bound):
             out.branches_dropped += 1
             out.drop(branch, bound)
             if monotone:
                 over.add((ac, sp))
             continue
-        for leaf, comp, f8 in itertools.product(
-            _overlap_bucket(branch), choices["compile"], choices["float8"]
-        ):
-            config = dataclasses.replace(leaf, compile=comp, float8=f8)
+        for comp, f8 in itertools.product(choices["compile"], choices["float8"]):
+            config = (
+                branch
+                if (comp, f8) == (branch.compile, branch.float8)
+                else with_fields(branch, compile=comp, float8=f8)
+            )
+            # Validated once for its overlap and bucket leaves: no rule reads overlap, and the
+            # only one on the bucket (> 0) holds for every size the grid lists.
             try:
                 config.validate(**(rules or {}))
             except ConfigError:
                 continue
-            out.layouts.append(config)
+            out.layouts.extend(_overlap_bucket(config))

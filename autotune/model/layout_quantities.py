@@ -10,8 +10,12 @@ read them from here instead of re-deriving them; what only one model needs stays
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import Generic, TypeVar
 
 from autotune.config import (
     BYTES_PER_ELEMENT,
@@ -22,6 +26,53 @@ from autotune.config import (
 from autotune.shapes import ModelShape, stage_layer_counts
 
 FP32_BYTES = BYTES_PER_ELEMENT["float32"]
+
+RUN_FIELDS = frozenset({"seed", "num_warmup_steps", "num_timed_steps", "num_profiled_steps"})
+"""``TrialConfig`` fields that say how a trial is run and measured, which neither model reads."""
+DATA_PARALLEL_SHARDING_FIELDS = frozenset(
+    {"zero_stage", "dp_replicate", "bucket_mb", "overlap_enabled", "optimizer_offload_enabled"}
+)
+"""``TrialConfig`` fields that choose how the data-parallel ranks shard and synchronise model
+states: they change neither a block's saved activations nor a layer's compute or TP
+collectives (the dp degree itself follows from the fields that stay: world, tp, pp, cp)."""
+
+T = TypeVar("T")
+
+
+@cache
+def _field_getter(ignoring: frozenset[str]) -> Callable[[TrialConfig], tuple]:
+    names = [f.name for f in dataclasses.fields(TrialConfig)]
+    unknown = ignoring - set(names)
+    if unknown:
+        raise ValueError(f"not TrialConfig fields: {sorted(unknown)}")
+    return operator.attrgetter(*(n for n in names if n not in ignoring))
+
+
+def fields_key(config: TrialConfig, ignoring: frozenset[str]) -> tuple:
+    """``config``'s field values but those in ``ignoring``, as a hashable tuple: the key of a
+    term that reads none of them. A field added to ``TrialConfig`` is in every key until it is
+    named here, so a memo can never confuse two layouts that differ in it."""
+    return _field_getter(ignoring)(config)
+
+
+class BoundedMemo(Generic[T]):
+    """A memo of results by hashable key, emptied once it holds ``size`` of them: ``rank``
+    scores hundreds of thousands of layouts that share a few thousand per-layer terms."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.size = size
+        self._values: dict[Hashable, T] = {}
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        value = self._values.get(key)
+        if value is None:
+            if len(self._values) >= self.size:
+                self._values.clear()
+            value = self._values[key] = compute()
+        return value
+
+    def clear(self) -> None:
+        self._values.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +90,7 @@ class StateBytes:
     """Activations, and parameters and gradients FSDP2 gathers for compute."""
 
 
+@lru_cache(maxsize=64)
 def state_bytes(precision: str, *, fsdp: bool) -> StateBytes:
     """Element sizes of ``precision`` (``parallel/precision.py``); ``fsdp``: ZeRO-2/3 over
     more than one rank, where FSDP2's MixedPrecisionPolicy keeps fp32 shards."""

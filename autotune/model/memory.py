@@ -65,13 +65,13 @@ temporaries) come from reading torch's code.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import heapq
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from autotune.config import (
     BYTES_PER_ELEMENT,
@@ -83,9 +83,13 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
+    DATA_PARALLEL_SHARDING_FIELDS,
     FP32_BYTES,
+    RUN_FIELDS,
+    BoundedMemo,
     LayoutQuantities,
     StateBytes,
+    fields_key,
     is_interleaved,
     pipeline_chunk_layers,
     state_bytes,
@@ -213,6 +217,7 @@ class _Tensors:
         return sum(-(-r // n) * c for r, c in self.shapes)
 
 
+@lru_cache(maxsize=4096)
 def _layer_tensors(shape: ModelShape, tp: int) -> _Tensors:
     """One transformer block's parameters after Megatron TP (``builtin_tp_plan``): wq/wk/wv/w1/w3
     column-wise (rows ÷ tp), wo/w2 row-wise (columns ÷ tp), norms replicated."""
@@ -373,7 +378,7 @@ def _fsdp_units(
     """Unsharded elements of each FSDP unit of the rank's parts, in order."""
     # FSDP units: consecutive blocks grouped until their bytes reach bucket_mb
     # (``zero.group_blocks``), per part; each part's root is a unit of its own.
-    per_unit = max(1, math.ceil(bucket_mb * MIB / (layer.numel * parameter_bytes)))
+    per_unit = _layers_per_unit(layer.numel, parameter_bytes, bucket_mb)
     units: list[int] = []
     for p, r in zip(parts, roots):
         full, rest = divmod(p.num_layers, per_unit)
@@ -381,6 +386,11 @@ def _fsdp_units(
         if r.numel:
             units.append(r.numel)
     return tuple(units)
+
+
+def _layers_per_unit(layer_numel: int, parameter_bytes: int, bucket_mb: float) -> int:
+    """Blocks per FSDP unit: consecutive blocks grouped until their bytes reach bucket_mb."""
+    return max(1, math.ceil(bucket_mb * MIB / (layer_numel * parameter_bytes)))
 
 
 def _model_order_sizes(
@@ -434,6 +444,20 @@ def _uses_distributed_optimizer(config: TrialConfig) -> bool:
     )
 
 
+def flat_buckets(sizes: tuple[int, ...], bucket_numel: float) -> Iterator[tuple[int, int, int]]:
+    """(first tensor, tensor past the last, elements) of each of the distributed optimizer's
+    buckets over tensors of ``sizes`` in order: a bucket closes once it reaches
+    ``bucket_numel``."""
+    start = 0
+    while start < len(sizes):
+        stop, total = start, 0
+        while stop < len(sizes) and (stop == start or total < bucket_numel):
+            total += sizes[stop]
+            stop += 1
+        yield start, stop, total
+        start = stop
+
+
 @lru_cache(maxsize=4096)
 def _flat_partition(
     sizes: tuple[int, ...], n: int, bucket_numel: float, state_bytes_per_element: int
@@ -443,22 +467,25 @@ def _flat_partition(
     distributed optimizer's partition of tensors of ``sizes`` (in order): buckets closed once
     they reach ``bucket_numel``, each padded to a multiple of n and split into n equal shares.
     A tensor cut between two ranks has a share, and a step counter, on both."""
-    elements, tensors = [0] * n, [0] * n
-    start = largest = 0
-    while start < len(sizes):
-        stop, total = start, 0
-        while stop < len(sizes) and (stop == start or total < bucket_numel):
-            total += sizes[stop]
-            stop += 1
+    # Per rank, elements and tensors as differences (added at the first rank, taken off after
+    # the last): each bucket gives its full shares and its remainder to consecutive ranks, and
+    # each tensor counts on the ranks its span [offset, offset + size) meets.
+    d_elements, d_tensors = [0] * (n + 2), [0] * (n + 2)
+    largest = 0
+    for start, stop, total in flat_buckets(sizes, bucket_numel):
         share = -(-total // n)
         largest = max(largest, share * n)
-        ends = list(itertools.accumulate(sizes[start:stop]))
-        for r in range(n):
-            lo, hi = r * share, min((r + 1) * share, total)
-            if lo < hi:
-                elements[r] += hi - lo
-                tensors[r] += bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo) + 1
-        start = stop
+        full, rest = divmod(total, share)
+        d_elements[0] += share
+        d_elements[full] += rest - share
+        d_elements[full + 1] -= rest
+        offset = 0
+        for size in sizes[start:stop]:
+            d_tensors[offset // share] += 1
+            d_tensors[(offset + size - 1) // share + 1] -= 1
+            offset += size
+    elements = list(itertools.accumulate(d_elements[:n]))
+    tensors = list(itertools.accumulate(d_tensors[:n]))
     worst = max(
         range(n), key=lambda r: state_bytes_per_element * elements[r] + ADAM_STEP_BYTES * tensors[r]
     )
@@ -764,20 +791,17 @@ def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]) -
     total_ops = v * m
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), total_ops)
     held = [0] * v
-    best, best_held = -1, tuple(held)
-
-    def forward(k: int) -> None:
-        nonlocal best, best_held
-        held[(k // per_round) % v] += 1
-        load = sum(w * n for w, n in zip(weights, held))
+    load, best, best_held = 0, -1, tuple(held)
+    for k in range(total_ops):
+        forward_stage = (k // per_round) % v
+        held[forward_stage] += 1
+        load += weights[forward_stage]
         if load > best:
             best, best_held = load, tuple(held)
-
-    for k in range(warmup):
-        forward(k)
-    for i in range(total_ops - warmup):
-        forward(warmup + i)
-        held[v - 1 - (i // per_round) % v] -= 1
+        if k >= warmup:  # after the warm-up each forward is followed by a backward
+            backward_stage = v - 1 - ((k - warmup) // per_round) % v
+            held[backward_stage] -= 1
+            load -= weights[backward_stage]
     return best_held
 
 
@@ -826,14 +850,38 @@ def estimate_memory(
     if config.precision is None:
         config = config.with_precision(device_type)
     layout = LayoutQuantities.of(config, shape, config.precision)
+    key = (shape, device_type, _stage_key(config, shape, layout))
     worst = None
     for r in worst_rank_candidates(config.pp_degree):
-        est = _estimate_stage(config, shape, r, device_type, layout)
+        stage = partial(_estimate_stage, config, shape, r, device_type, layout)
+        est = _STAGES.get((r, key), stage)
         if worst is None or est.total > worst.total:
             worst = est
         if stop_above is not None and worst.total > stop_above:
             break
     return worst
+
+
+_STAGES: BoundedMemo[MemoryEstimate] = BoundedMemo()
+_SHARDED_BLIND = RUN_FIELDS | {"overlap_enabled", "zero_stage", "bucket_mb"}
+
+
+def _stage_key(config: TrialConfig, shape: ModelShape, layout: LayoutQuantities) -> tuple:
+    """What a rank's estimate (``_estimate_stage``) reads of ``config``, for ``estimate_memory``
+    to share one estimate among the layouts ``rank`` lists that it cannot tell apart: every
+    field but ``RUN_FIELDS``, less what the estimate does not read at ZeRO-2/3. Overlap only
+    chooses DDP's buckets and ZeRO-1's flat partition (``_comm_buffers``,
+    ``_uses_distributed_optimizer``); the bucket only groups blocks into FSDP units
+    (``_fsdp_units``), so the blocks per unit stand for it (one at every bucket for a block of
+    SC21's 145.6B); under a pipeline ZeRO-3 keeps its units gathered through backward as
+    ZeRO-2 does (``_comm_buffers``), and both shard the same states.
+    ``tests/model/test_scoring_memos.py`` compares shared and fresh estimates over grids."""
+    if config.zero_stage >= 2:
+        zero = 2 if config.pp_degree > 1 else config.zero_stage
+        layer = _layer_tensors(shape, config.tp_degree).numel
+        per_unit = _layers_per_unit(layer, layout.state_bytes.parameter, config.bucket_mb)
+        return (zero, per_unit, fields_key(config, _SHARDED_BLIND))
+    return fields_key(config, RUN_FIELDS)
 
 
 def peak_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
@@ -1096,7 +1144,24 @@ def _stage(
     return _Stage(config, shape, pp_rank, device_type, layout, parts, states)
 
 
+_ACTIVATIONS: BoundedMemo[tuple[int, int, int]] = BoundedMemo()
+ACTIVATIONS_IGNORE = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
+"""The fields ``_activations`` does not read: layouts that differ only in them (ZeRO stage, HSDP,
+bucket, overlap) share one computation (``tests/model/test_scoring_memos.py``)."""
+
+
 def _activations(stage: _Stage) -> tuple[int, int, int]:
+    """``_stage_activations``, memoised per rank, precision and the fields it reads."""
+    key = (
+        stage.shape,
+        stage.pp_rank,
+        stage.layout.precision,
+        fields_key(stage.config, ACTIVATIONS_IGNORE),
+    )
+    return _ACTIVATIONS.get(key, lambda: _stage_activations(stage))
+
+
+def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
     """(saved for backward, the largest temporary on top of them, the pipeline's kept
     outputs) in bytes: Korthikanti et al. 2022's per-layer activations
     (``layer_activation_bytes``) times the micro-batches the schedule keeps in flight

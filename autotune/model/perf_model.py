@@ -73,6 +73,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -91,8 +92,12 @@ from autotune.model.engines import (  # noqa: F401  (re-exported)
     engine_traits,
 )
 from autotune.model.layout_quantities import (
+    DATA_PARALLEL_SHARDING_FIELDS,
+    RUN_FIELDS,
+    BoundedMemo,
     LayoutQuantities,
     StateBytes,
+    fields_key,
     fsdp_shards,
     state_bytes,
 )
@@ -516,10 +521,52 @@ def predict_step_time(
     ``shape`` None takes the built-in workload's shape; a user workload needs one. The layout
     is placed on ``cluster`` as the executor places it; ``cluster`` must have at least
     ``config.world_size`` devices."""
-    step = _setup(config, cluster, calibration, shape, engine)
-    pp, layout = config.pp_degree, step.layout
+    return StepTimeModel(cluster, calibration, shape=shape, engine=engine).predict(config)
+
+
+SHARDING_BLIND = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
+"""The fields a layer's cost (``_layer_cost``) and the parameters per pipeline rank do not
+read: how the data-parallel ranks shard and synchronise (ZeRO stage, HSDP, bucket, overlap,
+offload), and how a trial is measured."""
+
+
+class StepTimeModel:
+    """``predict_step_time`` for many layouts of one model on one cluster, as ``rank`` scores
+    them: the terms data-parallel sharding does not change (a layer's cost, the parameters of
+    the fullest pipeline rank) are computed once per value of the other fields
+    (``SHARDING_BLIND``) and shared by the layouts that differ only in ZeRO stage, HSDP, bucket
+    or overlap. Each prediction equals ``predict_step_time``'s
+    (``tests/model/test_scoring_memos.py``)."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        calibration: Calibration | None = None,
+        *,
+        shape: ModelShape | None = None,
+        engine: EngineTraits = AUTOTUNE_ENGINE,
+    ) -> None:
+        self.cluster, self.shape, self.engine = cluster, shape, engine
+        self.calibration = calibration or Calibration.for_cluster(cluster)
+        self._shared: BoundedMemo[tuple[_LayerCost, float]] = BoundedMemo()
+
+    def predict(self, config: TrialConfig) -> StepTimeEstimate:
+        step = _setup(config, self.cluster, self.calibration, self.shape, self.engine)
+        layer, params_rank = self._shared.get(
+            (step.shape, fields_key(config, SHARDING_BLIND)),
+            lambda: (
+                _layer_cost(step),
+                _params_per_rank(step, [sum(c) for c in step.layout.chunk_layers]),
+            ),
+        )
+        return _predict(step, layer, params_rank)
+
+
+def _predict(step: _Step, layer: _LayerCost, params_rank: float) -> StepTimeEstimate:
+    """The step of ``step``'s layout from its layer's cost and the parameters of its fullest
+    pipeline rank."""
+    config, pp, layout = step.config, step.config.pp_degree, step.layout
     microbatches, v = layout.num_microbatches, layout.chunks_per_rank
-    layer = _layer_cost(step)
     # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
     chunks = layout.chunk_layers
     rank_layers = [sum(c) for c in chunks]
@@ -530,7 +577,6 @@ def predict_step_time(
     bubble_s = _bubble_time(step, totals, v)
     pipe_s = microbatches * slowest_s + bubble_s
     compute_s, tp_comm_s, p2p_s, overhead_s = stages[slowest]
-    params_rank = _params_per_rank(step, rank_layers)
     breakdown = {
         "compute": microbatches * compute_s,
         "tp_comm": microbatches * tp_comm_s,
@@ -876,34 +922,56 @@ def _stage_times(
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
     at_rest = step.data_parallel_bytes.at_rest
     per_layer_bytes = layer_params(step.shape) / tp * at_rest
-    unit_s = [
-        hooked_units(config, chunks[r], per_layer_bytes, step.engine) * cal.unit_overhead_s
-        for r in range(pp)
-    ]
     busy = layer.device_s + layer.tp_s
+    # A rank's times follow from its chunks and whether it is first or last: computed once for
+    # each such kind of rank (a pipeline of 80 has three or four).
+    kinds: dict[tuple[tuple[int, ...], bool, bool], tuple[float, float, float, float]] = {}
     stages = []
     for rank in range(pp):
-        layers = sum(chunks[rank])
-        first, last = rank == 0, rank == pp - 1
-        compute = layers * layer.device_s + (layer.head_s if last else 0.0)
-        tp_s = layers * layer.tp_s + (layer.tp_embed_s if first else 0.0)
-        boundaries = stage_boundaries(rank, pp, v)
-        p2p = transfer_s * boundaries
-        if not cluster.device.asynchronous:
-            p2p += boundaries * cal.p2p_overhead_s * step.host_share
-        if unit_s[rank] and cluster.device.asynchronous:
-            # The hooks are host work too: on a GPU they hide behind queued kernels as the
-            # layers' launches do (the same max, over the rank's layers and units).
-            hooks_s = (
-                _soft_max(layers * layer.host_s + unit_s[rank], layers * busy)
-                - (layers * busy)
-                - layers * layer.excess_s
-            )
-        else:
-            hooks_s = unit_s[rank] * step.host_share
-        overhead = layers * layer.excess_s + cal.microbatch_overhead_s * step.host_share + hooks_s
-        stages.append((compute, tp_s, p2p, overhead))
+        kind = (chunks[rank], rank == 0, rank == pp - 1)
+        times = kinds.get(kind)
+        if times is None:
+            unit_s = hooked_units(config, chunks[rank], per_layer_bytes, step.engine)
+            times = kinds[kind] = _rank_times(
+                step, layer, kind, stage_boundaries(rank, pp, v), transfer_s, busy,
+                unit_s * cal.unit_overhead_s,
+            )  # fmt: skip
+        stages.append(times)
     return stages
+
+
+def _rank_times(
+    step: _Step,
+    layer: _LayerCost,
+    kind: tuple[tuple[int, ...], bool, bool],
+    boundaries: int,
+    transfer_s: float,
+    busy: float,
+    unit_s: float,
+) -> tuple[float, float, float, float]:
+    """(compute, TP collectives, point-to-point transfers, overheads) per micro-batch of a
+    pipeline rank whose chunks, first and last are ``kind``; ``unit_s``: its FSDP2 units'
+    hooks."""
+    cal, cluster = step.cal, step.cluster
+    chunk_layers, first, last = kind
+    layers = sum(chunk_layers)
+    compute = layers * layer.device_s + (layer.head_s if last else 0.0)
+    tp_s = layers * layer.tp_s + (layer.tp_embed_s if first else 0.0)
+    p2p = transfer_s * boundaries
+    if not cluster.device.asynchronous:
+        p2p += boundaries * cal.p2p_overhead_s * step.host_share
+    if unit_s and cluster.device.asynchronous:
+        # The hooks are host work too: on a GPU they hide behind queued kernels as the
+        # layers' launches do (the same max, over the rank's layers and units).
+        hooks_s = (
+            _soft_max(layers * layer.host_s + unit_s, layers * busy)
+            - (layers * busy)
+            - layers * layer.excess_s
+        )
+    else:
+        hooks_s = unit_s * step.host_share
+    overhead = layers * layer.excess_s + cal.microbatch_overhead_s * step.host_share + hooks_s
+    return compute, tp_s, p2p, overhead
 
 
 def _bubble_time(step: _Step, totals: list[float], v: int) -> float:
@@ -962,6 +1030,7 @@ def data_parallel_bytes(config: TrialConfig, device_type: str) -> DataParallelBy
     return _moved_bytes(state_bytes(config.resolved_precision(device_type), fsdp=fsdp), fsdp)
 
 
+@lru_cache(maxsize=64)
 def _moved_bytes(bytes_per: StateBytes, fsdp: bool) -> DataParallelBytes:
     """``data_parallel_bytes`` from the model states' element sizes (``fsdp``: ZeRO-2/3 over
     dp > 1, whose gather moves the compute dtype)."""
