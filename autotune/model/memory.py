@@ -915,10 +915,22 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
     )[0]
 
 
+ACTIVATIONS_IGNORE = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
+"""The fields a rank's activations (``_activations``, ``activation_lower_bound``) do not read:
+layouts that differ only in them (ZeRO stage, HSDP, bucket, overlap) share one computation
+(``tests/model/test_scoring_memos.py``)."""
+_ACTIVATION_BOUNDS: BoundedMemo[int] = BoundedMemo()
+
+
 def activation_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: str) -> int:
-    """The blocks' saved bytes pipeline rank 0 holds at least (cached per micro-batch, tp,
-    checkpointing and the knobs that shard activations)."""
+    """The blocks' saved bytes pipeline rank 0 holds at least, shared by layouts that differ
+    only in what it does not read (``ACTIVATIONS_IGNORE``)."""
     precision = config.precision or config.resolved_precision(device_type)
+    key = (shape, precision, fields_key(config, ACTIVATIONS_IGNORE))
+    return _ACTIVATION_BOUNDS.get(key, partial(_activation_lower_bound, config, shape, precision))
+
+
+def _activation_lower_bound(config: TrialConfig, shape: ModelShape, precision: str) -> int:
     pp, v, m = config.pp_degree, config.virtual_stages, config.grad_accum_steps
     interleaved = is_interleaved(config)
     part_layers = tuple(p.num_layers for p in _parts(shape.num_layers, pp, interleaved, 0, v))
@@ -1145,9 +1157,6 @@ def _stage(
 
 
 _ACTIVATIONS: BoundedMemo[tuple[int, int, int]] = BoundedMemo()
-ACTIVATIONS_IGNORE = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
-"""The fields ``_activations`` does not read: layouts that differ only in them (ZeRO stage, HSDP,
-bucket, overlap) share one computation (``tests/model/test_scoring_memos.py``)."""
 
 
 def _activations(stage: _Stage) -> tuple[int, int, int]:

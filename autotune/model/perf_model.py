@@ -565,14 +565,14 @@ class StepTimeModel:
 def _predict(step: _Step, layer: _LayerCost, params_rank: float) -> StepTimeEstimate:
     """The step of ``step``'s layout from its layer's cost and the parameters of its fullest
     pipeline rank."""
-    config, pp, layout = step.config, step.config.pp_degree, step.layout
+    config, layout = step.config, step.layout
     microbatches, v = layout.num_microbatches, layout.chunks_per_rank
     # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
     chunks = layout.chunk_layers
     rank_layers = [sum(c) for c in chunks]
     stages = _stage_times(step, layer, chunks, v)
     totals = [sum(t) for t in stages]
-    slowest = max(range(pp), key=lambda i: totals[i])
+    slowest = totals.index(max(totals))  # the first slowest
     slowest_s = totals[slowest]
     bubble_s = _bubble_time(step, totals, v)
     pipe_s = microbatches * slowest_s + bubble_s

@@ -67,6 +67,16 @@ def test_shared_memory_estimates_equal_fresh_ones(which, request):
         assert got == fresh, config
 
 
+def test_shared_activation_bounds_equal_fresh_ones(grid):
+    memory._ACTIVATION_BOUNDS.clear()
+    shared = [memory.activation_lower_bound(c, c.workload.shape, device_type="cuda") for c in grid]
+    for config, got in zip(grid, shared):
+        memory._ACTIVATION_BOUNDS.clear()
+        assert got == memory.activation_lower_bound(
+            config, config.workload.shape, device_type="cuda"
+        )
+
+
 @pytest.mark.parametrize("engine", ["autotune", "megatron"])
 def test_shared_step_times_equal_fresh_ones(grid, engine):
     cluster = load_cluster("a100-sxm4-80gb", nodes=2)
