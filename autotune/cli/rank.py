@@ -485,8 +485,8 @@ def screen_layouts(
     traits: MemoryTraits | None = None,
 ) -> Screened:
     """The layouts to score (``rank_space.screened_layouts``): the newer knobs as the flags
-    choose them (``rank_space.knob_choices``), screened on autotune's runtime's memory bounds
-    (none for another engine's memory, ``traits``, whose layouts are all scored)."""
+    choose them (``rank_space.knob_choices``), screened on memory bounds: autotune's runtime's,
+    or those of the engine whose memory ``traits`` describe."""
     from autotune.search.screen import predicted_to_fit
 
     if args.ac_layers is not None:
@@ -504,14 +504,14 @@ def screen_layouts(
             "num_layers": shape.num_layers,
         }
     )
-    limit = None if traits is not None else limit_bytes
     return screened_layouts(
         base,
         of,
         knob_choices(args, base, traits),
         tp_degrees=tp_degrees,
-        fits=lambda b: predicted_to_fit(b, limit, device_type),
+        fits=lambda b: predicted_to_fit(b, limit_bytes, device_type),
         rules=rules,
+        traits=traits,
     )
 
 
@@ -596,7 +596,7 @@ def rank_layouts(
     bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
     smallest peak of those that do not fit is only needed, and only computed, when none fits.
     ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
-    every layout estimated (the screen is autotune's runtime's); ``engine``: judge time so.
+    every layout estimated (the bound is autotune's runtime's); ``engine``: judge time so.
     ``screened``: the layouts come from ``rank_space.screened_layouts``, whose bounds (the least
     over their bucket and overlap) already fit, so they are not bounded again: the bound drops
     a few dozen of SC21's 250,297 and costs more than it saves."""

@@ -35,6 +35,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
+from autotune.model.engine_memory import engine_states_lower_bound, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
 from autotune.search.space import DEFAULT_BUCKETS_MB
 from autotune.shapes import ModelShape
@@ -109,9 +110,13 @@ def screened_layouts(
     tp_degrees: list[int],
     fits,
     rules: dict[str, int] | None = None,
+    traits: MemoryTraits | None = None,
 ) -> Screened:
     """The grid of ``base`` with the newer knobs' ``choices`` (``knob_choices``), walked as
-    the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound."""
+    the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound.
+    ``traits``: judge memory as that engine stores it (``engine_memory``): a group on its
+    rank 0's states (``engine_states_lower_bound``), a branch on its exact estimate, which its
+    overlap and bucket leaves share (``engine_memory.ENGINE_MEMORY_IGNORE``)."""
     out = Screened()
     world, batch = base.world_size, base.workload.global_batch_size
     for tp, pp, cp in itertools.product(tp_degrees, divisors(world), choices["cp_degree"]):
@@ -123,14 +128,14 @@ def screened_layouts(
             key = (group.zero_stage, group.pp_schedule, group.virtual_stages)
             # More replicas, smaller shard groups, larger shards: once the states cannot fit,
             # they cannot with more replicas either (the groups come in ascending replicas).
-            states = None if key in over else _states_bound(group, shape)
+            states = None if key in over else _states_bound(group, shape, traits)
             if states is None or not fits(states):
                 out.groups_dropped += 1
                 if states is not None:
                     over.add(key)
                     out.drop(group, states)
                 continue
-            _branches(group, shape, choices, states, fits, out, rules)
+            _branches(group, shape, choices, states, fits, out, rules, traits)
     return out
 
 
@@ -168,10 +173,13 @@ def _replica_counts(dp: int, given: tuple[int, ...] | None) -> list[int]:
     return [1] + sorted(dp // shard for shard in HSDP_SHARDS if dp % shard == 0 and dp > shard)
 
 
-def _states_bound(group: TrialConfig, shape: ModelShape) -> int:
+def _states_bound(group: TrialConfig, shape: ModelShape, traits: MemoryTraits | None) -> int:
     """Rank 0's model states, the least over the grid's overlap and bucket choices: they
     matter only to the distributed optimizer's bucketed partition (ZeRO-1 with TP, or with a
-    pipeline and overlap; ``memory._uses_distributed_optimizer``)."""
+    pipeline and overlap; ``memory._uses_distributed_optimizer``). Another engine's
+    (``traits``) read neither."""
+    if traits is not None:
+        return engine_states_lower_bound(group, shape, traits, device_type=group.device)
     varies = (
         group.zero_stage == 1
         and group.dp_degree > 1
@@ -199,6 +207,7 @@ def _branches(
     fits,
     out: Screened,
     rules: dict[str, int] | None,
+    traits: MemoryTraits | None,
 ) -> None:
     """Each (micro-batch, checkpointing, SP) under ``group``: dropped on its bound, or its
     valid layouts kept."""
@@ -220,8 +229,13 @@ def _branches(
         branch = with_fields(
             group, micro_batch_size=micro, activation_checkpointing=ac, sequence_parallel=sp
         )
-        leanest = branch if branch.compile == lean else with_fields(branch, compile=lean)
-        bound = states + activation_lower_bound(leanest, shape, device_type=branch.device)
+        if traits is not None:
+            bound = estimate_engine_memory(
+                branch, shape, traits, device_type=branch.device, checked=True
+            ).total
+        else:
+            leanest = branch if branch.compile == lean else with_fields(branch, compile=lean)
+            bound = states + activation_lower_bound(leanest, shape, device_type=branch.device)
         if not fits(bound):
             out.branches_dropped += 1
             out.drop(branch, bound)

@@ -44,10 +44,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.model.layout_quantities import LayoutQuantities, fsdp_shards, state_bytes
+from autotune.model.layout_quantities import (
+    RUN_FIELDS,
+    BoundedMemo,
+    LayoutQuantities,
+    fields_key,
+    fsdp_shards,
+    state_bytes,
+)
 from autotune.model.memory import (
     FP32_BYTES,
     PHASE_AFTER_BACKWARD,
@@ -256,12 +264,49 @@ def estimate_engine_memory(
         return estimate_memory(config, shape, device_type=device_type, checked=checked)
     shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     precision = config.resolved_precision(device_type)
+    key = (shape, traits, precision, fields_key(config, ENGINE_MEMORY_IGNORE))
+    return _ENGINE_ESTIMATES.get(
+        key, partial(_worst_engine_stage, config, shape, traits, precision)
+    )
+
+
+ENGINE_MEMORY_IGNORE = RUN_FIELDS | {"overlap_enabled", "bucket_mb"}
+"""The fields another engine's memory does not read: its buckets and overlap change no stored
+byte here (``engine_states`` shards by dp alone; FSDP2's units are its blocks). ``rank`` lists
+six layouts per (micro-batch, checkpointing, SP) branch that differ only in them, and they share
+one estimate (``tests/model/test_scoring_memos.py``)."""
+_ENGINE_ESTIMATES: BoundedMemo[MemoryEstimate] = BoundedMemo()
+
+
+def _worst_engine_stage(
+    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, precision: str
+) -> MemoryEstimate:
     worst = None
     for r in worst_rank_candidates(config.pp_degree):
         est = _engine_stage(config, shape, traits, r, precision)
         if worst is None or est.total > worst.total:
             worst = est
     return worst
+
+
+def engine_states_lower_bound(
+    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, *, device_type: str
+) -> int:
+    """At most ``estimate_engine_memory(config, shape, traits).total``, and at most that of
+    every layout that differs from ``config`` only in micro-batch, checkpointing or sequence
+    parallelism: pipeline rank 0's parameters, gradients and optimizer state, with the
+    allocator's share of them and the context (``_engine_stage``'s overhead grows with what is
+    allocated). ``rank`` drops a (tp, pp, cp, ZeRO, HSDP, schedule) group on it."""
+    precision = config.resolved_precision(device_type)
+    layout = LayoutQuantities.of(config, shape, precision)
+    parts = engine_parts(
+        shape.num_layers, config.pp_degree, layout.interleaved, 0, traits, config.virtual_stages
+    )
+    params, grads, optimizer, _ = engine_states(
+        config, shape, traits, layout.vocab, parts, precision
+    )
+    allocated = params + grads + optimizer
+    return allocated + int((traits.fragmentation - 1) * allocated) + traits.context_bytes
 
 
 def _engine_stage(

@@ -367,11 +367,16 @@ def test_an_engines_memory_judges_the_fit():
 
 
 # ---- the newer knobs and the memory screen ---------------------------------------------------
-def test_screen_keeps_every_layout_that_fits():
+@pytest.mark.parametrize("engine", ["autotune", "megatron", "torchtitan", "deepspeed"])
+def test_screen_keeps_every_layout_that_fits(engine):
     # Every newer knob enumerated (SP, cp 1/2/4/8, HSDP, virtual stages): the layouts the
-    # screen keeps and that fit are exactly those of the whole grid that fit, each estimated.
+    # screen keeps and that fit are exactly those of the whole grid that fit, each estimated,
+    # in autotune's runtime's memory and in each engine's.
     from autotune.cli.rank_space import screened_layouts
+    from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
     from autotune.search.screen import predicted_to_fit
+
+    traits = MEMORY_TRAITS[engine]
 
     base = dataclasses.replace(_base("gpt-tiny", 8, 16, 256), precision="bf16-mixed")
     shape = base.workload.shape
@@ -384,7 +389,7 @@ def test_screen_keeps_every_layout_that_fits():
         "float8": (False,),
     }
     grid = SearchSpace(base, narrowed={k: list(v) for k, v in choices.items()}).configs
-    peaks = {c: estimate_memory(c, device_type="cuda").total for c in grid}
+    peaks = {c: estimate_engine_memory(c, None, traits, device_type="cuda").total for c in grid}
     limit = int(
         sorted(
             required for required in (ALLOWANCES["cuda"].required_bytes(p) for p in peaks.values())
@@ -397,6 +402,7 @@ def test_screen_keeps_every_layout_that_fits():
         choices,
         tp_degrees=[1, 2, 4],
         fits=lambda b: predicted_to_fit(b, limit, "cuda"),
+        traits=traits,
     )
     kept = set(screened.layouts)
     assert kept <= set(grid) and len(kept) == len(screened.layouts)

@@ -14,8 +14,9 @@ import random
 import pytest
 
 from autotune.config import TrialConfig, WorkloadSpec, with_fields
-from autotune.model import memory
+from autotune.model import engine_memory, memory
 from autotune.model.cluster import load_cluster
+from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.engines import engine_traits
 from autotune.model.perf_model import StepTimeModel
 from autotune.search.space import SearchSpace
@@ -65,6 +66,17 @@ def test_shared_memory_estimates_equal_fresh_ones(which, request):
         memory._ACTIVATIONS.clear()
         fresh = memory.estimate_memory(config, device_type="cuda", checked=True)
         assert got == fresh, config
+
+
+@pytest.mark.parametrize("engine", ["megatron", "torchtitan", "deepspeed"])
+def test_shared_engine_estimates_equal_fresh_ones(grid, engine):
+    traits = MEMORY_TRAITS[engine]
+    engine_memory._ENGINE_ESTIMATES.clear()
+    shared = [engine_memory.estimate_engine_memory(c, None, traits) for c in grid[::2]]
+    assert len(engine_memory._ENGINE_ESTIMATES._values) < len(shared) / 2
+    for config, got in zip(grid[::2], shared):
+        engine_memory._ENGINE_ESTIMATES.clear()
+        assert got == engine_memory.estimate_engine_memory(config, None, traits), config
 
 
 def test_shared_activation_bounds_equal_fresh_ones(grid):
