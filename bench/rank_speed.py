@@ -8,7 +8,10 @@
 
 Issue 24 and 26 ask for under 15 s each on the 2-core development machine.
 
-    python bench/rank_speed.py [--case sc21|405b|both] [--repeat 1]
+    python bench/rank_speed.py [--case sc21|405b|sc21-megatron|both|all] [--repeat 1]
+
+``sc21-megatron`` is the SC21 case judged as Megatron-LM stores memory and runs
+(``--engine megatron``); ``both`` runs the first two cases, ``all`` every case.
 
 Prints, per case, the layouts scored (those the memory screen kept), the groups and branches
 the screen dropped, the scoring time, and the whole command's wall and CPU time (the 2 cores
@@ -61,6 +64,7 @@ CASES = {
         "8192",
     ],
 }
+CASES["sc21-megatron"] = [*CASES["sc21"], "--engine", "megatron"]
 
 
 def run_case(name: str) -> str:
@@ -84,11 +88,12 @@ def run_case(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", choices=("sc21", "405b", "both"), default="both")
+    ap.add_argument("--case", choices=(*CASES, "both", "all"), default="both")
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args(argv)
     for _ in range(args.repeat):
-        for name in CASES if args.case == "both" else (args.case,):
+        names = {"both": ("sc21", "405b"), "all": tuple(CASES)}.get(args.case, (args.case,))
+        for name in names:
             print(run_case(name), flush=True)
     return 0
 
