@@ -1,5 +1,6 @@
 import itertools
 import os
+import signal
 import sys
 
 import pytest
@@ -11,6 +12,12 @@ sys.path.insert(
 )
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# A shell without job control starts background commands with SIGINT ignored, and an ignored
+# signal stays ignored across exec: the drivers that the Ctrl-C tests start would never see the
+# signal they are sent. A handled signal is reset to the default on exec, so handle it here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
