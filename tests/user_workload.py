@@ -6,9 +6,6 @@ a head. It brings its own TP plan, pipeline split and block list.
 
 from __future__ import annotations
 
-import os
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -90,20 +87,6 @@ def build_failing_on_rank1(spec: WorkloadSpec) -> Workload:
     def forward(x):
         if dist.get_rank() == 1:
             raise RuntimeError("injected failure on rank 1")
-        return original(x)
-
-    workload.model.forward = forward
-    return workload
-
-
-def build_hanging_on_rank1(spec: WorkloadSpec) -> Workload:
-    """Rank 1 sleeps in forward, so rank 0 waits in a collective until the trial timeout."""
-    workload = build(spec)
-    original = workload.model.forward
-
-    def forward(x):
-        if dist.get_rank() == 1:
-            time.sleep(float(os.environ.get("AUTOTUNE_TEST_HANG_S", "60")))
         return original(x)
 
     workload.model.forward = forward
