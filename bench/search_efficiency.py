@@ -25,7 +25,11 @@ One run, tiny GPT on 2 CPU ranks, on a fixed space small enough to sweep exhaust
    limit (the median predicted peak; predicted × (1 + MEMORY_MARGIN) within it) that measured
    over it.
 
-Usage: python bench/search_efficiency.py [--sweeps 3] [--seeds 5] [--json]
+Usage: python bench/search_efficiency.py [--sweeps 3] [--seeds 5] [--json] [--memory-only]
+
+``--memory-only`` measures the sweeps and reports the memory model alone (3 above), without
+replaying the strategies: each replayed search refits the study's calibration after every
+trial, so the replays take most of the run.
 """
 
 from __future__ import annotations
@@ -191,6 +195,11 @@ def main() -> None:
         help="exhaustive sweeps measured (each replayed with every seed)",
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="measure the sweeps and report the memory model, without the strategies' replays",
+    )
     args = p.parse_args()
     space = SearchSpace(
         TrialConfig(
@@ -226,11 +235,20 @@ def main() -> None:
                     / table[best_config].throughput_tokens_per_s,
                 }
             )
-            for name, results in strategies(space, table, args.seeds, db).items():
-                rows.setdefault(name, []).extend(results)
+            if not args.memory_only:
+                for name, results in strategies(space, table, args.seeds, db).items():
+                    rows.setdefault(name, []).extend(results)
             # memory model against measurement
             pairs += [(predicted[c], r.peak_memory_bytes) for c, r in table.items()]
         db.close()
+    if args.memory_only:
+        memory = common.memory_error_summary(pairs, limit)
+        if args.json:
+            print(json.dumps({"grid_size": len(configs), "sweeps": sweeps, "memory_model": memory}))
+        else:
+            _print_sweeps(sweeps, len(configs))
+            _print_memory(memory, limit)
+        return
 
     summary = {}
     for name, results in rows.items():
@@ -264,11 +282,7 @@ def main() -> None:
         f"configurations, {args.sweeps} sweeps × {args.seeds} seeds, target: within "
         f"{WITHIN:.0%} of each sweep's exhaustive best"
     )
-    for i, sw in enumerate(sweeps, 1):
-        print(
-            f"  sweep {i}: best {sw['best']} {sw['best_tokens_per_s']:,.0f} tok/s "
-            f"({sw['sweep_s']:.0f}s); ds-heuristic's best {sw['ds_heuristic_gap']:.1%} below"
-        )
+    _print_sweeps(sweeps, len(configs))
     print(
         f"{'strategy':<32}{'runs':>5}{'median trials':>15}{'% of grid':>11}"
         f"{'mean % of grid':>16}{'median wall s':>15}"
@@ -279,14 +293,7 @@ def main() -> None:
             f"{s['mean_fraction_of_grid']:>16.0%}{s['median_wall_s']:>15.1f}"
         )
     print("(inf = never within 3%; mean % of grid counts a never as the whole grid)")
-    m = report["memory_model"]
-    print(
-        f"memory model, predicted vs measured peak per rank over {m['measurements']} "
-        f"measurements: median |error| {m['median_abs_rel_error']:.1%}, worst "
-        f"under-prediction {m['worst_under']:.1%}, worst over-prediction "
-        f"{m['worst_over']:.1%}; predicted to fit {limit / 2**20:.1f} MiB but measured "
-        f"over: {m['fit_but_measured_over']}"
-    )
+    _print_memory(report["memory_model"], limit)
     print(
         f"fewest trials without the baseline: sampler '{chosen}' (the search's default is "
         f"'{DEFAULT_SAMPLER}')"
@@ -296,6 +303,25 @@ def main() -> None:
     print(
         f"target: within 3% in ≤ 20% of the grid's trials -> "
         f"{'met' if target_met else 'NOT met'} ({best['median_trials']} of {len(configs)})"
+    )
+
+
+def _print_sweeps(sweeps: list[dict], grid_size: int) -> None:
+    print(f"{len(sweeps)} sweeps of {grid_size} configurations")
+    for i, sw in enumerate(sweeps, 1):
+        print(
+            f"  sweep {i}: best {sw['best']} {sw['best_tokens_per_s']:,.0f} tok/s "
+            f"({sw['sweep_s']:.0f}s); ds-heuristic's best {sw['ds_heuristic_gap']:.1%} below"
+        )
+
+
+def _print_memory(m: dict, limit: float) -> None:
+    print(
+        f"memory model, predicted vs measured peak per rank over {m['measurements']} "
+        f"measurements: median |error| {m['median_abs_rel_error']:.1%}, worst "
+        f"under-prediction {m['worst_under']:.1%}, worst over-prediction "
+        f"{m['worst_over']:.1%}; predicted to fit {limit / 2**20:.1f} MiB but measured "
+        f"over: {m['fit_but_measured_over']}"
     )
 
 
