@@ -246,7 +246,8 @@ def main() -> None:
         if args.json:
             print(json.dumps({"grid_size": len(configs), "sweeps": sweeps, "memory_model": memory}))
         else:
-            _print_sweeps(sweeps, len(configs))
+            print(f"{len(sweeps)} sweeps of {len(configs)} configurations")
+            _print_sweeps(sweeps)
             _print_memory(memory, limit)
         return
 
@@ -282,7 +283,7 @@ def main() -> None:
         f"configurations, {args.sweeps} sweeps × {args.seeds} seeds, target: within "
         f"{WITHIN:.0%} of each sweep's exhaustive best"
     )
-    _print_sweeps(sweeps, len(configs))
+    _print_sweeps(sweeps)
     print(
         f"{'strategy':<32}{'runs':>5}{'median trials':>15}{'% of grid':>11}"
         f"{'mean % of grid':>16}{'median wall s':>15}"
@@ -306,8 +307,7 @@ def main() -> None:
     )
 
 
-def _print_sweeps(sweeps: list[dict], grid_size: int) -> None:
-    print(f"{len(sweeps)} sweeps of {grid_size} configurations")
+def _print_sweeps(sweeps: list[dict]) -> None:
     for i, sw in enumerate(sweeps, 1):
         print(
             f"  sweep {i}: best {sw['best']} {sw['best_tokens_per_s']:,.0f} tok/s "
