@@ -13,6 +13,7 @@ import pytest
 from password_scan import files_holding, rows_holding
 from sqlalchemy.engine import make_url
 
+from autotune.cli.main import main
 from autotune.config import TrialConfig
 from db import Database
 
@@ -101,6 +102,19 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     assert rows_holding(db_url, password) == []
 
 
+def in_process(capsys, monkeypatch, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``autotune ARGS`` through ``autotune.cli.main.main`` in this process, in ``tmp_path``:
+    for input refused before Ray starts, where an interpreter per case would only add its own
+    start (2 s each with torch)."""
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [
@@ -121,15 +135,21 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
             2,
             "cluster 'cpu-local' has 1 node(s) × 2 devices = 2, fewer than the world size 4",
         ),
-        (
-            ["--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1"],
-            1,
-            "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has",
-        ),
     ],
 )
-def test_bad_search_input(tmp_path, args, code, message):
-    _one_line(autotune("search", *args, cwd=tmp_path), code, message)
+def test_bad_search_input(capsys, monkeypatch, tmp_path, args, code, message):
+    _one_line(in_process(capsys, monkeypatch, tmp_path, "search", *args), code, message)
+    assert not (tmp_path / "best_config.json").exists()
+
+
+def test_more_concurrent_trials_than_the_ray_cluster_holds(tmp_path):
+    """Found once Ray is up, so in a process of its own (Ray's state is process-wide)."""
+    proc = autotune(
+        "search", "--parallel", "8", "--fix", "tp_degree=1", "--fix", "pp_degree=1", cwd=tmp_path
+    )
+    _one_line(
+        proc, 1, "8 concurrent trials of 2 ranks need 8 CPUs (0.5 per rank) but the Ray cluster has"
+    )
     assert not (tmp_path / "best_config.json").exists()
 
 
@@ -145,9 +165,11 @@ def test_bad_search_input(tmp_path, args, code, message):
         ),
     ],
 )
-def test_db_none_is_refused_where_a_database_is_needed(tmp_path, command, args, reason):
+def test_db_none_is_refused_where_a_database_is_needed(
+    capsys, monkeypatch, tmp_path, command, args, reason
+):
     # --db none (store nothing) suits trial and profile; these three keep or read a study.
-    proc = autotune(command, "--db", "none", *args, cwd=tmp_path)
+    proc = in_process(capsys, monkeypatch, tmp_path, command, "--db", "none", *args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"autotune: error: {reason}: give --db URL or leave the default "
@@ -157,18 +179,20 @@ def test_db_none_is_refused_where_a_database_is_needed(tmp_path, command, args, 
     assert list(tmp_path.iterdir()) == []  # no database, trace or export written
 
 
-def test_bad_space_file(tmp_path):
+def test_bad_space_file(capsys, monkeypatch, tmp_path):
     (tmp_path / "space.json").write_text('{"zero_stage": [], "speed": [1]}')
     _one_line(
-        autotune("search", "--space", "space.json", cwd=tmp_path),
+        in_process(capsys, monkeypatch, tmp_path, "search", "--space", "space.json"),
         2,
         "must be an object of non-empty lists",
     )
 
 
-def test_export_of_a_missing_study(tmp_path):
-    autotune("estimate", "--model", "gpt-tiny", cwd=tmp_path)  # creates nothing
-    proc = autotune("export", "--db", f"sqlite:///{tmp_path / 'none.db'}", cwd=tmp_path)
+def test_export_of_a_missing_study(capsys, monkeypatch, tmp_path):
+    in_process(capsys, monkeypatch, tmp_path, "estimate", "--model", "gpt-tiny")  # creates nothing
+    proc = in_process(
+        capsys, monkeypatch, tmp_path, "export", "--db", f"sqlite:///{tmp_path / 'none.db'}"
+    )
     assert proc.returncode == 1 and "no SQLite database" in proc.stderr
 
 
