@@ -13,6 +13,8 @@ sys.path.insert(
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+pytest_plugins = ("world_order",)  # tests/world_order.py: layouts grouped by world size
+
 # A shell without job control starts background commands with SIGINT ignored, and an ignored
 # signal stays ignored across exec: the drivers that the Ctrl-C tests start would never see the
 # signal they are sent. A handled signal is reset to the default on exec, so handle it here.

@@ -301,7 +301,7 @@ def test_wrong_layout_is_detected():
 # (master copy inside ZeroRedundancyOptimizer), ZeRO-2/3 (FSDP2), TP's DTensors, a pipeline
 # schedule (the scaled loss inside the schedule), and FSDP2 under TP and PP. ZeRO 0-3 at dp 4
 # are also checked by tests/trial/parallel/test_zero_sharding.py.
-PRECISION_LAYOUTS = [  # world 4 first: the LLAMA layouts before leave that group warm
+PRECISION_LAYOUTS = [  # run grouped by world size (tests/world_order.py), as every layout here
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3),
     # sequence parallelism's replicated norm parameters under FSDP2's mixed-precision policy
     dict(precision="bf16-mixed", world_size=4, tp_degree=2, zero_stage=3, sequence_parallel=True),
@@ -338,16 +338,15 @@ def _precision_config(layout: dict) -> TrialConfig:
 
 
 @pytest.mark.parametrize(
-    "layout",
-    PRECISION_LAYOUTS,
-    ids=lambda d: f"{d['precision']}-{short_name(_precision_config(d))}",
+    "config",
+    [_precision_config(layout) for layout in PRECISION_LAYOUTS],
+    ids=lambda c: f"{c.precision}-{short_name(c)}",
 )
-def test_mixed_precision_matches_the_mixed_reference(executor, layout):
+def test_mixed_precision_matches_the_mixed_reference(executor, config):
     """Per-step losses within BF16_LOSS_ATOL of the single-process reference in the same mixed
     precision, and within MIXED_VS_FP32_LOSS_ATOL of fp32 (tests/reference.py states both)."""
     from reference import BF16_LOSS_ATOL, MIXED_VS_FP32_LOSS_ATOL
 
-    config = _precision_config(layout)
     result = executor.run(config)
     assert result.config["precision"] == config.precision  # stored as run
     mixed = _precision_reference(config.workload, config.attention, config.precision)
