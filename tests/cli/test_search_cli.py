@@ -197,11 +197,18 @@ def test_export_of_a_missing_study(capsys, monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_search_with_cp_fixed_runs_only_cp_layouts(tmp_path):
+def test_search_with_cp_fixed_runs_only_cp_layouts(capsys, monkeypatch, tmp_path, executor):
     """``--fix cp_degree=2`` at a long sequence (128 on the tiny GPT): the space holds only CP
     layouts, and every trial that ran trained one (stored with cp_degree 2 and its short name
-    marked -cp2)."""
-    proc = autotune(
+    marked -cp2). Run in this process on the session's Ray cluster, which the command joins
+    as it would any running in its process (the end-to-end test above starts its own); the
+    session's warm group is let go first, to leave the command the CPUs."""
+    executor.start()
+    executor.discard_group()
+    proc = in_process(
+        capsys,
+        monkeypatch,
+        tmp_path,
         "search",
         "--world-size",
         "2",
@@ -223,7 +230,6 @@ def test_search_with_cp_fixed_runs_only_cp_layouts(tmp_path):
         "zero_stage=0",
         "--fix",
         "micro_batch_size=4",
-        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     with Database.open(f"sqlite:///{tmp_path / 'autotune.db'}", create=False) as database:
