@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_in_process import run_in_process
 from reference import reference_losses
 
 from autotune.config import TrialConfig
@@ -110,15 +111,21 @@ BAD_CONFIGS = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
-def test_bad_config_is_one_line_and_exit_2(tmp_path, name):
+def test_bad_config_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path, name):
     text, message = BAD_CONFIGS[name]
     cfg = tmp_path / "cfg.json"
     cfg.write_text(text)
-    _one_line_error(autotune("trial", "--config", str(cfg)), 2, message)
+    _one_line_error(
+        run_in_process(capsys, monkeypatch, tmp_path, "trial", "--config", str(cfg)), 2, message
+    )
 
 
-def test_missing_config_file():
-    _one_line_error(autotune("trial", "--config", "no/such.json"), 2, "cannot read config file")
+def test_missing_config_file(capsys, monkeypatch, tmp_path):
+    _one_line_error(
+        run_in_process(capsys, monkeypatch, tmp_path, "trial", "--config", "no/such.json"),
+        2,
+        "cannot read config file",
+    )
 
 
 def test_world_larger_than_cluster_is_a_runtime_error(tmp_path):
@@ -134,19 +141,20 @@ def test_world_larger_than_cluster_is_a_runtime_error(tmp_path):
 
 
 def test_debug_shows_the_traceback(tmp_path):
+    # In a process of its own: the traceback as the interpreter prints it.
     cfg = tmp_path / "cfg.json"
     cfg.write_text('{"workload": {"size": "huge"}}')
     proc = autotune("--debug", "trial", "--config", str(cfg))
     assert proc.returncode == 2 and "Traceback" in proc.stderr
 
 
-def test_bad_option_value_is_a_usage_error():
-    proc = autotune("trial", "--timeout", "-3")
+def test_bad_option_value_is_a_usage_error(capsys, monkeypatch, tmp_path):
+    proc = run_in_process(capsys, monkeypatch, tmp_path, "trial", "--timeout", "-3")
     assert proc.returncode == 2 and "must be > 0" in proc.stderr
 
 
 @pytest.mark.parametrize("kind", ["malformed", "not-a-database", "missing-directory", "password"])
-def test_bad_database_fails_before_any_trial(tmp_path, kind):
+def test_bad_database_fails_before_any_trial(capsys, monkeypatch, tmp_path, kind):
     bogus = tmp_path / "bogus.db"
     bogus.write_text("this is not a database" * 100)
     url = {
@@ -155,7 +163,7 @@ def test_bad_database_fails_before_any_trial(tmp_path, kind):
         "missing-directory": f"sqlite:///{tmp_path}/no/such/dir/x.db",
         "password": "postgresql://user:s3cr3t@127.0.0.1:1/autotune",
     }[kind]
-    proc = autotune("trial", "--db", url)
+    proc = run_in_process(capsys, monkeypatch, tmp_path, "trial", "--db", url)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("autotune:")]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "s3cr3t" not in proc.stderr + proc.stdout

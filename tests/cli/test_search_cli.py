@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_in_process import run_in_process as in_process
 from password_scan import files_holding, rows_holding
 from sqlalchemy.engine import make_url
 
-from autotune.cli.main import main
 from autotune.config import TrialConfig
 from db import Database
 
@@ -100,19 +100,6 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
     assert files_holding(password, tmp_path) == []
     assert "autotune:***@" in (tmp_path / "dashboard.html").read_text()
     assert rows_holding(db_url, password) == []
-
-
-def in_process(capsys, monkeypatch, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """``autotune ARGS`` through ``autotune.cli.main.main`` in this process, in ``tmp_path``:
-    for input refused before Ray starts, where an interpreter per case would only add its own
-    start (2 s each with torch)."""
-    monkeypatch.chdir(tmp_path)
-    try:
-        code = main(list(args))
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
 
 
 @pytest.mark.parametrize(
