@@ -22,15 +22,14 @@ def _world_size(item) -> int | None:
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering and -m's deselection
 def pytest_collection_modifyitems(items) -> None:
-    """Within each module, the layouts that run on the session's executor are run grouped by
-    world size (in the slots they held, each world's in their own order): the executor keeps
-    one warm worker group, and each change of world size starts a new one (7 s for 4 ranks on
-    2 cores, for the imports of torch in each rank)."""
-    by_module: dict[str, list[int]] = {}
-    for index, item in enumerate(items):
-        if _world_size(item) is not None:
-            by_module.setdefault(str(item.path), []).append(index)
-    for slots in by_module.values():
-        ordered = sorted((items[i] for i in slots), key=_world_size)  # stable: each world's order
-        for slot, item in zip(slots, ordered):
+    """Within each module, those layouts are permuted among the slots they held, each world's
+    in its own order (the sort is stable); every other test keeps its place."""
+    worlds: dict[str, list[tuple[int, int]]] = {}  # module → (slot, world size) of its layouts
+    for slot, item in enumerate(items):
+        world = _world_size(item)
+        if world is not None:
+            worlds.setdefault(str(item.path), []).append((slot, world))
+    for layouts in worlds.values():
+        ordered = [items[slot] for slot, _ in sorted(layouts, key=lambda layout: layout[1])]
+        for (slot, _), item in zip(layouts, ordered):
             items[slot] = item
