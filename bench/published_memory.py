@@ -11,8 +11,10 @@ parallelism, a vocabulary-parallel loss; fp16 or, from 02-28, DeepSpeed's BF16_O
 fp32 gradient accumulation; the partition 'type:transformer|embedding' where the notes say so)
 and predicted by ``engine_memory.estimate_engine_memory``. Printed per row: the layout, the stated
 ``max_mem_per_gpu`` (GB as printed, taken as 10⁹ bytes... or GiB: see ``STATED_UNIT``), the
-prediction, the error, and the verdict against 80 GB (OOM rows must be predicted not to fit,
-ok rows to fit). Then the MAPE over rows with a stated figure.
+prediction, the error, whether ``autotune rank`` keeps the layout (the peak with the memory
+screen's allowances for the engine: ``search.screen.allowance``), and the model's verdict against
+80 GB (OOM rows must be predicted not to fit, ok rows to fit). Then the MAPE over rows with a
+stated figure, and how many rows ``rank`` keeps.
 
 The allocator factor of ``BIGSCIENCE`` (reserved / allocated and nvidia-smi's context) is
 fitted on the even-numbered rows with a stated figure (``fit_allocator``) and the odd-numbered
@@ -50,6 +52,7 @@ from autotune.model.engine_memory import (  # noqa: E402
     estimate_engine_memory,
 )
 from autotune.model.memory import MemoryTraits  # noqa: E402
+from autotune.search.screen import allowance, predicted_to_fit  # noqa: E402
 from autotune.shapes import ModelShape  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published-a100"
@@ -99,7 +102,15 @@ class MemoryPrediction:
 
     @property
     def fits(self) -> bool:
+        """The model's verdict: the predicted peak within the card."""
         return self.predicted_bytes <= self.row.limit_bytes
+
+    @property
+    def kept(self) -> bool:
+        """``autotune rank``'s verdict: the predicted peak with the memory screen's allowances
+        for the engine (``search.screen.allowance``: the model margin, and the device's reserve
+        and context where the traits do not count them)."""
+        return predicted_to_fit(self.predicted_bytes, self.row.limit_bytes, "cuda", self.row.traits)
 
     @property
     def error(self) -> float | None:
@@ -276,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                         "oom": p.row.oom,
                         "predicted_bytes": p.predicted_bytes,
                         "fits": p.fits,
+                        "kept_by_rank": p.kept,
                     }
                     for p in predictions
                 ],
@@ -286,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     bigscience = [p for p in predictions if p.row.table == "bigscience"]
     print(
         f"{'row':>4} {'h':>6} {'L':>4} {'a':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'mb':>3} "
-        f"{'optimizer':<15} {'stated':>7} {'pred':>7} {'err':>7}  verdict"
+        f"{'optimizer':<15} {'stated':>7} {'pred':>7} {'err':>7}  rank     verdict"
     )
     for p in bigscience:
         c, s = p.row.config, p.row.shape
@@ -297,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.row.index:>4} {s.hidden_size:>6} {s.num_layers:>4} {s.num_heads:>4} "
             f"{c.dp_degree:>3} {c.tp_degree:>3} {c.pp_degree:>3} {c.micro_batch_size:>3} "
             f"{p.row.traits.optimizer:<15} {stated:>7} {p.predicted_bytes / GIB:>7.1f} "
-            f"{err:>7}  {'fits' if p.fits else 'OOM'}{'' if right else '  WRONG'}"
+            f"{err:>7}  {'kept' if p.kept else 'dropped':<7}  "
+            f"{'fits' if p.fits else 'OOM'}{'' if right else '  WRONG'}"
         )
     stated = [p for p in bigscience if p.error is not None]
     wrong = [p for p in bigscience if p.fits == p.row.oom]
@@ -307,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{max(abs(p.error) for p in stated):.1%}; verdicts wrong on {len(wrong)} of "
         f"{len(bigscience)} (OOM rows {sum(p.row.oom for p in bigscience)})"
     )
+    print(_rank_summary(bigscience))
     titan = [p for p in predictions if p.row.table == "torchtitan"]
     for p in titan:
         c, s = p.row.config, p.row.shape
@@ -320,7 +334,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.predicted_bytes / GIB:.1f} GiB ({'fits' if p.fits else 'OOM'})"
             f"{'' if p.fits != p.row.oom else '  WRONG'}"
         )
+    print(_rank_summary(titan))
     return 0
+
+
+def _rank_summary(predictions: list[MemoryPrediction]) -> str:
+    """How many of a table's rows ``autotune rank`` keeps: the rows that ran, and the OOM ones."""
+    ran = [p for p in predictions if not p.row.oom]
+    oom = [p for p in predictions if p.row.oom]
+    rule = allowance("cuda", predictions[0].row.traits).describe()
+    return (
+        f"{predictions[0].row.table}: rank's screen ({rule}) keeps {sum(p.kept for p in ran)} of "
+        f"the {len(ran)} rows that ran and {sum(p.kept for p in oom)} of the {len(oom)} OOM rows"
+    )
 
 
 if __name__ == "__main__":

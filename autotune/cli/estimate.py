@@ -227,8 +227,9 @@ class _Report:
             print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
             print(_time_summary(time, self.cluster, self.engine))
         if self.engine_peak is not None:
+            kind = MEMORY_TRAITS[self.engine].peak_kind
             print(
-                f"as {self.engine} runs it: {_human(self.engine_peak)} reserved on the worst "
+                f"as {self.engine} runs it: {_human(self.engine_peak)} ({kind}) on the worst "
                 "pipeline rank (engine_memory)"
             )
         if config.pp_degree > 1:

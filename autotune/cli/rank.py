@@ -80,6 +80,7 @@ from autotune.model.perf_model import (
     engine_traits,
     predict_step_time,
 )
+from autotune.search.screen import MemoryAllowance, allowance, predicted_to_fit
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import ModelShape, model_names
 
@@ -229,7 +230,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         screened=True,
     )
     if not ranking.fitting:
-        raise _nothing_fits(ranking, screened, limit_gib, device_type)
+        raise _nothing_fits(ranking, screened, limit_gib, allowance(device_type, memory_traits))
     top = ranking.rows[: args.top]
     if args.json:
         print(
@@ -251,7 +252,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    _print_ranking(ranking, screened, top, base, shape, cluster, engine.name, limit_gib)
+    _print_ranking(
+        ranking, screened, top, base, shape, cluster, engine.name, limit_gib, memory_traits
+    )
     if args.compare:
         reference = parse_layout(args.compare, base)
         print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
@@ -259,12 +262,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def _nothing_fits(
-    ranking: Ranking, screened: Screened, limit_gib: float, device_type: str
+    ranking: Ranking, screened: Screened, limit_gib: float, rule: MemoryAllowance
 ) -> AutotuneError:
     """The error when no layout is predicted to fit: the smallest peak seen, scored or
-    screened, and what it would take."""
-    from autotune.search.screen import allowance
-
+    screened, and what it would take with the screen's allowances ``rule``."""
     config, peak = min(
         filter(None, (ranking.smallest_peak, screened.smallest)), key=lambda cp: cp[1]
     )
@@ -273,8 +274,7 @@ def _nothing_fits(
         f"none of the {ranking.scored:,} layouts is predicted to fit in {limit_gib:g} GiB "
         f"({_screened_text(screened)}): the smallest predicted peak is {least}"
         f"{peak / GIB:.1f} GiB ({_layout_name(config)}), "
-        f"{allowance(device_type).required_bytes(peak) / GIB:.1f} GiB with "
-        f"{allowance(device_type).describe()}; "
+        f"{rule.required_bytes(peak) / GIB:.1f} GiB with {rule.describe()}; "
         "add nodes (--nodes) or raise --memory-limit"
     )
 
@@ -288,10 +288,9 @@ def _print_ranking(
     cluster: ClusterSpec,
     engine: str,
     limit_gib: float,
+    memory_traits: MemoryTraits | None,
 ) -> None:
     """The ranking as text: what was ranked, the table, and what was scored, screened, folded."""
-    from autotune.search.screen import allowance
-
     device_type = cluster.device_type
     wl = base.workload
     name = (
@@ -311,7 +310,8 @@ def _print_ranking(
     print(format_table(top))
     print(
         f"scored {ranking.scored:,} layouts; {len(ranking.fitting):,} predicted to fit in "
-        f"{limit_gib:g} GiB (peak, {allowance(device_type).describe()}); the top {len(top)} by "
+        f"{limit_gib:g} GiB ({_peak_words(memory_traits)}, "
+        f"{allowance(device_type, memory_traits).describe()}); the top {len(top)} by "
         "predicted tokens/s"
     )
     if screened.groups_dropped or screened.branches_dropped:
@@ -322,6 +322,12 @@ def _print_ranking(
             f"bucket size, with the same prediction (step and peak within "
             f"{COLLAPSE_TOLERANCE:.1%}), share its row; its bucket column lists their sizes"
         )
+
+
+def _peak_words(traits: MemoryTraits | None) -> str:
+    """What the table's peak counts: autotune's runtime's allocated peak, or as far as the
+    engine's traits count the allocator (``MemoryTraits.peak_kind``)."""
+    return "peak" if traits is None else f"peak, {traits.peak_kind}"
 
 
 LAYOUT_KEYS = {
@@ -487,8 +493,6 @@ def screen_layouts(
     """The layouts to score (``rank_space.screened_layouts``): the newer knobs as the flags
     choose them (``rank_space.knob_choices``), screened on memory bounds: autotune's runtime's,
     or those of the engine whose memory ``traits`` describe."""
-    from autotune.search.screen import predicted_to_fit
-
     if args.ac_layers is not None:
         base = dataclasses.replace(base, activation_checkpointing="full", ac_layers=args.ac_layers)
     of = shape or base.workload.shape
@@ -509,7 +513,7 @@ def screen_layouts(
         of,
         knob_choices(args, base, traits),
         tp_degrees=tp_degrees,
-        fits=lambda b: predicted_to_fit(b, limit_bytes, device_type),
+        fits=lambda b: predicted_to_fit(b, limit_bytes, device_type, traits),
         rules=rules,
         traits=traits,
     )
@@ -600,12 +604,10 @@ def rank_layouts(
     ``screened``: the layouts come from ``rank_space.screened_layouts``, whose bounds (the least
     over their bucket and overlap) already fit, so they are not bounded again: the bound drops
     a few dozen of SC21's 250,297 and costs more than it saves."""
-    from autotune.search.screen import allowance, predicted_to_fit  # the search's rule
-
     calibration = calibration or Calibration.for_cluster(cluster)
     shape_of = shape or (layouts[0].workload.shape if layouts else None)
     # The largest peak predicted_to_fit accepts: a rank above it settles the layout.
-    rule = allowance(device_type)
+    rule = allowance(device_type, memory_traits)
     stop = (
         None
         if limit_bytes is None
@@ -628,7 +630,7 @@ def rank_layouts(
             ).total
         else:
             peak = None
-        if peak is not None and predicted_to_fit(peak, limit_bytes, device_type):
+        if peak is not None and predicted_to_fit(peak, limit_bytes, device_type, memory_traits):
             time = step_time.predict(config)
             fitting.append(ScoredLayout(config, time, peak))
         if progress is not None:

@@ -37,7 +37,9 @@ allocator reserves on the worst pipeline rank. The per-category terms:
 - **FSDP's gathered units**: the unit in use and the one prefetched, in the compute dtype,
   with their fp32 reduce-scatter gradients, and the root (embeddings, head) while it is used.
 - **The allocator**: reserved ≈ ``fragmentation`` × allocated + ``context_bytes`` (the CUDA
-  context and NCCL's buffers when the figure is nvidia-smi's), measured factors per engine.
+  context and NCCL's buffers when the figure is nvidia-smi's), measured factors per engine;
+  where an engine's are unmeasured (None) the total is of the allocated bytes, and the memory
+  screen (``search.screen.allowance``) adds the device's instead, never both.
 """
 
 from __future__ import annotations
@@ -306,7 +308,7 @@ def engine_states_lower_bound(
         config, shape, traits, layout.vocab, parts, precision
     )
     allocated = params + grads + optimizer
-    return allocated + int((traits.fragmentation - 1) * allocated) + traits.context_bytes
+    return allocated + traits.overhead_bytes(allocated)
 
 
 def _engine_stage(
@@ -361,7 +363,7 @@ def _engine_stage(
     pipe = 2 * stage_io if pp > 1 else 0  # send and receive buffers in use
     fb, post = saved + transient + comm + pipe, step_temps
     allocated = params + grads + optimizer + max(fb, post)
-    overhead = int((traits.fragmentation - 1) * allocated) + traits.context_bytes
+    overhead = traits.overhead_bytes(allocated)
     if fb >= post:
         return MemoryEstimate(
             params,
@@ -425,16 +427,16 @@ TORCHTITAN = MemoryTraits(
     selective_mode="op",
     optimizer="fsdp2",
     fragmentation=1.0,
-    context_bytes=0,
 )
 """torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
 (``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
 (``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
 kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
-and bf16 compute. Its reported memory is the allocator's max reserved (no context). Its
-single-node launcher ``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``,
-under which freed segments are remapped rather than split: no fragmentation factor.
-``TORCHTITAN_MULTINODE`` is its multi-node launch."""
+and bf16 compute. Its reported memory is the allocator's max reserved (no context: the
+memory screen adds the device's bytes outside the allocator). Its single-node launcher
+``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``, under which freed
+segments are remapped rather than split: no fragmentation factor. ``TORCHTITAN_MULTINODE``
+is its multi-node launch."""
 TORCHTITAN_MULTINODE = dataclasses.replace(
     TORCHTITAN, name="torchtitan-multinode", fragmentation=BIGSCIENCE_FRAGMENTATION
 )
@@ -458,7 +460,8 @@ MEGATRON = MemoryTraits(
 with TP (``--sequence-parallel``), ``vocab_parallel_cross_entropy`` (one fp32 copy, in place),
 Transformer Engine's fused norms and flash attention, dropout 0 (the Llama recipes), selective
 recomputation of the attention core, the distributed optimizer with fp32 main gradients. The
-allocator factor is unmeasured for it (1.0)."""
+allocator factor is unmeasured for it: the estimate is of the allocated bytes, and the memory
+screen adds the device's factor and context (``search.screen.allowance``)."""
 BIGSCIENCE = MemoryTraits(
     name="megatron-deepspeed",
     sequence_parallel=False,

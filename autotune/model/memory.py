@@ -195,10 +195,26 @@ class MemoryTraits:
     embedding_counts_as_layer: bool = False
     """Pipeline split counts each embedding as a layer (DeepSpeed's 'type:transformer|embedding',
     Llama 3's first and last stages one layer short): L + 2 units over the stages."""
-    fragmentation: float = 1.0
-    """Reserved / allocated bytes of the caching allocator, measured."""
-    context_bytes: int = 0
-    """Bytes outside the allocator in the measured figure (CUDA context, NCCL buffers)."""
+    fragmentation: float | None = None
+    """Reserved / allocated bytes of the engine's caching allocator, measured (1.0: none, as
+    under expandable segments). None: not modelled; the estimate is of the allocated bytes, and
+    the memory screen adds the device's factor (``search.screen.allowance``)."""
+    context_bytes: int | None = None
+    """Bytes outside the allocator in the engine's measured figure (CUDA context, NCCL's
+    buffers). None: not in it; the memory screen adds the device's."""
+
+    @property
+    def peak_kind(self) -> str:
+        """What the engine estimate's total counts, in words."""
+        if self.fragmentation is None:
+            return "allocated"
+        return "reserved" if self.context_bytes is None else "reserved + context"
+
+    def overhead_bytes(self, allocated: int) -> int:
+        """The allocator's reserve on ``allocated`` bytes and the bytes outside it, as far as
+        the engine's figure includes them."""
+        reserve = 0 if self.fragmentation is None else int((self.fragmentation - 1) * allocated)
+        return reserve + (self.context_bytes or 0)
 
 
 # ---- the parameter tensors a rank holds --------------------------------------------------

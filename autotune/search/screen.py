@@ -9,14 +9,21 @@ What is held against the limit is what the device must hold, measured and predic
   outside the allocator (CUDA context, NCCL's buffers), not the allocated peak alone;
 - predicted (``required_bytes``): the memory model predicts the allocated peak, so the screen
   turns it into the same figure, ``predicted × (1 + model_margin) × fragmentation +
-  outside_allocator``, with the constants of ``ALLOWANCES`` for the device.
+  outside_allocator``, with the constants of ``ALLOWANCES`` for the device;
+- predicted as another engine runs the layout (``autotune rank --engine``, the engine's memory
+  traits): the same, less what the traits already count (``allowance(device, traits)``:
+  DeepSpeed's measured reserve and context, torchtitan's expandable segments), never twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from autotune.config import GIB, TrialConfig
+
+if TYPE_CHECKING:
+    from autotune.model.memory import MemoryTraits
 
 
 @dataclass(frozen=True)
@@ -87,13 +94,24 @@ margin is kept there as a bound on what one GPU did not show (other layouts, oth
 """
 
 
-def allowance(device_type: str) -> MemoryAllowance:
-    """The screen's allowances on ``device_type`` ('cpu' or 'cuda')."""
+def allowance(device_type: str, engine: MemoryTraits | None = None) -> MemoryAllowance:
+    """The screen's allowances on ``device_type`` ('cpu' or 'cuda'), for autotune's runtime's
+    predictions, or (``engine``) for those of another engine's memory traits
+    (``model.engine_memory``). Where an engine's estimate already counts the allocator's reserve
+    (``MemoryTraits.fragmentation`` measured) or the bytes outside it (``context_bytes``), the
+    device's are not added again; the model margin always is."""
     if device_type not in ALLOWANCES:
         raise ValueError(
             f"no memory allowances for device type '{device_type}'; known: {', '.join(ALLOWANCES)}"
         )
-    return ALLOWANCES[device_type]
+    device = ALLOWANCES[device_type]
+    if engine is None:
+        return device
+    return replace(
+        device,
+        fragmentation=device.fragmentation if engine.fragmentation is None else 1.0,
+        outside_allocator=device.outside_allocator if engine.context_bytes is None else 0,
+    )
 
 
 MEMORY_MARGIN = ALLOWANCES["cpu"].model_margin
@@ -106,10 +124,18 @@ def required_bytes(predicted: int, device_type: str) -> int:
     return allowance(device_type).required_bytes(predicted)
 
 
-def predicted_to_fit(predicted: int | None, limit: int | None, device_type: str) -> bool:
+def predicted_to_fit(
+    predicted: int | None,
+    limit: int | None,
+    device_type: str,
+    engine: MemoryTraits | None = None,
+) -> bool:
     """Whether a prediction (None: unknown) leaves room to run on ``device_type``; unknown
-    ones are run and their measured peak decides."""
-    return limit is None or predicted is None or required_bytes(predicted, device_type) <= limit
+    ones are run and their measured peak decides. ``engine``: the prediction is of that
+    engine's memory traits (``allowance``)."""
+    if limit is None or predicted is None:
+        return True
+    return allowance(device_type, engine).required_bytes(predicted) <= limit
 
 
 def predict_peak(config: TrialConfig, device_type: str) -> int | None:

@@ -366,6 +366,30 @@ def test_an_engines_memory_judges_the_fit():
         assert s.peak_memory_bytes == peak and peak * 1.15 <= limit
 
 
+def test_an_engines_measured_allocator_is_counted_once():
+    # DeepSpeed's traits carry the allocator's reserve and the context as measured on
+    # BigScience's sweep (nvidia-smi's figure): its layouts fit on their peak × (1 + margin),
+    # without the device's reserve and context again (which dropped layouts that ran).
+    from autotune.cli.rank import rank_layouts
+    from autotune.model.engine_memory import DEEPSPEED, estimate_engine_memory
+
+    base = _base("llama-7b", 8, 32, 4096)
+    layouts = enumerate_layouts(base)
+    cluster = load_cluster("a100-sxm4-80gb")
+    limit = 80 * GIB
+    cuda = ALLOWANCES["cuda"]
+    ranked = rank_layouts(layouts, cluster, limit_bytes=limit, memory_traits=DEEPSPEED)
+    peaks = {
+        c: estimate_engine_memory(c, None, DEEPSPEED, device_type="cuda").total for c in layouts
+    }
+    once = {c for c, p in peaks.items() if p * (1 + cuda.model_margin) <= limit}
+    twice = {c for c in once if cuda.required_bytes(peaks[c]) <= limit}
+    assert {s.config for s in ranked.fitting} == once
+    assert twice < once < set(layouts)  # the limit bites, and the old rule dropped more
+    for s in ranked.fitting:
+        assert s.peak_memory_bytes == peaks[s.config]
+
+
 # ---- the newer knobs and the memory screen ---------------------------------------------------
 @pytest.mark.parametrize("engine", ["autotune", "megatron", "torchtitan", "deepspeed"])
 def test_screen_keeps_every_layout_that_fits(engine):
@@ -374,7 +398,7 @@ def test_screen_keeps_every_layout_that_fits(engine):
     # in autotune's runtime's memory and in each engine's.
     from autotune.cli.rank_space import screened_layouts
     from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
-    from autotune.search.screen import predicted_to_fit
+    from autotune.search.screen import allowance, predicted_to_fit
 
     traits = MEMORY_TRAITS[engine]
 
@@ -390,18 +414,15 @@ def test_screen_keeps_every_layout_that_fits(engine):
     }
     grid = SearchSpace(base, narrowed={k: list(v) for k, v in choices.items()}).configs
     peaks = {c: estimate_engine_memory(c, None, traits, device_type="cuda").total for c in grid}
-    limit = int(
-        sorted(
-            required for required in (ALLOWANCES["cuda"].required_bytes(p) for p in peaks.values())
-        )[len(peaks) // 3]
-    )
-    fits = {c for c, p in peaks.items() if predicted_to_fit(p, limit, "cuda")}
+    rule = allowance("cuda", traits)
+    limit = int(sorted(rule.required_bytes(p) for p in peaks.values())[len(peaks) // 3])
+    fits = {c for c, p in peaks.items() if predicted_to_fit(p, limit, "cuda", traits)}
     screened = screened_layouts(
         base,
         shape,
         choices,
         tp_degrees=[1, 2, 4],
-        fits=lambda b: predicted_to_fit(b, limit, "cuda"),
+        fits=lambda b: predicted_to_fit(b, limit, "cuda", traits),
         traits=traits,
     )
     kept = set(screened.layouts)

@@ -253,6 +253,33 @@ def test_cuda_screen_adds_the_allocator_reserve_and_whats_outside_it():
         screen.allowance("tpu")
 
 
+def test_an_engines_measured_allocator_is_not_counted_twice():
+    """An engine estimate that already counts the allocator's reserve or the context
+    (``MemoryTraits.fragmentation``, ``context_bytes``) gets the model margin alone for it;
+    one that does not (None) gets the device's, as autotune's runtime's estimate does."""
+    from autotune.model.engine_memory import DEEPSPEED, MEGATRON, TORCHTITAN
+
+    cuda = screen.ALLOWANCES["cuda"]
+    predicted = 60 * GIB
+    margin = predicted * (1 + cuda.model_margin)
+    # Megatron's allocator is unmeasured: its estimate is of the allocated bytes.
+    assert screen.allowance("cuda", MEGATRON) == cuda
+    # torchtitan runs with expandable segments (no reserve) and reports max reserved (no
+    # context): the context is added, the reserve is not.
+    assert screen.allowance("cuda", TORCHTITAN).required_bytes(predicted) == int(
+        margin + cuda.outside_allocator
+    )
+    # DeepSpeed's figure is nvidia-smi's, measured on BigScience's sweep: reserve and context.
+    assert DEEPSPEED.fragmentation > 1 and DEEPSPEED.context_bytes > 0
+    rule = screen.allowance("cuda", DEEPSPEED)
+    assert rule.required_bytes(predicted) == int(margin)
+    assert rule.describe() == f"+{cuda.model_margin:.0%} margin"
+    # 60 GiB × 1.15 = 69 GiB fits 70 GiB; with the device's reserve and context added again
+    # it would need 77.4 GiB.
+    assert screen.predicted_to_fit(predicted, 70 * GIB, "cuda", DEEPSPEED)
+    assert not screen.predicted_to_fit(predicted, 70 * GIB, "cuda")
+
+
 def test_the_dashboards_memory_figure_names_the_reserve_and_whats_outside(tmp_path):
     from dashboards.data import load_study
     from dashboards.figures import memory_spec
