@@ -482,7 +482,12 @@ copy of the logits (one in-place fp32 softmax kept), apex's fused LayerNorm, the
 scaled-masked softmax (no flash), dropout 0, DeepSpeed ZeRO-1."""
 DEEPSPEED = dataclasses.replace(BIGSCIENCE, name="deepspeed")
 """Megatron-DeepSpeed's traits for the ``deepspeed`` engine: BigScience's, with its measured
-allocator factor and context."""
+allocator factor and context. Its optimizer layout is ZeRO's (``deepspeed-fp16``) in bf16 too:
+under ZeRO, DeepSpeed accumulates gradients in the model's dtype unless the config's
+``data_types.grad_accum_dtype`` says fp32 (``deepspeed/runtime/engine.py``, ``get_data_types``
+and ``_do_optimizer_sanity_check``), and only then wraps ZeRO-1 in BF16_Optimizer, the
+``deepspeed-bf16`` layout BigScience's 2022 runs chose (``bench/published_memory.py`` reads it
+from their notes)."""
 
 MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
     "autotune": None,
