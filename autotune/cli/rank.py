@@ -508,12 +508,13 @@ def screen_layouts(
             "num_layers": shape.num_layers,
         }
     )
+    rule = allowance(device_type, traits)  # the search's rule, for the engine's memory
     return screened_layouts(
         base,
         of,
         knob_choices(args, base, traits),
         tp_degrees=tp_degrees,
-        fits=lambda b: predicted_to_fit(b, limit_bytes, device_type, traits),
+        fits=lambda b: rule.required_bytes(b) <= limit_bytes,
         rules=rules,
         traits=traits,
     )
@@ -630,7 +631,7 @@ def rank_layouts(
             ).total
         else:
             peak = None
-        if peak is not None and predicted_to_fit(peak, limit_bytes, device_type, memory_traits):
+        if peak is not None and (limit_bytes is None or rule.required_bytes(peak) <= limit_bytes):
             time = step_time.predict(config)
             fitting.append(ScoredLayout(config, time, peak))
         if progress is not None:

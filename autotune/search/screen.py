@@ -18,6 +18,7 @@ What is held against the limit is what the device must hold, measured and predic
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import TYPE_CHECKING
 
 from autotune.config import GIB, TrialConfig
@@ -104,13 +105,22 @@ def allowance(device_type: str, engine: MemoryTraits | None = None) -> MemoryAll
         raise ValueError(
             f"no memory allowances for device type '{device_type}'; known: {', '.join(ALLOWANCES)}"
         )
-    device = ALLOWANCES[device_type]
     if engine is None:
-        return device
+        return ALLOWANCES[device_type]
+    return _engine_allowance(
+        device_type, engine.fragmentation is None, engine.context_bytes is None
+    )
+
+
+@cache
+def _engine_allowance(device_type: str, add_reserve: bool, add_outside: bool) -> MemoryAllowance:
+    """The device's allowances, less the reserve and the outside bytes an engine counts
+    (cached: ``rank`` asks once per layout)."""
+    device = ALLOWANCES[device_type]
     return replace(
         device,
-        fragmentation=device.fragmentation if engine.fragmentation is None else 1.0,
-        outside_allocator=device.outside_allocator if engine.context_bytes is None else 0,
+        fragmentation=device.fragmentation if add_reserve else 1.0,
+        outside_allocator=device.outside_allocator if add_outside else 0,
     )
 
 
