@@ -801,14 +801,19 @@ def _interleaved_peak(pp: int, pp_rank: int, m: int, weights: tuple[int, ...]) -
     and m' = M / max(1, M // pp) micro-batches per round, (v − 1)·m' + 2·(pp − 1 − rank)
     warm-up forwards (at most v·M), then one forward and one backward alternately, then the
     remaining backwards. Forward k runs local stage (k // m') mod v; backward k runs local stage
-    v − 1 − (k // m') mod v, each on its oldest micro-batch."""
+    v − 1 − (k // m') mod v, each on its oldest micro-batch.
+
+    After the warm-up both stage sequences repeat every v·m' steps, and over such a period each
+    local stage gains and loses m' micro-batches: the held counts repeat with that period, so
+    the replay stops one period after the warm-up (O(v·pp) steps, not O(v·M)); the drain only
+    lowers the load."""
     v = len(weights)
     per_round = m // max(1, m // pp)
     total_ops = v * m
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), total_ops)
     held = [0] * v
     load, best, best_held = 0, -1, tuple(held)
-    for k in range(total_ops):
+    for k in range(min(total_ops, warmup + v * per_round)):
         forward_stage = (k // per_round) % v
         held[forward_stage] += 1
         load += weights[forward_stage]

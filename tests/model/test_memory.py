@@ -435,6 +435,43 @@ def test_interleaved_replay_matches_torchs_schedule():
                 assert microbatches_in_flight("interleaved_1f1b", pp, rank, m) == best_held
 
 
+def _full_replay(pp: int, rank: int, m: int, weights: tuple[int, ...]) -> tuple[int, ...]:
+    """The interleaved order replayed to its last forward, every step (the definition that
+    ``memory._interleaved_peak`` shortens to one period after the warm-up)."""
+    v = len(weights)
+    per_round = m // max(1, m // pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), v * m)
+    held, load, best, best_held = [0] * v, 0, -1, None
+    for k in range(v * m):
+        f = (k // per_round) % v
+        held[f] += 1
+        load += weights[f]
+        if load > best:
+            best, best_held = load, tuple(held)
+        if k >= warmup:
+            b = v - 1 - ((k - warmup) // per_round) % v
+            held[b] -= 1
+            load -= weights[b]
+    return best_held
+
+
+def test_interleaved_peak_stops_one_period_after_the_warm_up_and_finds_the_same_peak():
+    from autotune.model.memory import _interleaved_peak
+
+    _interleaved_peak.cache_clear()
+    checked = 0
+    for pp in (2, 3, 4, 8):
+        for m in (pp, 2 * pp, 3 * pp, 5 * pp, 16 * pp, 64, 96):
+            if m % max(1, m // pp):
+                continue  # refused by validation
+            for weights in ((1, 1), (5, 3), (2, 7, 3), (4, 1, 1, 9), (1, 1, 1, 1)):
+                for rank in range(pp):
+                    full = _full_replay(pp, rank, m, weights)
+                    assert _interleaved_peak(pp, rank, m, weights) == full, (pp, rank, m, weights)
+                    checked += 1
+    assert checked > 500
+
+
 def test_gpipe_keeps_every_microbatch_and_1f1b_favours_later_stages():
     base = dict(
         world_size=4,
