@@ -197,7 +197,12 @@ class _Report:
             if cluster is None
             else {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": self.time.as_dict()}
         )
-        extra |= {"engine": self.engine, "engine_peak_bytes": self.engine_peak}
+        traits = MEMORY_TRAITS[self.engine]
+        extra |= {
+            "engine": self.engine,
+            "engine_peak_bytes": self.engine_peak,
+            "engine_peak_kind": None if traits is None else traits.peak_kind,
+        }
         return {
             "config": self.config.resolved(),
             "shape": dataclasses.asdict(self.shape) if self.shape else None,

@@ -51,10 +51,14 @@ def test_estimate_engine_megatron_predicts_megatrons_time_and_memory(capsys):
         data["engine_peak_bytes"]
         == estimate_engine_memory(config, None, MEGATRON, device_type="cuda").total
     )
+    # Megatron's allocator is unmeasured: its figure is the allocated bytes, to which the
+    # memory screen adds the device's reserve and context.
+    assert data["engine_peak_kind"] == "allocated"
     # The default engine is autotune's own: another prediction, no engine memory.
     assert main(["estimate", *LLAMA_70B]) == 0
     own = json.loads(capsys.readouterr().out)
     assert own["engine"] == "autotune" and own["engine_peak_bytes"] is None
+    assert own["engine_peak_kind"] is None
     assert own["time"]["step_time_s"] != data["time"]["step_time_s"]
 
 
