@@ -49,7 +49,10 @@ Description"``: ``DeviceMesh`` describes its dimensions' groups as ``mesh_<dim>`
 passes ``group_names`` (process-group name → mesh dimension), and a group it does not name is
 taken from its description, else '' (the whole world). Gloo events carry no process-group name,
 so a caller may pass ``group_of(launch_name)`` that names the group from the launching API (see
-``autotune.trial.runner`` for both mappings it uses).
+``autotune.trial.runner`` for both mappings it uses). Where two mechanisms launch the same c10d
+ops on different groups, the one that is not the caller's default opens ``group_range(dim)``
+around its collectives (context parallelism's K/V all-gather, beside FSDP's on dp), and a gloo
+collective launched inside such a range on the same thread talks on its ``dim``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ from profiler.spans import COMM, COMPUTE, P2P, STEP, Span
 STEP_PREFIX = "profiler::step#"
 PHASE_PREFIX = "profiler::"
 PHASES = ("forward", "backward", "optimizer", "pipeline")
+GROUP_PREFIX = "profiler::group::"
+"""The prefix of a ``group_range``: the collectives launched in it talk on the named mesh dim."""
 KERNEL = "kernel"
 """The category of a CUDA kernel whose launching CPU op is not among the events."""
 
@@ -169,6 +174,12 @@ class Recorder:
         return record_function(PHASE_PREFIX + name)
 
 
+def group_range(dim: str):
+    """A range whose gloo collectives are labelled with mesh dimension ``dim`` (module docstring,
+    "Groups"); a plain ``record_function``, so nothing when no profiler runs."""
+    return record_function(GROUP_PREFIX + dim)
+
+
 @contextlib.contextmanager
 def record(
     *,
@@ -199,6 +210,7 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
     cpu = [e for e in events if e.device_type() == DeviceType.CPU]
     steps: list[tuple[int, int, int]] = []  # (start, end, index)
     phases = _Phases()
+    groups: dict[int, list[tuple[int, int, str]]] = {}  # group_range's, by thread
     launches: list = []
     gloo: list = []
     compute: list = []
@@ -211,6 +223,10 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
         elif name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX) :] in PHASES:
             phases.ranges.setdefault(e.start_thread_id(), []).append(
                 (start, end, name[len(PHASE_PREFIX) :])
+            )
+        elif name.startswith(GROUP_PREFIX):
+            groups.setdefault(e.start_thread_id(), []).append(
+                (start, end, name[len(GROUP_PREFIX) :])
             )
         elif name.startswith("autograd::engine::evaluate_function"):
             phases.autograd.setdefault(e.start_thread_id(), []).append((start, end))
@@ -242,7 +258,7 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
                 e.duration_ns(),
             )
         )
-    spans += _gloo_spans(gloo, launches, rec, step_of)
+    spans += _gloo_spans(gloo, launches, rec, step_of, groups)
     if kernels:
         # Torch ops by correlation id; a CUDA runtime call's id is CUPTI's, another numbering.
         ops = {
@@ -330,8 +346,15 @@ def _activity(e) -> str:
     return "kernel"
 
 
-def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span]:
-    """Pair each gloo event with the earliest unmatched launch of the same family before it."""
+def _gloo_spans(
+    gloo: list,
+    launches: list,
+    rec: Recorder,
+    step_of,
+    groups: dict[int, list[tuple[int, int, str]]],
+) -> list[Span]:
+    """Pair each gloo event with the earliest unmatched launch of the same family before it;
+    its group is that of the innermost ``group_range`` around the launch, else ``group_of``'s."""
     pending: dict[str, list] = {}
     for launch in _outermost(launches):
         op = _launch_collective(launch.name())
@@ -348,7 +371,10 @@ def _gloo_spans(gloo: list, launches: list, rec: Recorder, step_of) -> list[Span
         payload = _payload(e)
         if family == "all_gather" and launch is not None:
             payload = _payload(launch)  # the launch's first tensor is the gathered output
-        group = rec.group_of(launch.name()) if (rec.group_of and launch is not None) else ""
+        group = ""
+        if launch is not None:
+            ranged = _innermost(groups.get(launch.start_thread_id(), ()), launch.start_ns())
+            group = ranged or (rec.group_of(launch.name()) if rec.group_of else "")
         kind = P2P if family in ("send", "recv") else COMM
         spans.append(
             Span(

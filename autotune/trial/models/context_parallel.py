@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from profiler.capture import group_range
+
 CP_ATTRIBUTE = "cp"
 """Modules that run context-parallel attention or positions declare this attribute (None
 when off); :func:`apply_cp` sets it."""
@@ -82,7 +84,8 @@ class _GatherSequence(torch.autograd.Function):
         ctx.group, ctx.degree = group, degree
         b, h, s, d = x.shape
         out = x.new_empty((degree * b, h, s, d))  # gloo wants the ranks' parts along dim 0
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        with group_range("cp"):  # gloo's spans name no group, and FSDP launches the same op
+            dist.all_gather_into_tensor(out, x.contiguous(), group=group)
         return out.view(degree, b, h, s, d).permute(1, 2, 0, 3, 4).reshape(b, h, degree * s, d)
 
     @staticmethod
@@ -95,7 +98,8 @@ class _GatherSequence(torch.autograd.Function):
             .reshape(ctx.degree * b, h, s, d)
         )
         out = grad.new_empty((b, h, s, d))
-        dist.reduce_scatter_tensor(out, parts, group=ctx.group)
+        with group_range("cp"):
+            dist.reduce_scatter_tensor(out, parts, group=ctx.group)
         return out, None, None
 
 

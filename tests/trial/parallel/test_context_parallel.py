@@ -80,11 +80,13 @@ def test_cp_without_causal_offset_is_detected():
     assert max(abs(a - b) for a, b in zip(losses, expected)) > 10 * LOSS_ATOL
 
 
-def _profiled_all_gather_bytes(rank: int, config: TrialConfig) -> int:
+def _profiled_comm(rank: int, config: TrialConfig) -> tuple[int, set[tuple[str, str]]]:
+    """The bytes of the step's all-gathers, and each collective's (name, group)."""
     from autotune.trial.runner import run_rank
 
     result = run_rank(config)
-    return sum(s.bytes for s in result.spans if s.kind == "comm" and s.name == "all_gather")
+    comm = [s for s in result.spans if s.kind == "comm"]
+    return sum(s.bytes for s in comm if s.name == "all_gather"), {(s.name, s.group) for s in comm}
 
 
 @pytest.mark.slow
@@ -93,7 +95,9 @@ def test_cp_moves_the_kv_all_gather():
     2·b·(s/cp)·kv_heads·head_dim·4 bytes·(cp−1) (fp32), on Llama with 2 KV heads for 4 query
     heads (gathered before grouped-query attention repeats them). The profiler records an
     all-gather's whole output (cp parts), so the received bytes are its bytes × (cp−1)/cp.
-    ZeRO-0's DDP only all-reduces: every all-gather of the step is attention's."""
+    ZeRO-0's DDP only all-reduces: every all-gather of the step is attention's. Gloo's spans
+    name no process group, so the all-gather and its backward's reduce-scatter are labelled
+    ``cp`` by the range CP opens around them, and DDP's collectives ``dp``."""
     config = dataclasses.replace(
         BASE,
         world_size=2,
@@ -105,8 +109,12 @@ def test_cp_moves_the_kv_all_gather():
     shape = config.workload.shape
     b, s, cp = config.micro_batch_size, config.workload.seq_len, config.cp_degree
     per_layer = 2 * b * (s // cp) * shape.num_kv_heads * shape.head_dim * 4 * (cp - 1)
-    for gathered in run_ranks(2, _profiled_all_gather_bytes, config):
+    for gathered, collectives in run_ranks(2, _profiled_comm, config):
         assert gathered * (cp - 1) // cp == shape.num_layers * per_layer
+        cp_ones = {name for name, group in collectives if group == "cp"}
+        assert cp_ones == {"all_gather", "reduce_scatter"}
+        assert ("all_reduce", "dp") in collectives  # DDP's (and its buffers' broadcast)
+        assert {group for name, group in collectives if name not in cp_ones} == {"dp"}
 
 
 def _hf_cp_losses(rank: int, config: TrialConfig) -> list[float]:
