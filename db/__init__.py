@@ -14,7 +14,17 @@ from .records import (
     StudyRecord,
     TrialRecord,
 )
-from .storage import Database
+
+
+def __getattr__(name: str):
+    """``Database`` on first use: ``storage`` imports SQLAlchemy (0.2 s), which a command that
+    only needs ``StorageError`` (every CLI command's error handling) should not pay for."""
+    if name == "Database":
+        from .storage import Database
+
+        return Database
+    raise AttributeError(f"module 'db' has no attribute {name!r}")
+
 
 __all__ = [
     "CalibrationRecord",
