@@ -673,6 +673,7 @@ def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
     in bucket size, and whose predicted step and peak are within ``COLLAPSE_TOLERANCE`` of that
     row's, folded into the first such row (its ``collapsed_buckets_mb``)."""
     rows: list[ScoredLayout] = []
+    folded: list[list[float]] = []  # per row, the buckets folded into it
     listed: dict[tuple, list[int]] = {}  # the layout less its bucket → its rows
     for s in fitting:
         same = listed.setdefault(fields_key(s.config, _BUCKET), [])
@@ -680,11 +681,13 @@ def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
         if i is None:
             same.append(len(rows))
             rows.append(s)
+            folded.append([])
         else:
-            rows[i] = dataclasses.replace(
-                rows[i], collapsed_buckets_mb=(*rows[i].collapsed_buckets_mb, s.config.bucket_mb)
-            )
-    return rows
+            folded[i].append(s.config.bucket_mb)
+    return [
+        dataclasses.replace(r, collapsed_buckets_mb=(*r.collapsed_buckets_mb, *f)) if f else r
+        for r, f in zip(rows, folded)
+    ]
 
 
 def _same_prediction(a: ScoredLayout, b: ScoredLayout) -> bool:
