@@ -76,7 +76,10 @@ class CountingExecutor:
 
 def test_search_finds_the_best_by_construction(executor, database):
     executor.discard_group()  # the search's first trial builds the worker group: a cold one
-    s = spec()
+    # Up to 3 rounds while the runner-up is tied with the fastest: on 2 shared cores the gap
+    # between recomputing and not measured 11-49% in one round, and a burst of load once put
+    # the recomputing layout ahead in the only round there was.
+    s = spec(remeasure_max_repeats=3)
     search = Search.open(s, database, CountingExecutor(executor), out=None)
     assert len(search.space) == 4
     outcome = search.run()
@@ -85,16 +88,18 @@ def test_search_finds_the_best_by_construction(executor, database):
     assert (best.config.micro_batch_size, best.config.activation_checkpointing) == (4, "none")
     # every configuration ran once, the first twice (its cold run discarded); the finalists —
     # the top 2 and the baseline, the first trial, which by construction is usually among them
-    # — were measured once more
+    # — were measured once more in each round, all in the same rounds
     runs = search.executor.runs
     remeasured = [e for e in outcome.leaderboard if e.rounds]
     assert len(remeasured) in (2, 3) and any(e.number == 0 for e in remeasured)
+    assert len({e.rounds for e in remeasured}) == 1 and 1 <= len(remeasured[0].rounds) <= 3
     assert runs[0] == runs[1] and len({c for c in runs}) == 4
-    assert len(runs) == 1 + 4 + len(remeasured)
+    assert len(runs) == 1 + 4 + sum(len(e.rounds) for e in remeasured)
     first = min(database.list_trials(outcome.study_id), key=lambda t: t.number)
     assert first.metrics["cold_start_discarded_tokens_per_s"] > 0
     assert first.metrics["cold_start"] is False  # the figure kept is the warm one
-    assert len(best.throughputs) == 2 and best.spread >= 0 and best.interval.n == 2
+    assert len(best.throughputs) == 1 + len(best.rounds) and best.spread >= 0
+    assert best.interval.n == len(best.throughputs)
     # The leaderboard: the re-measured finalists first, then those measured once, each part by
     # its median tokens/s (a figure measured once, at another time, is not comparable).
     complete = [e for e in outcome.leaderboard if e.status == "complete"]
