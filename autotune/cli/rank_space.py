@@ -116,7 +116,9 @@ def screened_layouts(
     the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound.
     ``traits``: judge memory as that engine stores it (``engine_memory``): a group on its
     rank 0's states (``engine_states_lower_bound``), a branch on its exact estimate, which its
-    overlap and bucket leaves share (``engine_memory.ENGINE_MEMORY_IGNORE``)."""
+    overlap and bucket leaves share (``engine_memory.ENGINE_MEMORY_IGNORE``); pipeline rank 0's
+    is estimated first, and a branch it does not fit is dropped on it alone (the worst rank
+    holds at least as much)."""
     out = Screened()
     world, batch = base.world_size, base.workload.global_batch_size
     for tp, pp, cp in itertools.product(tp_degrees, divisors(world), choices["cp_degree"]):
@@ -231,7 +233,7 @@ def _branches(
         )
         if traits is not None:
             bound = estimate_engine_memory(
-                branch, shape, traits, device_type=branch.device, checked=True
+                branch, shape, traits, device_type=branch.device, checked=True, screen=fits
             ).total
         else:
             leanest = branch if branch.compile == lean else with_fields(branch, compile=lean)

@@ -45,6 +45,7 @@ allocator reserves on the worst pipeline rank. The per-category terms:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -258,17 +259,27 @@ def estimate_engine_memory(
     *,
     device_type: str = "cuda",
     checked: bool = False,
+    screen: Callable[[int], bool] | None = None,
 ) -> MemoryEstimate:
     """The worst pipeline rank's reserved bytes when ``traits``' engine runs ``config``
     (``traits`` None: autotune's own runtime, ``memory.estimate_memory``). ``checked``: the
-    caller validated ``config`` against ``shape`` already."""
+    caller validated ``config`` against ``shape`` already.
+
+    ``screen``: a screen's verdict on a peak (``rank``'s memory screen). Pipeline rank 0 is
+    estimated first, and returned if the screen refuses it: the worst rank holds at least as
+    much, so a layout it drops needs no other rank, and is not memoised."""
     if traits is None:
         return estimate_memory(config, shape, device_type=device_type, checked=checked)
     shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     precision = config.resolved_precision(device_type)
     key = (shape, traits, precision, fields_key(config, ENGINE_MEMORY_IGNORE))
+    first = None
+    if screen is not None and key not in _ENGINE_ESTIMATES:
+        first = _engine_stage(config, shape, traits, 0, precision)
+        if not screen(first.total):
+            return first
     return _ENGINE_ESTIMATES.get(
-        key, partial(_worst_engine_stage, config, shape, traits, precision)
+        key, partial(_worst_engine_stage, config, shape, traits, precision, first)
     )
 
 
@@ -281,11 +292,20 @@ _ENGINE_ESTIMATES: BoundedMemo[MemoryEstimate] = BoundedMemo()
 
 
 def _worst_engine_stage(
-    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, precision: str
+    config: TrialConfig,
+    shape: ModelShape,
+    traits: MemoryTraits,
+    precision: str,
+    first: MemoryEstimate | None = None,
 ) -> MemoryEstimate:
+    """The worst of ``worst_rank_candidates``' estimates; ``first``: rank 0's, known already."""
     worst = None
     for r in worst_rank_candidates(config.pp_degree):
-        est = _engine_stage(config, shape, traits, r, precision)
+        est = (
+            first
+            if r == 0 and first is not None
+            else _engine_stage(config, shape, traits, r, precision)
+        )
         if worst is None or est.total > worst.total:
             worst = est
     return worst

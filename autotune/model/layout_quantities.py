@@ -71,6 +71,9 @@ class BoundedMemo(Generic[T]):
             value = self._values[key] = compute()
         return value
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._values
+
     def clear(self) -> None:
         self._values.clear()
 

@@ -79,6 +79,31 @@ def test_shared_engine_estimates_equal_fresh_ones(grid, engine):
         assert got == engine_memory.estimate_engine_memory(config, None, traits), config
 
 
+@pytest.mark.parametrize("engine", ["megatron", "torchtitan", "deepspeed"])
+def test_a_screens_refusal_stands_for_no_layouts_worst_rank(grid, engine):
+    # rank's screen estimates pipeline rank 0 first and drops a layout whose rank 0 cannot fit;
+    # that estimate is not the worst rank's, so no later estimate may take it for one.
+    traits = MEMORY_TRAITS[engine]
+    piped = [c for c in grid[::2] if c.pp_degree > 1]
+    engine_memory._ENGINE_ESTIMATES.clear()
+    refused = [
+        engine_memory.estimate_engine_memory(c, None, traits, screen=lambda b: False) for c in piped
+    ]
+    worst = [engine_memory.estimate_engine_memory(c, None, traits) for c in piped]
+    assert any(w.stage != 0 and w.total > r.total for r, w in zip(refused, worst))
+    for config, r, w in zip(piped, refused, worst):
+        engine_memory._ENGINE_ESTIMATES.clear()
+        fresh = engine_memory.estimate_engine_memory(config, None, traits)
+        assert w == fresh, config
+        assert r.stage == 0 and r.total <= fresh.total, config
+    # A screen that lets rank 0 pass gets the worst rank, rank 0's estimate reused.
+    engine_memory._ENGINE_ESTIMATES.clear()
+    passed = [
+        engine_memory.estimate_engine_memory(c, None, traits, screen=lambda b: True) for c in piped
+    ]
+    assert passed == worst
+
+
 def test_shared_activation_bounds_equal_fresh_ones(grid):
     memory._ACTIVATION_BOUNDS.clear()
     shared = [memory.activation_lower_bound(c, c.workload.shape, device_type="cuda") for c in grid]
