@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import re
 import sys
 import time as timer
 from dataclasses import dataclass
@@ -186,8 +187,10 @@ def add_rank_parser(sub) -> None:
     p.add_argument(
         "--compare",
         metavar="LAYOUT",
-        help="a reference layout, e.g. 'tp=8,pp=2,mb=4,zero=1,ac=full,"
-        "schedule=interleaved_1f1b,v=3': print its place in the ranking and, when "
+        help="a reference layout, KEY=VALUE pairs separated by commas or spaces, e.g. "
+        "'tp=8,pp=2,mb=4,zero=1,ac=full,schedule=interleaved_1f1b,v=3' (keys: "
+        + ", ".join(LAYOUT_KEYS)
+        + "): print its place in the ranking and, when "
         "the top pick is faster, the term (compute, tp_comm, pp_bubble, dp_comm...) "
         "that makes it so",
     )
@@ -212,6 +215,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     limit_gib = args.memory_limit or cluster.device.memory_gib
     engine = engine_traits(args.engine)
     memory_traits = MEMORY_TRAITS[engine.name]
+    # A reference layout that does not parse is refused before the ranking's seconds.
+    reference = parse_layout(args.compare, base) if args.compare else None
     screened = screen_layouts(
         args, base, shape, int(limit_gib * GIB), device_type, traits=memory_traits
     )
@@ -255,8 +260,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     _print_ranking(
         ranking, screened, top, base, shape, cluster, engine.name, limit_gib, memory_traits
     )
-    if args.compare:
-        reference = parse_layout(args.compare, base)
+    if reference is not None:
         print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
     return 0
 
@@ -333,6 +337,7 @@ def _peak_words(traits: MemoryTraits | None) -> str:
 LAYOUT_KEYS = {
     "tp": "tp_degree",
     "pp": "pp_degree",
+    "cp": "cp_degree",
     "mb": "micro_batch_size",
     "zero": "zero_stage",
     "ac": "activation_checkpointing",
@@ -343,12 +348,14 @@ LAYOUT_KEYS = {
     "sp": "sequence_parallel",
 }
 """``--compare``'s keys and the TrialConfig fields they set."""
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
 def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
-    """``base`` with the ``key=value`` pairs of ``--compare`` (``LAYOUT_KEYS``) applied."""
+    """``base`` with the ``key=value`` pairs of ``--compare`` (``LAYOUT_KEYS``), separated by
+    commas or spaces, applied; a pair that does not parse is a ``ConfigError`` naming it."""
     fields: dict = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
+    for item in re.split(r"[,\s]+", text.strip()):
         key, _, value = item.partition("=")
         if key not in LAYOUT_KEYS or not value:
             raise ConfigError(
@@ -358,11 +365,16 @@ def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
         if field_name in ("activation_checkpointing", "pp_schedule"):
             fields[field_name] = value
         elif field_name in ("overlap_enabled", "sequence_parallel"):
-            fields[field_name] = value.lower() in ("1", "on", "true", "yes")
-        elif field_name == "bucket_mb":
-            fields[field_name] = float(value)
+            if value.lower() not in _ON + _OFF:
+                raise ConfigError(f"--compare: {key}={value}: give on or off")
+            fields[field_name] = value.lower() in _ON
         else:
-            fields[field_name] = int(value)
+            number = float if field_name == "bucket_mb" else int
+            try:
+                fields[field_name] = number(value)
+            except ValueError:
+                kind = "a number" if number is float else "an integer"
+                raise ConfigError(f"--compare: {key}={value}: give {kind}") from None
     config = dataclasses.replace(base, **fields)
     config.validate()
     return config

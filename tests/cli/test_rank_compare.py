@@ -64,7 +64,42 @@ def test_the_top_pick_compares_first_and_a_slower_layout_names_its_largest_loss(
 def test_a_layout_key_the_option_does_not_know_is_refused_in_one_line():
     base = TrialConfig(world_size=8)
     with pytest.raises(ConfigError, match="KEY one of tp, pp"):
-        parse_layout("tp=2,cp=2", base)
+        parse_layout("tp=2,ep=2", base)
     assert parse_layout("tp=2,ac=full,overlap=off", base) == dataclasses.replace(
         base, tp_degree=2, activation_checkpointing="full", overlap_enabled=False
     )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tp=two", "tp=two: give an integer"),
+        ("tp=2 bucket=big", "bucket=big: give a number"),
+        ("tp=2,sp=maybe", "sp=maybe: give on or off"),
+        ("tp=2,,pp", "'pp' is not KEY=VALUE"),
+    ],
+)
+def test_a_value_that_does_not_parse_is_refused_naming_it(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_layout(text, TrialConfig(world_size=8))
+
+
+def test_pairs_may_be_separated_by_spaces_as_well_as_commas():
+    base = TrialConfig(world_size=8)
+    expected = dataclasses.replace(
+        base, tp_degree=2, cp_degree=2, sequence_parallel=True, bucket_mb=5.0
+    )
+    assert parse_layout(" tp=2  cp=2, sp=on bucket=5 ", base) == expected
+    assert parse_layout("tp=2,cp=2,sp=on,bucket=5", base) == expected
+
+
+def test_a_bad_reference_is_refused_before_the_ranking(capsys):
+    from autotune.cli.main import main
+
+    code = main(
+        ["rank", "--model", "gpt-tiny", "--cluster", "a100-sxm4-80gb", "--global-batch", "16"]
+        + ["--seq-len", "256", "--compare", "tp=x"]
+    )
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.strip().splitlines() == ["autotune: error: --compare: tp=x: give an integer"]
