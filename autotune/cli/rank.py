@@ -37,8 +37,6 @@ import dataclasses
 import itertools
 import json
 import re
-import sys
-import time as timer
 from dataclasses import dataclass
 from typing import get_args
 
@@ -81,6 +79,7 @@ from autotune.model.perf_model import (
     engine_traits,
     predict_step_time,
 )
+from autotune.progress import Progress
 from autotune.search.screen import MemoryAllowance, allowance, predicted_to_fit
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import ModelShape, model_names
@@ -710,29 +709,14 @@ def _same_prediction(a: ScoredLayout, b: ScoredLayout) -> bool:
     )
 
 
-class _Progress:
-    """A carriage-return progress line every 2% on a terminal; otherwise one line at the end."""
+class _Progress(Progress):
+    """Scoring layouts: the shared progress line, ended by how many were predicted to fit."""
 
     def __init__(self, total: int) -> None:
-        self.total = total
-        self.every = max(1, total // 50)
-        self.start = timer.perf_counter()
-        self.tty = sys.stderr.isatty()
+        super().__init__(total, "scoring layouts")
 
-    def update(self, done: int) -> None:
-        if self.tty and (done % self.every == 0 or done == self.total):
-            sys.stderr.write(
-                f"\rscoring layouts: {done / self.total:4.0%} ({done:,}/{self.total:,})"
-            )
-            sys.stderr.flush()
-
-    def close(self, fit: int) -> None:
-        elapsed = timer.perf_counter() - self.start
-        sys.stderr.write(
-            f"{chr(13) if self.tty else ''}scored {self.total:,} layouts in "
-            f"{elapsed:.1f} s; {fit:,} predicted to fit\n"
-        )
-        sys.stderr.flush()
+    def close(self, fit: int) -> None:  # type: ignore[override]
+        super().close(f"scored {self.total:,} layouts in {{elapsed}}; {fit:,} predicted to fit")
 
 
 # ---- output --------------------------------------------------------------------------------
