@@ -172,25 +172,34 @@ class SpanFit:
 
 # ---- from spans to points ------------------------------------------------------------------
 def group_size(config: TrialConfig, group: str) -> int:
-    """Ranks in a collective's group: the mesh dimension it talks on ('' → the whole world)."""
+    """Ranks in a collective's group: the mesh dimension it talks on ('' → the whole world).
+    FSDP2 under context parallelism shards over ``dp_shard_cp`` (dp_shard × cp, the flattened
+    dim ``trial/parallel/mesh.py`` names ``SHARD_CP``); the K/V all-gathers talk on ``cp``."""
     return {
         "tp": config.tp_degree,
+        "cp": config.cp_degree,
         "dp": config.dp_degree,
         "dp_shard": config.dp_shard,
+        "dp_shard_cp": config.dp_shard * config.cp_degree,
         "dp_replicate": config.dp_replicate,
         "pp": config.pp_degree,
     }.get(group, config.world_size)
 
 
 def link_class(config: TrialConfig, group: str, devices_per_node: int) -> str:
-    """The link a group's collectives cross. Ranks are numbered (pp, dp, tp) with tp fastest
-    and nodes filled in order (the executor's PACK placement), so a TP group spans ⌈tp / n⌉
-    nodes and a DP group ⌈tp·dp / n⌉ for n devices per node."""
+    """The link a group's collectives cross. Ranks are numbered (pp, dp_replicate, dp_shard,
+    cp, tp) with tp fastest (``trial/parallel/mesh.py``) and nodes filled in order (the
+    executor's PACK placement), so a group spans the consecutive ranks of its own dim and every
+    faster one: a TP group ⌈tp / n⌉ nodes, a CP group ⌈tp·cp / n⌉, a DP group ⌈tp·cp·dp / n⌉
+    for n devices per node."""
+    tp, cp = config.tp_degree, config.cp_degree
     span = {
-        "tp": config.tp_degree,
-        "dp": config.tp_degree * config.dp_degree,
-        "dp_shard": config.tp_degree * config.dp_shard,  # HSDP: consecutive within dp
-        "dp_replicate": config.tp_degree * config.dp_degree,
+        "tp": tp,
+        "cp": tp * cp,
+        "dp": tp * cp * config.dp_degree,
+        "dp_shard": tp * cp * config.dp_shard,  # HSDP: consecutive within dp
+        "dp_shard_cp": tp * cp * config.dp_shard,
+        "dp_replicate": tp * cp * config.dp_degree,
     }.get(group, config.world_size)
     return INTER if span > devices_per_node else INTRA
 

@@ -198,3 +198,36 @@ def test_hsdp_groups_have_their_own_size_and_link():
     assert (group_size(config, "dp_shard"), group_size(config, "dp_replicate")) == (2, 4)
     assert link_class(config, "dp_shard", 2) == INTRA
     assert link_class(config, "dp_replicate", 2) == INTER
+
+
+def test_context_parallel_groups_have_their_own_size_and_link():
+    """FSDP2 under context parallelism shards over dp_shard_cp (dp_shard × cp) and the K/V
+    all-gathers talk on cp: each span is sized and placed by its own group, not the world's.
+    World 16 = pp 2 × dp 2 × cp 2 × tp 2 on two nodes of 8 GPUs; the groups are read off the
+    mesh's rank grid (pp, dp_replicate, dp_shard, cp, tp) here, by hand."""
+    import torch
+
+    from autotune.model.cluster import load_cluster
+    from autotune.model.span_fit import collective_points
+
+    config = TrialConfig(
+        world_size=16, pp_degree=2, tp_degree=2, cp_degree=2, zero_stage=3, micro_batch_size=1
+    )
+    assert (config.dp_shard, config.dp_replicate) == (2, 1)
+    grid = torch.arange(16).reshape(2, 1, 2, 2, 2)  # (pp, dp_replicate, dp_shard, cp, tp)
+    shard_cp = grid[0, 0, :, :, 0].flatten().tolist()  # rank 0's: dp_shard × cp, tp 0
+    cp = grid[0, 0, 0, :, 0].tolist()
+    assert (shard_cp, cp) == ([0, 2, 4, 6], [0, 2])  # both inside node 0 (ranks 0-7)
+    spans = [
+        Span(0, 0, "comm", "all_gather", "", 0, 1000, 2**20, "dp_shard_cp"),
+        Span(0, 0, "comm", "reduce_scatter", "", 2000, 1000, 2**20, "dp_shard_cp"),
+        Span(0, 0, "comm", "all_gather", "", 4000, 1000, 2**20, "cp"),
+    ]
+    points = collective_points(spans, config, load_cluster("h100-sxm", nodes=2))
+    # Ring factors (n − 1) / n: 3/4 for the 4 ranks of dp_shard_cp, 1/2 for cp's 2 (the world
+    # of 16 would be 15/16, between nodes).
+    assert [(p.name, p.link, p.group_size, p.ring_factor) for p in points] == [
+        ("all_gather", INTRA, 2, 0.5),
+        ("all_gather", INTRA, 4, 0.75),
+        ("reduce_scatter", INTRA, 4, 0.75),
+    ]
