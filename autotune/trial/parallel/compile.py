@@ -10,6 +10,13 @@ runs after tensor parallelism and activation checkpointing (the block compiled i
 checkpoint wrapper, so recomputation replays the compiled code) and before ZeRO, torchtitan's
 order.
 
+A warm worker group runs many trials in one process, and ``Module.compile`` compiles the
+``_call_impl`` frame that every module shares: each trial's new shapes, dtypes and wrappers
+would add cache entries on top of the earlier trials' ones, until ``fullgraph=True`` raises
+``FailOnRecompileLimitHit`` past ``torch._dynamo.config.recompile_limit`` (8), and a trial's
+compile time would depend on the trials before it. So :func:`apply_compile` resets dynamo
+first: every compiled trial compiles from an empty cache, as in a fresh process.
+
 Compilation is lazy: the first forward and backward of a block trace and compile it. The runner
 therefore takes the first warm-up step's excess over the timed steps as the compile time
 (``compile_seconds``), the trial's setup cost, never part of its step time.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from autotune.config import TrialConfig
@@ -39,7 +47,10 @@ def apply_compile(
     model: nn.Module, blocks: Callable[[nn.Module], list[tuple[str, nn.Module]]] | None
 ) -> nn.Module:
     """Compile each block in place with ``fullgraph=True``; a workload that names no blocks is
-    compiled whole, graph breaks allowed (its forward is not known to be one graph)."""
+    compiled whole, graph breaks allowed (its forward is not known to be one graph). Dynamo's
+    caches are reset first (the earlier trials' compiled code; compilation is lazy, so a
+    part compiled earlier in the same trial has compiled nothing yet)."""
+    torch._dynamo.reset()
     if blocks is None:
         model.compile()
         return model
