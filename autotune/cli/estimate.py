@@ -5,7 +5,14 @@ override the file's fields), or from an explicit architecture (``--num-layers --
 --num-heads --seq-len --vocab-size``) for models that are not built in; ``--params N`` alone
 gives the model states only. With ``--cluster NAME|FILE`` (and ``--nodes N``) it also prints the
 predicted step time, tokens/s, MFU and their breakdown (``perf_model.predict_step_time`` with
-the cluster's stored calibration, for autotune's own engine). Nothing here imports torch or Ray:
+the cluster's stored calibration, for autotune's own engine). With ``--engine megatron|
+torchtitan|deepspeed`` that framework's figures lead (``engine_memory.estimate_engine_memory``,
+the step time with its traits): the text prints its table first, named, and the JSON carries
+them at the top level (``per_rank``, ``stage``, ``phase``, ``time``); autotune's own runtime's
+follow, named, under ``autotune_runtime`` in the JSON (its ``per_rank``, ``stages``, ``time``).
+Without ``--engine`` (or with ``--engine autotune``) there is one runtime, autotune's, at the top
+level, and ``engine_peak_bytes`` is null (under ``--engine``: the engine's total again). Nothing
+here imports torch or Ray:
 an estimate takes milliseconds, so models far too large for this machine (Llama 70B on 512
 GPUs) can be planned.
 
@@ -152,21 +159,29 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     worst = max(stages, key=lambda e: e.total)
     refusal = _engine_refusal(config, shape)
     engine = engine_traits(args.engine)
-    time = (
-        None
-        if cluster is None
-        else predict_step_time(
-            config, cluster, Calibration.for_cluster(cluster), shape=shape, engine=engine
-        )
-    )
     traits = MEMORY_TRAITS[engine.name]
-    engine_peak = (
+    engine_worst = (
         None
         if traits is None
-        else estimate_engine_memory(config, shape, traits, device_type=device).total
+        else estimate_engine_memory(config, shape, traits, device_type=device)
     )
+    time = own_time = None
+    if cluster is not None:
+        calibration = Calibration.for_cluster(cluster)
+        time = predict_step_time(config, cluster, calibration, shape=shape, engine=engine)
+        own_time = (
+            time if traits is None else predict_step_time(config, cluster, calibration, shape=shape)
+        )
     report = _Report(
-        config, shape, device, stages, worst, refusal, engine.name, engine_peak, cluster, time
+        config,
+        shape,
+        device,
+        stages,
+        _Figures(worst, own_time),
+        refusal,
+        engine.name,
+        None if engine_worst is None else _Figures(engine_worst, time),
+        cluster,
     )
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
@@ -176,70 +191,88 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Figures:
+    """One runtime's prediction: its worst pipeline rank's memory and, with a cluster, the
+    step time."""
+
+    worst: MemoryEstimate
+    time: StepTimeEstimate | None
+
+    def memory_json(self) -> dict:
+        return {
+            "per_rank": self.worst.as_dict(),
+            "stage": self.worst.stage,
+            "phase": self.worst.phase,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class _Report:
-    """What ``estimate`` predicted, as JSON or as text."""
+    """What ``estimate`` predicted, as JSON or as text. ``own``: autotune's own runtime;
+    ``by_engine``: the ``--engine`` framework's (None for autotune's own), which then leads:
+    its figures come first, at the top level of the JSON, and autotune's follow under
+    ``autotune_runtime``."""
 
     config: TrialConfig
     shape: ModelShape | None
     device: str
     stages: list[MemoryEstimate]
-    worst: MemoryEstimate
+    own: _Figures
     refusal: str | None
     engine: str
-    engine_peak: int | None
+    by_engine: _Figures | None
     cluster: ClusterSpec | None
-    time: StepTimeEstimate | None
 
     def as_json(self) -> dict:
-        worst, cluster = self.worst, self.cluster
-        extra = (
-            {}
-            if cluster is None
-            else {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": self.time.as_dict()}
-        )
-        traits = MEMORY_TRAITS[self.engine]
-        extra |= {
-            "engine": self.engine,
-            "engine_peak_bytes": self.engine_peak,
-            "engine_peak_kind": None if traits is None else traits.peak_kind,
-        }
-        return {
+        head = {
             "config": self.config.resolved(),
             "shape": dataclasses.asdict(self.shape) if self.shape else None,
             "device": self.device,
-            "per_rank": worst.as_dict(),
-            "stage": worst.stage,
-            "phase": worst.phase,
-            "stages": [e.as_dict() for e in self.stages],
+        }
+        stages = [e.as_dict() for e in self.stages]
+        if self.by_engine is None:
+            return {
+                **head,
+                **self.own.memory_json(),
+                "stages": stages,
+                "engine_refusal": self.refusal,
+                **self._time_json(self.own),
+                "engine": self.engine,
+                "engine_peak_bytes": None,
+                "engine_peak_kind": None,
+            }
+        own = {**self.own.memory_json(), "stages": stages}
+        if self.cluster is not None:
+            own["time"] = self.own.time.as_dict()
+        return {
+            **head,
+            "engine": self.engine,
+            "engine_peak_kind": MEMORY_TRAITS[self.engine].peak_kind,
+            **self.by_engine.memory_json(),
             "engine_refusal": self.refusal,
-            **extra,
+            **self._time_json(self.by_engine),
+            "engine_peak_bytes": self.by_engine.worst.total,
+            "autotune_runtime": own,
         }
 
+    def _time_json(self, figures: _Figures) -> dict:
+        cluster = self.cluster
+        if cluster is None:
+            return {}
+        return {"cluster": cluster.name, "nodes": cluster.num_nodes, "time": figures.time.as_dict()}
+
     def print_text(self) -> None:
-        config, worst, time = self.config, self.worst, self.time
+        config = self.config
         print(_describe(config, self.shape, self.device))
-        where = (
-            ""
-            if config.pp_degree == 1
-            else (f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
-        )
-        title = f"per rank{where}, peak {worst.phase}"
-        if time is None:
-            print(f"{title}:")
-            _print_table(worst.as_dict())
-        else:
-            print(f"{title}; predicted step time on {self.cluster.name}:")
-            print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
-            print(_time_summary(time, self.cluster, self.engine))
-        if self.engine_peak is not None:
+        own_label = ""
+        if self.by_engine is not None:
             kind = MEMORY_TRAITS[self.engine].peak_kind
-            print(
-                f"as {self.engine} runs it: {_human(self.engine_peak)} ({kind}) on the worst "
-                "pipeline rank (engine_memory)"
-            )
+            self._print_figures(self.by_engine, f"as {self.engine} runs it ({kind} bytes): ")
+            own_label = "autotune's own runtime: "
+        self._print_figures(self.own, own_label)
         if config.pp_degree > 1:
             print(
-                "total per stage: "
+                f"{own_label}total per stage: "
                 + ", ".join(f"{e.stage}: {_human(e.total)}" for e in self.stages)
             )
         if self.refusal:
@@ -247,6 +280,24 @@ class _Report:
                 f"note: the trial engine refuses this layout ({self.refusal}); the estimate is of "
                 "the layout itself"
             )
+
+    def _print_figures(self, figures: _Figures, label: str) -> None:
+        """One runtime's memory table, and beside it the step time's terms with a cluster."""
+        config, worst, time = self.config, figures.worst, figures.time
+        where = (
+            ""
+            if config.pp_degree == 1
+            else (f", worst pipeline stage: {worst.stage} (of 0-{config.pp_degree - 1})")
+        )
+        title = f"{label}per rank{where}, peak {worst.phase}"
+        if time is None:
+            print(f"{title}:")
+            _print_table(worst.as_dict())
+        else:
+            print(f"{title}; predicted step time on {self.cluster.name}:")
+            print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
+            engine = self.engine if figures is self.by_engine else "autotune"
+            print(_time_summary(time, self.cluster, engine))
 
 
 # ---- building the configuration ------------------------------------------------------------

@@ -11,7 +11,12 @@ import pytest
 from autotune.cli.main import main
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.cluster import load_cluster
-from autotune.model.perf_model import TERMS, Calibration, predict_step_time
+from autotune.model.perf_model import (
+    MEGATRON_ENGINE,
+    TERMS,
+    Calibration,
+    predict_step_time,
+)
 from autotune.shapes import ModelShape
 
 LLAMA_70B = (
@@ -132,6 +137,28 @@ def test_table_shows_each_term_beside_the_memory(capsys):
         )
     assert f"{expected.tokens_per_s:,.0f} tokens/s" in out
     assert f"MFU {expected.mfu:.1%}" in out and "64 nodes × 8 A100-SXM4-80GB" in out
+
+
+def test_engine_time_comes_first_and_autotunes_after(capsys):
+    code, out, _ = _run(capsys, *LLAMA_70B, "--cluster", "a100-sxm4-80gb", "--engine", "megatron")
+    assert code == 0
+    cluster = load_cluster("a100-sxm4-80gb", nodes=64)
+    config = dataclasses.replace(_llama_70b_config(), precision="bf16-true")  # --dtype bfloat16
+    calibration = Calibration.for_cluster(cluster)
+    megatron = predict_step_time(config, cluster, calibration, engine=MEGATRON_ENGINE)
+    own = predict_step_time(config, cluster, calibration)
+    lines = out.splitlines()
+    titles = [ln.split(":")[0] for ln in lines if "predicted step time on a100-sxm4-80gb" in ln]
+    assert titles == ["as megatron runs it (allocated bytes)", "autotune's own runtime"]
+    steps = [float(ln.split()[-2]) for ln in lines if ln.split()[:1] == ["step"]]
+    assert steps == [pytest.approx(t.step_time_s, abs=1e-4) for t in (megatron, own)]
+    assert steps[0] != pytest.approx(steps[1], abs=1e-4)
+    summaries = [ln for ln in lines if ln.startswith("predicted step ")]
+    assert len(summaries) == 2
+    assert f"{megatron.tokens_per_s:,.0f} tokens/s" in summaries[0]
+    assert summaries[0].endswith("megatron engine)")
+    assert f"{own.tokens_per_s:,.0f} tokens/s" in summaries[1]
+    assert summaries[1].endswith("autotune engine)")
 
 
 def test_params_alone_cannot_predict_time(capsys):
