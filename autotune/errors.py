@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autotune.status import FailureKind
 
-# Exit codes, documented in README.md: usage errors are distinct from runtime failures.
+# Exit codes, documented in docs/trials.md: usage errors are distinct from runtime failures.
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 

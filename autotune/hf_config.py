@@ -135,7 +135,7 @@ def check_supported(config: Any, ref: str) -> None:
         raise ConfigError(
             f"model_type '{config.model_type}' of '{ref}' is not supported: "
             f"autotune runs {', '.join(SUPPORTED)}; write a build() workload "
-            "for it (README, 'Your own model')"
+            "for it (docs/models.md)"
         )
 
 

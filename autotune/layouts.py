@@ -36,6 +36,33 @@ KNOB_ORDER = (
 """The knobs a search chooses, in the order it asks them and a report lists them (a knob whose
 reachable configurations all share one value is not asked, so the later knobs add no question
 to a space that does not vary them)."""
+
+KNOB_WORDS: dict[str, str] = {
+    "tp_degree": "tensor-parallel degree",
+    "pp_degree": "pipeline-parallel degree",
+    "pp_schedule": "pipeline schedule",
+    "zero_stage": "ZeRO stage",
+    "overlap_enabled": "communication/compute overlap",
+    "micro_batch_size": "micro-batch (hence accumulation)",
+    "activation_checkpointing": "activation checkpointing",
+    "bucket_mb": "gradient bucket size",
+    "sequence_parallel": "sequence parallelism",
+    "cp_degree": "context-parallel degree",
+    "dp_replicate": "HSDP replicas",
+    "virtual_stages": "virtual pipeline stages",
+    "compile": "torch.compile",
+    "float8": "float8 linears",
+}
+"""Each knob of ``KNOB_ORDER`` in a user's words: the one list the commands' help and the docs'
+knob lists are made from, or checked against (``tests/test_knob_lists.py``)."""
+
+
+def knobs_in_words() -> str:
+    """Every knob in ``KNOB_ORDER``'s order, in words: "tensor-parallel degree, …, and float8"."""
+    words = [KNOB_WORDS[k] for k in KNOB_ORDER]
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
 SEARCHED_BY_DEFAULT: dict[str, tuple] = {
     "sequence_parallel": (False, True),
     "cp_degree": (1, 2),  # trials run context parallelism (models/context_parallel.py)

@@ -23,6 +23,7 @@ from autotune.cli.args import (
 from autotune.cli.config_flags import add_flags
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError, ConfigError
+from autotune.layouts import KNOB_ORDER, knobs_in_words
 from autotune.search.spec import SAMPLERS, STRATEGIES, SearchSpec
 
 SPEC = SearchSpec()
@@ -33,8 +34,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "search",
         help="find the fastest configuration that fits in memory (the main job)",
-        description="Search ZeRO stage, tp/pp degrees and schedule, micro-batch, bucket size, "
-        "overlap and activation checkpointing with Optuna; configurations predicted not to fit "
+        description=f"Search the {len(KNOB_ORDER)} knobs ({knobs_in_words()}) with real "
+        "trials; configurations predicted not to fit "
         "are never run; the top few are measured again; best_config.json, ds_config.json, "
         "accelerate_config.yaml, torchtitan_config.py and megatron_args.txt are written at the "
         "end. With no arguments: the built-in tiny GPT, local Ray, "
