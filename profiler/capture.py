@@ -36,6 +36,9 @@ CUDA rules, as torch 2.13 reports the events (``prof.profiler.kineto_results.eve
   kernel only takes a record of its own collective, so waits are skipped. A kernel with no
   linked record takes the first unclaimed record of its collective in launch order (within a
   process group, ``Seq`` order).
+- NCCL runs every send and receive as one ``SendRecv`` kernel: its direction is its record's
+  collective ("send" / "recv"), and a grouped launch (``batch_isend_irecv``) gives one span per
+  transfer of the group, each with its own payload (``_CommRecords``).
 
 A kernel's launching op is the CPU op its ``linked_correlation_id()`` names (an ``aten::*`` op,
 or ``record_param_comms``); its phase is the innermost phase range open on the op's thread when
@@ -266,8 +269,14 @@ def spans_from_events(events, rec: Recorder) -> list[Span]:
             for e in cpu
             if e.correlation_id() and not _activity(e).endswith(("_runtime", "_driver"))
         }
-        records = _CommRecords(param_comms, ops)
-        spans += [_kernel_span(e, records, ops, phases, rec, step_of) for e in kernels]
+        calls = {
+            e.correlation_id(): e
+            for e in cpu
+            if e.correlation_id() and _activity(e).endswith(("_runtime", "_driver"))
+        }
+        records = _CommRecords(param_comms, ops, calls)
+        for e in kernels:
+            spans += _kernel_spans(e, records, ops, phases, rec, step_of)
     spans.sort(key=lambda s: s.start_ns)
     return spans
 
@@ -422,7 +431,7 @@ _NCCL_NAMES = {
     "allgather": "all_gather",
     "reducescatter": "reduce_scatter",
     "broadcast": "broadcast",
-    "sendrecv": "send",
+    "sendrecv": "send_recv",
     "send": "send",
     "recv": "recv",
     "alltoall": "all_to_all",
@@ -480,6 +489,9 @@ def _family(name: str) -> str:
 
 # NCCL kernel → the record collectives it runs ('SendRecv' runs send, recv and all-to-all).
 _KERNEL_FAMILIES = {"sendrecv": {"send", "recv", "alltoall"}}
+_P2P_FAMILIES = ("send", "recv")
+"""Record collectives of point-to-point transfers: a grouped launch runs several in one
+SendRecv kernel."""
 
 
 class _CommRecords:
@@ -488,11 +500,23 @@ class _CommRecords:
     A kernel's candidates are the unclaimed records of its own collective, so a ``wait`` record
     (collective "wait", no tensors) is never one. Of those it takes the record it is linked to
     (``linked_correlation_id``) or one inside the CPU op it is linked to; failing both, the first
-    in launch order."""
+    in launch order.
 
-    def __init__(self, records: list, ops: Mapping[int, object]):
+    A SendRecv kernel may run a whole group of transfers: ``batch_isend_irecv`` (pipelining's
+    sends and receives) opens one record per ``isend`` / ``irecv`` while NCCL only queues them,
+    and ``ncclGroupEnd`` launches one kernel for the group (NCCL ≥ 2.19 names it
+    ``ncclDevKernel_SendRecv`` whatever the direction). Such a kernel claims, beside its record,
+    the unclaimed send / recv records of the same process group on the same thread that started
+    after it and before the kernel's launch: the CUDA runtime or driver call whose (CUPTI)
+    correlation id is the kernel's, else the kernel's own start. A kernel linked to a record
+    itself was launched inside it, alone."""
+
+    def __init__(
+        self, records: list, ops: Mapping[int, object], calls: Mapping[int, object] | None = None
+    ):
         self.unclaimed = list(records)
         self.by_id = ops
+        self.calls = calls or {}
 
     def claim(self, kernel, family: str):
         families = _KERNEL_FAMILIES.get(family, {family})
@@ -520,33 +544,74 @@ class _CommRecords:
             self.unclaimed.remove(record)
         return record
 
+    def claim_launch(self, kernel, family: str) -> list:
+        """The records one kernel runs: its own (``claim``) and, for a SendRecv kernel of a
+        grouped launch, the rest of the group's transfers (the class docstring)."""
+        record = self.claim(kernel, family)
+        if record is None:
+            return []
+        if family != "sendrecv" or _family(_record_collective(record)) not in _P2P_FAMILIES:
+            return [record]
+        link = kernel.linked_correlation_id()
+        if link and record.correlation_id() == link:
+            return [record]
+        call = self.calls.get(kernel.correlation_id()) if kernel.correlation_id() else None
+        until = call.start_ns() if call is not None else kernel.start_ns()
+        linked = self.by_id.get(link) if link else None
+        if linked is not None:
+            until = min(until, linked.start_ns() + linked.duration_ns())
+        pg = _meta(record, "Process Group Name")
+        group = [record] + [
+            r
+            for r in self.unclaimed
+            if _family(_record_collective(r)) in _P2P_FAMILIES
+            and r.start_thread_id() == record.start_thread_id()
+            and _meta(r, "Process Group Name") == pg
+            and record.start_ns() <= r.start_ns() < until
+        ]
+        for r in group[1:]:
+            self.unclaimed.remove(r)
+        return group
 
-def _kernel_span(
+
+def _kernel_spans(
     e, records: _CommRecords, ops: Mapping[int, object], phases: _Phases, rec: Recorder, step_of
-) -> Span:
+) -> list[Span]:
     """A CUDA kernel: NCCL's are communication (payload and group from record_param_comms),
     others compute, in the phase of the op that launched them (``KERNEL`` if none is known).
+    A SendRecv kernel gives one span per transfer it runs, each named by its record (send,
+    recv, or all_to_all), over the kernel's interval; with no record it is 'send_recv'.
 
     Not exercised on CPU-only machines (tests/profiler/test_capture_cuda.py runs the rules on
     events shaped as torch 2.13 emits them); the NCCL kernel names follow NCCL ≥ 2.19
     (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``)."""
     m = _NCCL_KERNEL.search(e.name())
     start = e.start_ns() - rec.clock_offset_ns
+    step = step_of(e.start_ns())
     if not m:
         launcher = ops.get(e.linked_correlation_id() or -1)
         category = phases.category(launcher, any_thread=True) if launcher is not None else KERNEL
-        return Span(
-            rec.rank, step_of(e.start_ns()), COMPUTE, e.name(), category, start, e.duration_ns()
-        )
+        return [Span(rec.rank, step, COMPUTE, e.name(), category, start, e.duration_ns())]
     family = m.group(1).lower()
-    name = _NCCL_NAMES.get(family, family)
-    record = records.claim(e, family)
-    payload = _record_payload(record) if record is not None else 0
-    group = _record_group(record, rec.group_names) if record is not None else ""
-    kind = P2P if name in ("send", "recv") else COMM
-    return Span(
-        rec.rank, step_of(e.start_ns()), kind, name, "", start, e.duration_ns(), payload, group
-    )
+    claimed = records.claim_launch(e, family)
+    if not claimed:
+        name = _NCCL_NAMES.get(family, family)
+        kind = P2P if name in ("send", "recv", "send_recv") else COMM
+        return [Span(rec.rank, step, kind, name, "", start, e.duration_ns())]
+    spans = []
+    for record in claimed:
+        name = _NCCL_NAMES.get(family, family)
+        if family == "sendrecv":
+            name = _P2P_NAMES.get(_family(_record_collective(record)), name)
+        kind = P2P if name in ("send", "recv") else COMM
+        payload = _record_payload(record)
+        group = _record_group(record, rec.group_names)
+        spans.append(Span(rec.rank, step, kind, name, "", start, e.duration_ns(), payload, group))
+    return spans
+
+
+_P2P_NAMES = {"send": "send", "recv": "recv", "alltoall": "all_to_all"}
+"""A SendRecv kernel's span name by the record collective it runs."""
 
 
 def _record_group(record, group_names: Mapping[str, str]) -> str:

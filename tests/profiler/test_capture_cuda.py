@@ -34,7 +34,7 @@ from torch.autograd import DeviceType
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.cluster import load_cluster
 from autotune.model.span_fit import INTER, INTRA, collective_points, compute_point
-from profiler import COMM, COMPUTE, STEP, rank_breakdown
+from profiler import COMM, COMPUTE, STEP, bytes_per_step, rank_breakdown
 from profiler.capture import KERNEL, Recorder, spans_from_events
 
 MAIN, STREAM, NCCL_STREAM = 1, 7, 13  # CPU thread id; compute and NCCL stream ids
@@ -494,3 +494,85 @@ def test_events_without_activity_type_give_the_same_spans(flag):
     assert _spans(legacy) == _spans(events)
     b = rank_breakdown(_spans(legacy), 0)
     assert (b.compute_ns, b.comm_ns, b.exposed_comm_ns) == (400, 300, 200)
+
+
+# ---- point-to-point transfers: SendRecv kernels, one or a grouped launch -------------------
+SEND_RECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+"""NCCL ≥ 2.19 runs every send and receive (one, or a group's) as this one kernel."""
+PP_PG = ("9", "mesh_pp", [0, 8])
+"""Rank 0's pipeline group with its next stage, rank 8."""
+
+
+def _launch_call(start, end, correlation):
+    """NCCL's kernel launch as CUPTI records it: a driver call on the CPU, whose (CUPTI)
+    correlation id is the kernel's own."""
+    return FakeEvent(
+        "cuLaunchKernelEx", start, end, _activity="cuda_driver", _correlation=correlation
+    )
+
+
+def _p2p(start, correlation, collective, nelems, dtype):
+    """ProcessGroupNCCL's record of one send or recv ("send" / "recv", seq of the group)."""
+    return record(start, start + 20, correlation, collective, 1, nelems, dtype, pg=PP_PG)
+
+
+def _send_recv_kernel(start, end, correlation=0, linked=0):
+    return FakeEvent(
+        SEND_RECV, start, end, DeviceType.CUDA, "kernel", NCCL_STREAM, correlation, linked
+    )
+
+
+def test_a_lone_send_and_recv_are_told_apart_by_their_records():
+    # A blocking send of 1000 BFloat16 (2000 B) then a recv of 300 Float (1200 B), each kernel
+    # launched inside its own record (linked to it). Both kernels are named SendRecv.
+    events = [
+        cpu_range("profiler::step#0", 0, 2000),
+        _p2p(100, 51, "send", 1000, "BFloat16"),
+        _p2p(600, 52, "recv", 300, "Float"),
+        _send_recv_kernel(200, 400, linked=51),
+        _send_recv_kernel(700, 900, linked=52),
+    ]
+    spans = _spans(events, {"9": "pp"})
+    assert [(s.kind, s.name, s.bytes, s.group) for s in spans if s.kind != STEP] == [
+        ("p2p", "send", 2000, "pp"),
+        ("p2p", "recv", 1200, "pp"),
+    ]
+
+
+def _two_grouped_launches():
+    """Two ``batch_isend_irecv`` groups, one SendRecv kernel each (launched at ``ncclGroupEnd``,
+    linked to no record). Group 1: isend 512 Float (2048 B), irecv 256 Float (1024 B), isend
+    128 BFloat16 (256 B), launched by the call at 400 and run on the GPU at [900, 1200). The
+    CPU runs ahead: group 2 (isend 64 Float = 256 B, irecv 1000 BFloat16 = 2000 B) is recorded
+    at 500 and 550, before group 1's kernel starts, and launched at 600; its kernel runs at
+    [1300, 1500)."""
+    return [
+        cpu_range("profiler::step#0", 0, 2000),
+        _p2p(100, 61, "send", 512, "Float"),
+        _p2p(200, 62, "recv", 256, "Float"),
+        _p2p(300, 63, "send", 128, "BFloat16"),
+        _launch_call(400, 420, correlation=901),
+        _p2p(500, 64, "send", 64, "Float"),
+        _p2p(550, 65, "recv", 1000, "BFloat16"),
+        _launch_call(600, 620, correlation=902),
+        _send_recv_kernel(900, 1200, correlation=901),
+        _send_recv_kernel(1300, 1500, correlation=902),
+    ]
+
+
+def test_a_grouped_launch_counts_every_transfer_it_runs():
+    spans = _spans(_two_grouped_launches(), {"9": "pp"})
+    p2p = [(s.start_ns, s.end_ns, s.name, s.bytes) for s in spans if s.kind == "p2p"]
+    assert sorted(p2p) == sorted(
+        [
+            (900, 1200, "send", 2048),
+            (900, 1200, "recv", 1024),
+            (900, 1200, "send", 256),
+            (1300, 1500, "send", 256),
+            (1300, 1500, "recv", 2000),
+        ]
+    )
+    # Per step: sent 2048 + 256 + 256 = 2560 B, received 1024 + 2000 = 3024 B; the p2p time is
+    # the two kernels' 300 + 200 ns, counted once.
+    assert bytes_per_step(spans)[0] == {("p2p", "send", "pp"): 2560, ("p2p", "recv", "pp"): 3024}
+    assert rank_breakdown(spans, 0).comm_ns == 500
