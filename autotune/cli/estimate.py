@@ -79,7 +79,9 @@ def add_estimate_parser(sub) -> None:
         "or an explicit architecture. Formulas: ZeRO (Rajbhandari et al. 2020) for model "
         "states, Korthikanti et al. 2022 for activations, calibrated to this implementation "
         "(see autotune/model/memory.py). With --cluster, also the predicted step time, "
-        "tokens/s, MFU and where the time goes (autotune/model/perf_model.py).",
+        "tokens/s, MFU and where the time goes (autotune/model/perf_model.py). With "
+        "--engine megatron|torchtitan|deepspeed, that framework's memory and time come first "
+        "(the JSON's per_rank and time), autotune's own runtime's after (autotune_runtime).",
         epilog="example: autotune estimate --model llama-70b --world-size 512 --tp 8 --pp 8 "
         "--zero 1 --micro-batch 1 --global-batch 1024 --seq-len 4096 --precision bf16-mixed "
         "--cluster a100-sxm4-80gb",
