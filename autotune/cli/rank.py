@@ -37,6 +37,7 @@ import dataclasses
 import itertools
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import get_args
 
@@ -184,6 +185,14 @@ def add_rank_parser(sub) -> None:
     p.add_argument("--top", type=int, default=10, metavar="K", help="layouts to print (default 10)")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
     p.add_argument(
+        "--plot",
+        metavar="FILE.html",
+        help="also write one self-contained HTML page (Plotly, opens offline) of every layout "
+        "predicted to fit, one point per row: predicted tokens/s against predicted peak memory, "
+        "the memory limit, the Pareto front, colour by tp × pp, symbol by ZeRO stage, the --top "
+        "rows ringed; hover a point for its layout and largest time term",
+    )
+    p.add_argument(
         "--compare",
         metavar="LAYOUT",
         help="a reference layout, KEY=VALUE pairs separated by commas or spaces, e.g. "
@@ -202,6 +211,7 @@ def add_rank_parser(sub) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, not {args.top}")
+    _check_plot_name(args.plot)
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ConfigError(
             f"--memory-limit must be a positive number of GiB, not {args.memory_limit:g}"
@@ -236,6 +246,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if not ranking.fitting:
         raise _nothing_fits(ranking, screened, limit_gib, allowance(device_type, memory_traits))
     top = ranking.rows[: args.top]
+    if args.plot is not None:
+        _write_plot(args, ranking, screened, base, shape, cluster, engine, limit_gib)
     if args.json:
         print(
             json.dumps(
@@ -262,6 +274,83 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if reference is not None:
         print(describe_comparison(compare_to_top(ranking, reference, cluster, shape, engine)))
     return 0
+
+
+def _check_plot_name(path: str | None) -> None:
+    if path is not None and not path.lower().endswith((".html", ".htm")):
+        raise ConfigError(f"--plot writes an HTML page: give a name ending in .html, not '{path}'")
+
+
+def _write_plot(
+    args: argparse.Namespace,
+    ranking: Ranking,
+    screened: Screened,
+    base: TrialConfig,
+    shape: ModelShape | None,
+    cluster: ClusterSpec,
+    engine: EngineTraits,
+    limit_gib: float,
+) -> None:
+    """``--plot``: every row of the ranking as a plain record, drawn by ``dashboards.rank_plot``
+    on one page; where it was written goes to stderr."""
+    from dashboards.rank_plot import RankSummary, write_rank_page
+
+    limit = int(limit_gib * GIB)
+    rule = allowance(cluster.device_type, MEMORY_TRAITS[engine.name])
+    wl = base.workload
+    name = wl.name if shape is None else f"{shape.family} architecture ({shape.num_layers} layers)"
+    summary = RankSummary(
+        title=f"{name}, global batch {wl.global_batch_size} × seq {wl.seq_len}, "
+        f"{base.resolved_precision(cluster.device_type)}, on "
+        f"{describe_cluster(cluster, engine.name)}",
+        limit_bytes=limit,
+        # The largest peak whose required bytes (rule.required_bytes) are within the limit.
+        fit_below_bytes=int(
+            (limit - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation)
+        ),
+        allowances=rule.describe(),
+        scored=ranking.scored,
+        fit=len(ranking.fitting),
+        screened_groups=screened.groups_dropped,
+        screened_branches=screened.branches_dropped,
+        top=min(args.top, len(ranking.rows)),
+    )
+    records = [_plot_record(i, s) for i, s in enumerate(ranking.rows, 1)]
+    written = write_rank_page(args.plot, records, summary)
+    print(
+        f"plot: {len(records):,} rows ({len(ranking.fitting):,} layouts predicted to fit) "
+        f"written to {written}",
+        file=sys.stderr,
+    )
+
+
+def _plot_record(rank: int, s: ScoredLayout) -> dict:
+    """One row as ``rank_plot.RankPoint``'s plain fields."""
+    c, t = s.config, s.time
+    term = max(t.breakdown, key=t.breakdown.get)
+    parts = [
+        f"tp {c.tp_degree} · pp {c.pp_degree} · dp {c.dp_degree} · ZeRO-{c.zero_stage}",
+        f"micro {c.micro_batch_size}×{c.grad_accum_steps}",
+        f"AC {c.activation_checkpointing}",
+        *([c.pp_schedule] if c.pp_degree > 1 else []),
+        f"overlap {'on' if c.overlap_enabled else 'off'}",
+        *([f"bucket {_buckets(s)} MB"] if c.dp_degree > 1 else []),
+        *([knobs] if (knobs := _knobs(c)) != "-" else []),
+    ]
+    return {
+        "rank": rank,
+        "tp": c.tp_degree,
+        "pp": c.pp_degree,
+        "dp": c.dp_degree,
+        "zero": c.zero_stage,
+        "layout": " · ".join(parts),
+        "peak_bytes": s.peak_memory_bytes,
+        "tokens_per_s": t.tokens_per_s,
+        "step_time_s": t.step_time_s,
+        "term": term,
+        "term_s": t.breakdown[term],
+        "folded": len(s.collapsed_buckets_mb),
+    }
 
 
 def _nothing_fits(
