@@ -16,6 +16,7 @@ import functools
 import gc
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -28,10 +29,15 @@ from autotune.trial.models.build import build_workload
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.compile import compile_seconds
 from autotune.trial.parallel.float8 import check_float8
-from autotune.trial.parallel.mesh import MESH_DIM_NAMES, TrialMesh, build_mesh
+from autotune.trial.parallel.mesh import (
+    MESH_DIM_NAMES,
+    TrialMesh,
+    build_mesh,
+    cached_mesh_shapes,
+)
 from autotune.trial.parallel.parallelize import ParallelModel, check_workload_supports, parallelize
 from autotune.trial.parallel.precision import check_device_precision, compute_dtype
-from autotune.trial.parallel.zero import local_tensor
+from autotune.trial.parallel.zero import local_tensor, resident
 from autotune.trial.result import MemoryBreakdown, RankResult
 from profiler import Span
 from profiler import record as profile_record
@@ -214,14 +220,19 @@ def _ddp_bucket_bytes(parts) -> int:
 
 def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]:
     """Run one training step and measure this rank's memory by category, with the allocated
-    peak and the allocator's reserved peak (on CPU, reserved = allocated)."""
+    peak and the allocator's reserved peak (on CPU, reserved = allocated).
+
+    The model states counted (and subtracted from the peak) are those resident on the device
+    (``zero.resident``): under optimizer offload the sharded parameters, their gradients and
+    AdamW's state live in host memory, so on CUDA they read 0 and the peak is all activations,
+    gathered parameters and buffers, as the memory model counts them."""
     pm, device = trainer.pm, trainer.device
     params = lambda: [p for m in pm.parts for p in m.parameters()]  # noqa: E731
     grads_bytes = 0
 
     def on_grads() -> None:
         nonlocal grads_bytes
-        grads_bytes = _tensor_bytes(p.grad for p in params())
+        grads_bytes = _tensor_bytes(resident((p.grad for p in params()), device))
 
     if device.type != "cuda":
         # On CPU the profiler gives allocations relative to the step's start. Alive then: the
@@ -250,8 +261,8 @@ def measure_memory(trainer: Trainer, step: int) -> tuple[MemoryBreakdown, float]
         # so what was held from the system at the peak is what was allocated.
         reserved = peak
     elapsed = time.perf_counter() - start
-    param_bytes = _tensor_bytes(params())
-    opt_bytes = _tensor_bytes(_optimizer_state_tensors(pm.dp.optimizer))
+    param_bytes = _tensor_bytes(resident(params(), device))
+    opt_bytes = _tensor_bytes(resident(_optimizer_state_tensors(pm.dp.optimizer), device))
     states = param_bytes + opt_bytes
     activations = max(0, peak - states - grads_bytes)
     # On CPU nothing else is held at rest: DDP's buckets are the gradients' storage after each
@@ -345,6 +356,7 @@ def run_rank(config: TrialConfig) -> RankResult:
     t0 = time.perf_counter()
     device = resolve_device(config)
     release_cached_blocks(device)
+    outside = OutsideAllocator.start(device, config)
     check_float8(config, device)
     config = config.with_precision(device.type)
     check_device_precision(config.precision, device)
@@ -361,15 +373,10 @@ def run_rank(config: TrialConfig) -> RankResult:
     pm = parallelize(workload, config, mesh, device)
     trainer = Trainer(pm, workload, device)
     setup_s = time.perf_counter() - t0
-    step_times = []
     num_steps = config.timed_steps.stop  # the warm-up and timed steps (config.step_schedule)
-    for step in range(num_steps):
-        start = time.perf_counter()
-        trainer.step(step)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_times.append(time.perf_counter() - start)
-    # Profiled steps come after the timed ones: throughput is never measured under the profiler.
+    step_times = timed_steps(trainer, num_steps)
+    # Profiled steps come after the timed ones: throughput is never measured under the profiler,
+    # which detaches CUPTI when it stops (``profiler.capture.record``), before any later step.
     spans, offset = _profiled_steps(config, trainer, mesh, device, num_steps, step_times)
     num_steps += config.num_profiled_steps
     memory, memory_s = measure_memory(trainer, num_steps)
@@ -400,10 +407,22 @@ def run_rank(config: TrialConfig) -> RankResult:
             "pid": os.getpid(),
             "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "non_allocator_bytes": non_allocator_bytes(device),
+            "non_allocator_bytes": outside.bytes() if outside is not None else None,
             **extra,
         },
     )
+
+
+def timed_steps(trainer: Trainer, num_steps: int) -> list[float]:
+    """Run steps 0 … ``num_steps - 1`` unprofiled: each one's seconds, the device synchronised."""
+    device, times = trainer.device, []
+    for step in range(num_steps):
+        start = time.perf_counter()
+        trainer.step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _profiled_steps(
@@ -447,3 +466,62 @@ def non_allocator_bytes(device: torch.device) -> int | None:
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
     return max(0, total - free - torch.cuda.memory_reserved(device))
+
+
+def mesh_shape(config: TrialConfig) -> tuple[int, ...]:
+    """The shape ``build_mesh`` keys its cached meshes by (``cached_mesh_shapes``)."""
+    return (
+        config.pp_degree,
+        config.dp_replicate,
+        config.dp_shard,
+        config.cp_degree,
+        config.tp_degree,
+    )
+
+
+_GROUP_BYTES: dict[tuple[int, ...], int] = {}
+"""Device bytes outside the allocator that each cached mesh shape's trials added: its
+sub-groups' NCCL communicators (made when the groups are, on a device-bound world group, and
+their connections' buffers when a collective first needs them). Kept per worker process, as
+the meshes are."""
+
+
+@dataclass(frozen=True)
+class OutsideAllocator:
+    """This trial's device memory outside the caching allocator, as a fresh worker would hold
+    it: the device's figure (``non_allocator_bytes``) less what the other mesh shapes' cached
+    sub-groups hold (``trial/parallel/mesh.py`` keeps the last ``MESH_CACHE_SIZE`` shapes'
+    groups alive, each with its communicators). Without that, a trial read the communicators of
+    up to two earlier layouts as its own, and whether it fit depended on what ran before it.
+
+    Each trial's growth (end minus start, plus what the shapes its mesh build destroyed had
+    held) is booked to its own shape. What a worker allocates once for all trials (the CUDA
+    context, the world group's communicator) stays in every reading; what the first trial of a
+    process loads lazily is booked to its shape, so a later trial of another shape reads that
+    much less while the first shape stays cached."""
+
+    device: torch.device
+    shape: tuple[int, ...]
+    before: int
+    cached: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def start(cls, device: torch.device, config: TrialConfig) -> OutsideAllocator | None:
+        """Read the device at the trial's start (before its mesh); None on CPU."""
+        before = non_allocator_bytes(device)
+        if before is None:
+            return None
+        return cls(device, mesh_shape(config), before, tuple(cached_mesh_shapes()))
+
+    def bytes(self) -> int:
+        """Read the device at the trial's end: the bytes this trial's layout holds outside the
+        allocator. Books the trial's growth to its shape."""
+        after = non_allocator_bytes(self.device) or 0
+        cached = set(cached_mesh_shapes())
+        freed = sum(_GROUP_BYTES.pop(s, 0) for s in self.cached if s not in cached)
+        for gone in [s for s in _GROUP_BYTES if s not in cached]:
+            del _GROUP_BYTES[gone]
+        growth = after - self.before + freed
+        _GROUP_BYTES[self.shape] = max(0, _GROUP_BYTES.get(self.shape, 0) + growth)
+        others = sum(b for s, b in _GROUP_BYTES.items() if s != self.shape)
+        return max(0, after - others)
