@@ -9,15 +9,19 @@ report escape what they show).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+import time
 from dataclasses import dataclass
+from typing import TextIO
 
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import AutotuneError
 from autotune.layouts import short_name
 from autotune.model.noise import Interval
 from autotune.model.perf_model import TERMS
+from autotune.progress import Progress
 from autotune.status import TrialStatus
 from autotune.study.leaderboard import Entry, build_leaderboard, declare_best
 from db import Database, RankMemoryRecord, SpanRecord, StudyRecord, TrialRecord
@@ -57,8 +61,9 @@ class TrialView:
     position: int
     """1-based place on the leaderboard."""
     trial_id: int
-    number: int
-    """The trial's number in its study (Optuna's trial number)."""
+    number: int | None
+    """The trial's number in its study (Optuna's trial number); None for a configuration the
+    strategy passed over when it stopped (stored, never an Optuna trial)."""
     status: str
     config: TrialConfig
     name: str
@@ -93,6 +98,11 @@ class TrialView:
     @property
     def has_timeline(self) -> bool:
         return bool(self.ranks)
+
+    @property
+    def label(self) -> str:
+        """'trial 3', or 'passed over' for one without a trial number."""
+        return "passed over" if self.number is None else f"trial {self.number}"
 
     @property
     def step_time_error(self) -> float | None:
@@ -130,7 +140,8 @@ class StudyData:
     limit_bytes: int | None
     """The per-device memory limit the search used; None when the spec records none."""
     trials: tuple[TrialView, ...]
-    """Leaderboard order: complete trials by median throughput, then infeasible and failed."""
+    """Leaderboard order (complete trials by median throughput, then infeasible, skipped,
+    failed and running), then the configurations passed over without a trial number."""
     timelines: tuple[Timeline, ...]
     """Leaderboard order, so the best trial's comes first when it has one."""
     num_with_timeline: int
@@ -159,36 +170,29 @@ def load_study(
     *,
     max_timelines: int = MAX_TIMELINES,
     max_spans: int = MAX_SPANS_PER_TIMELINE,
+    progress: BuildProgress | None = None,
 ) -> StudyData:
-    """Reads study ``name`` (None: the most recent study) with its trials and timelines."""
+    """Reads study ``name`` (None: the most recent study) with its trials and timelines;
+    ``progress`` (the report's build) begins once the study's size is known."""
     study = _find_study(database, name)
     trials_read = database.list_trials(study.id)
-    records = {t.id: t for t in trials_read}
     entries = build_leaderboard(trials_read)
-    trials = tuple(_trial_view(i, e, records[e.trial_id]) for i, e in enumerate(entries, 1))
+    trials = _trial_views(entries, trials_read)
+    candidates = [t for t in trials if t.status in RAN and t.has_timeline]
+    if progress is not None:
+        progress.begin(len(trials), min(len(candidates), max_timelines))
+    records = {t.id: t for t in trials_read}
     timelines = []
-    for trial in trials:
+    for trial in candidates:
         if len(timelines) >= max_timelines:
             break
-        if trial.status not in RAN or not trial.has_timeline:
-            continue
         spans = database.trial_spans(trial.trial_id)
         if spans:
-            ranks = tuple(sorted({s.rank for s in spans}))
-            where = {
-                n.rank: node_label(n.hostname, n.node_id) for n in records[trial.trial_id].nodes
-            }
-            timelines.append(
-                Timeline(
-                    trial.trial_id,
-                    trial.number,
-                    trial.name,
-                    cap_spans(spans, max_spans),
-                    len(spans),
-                    ranks,
-                    tuple(where.get(r, "") for r in ranks),
-                )
-            )
+            timelines.append(_timeline(trial, records[trial.trial_id], spans, max_spans))
+            if progress is not None:
+                progress.step()
+    if progress is not None:  # a trial with a breakdown but no spans: no timeline to draw
+        progress.step(2 * (min(len(candidates), max_timelines) - len(timelines)))
     verdict = declare_best(entries)
     return StudyData(
         name=study.name,
@@ -202,6 +206,73 @@ def load_study(
         best_trial_id=verdict.pick.trial_id if verdict else None,
         verdict=verdict.describe() if verdict else "",
     )
+
+
+def _trial_views(entries: list[Entry], records: list[TrialRecord]) -> tuple[TrialView, ...]:
+    """The leaderboard's entries, then the configurations passed over without a trial number
+    (the leaderboard leaves those out), in the leaderboard's status order."""
+    by_id = {t.id: t for t in records}
+    # A stand-in number lets build_leaderboard read them; the views say they have none.
+    passed = build_leaderboard(
+        [dataclasses.replace(t, number=-1) for t in records if t.number is None]
+    )
+    return tuple(_trial_view(i, e, by_id[e.trial_id]) for i, e in enumerate([*entries, *passed], 1))
+
+
+def _timeline(
+    trial: TrialView, record: TrialRecord, spans: list[SpanRecord], max_spans: int
+) -> Timeline:
+    ranks = tuple(sorted({s.rank for s in spans}))
+    where = {n.rank: node_label(n.hostname, n.node_id) for n in record.nodes}
+    return Timeline(
+        trial.trial_id,
+        trial.number,
+        trial.name,
+        cap_spans(spans, max_spans),
+        len(spans),
+        ranks,
+        tuple(where.get(r, "") for r in ranks),
+    )
+
+
+FIGURES_DRAWN_ONCE = 7
+"""The report's figures drawn once per study, whatever its size (``report._figures``)."""
+
+
+class BuildProgress:
+    """A report's build as one ``autotune.progress.Progress`` line (``stream``: standard error
+    when None): a rewritten line on a terminal, one summary line at the end on a terminal and
+    off it. ``load_study`` begins it once it knows the study's size; a step is each timeline
+    read, each figure drawn (the ones drawn once, each timeline, each trial's memory) and the
+    page's encoding."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+        self.line: Progress | None = None
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def begin(self, num_trials: int, num_timelines: int) -> None:
+        total = 2 * num_timelines + FIGURES_DRAWN_ONCE + num_trials + 1
+        self.line = Progress(total, "building the dashboard", self.stream)
+        self.line.start = self.started  # the elapsed time counts reading the trials too
+        self.line.update(0)
+
+    def step(self, steps: int = 1) -> None:
+        self.done += steps
+        if self.line is not None and steps:
+            self.line.update(self.done)
+
+    def close(self, summary: str) -> None:
+        """The summary line (``{elapsed}`` in it: the seconds since the build began)."""
+        if self.line is not None:
+            self.line.close(summary)
+
+    def abandon(self) -> None:
+        """Ends a terminal's progress line, so that an error printed next starts its own."""
+        if self.line is not None and self.line.tty:
+            self.line.stream.write("\n")
+            self.line.stream.flush()
 
 
 def node_label(hostname: str, node_id: str) -> str:
@@ -248,7 +319,7 @@ def _trial_view(position: int, entry: Entry, record: TrialRecord) -> TrialView:
     return TrialView(
         position=position,
         trial_id=entry.trial_id,
-        number=entry.number,
+        number=record.number,
         status=entry.status,
         config=entry.config,
         name=short_name(entry.config),

@@ -3,7 +3,10 @@
 Text that comes from trials or users (error messages, op names, workload and study names) goes
 through :func:`esc` before it reaches a figure: Plotly renders a few HTML tags in titles, table
 cells and hover labels and decodes ``&lt;``-style entities, so escaped text shows as typed.
-Memory is drawn in MiB (2^20 bytes), time in milliseconds, throughput in tokens/s.
+Memory is drawn in MiB (2^20 bytes), time in milliseconds, throughput in tokens/s. Every
+``TrialStatus`` has a ``StatusStyle`` (label, colour, marker, leaderboard row); trials that
+measured no throughput are drawn where they have a place (the history's "not measured" strip,
+at 0 on the memory scatter with their predicted peak) and counted in a note where they have none.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -22,21 +26,40 @@ from autotune.status import STATUS_ORDER, TrialStatus
 from dashboards.data import RAN, StudyData, Timeline, TrialView
 
 TEMPLATE = "plotly_white"
-STATUS_LABELS = {
-    TrialStatus.COMPLETE: "complete",
-    TrialStatus.INFEASIBLE_MEASURED: "infeasible (measured)",
-    TrialStatus.INFEASIBLE_PREDICTED: "infeasible (predicted, not run)",
-    TrialStatus.FAILED: "failed",
-    TrialStatus.RUNNING: "running",
+
+
+@dataclass(frozen=True, slots=True)
+class StatusStyle:
+    """How one ``TrialStatus`` is drawn: its label, marker colour and symbol, leaderboard row."""
+
+    label: str
+    color: str
+    symbol: str
+    """Its marker where trials are points (history, throughput against memory)."""
+    fill: str
+    """Its row of the leaderboard table."""
+
+
+# Every TrialStatus, in leaderboard order; colours from Tableau 10 (Vega's default categorical
+# scheme), row fills a light tint of each. tests/dashboards check every status has one.
+STATUS_STYLES: dict[TrialStatus, StatusStyle] = {
+    TrialStatus.COMPLETE: StatusStyle("complete", "#4C78A8", "circle", "#FFFFFF"),
+    TrialStatus.INFEASIBLE_MEASURED: StatusStyle(
+        "infeasible (measured)", "#E45756", "x", "#FDE2E1"
+    ),
+    TrialStatus.INFEASIBLE_PREDICTED: StatusStyle(
+        "infeasible (predicted, not run)", "#F58518", "x-open", "#FEEBD6"
+    ),
+    TrialStatus.SKIPPED_PREDICTED: StatusStyle(
+        "skipped (predicted no faster, not run)", "#72B7B2", "circle-open", "#E3F1F0"
+    ),
+    TrialStatus.FAILED: StatusStyle("failed", "#79706E", "triangle-down-open", "#ECEAE9"),
+    TrialStatus.RUNNING: StatusStyle("running", "#B279A2", "diamond-open", "#F1E6EF"),
 }
-# Tableau 10 (Vega's default categorical scheme).
+STATUS_LABELS = {status: style.label for status, style in STATUS_STYLES.items()}
 COLORS = {
-    TrialStatus.COMPLETE: "#4C78A8",
+    **{status: style.color for status, style in STATUS_STYLES.items()},
     "pareto": "#54A24B",
-    TrialStatus.INFEASIBLE_MEASURED: "#E45756",
-    TrialStatus.INFEASIBLE_PREDICTED: "#F58518",
-    TrialStatus.FAILED: "#79706E",
-    TrialStatus.RUNNING: "#B279A2",
     "compute": "#4C78A8",
     "comm": "#F58518",
     "p2p": "#E45756",
@@ -46,13 +69,17 @@ COLORS = {
     "measured": "#4C78A8",
     "limit": "#E45756",
 }
-ROW_FILLS = {
-    TrialStatus.COMPLETE: "#FFFFFF",
-    TrialStatus.INFEASIBLE_MEASURED: "#FDE2E1",
-    TrialStatus.INFEASIBLE_PREDICTED: "#FEEBD6",
-    TrialStatus.FAILED: "#ECEAE9",
-    TrialStatus.RUNNING: "#F1E6EF",
-}
+ROW_FILLS = {status: style.fill for status, style in STATUS_STYLES.items()}
+
+
+def style(status: str) -> StatusStyle:
+    """The status's style; a status this version has none for (a test fails on that) is drawn
+    grey under its own name rather than failing the report."""
+    return STATUS_STYLES.get(
+        status, StatusStyle(str(status).replace("_", " "), "#BAB0AC", "square-open", "#FFFFFF")
+    )
+
+
 MEMORY_VIEW = ("parameters", "gradients", "optimizer_state", "activations", "peak")
 MEMORY_LABELS = ("parameters", "gradients", "optimizer state", "activations & buffers", "peak")
 MAX_ERROR_CHARS = 300
@@ -102,14 +129,16 @@ def _mib(value: int | None) -> float | None:
 
 def status_text(trial: TrialView) -> str:
     """The status as the leaderboard shows it: label, then the reason when there is one."""
-    label = STATUS_LABELS.get(trial.status, trial.status)
+    label = style(trial.status).label
     if trial.error and trial.status != TrialStatus.COMPLETE:
         error = (
             trial.error
             if len(trial.error) <= MAX_ERROR_CHARS
             else trial.error[:MAX_ERROR_CHARS] + "…"
         )
-        label += ": " + error
+        # "skipped: the reason" as the search stores it: the label says skipped already.
+        word = label.split(" ", 1)[0]
+        label += ": " + error.removeprefix(f"{word}: ")
     return label
 
 
@@ -118,14 +147,27 @@ def _drawn_peak(trial: TrialView) -> int | None:
     return trial.measured_peak if trial.measured_peak is not None else trial.predicted_peak
 
 
-def _drawn_throughput(trial: TrialView) -> float:
-    """Where a trial sits on the throughput axis: the leaderboard's median for complete trials,
-    what it measured for one that ran over the limit, 0 for trials that measured nothing."""
+def measured_throughput(trial: TrialView) -> float | None:
+    """The tokens/s a trial measured: the leaderboard's median for a complete one, its run's for
+    one that ran over the limit; None for one that measured none (not run, out of memory,
+    failed, running)."""
     if trial.status == TrialStatus.COMPLETE:
-        return trial.throughput or 0.0
-    if trial.status == TrialStatus.INFEASIBLE_MEASURED and trial.run_throughput is not None:
+        return trial.throughput
+    if trial.status == TrialStatus.INFEASIBLE_MEASURED:
         return trial.run_throughput
-    return 0.0
+    return None
+
+
+def _drawn_throughput(trial: TrialView) -> float:
+    """Where a trial sits on the memory scatter's throughput axis: what it measured, 0 for
+    trials that measured nothing."""
+    measured = measured_throughput(trial)
+    return 0.0 if measured is None else measured
+
+
+def _throughput_text(trial: TrialView) -> str:
+    measured = measured_throughput(trial)
+    return "no throughput measured" if measured is None else f"{measured:,.0f} tokens/s"
 
 
 # ---- leaderboard ---------------------------------------------------------------------------
@@ -162,7 +204,7 @@ def leaderboard_table(study: StudyData) -> go.Figure:
         rows.append(
             (
                 t.position,
-                t.number,
+                "–" if t.number is None else t.number,
                 t.name,
                 f"{t.throughput:,.0f}" if t.throughput is not None else "–",
                 interval_cell(t),
@@ -176,7 +218,7 @@ def leaderboard_table(study: StudyData) -> go.Figure:
             )
         )
     columns = [list(col) for col in zip(*rows)] if rows else [[] for _ in LEADERBOARD_COLUMNS]
-    fills = [ROW_FILLS.get(t.status, "#FFFFFF") for t in study.trials]
+    fills = [style(t.status).fill for t in study.trials]
     table = dict(
         type="table",
         columnwidth=[26, 36, 330, 84, 76, 60, 70, 50, 74, 300],
@@ -201,18 +243,23 @@ def leaderboard_table(study: StudyData) -> go.Figure:
     return _figure(
         [table],
         "Leaderboard",
-        f"complete trials by median throughput, then infeasible and failed; 95% CI: "
+        f"complete trials by median throughput, then infeasible, skipped, failed and running, "
+        f"then the configurations passed over (no trial number); 95% CI: "
         f"Student t over the runs (s: the timed steps of one run); {limit}",
         height=min(200 + sum(24 + 14 * (len(r[-1]) // STATUS_CHARS_PER_LINE) for r in rows), 640),
     )
 
 
 # ---- history -------------------------------------------------------------------------------
+NOT_MEASURED = "not measured"
+"""The history's strip under the throughput axis: trials that measured no throughput."""
+
+
 def best_so_far(trials: list[TrialView]) -> tuple[list[int], list[float]]:
     """(trial numbers, best median throughput among complete trials up to each), from the first
     complete trial on."""
     numbers, best, current = [], [], None
-    for t in sorted(trials, key=lambda t: t.number):
+    for t in sorted((t for t in trials if t.number is not None), key=lambda t: t.number):
         if t.status == TrialStatus.COMPLETE and t.throughput is not None:
             current = t.throughput if current is None else max(current, t.throughput)
         if current is not None:
@@ -222,30 +269,21 @@ def best_so_far(trials: list[TrialView]) -> tuple[list[int], list[float]]:
 
 
 def history(study: StudyData) -> go.Figure:
-    """Each trial's throughput in the order the search ran them, and the best so far."""
+    """Each trial's throughput in the order the search ran them, and the best so far. Trials
+    that measured none (not run, out of memory, failed, running) are markers on a strip under
+    the axis at their trial number, the configurations passed over without one after the last."""
+    last = max((t.number for t in study.trials if t.number is not None), default=-1)
+    order = sorted(study.trials, key=lambda t: last + 1 if t.number is None else t.number)
+    strip = any(measured_throughput(t) is None for t in order)
     traces = []
-    by_number = sorted(study.trials, key=lambda t: t.number)
     for status in STATUS_ORDER:
-        shown = [t for t in by_number if t.status == status]
-        if not shown:
-            continue
-        traces.append(
-            dict(
-                type="scatter",
-                x=[t.number for t in shown],
-                y=[_drawn_throughput(t) for t in shown],
-                mode="markers",
-                name=STATUS_LABELS[status],
-                marker={
-                    "color": COLORS[status],
-                    "size": 9,
-                    "symbol": "circle" if status == TrialStatus.COMPLETE else "x",
-                },
-                customdata=[[t.trial_id, esc(t.name), esc(status_text(t))] for t in shown],
-                hovertemplate="trial %{x} (id %{customdata[0]})<br>%{customdata[1]}<br>"
-                "%{y:,.0f} tokens/s<br>%{customdata[2]}<extra></extra>",
-            )
-        )
+        shown = [t for t in order if t.status == status]
+        on_axis = [t for t in shown if measured_throughput(t) is not None]
+        under = [t for t in shown if measured_throughput(t) is None]
+        for group, axis in ((on_axis, "y"), (under, "y2")):
+            if group:
+                legend = axis == "y" or not on_axis  # one legend entry per status
+                traces.append(_history_points(status, group, last + 1, axis, legend))
     numbers, best = best_so_far(list(study.trials))
     if numbers:
         traces.append(
@@ -259,13 +297,41 @@ def history(study: StudyData) -> go.Figure:
                 hovertemplate="best so far %{y:,.0f} tokens/s<extra></extra>",
             )
         )
-    return _figure(
-        traces,
-        "Search history",
-        "median tokens/s of each trial (trials that measured nothing at 0)",
-        xaxis=_axis("trial number"),
-        yaxis=_axis("tokens/s"),
-        height=420,
+    layout = {"xaxis": _axis("trial number"), "yaxis": _axis("tokens/s"), "height": 420}
+    note = "median tokens/s of each trial"
+    if strip:
+        layout["height"] = 470
+        layout["yaxis"]["domain"] = [0.24, 1]
+        layout["yaxis2"] = {"domain": [0, 0.12], "type": "category", "fixedrange": True}
+        layout["xaxis"]["anchor"] = "y2"
+        note += f"; '{NOT_MEASURED}': trials that measured no throughput, at their trial number"
+        if any(t.number is None for t in order):
+            note += f" (passed over: at {last + 1}, after the last trial)"
+    return _figure(traces, "Search history", note, **layout)
+
+
+def _history_points(
+    status: TrialStatus, trials: list[TrialView], passed_at: int, axis: str, legend: bool
+) -> dict:
+    """One status's markers on the history: on the throughput axis (``y``) or on the strip of
+    trials that measured none (``y2``); ``passed_at``: the x of trials without a number."""
+    color, shape = style(status).color, style(status).symbol
+    return dict(
+        type="scatter",
+        x=[passed_at if t.number is None else t.number for t in trials],
+        y=[measured_throughput(t) if axis == "y" else NOT_MEASURED for t in trials],
+        yaxis=axis,
+        mode="markers",
+        name=style(status).label,
+        legendgroup=str(status),
+        showlegend=legend,
+        marker={"color": color, "size": 9, "symbol": shape, "line": {"width": 1.5, "color": color}},
+        customdata=[
+            [t.label, t.trial_id, esc(t.name), _throughput_text(t), esc(status_text(t))]
+            for t in trials
+        ],
+        hovertemplate="%{customdata[0]} (id %{customdata[1]})<br>%{customdata[2]}<br>"
+        "%{customdata[3]}<br>%{customdata[4]}<extra></extra>",
     )
 
 
@@ -399,42 +465,38 @@ def memory_scatter(study: StudyData) -> go.Figure:
     """Throughput against peak memory for every trial with a peak, the limit drawn, the Pareto
     front of the complete trials marked, infeasible and failed trials in their own markers."""
     traces = []
-    symbols = {
-        TrialStatus.COMPLETE: "circle",
-        TrialStatus.INFEASIBLE_MEASURED: "x",
-        TrialStatus.INFEASIBLE_PREDICTED: "x-open",
-        TrialStatus.FAILED: "triangle-down-open",
-        TrialStatus.RUNNING: "diamond-open",
-    }
-    unplaced = 0
-    for status in symbols:
+    unplaced = {}
+    for status in STATUS_ORDER:
         trials = [t for t in study.by_status(status) if _drawn_peak(t) is not None]
-        unplaced += len(study.by_status(status)) - len(trials)
+        if len(study.by_status(status)) > len(trials):
+            unplaced[style(status).label] = len(study.by_status(status)) - len(trials)
         if not trials:
             continue
+        color = style(status).color
         traces.append(
             dict(
                 type="scatter",
                 x=[_drawn_peak(t) / MIB for t in trials],
                 y=[_drawn_throughput(t) for t in trials],
                 mode="markers",
-                name=STATUS_LABELS[status],
+                name=style(status).label,
                 marker={
-                    "color": COLORS[status],
+                    "color": color,
                     "size": 10,
-                    "symbol": symbols[status],
-                    "line": {"width": 1.5, "color": COLORS[status]},
+                    "symbol": style(status).symbol,
+                    "line": {"width": 1.5, "color": color},
                 },
                 customdata=[
                     [
-                        t.number,
+                        t.label,
                         esc(t.name),
                         esc(status_text(t)),
                         "measured" if t.measured_peak is not None else "predicted",
+                        _throughput_text(t),
                     ]
                     for t in trials
                 ],
-                hovertemplate="trial %{customdata[0]}: %{customdata[1]}<br>%{y:,.0f} tokens/s<br>"
+                hovertemplate="%{customdata[0]}: %{customdata[1]}<br>%{customdata[4]}<br>"
                 "%{customdata[3]} peak %{x:,.1f} MiB<br>%{customdata[2]}"
                 "<extra></extra>",
             )
@@ -445,7 +507,8 @@ def memory_scatter(study: StudyData) -> go.Figure:
         " trials that measured no throughput sit at 0"
     )
     if unplaced:
-        note += f"; {unplaced} trial(s) without any peak figure are not drawn"
+        which = ", ".join(f"{n} {label}" for label, n in unplaced.items())
+        note += f"; not drawn, without any peak figure: {esc(which)}"
     if not study.limit_bytes:
         note += "; no memory limit recorded"
     return _figure(
@@ -729,7 +792,7 @@ def breakdown_bars(study: StudyData) -> go.Figure:
     if not rows:
         return empty_figure(title, "no trial has a timeline (profiled steps)")
     x = [
-        [f"trial {t.number}" for t, _ in rows],
+        [t.label for t, _ in rows],
         [PREDICTED_BAR if r is None else f"rank {r.rank}" for t, r in rows],
     ]
     traces = []
@@ -879,7 +942,7 @@ def memory_spec(study: StudyData, trial: TrialView) -> dict:
         notes.append("no prediction: the workload's shape is not known")
     return _spec(
         traces,
-        f"Memory of trial {trial.number}: {esc(trial.name)}",
+        f"Memory of {trial.label}: {esc(trial.name)}",
         "; ".join([where] + notes),
         barmode="group",
         shapes=shapes,

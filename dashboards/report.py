@@ -23,9 +23,9 @@ from plotly.io.json import to_json_plotly
 from plotly.offline import get_plotlyjs
 
 from autotune.errors import AutotuneError
-from autotune.status import TrialStatus
+from autotune.status import TrialStatus, status_rank
 from dashboards import figures
-from dashboards.data import StudyData, load_study
+from dashboards.data import BuildProgress, StudyData, load_study
 from db import Database
 
 # (section id, heading, what it shows); the figures of each are in _figures().
@@ -89,11 +89,16 @@ REFRESH_S = 5
 
 
 def build_report(
-    study: StudyData, *, live_state: str | None = None, generated_at: datetime | None = None
+    study: StudyData,
+    *,
+    live_state: str | None = None,
+    generated_at: datetime | None = None,
+    progress: BuildProgress | None = None,
 ) -> str:
     """The whole HTML page. ``live_state`` (serve mode) adds a poll of ``/state`` that reloads
-    the page once the study has changed."""
-    single, selectors = _figures(study)
+    the page once the study has changed; ``progress`` (begun by ``load_study``) steps through
+    the figures and the encoding."""
+    single, selectors = _figures(study, progress)
     payload = {
         "config": PLOT_CONFIG,
         "template": pio.templates[figures.TEMPLATE],
@@ -113,23 +118,42 @@ def build_report(
             "__MS__", str(REFRESH_S * 1000)
         )
     )
+    encoded = to_json_plotly(payload)
+    if progress is not None:
+        progress.step()
     return _PAGE.format(
         title=html.escape(f"autotune · {study.name}"),
         header=_header(study, when),
         sections=sections,
         plotlyjs=get_plotlyjs(),
-        payload=to_json_plotly(payload),
+        payload=encoded,
         script=_DRAW_JS,
         live=live,
     )
 
 
 def write_report(
-    database: Database, study_name: str | None, path: str | Path
+    database: Database,
+    study_name: str | None,
+    path: str | Path,
+    *,
+    progress: BuildProgress | None = None,
 ) -> tuple[Path, StudyData]:
-    """Builds the report of ``study_name`` (None: the latest study) and writes it atomically."""
-    study = load_study(database, study_name)
-    text = build_report(study)
+    """Builds the report of ``study_name`` (None: the latest study) and writes it atomically;
+    ``progress`` shows the build (``autotune dashboard`` passes one on standard error) and ends
+    with one summary line."""
+    try:
+        study = load_study(database, study_name, progress=progress)
+        text = build_report(study, progress=progress)
+    except BaseException:
+        if progress is not None:
+            progress.abandon()
+        raise
+    if progress is not None:
+        progress.close(
+            f"built the dashboard of {len(study.trials):,} trials and {len(study.timelines)} "
+            "timelines in {elapsed}"
+        )
     path = Path(path)
     # A temporary file beside it, then a rename: an interrupted build never leaves half a
     # report. Opened normally (not mkstemp's 0600) so the report gets the umask's permissions.
@@ -147,23 +171,34 @@ def write_report(
     return path, study
 
 
-def _figures(study: StudyData):
-    """(figures drawn once by id, selector figures by id: (option labels, variants, initial))."""
-    single = {
-        "leaderboard": figures.leaderboard_table(study),
-        "history": figures.history(study),
-        "knobs-parallel": figures.knobs_parallel(study),
-        "knobs-importance": figures.knob_importance(study),
-        "memory-scatter": figures.memory_scatter(study),
-        "step-time": figures.step_time_scatter(study),
-        "breakdown": figures.breakdown_bars(study),
-    }
+# The figures drawn once per study, by id (data.FIGURES_DRAWN_ONCE counts them).
+DRAWN_ONCE = {
+    "leaderboard": figures.leaderboard_table,
+    "history": figures.history,
+    "knobs-parallel": figures.knobs_parallel,
+    "knobs-importance": figures.knob_importance,
+    "memory-scatter": figures.memory_scatter,
+    "step-time": figures.step_time_scatter,
+    "breakdown": figures.breakdown_bars,
+}
+
+
+def _figures(study: StudyData, progress: BuildProgress | None = None):
+    """(figures drawn once by id, selector figures by id: (option labels, variants, initial)),
+    a step of ``progress`` for each figure drawn."""
+
+    def drawn(figure):
+        if progress is not None:
+            progress.step()
+        return figure
+
+    single = {key: drawn(draw(study)) for key, draw in DRAWN_ONCE.items()}
     trials = {t.trial_id: t for t in study.trials}
     selectors = {}
     if study.timelines:
         selectors["timeline"] = (
             [_option(trials[tl.trial_id]) for tl in study.timelines],
-            [figures.timeline(tl) for tl in study.timelines],
+            [drawn(figures.timeline(tl)) for tl in study.timelines],
             0,
         )
     else:
@@ -172,7 +207,7 @@ def _figures(study: StudyData):
         best = study.best
         selectors["memory"] = (
             [_option(t) for t in study.trials],
-            [figures.memory_spec(study, t) for t in study.trials],
+            [drawn(figures.memory_spec(study, t)) for t in study.trials],
             study.trials.index(best) if best is not None else 0,
         )
     else:
@@ -181,9 +216,9 @@ def _figures(study: StudyData):
 
 
 def _option(trial) -> str:
-    label = figures.STATUS_LABELS.get(trial.status, trial.status)
+    label = figures.style(trial.status).label
     status = "" if trial.status == TrialStatus.COMPLETE else f" · {label}"
-    return f"#{trial.position} · trial {trial.number} · {trial.name}{status}"
+    return f"#{trial.position} · {trial.label} · {trial.name}{status}"
 
 
 def figure_json(fig: go.Figure | dict) -> dict:
@@ -221,7 +256,9 @@ def _section(key: str, heading: str, about: str, selectors: dict) -> str:
 
 def _header(study: StudyData, when: str) -> str:
     counts = Counter(t.status for t in study.trials)
-    summary = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
+    summary = ", ".join(
+        f"{counts[s]} {figures.style(s).label}" for s in sorted(counts, key=status_rank)
+    )
     best = study.best
     limit = (
         f"{study.limit_bytes / figures.MIB:,.1f} MiB per device"
@@ -248,7 +285,7 @@ def _header(study: StudyData, when: str) -> str:
         ),
         (
             "best",
-            f"trial {best.number}: {best.name}, {best.throughput:,.0f} tokens/s"
+            f"{best.label}: {best.name}, {best.throughput:,.0f} tokens/s"
             if best is not None
             else "no complete trial yet",
         ),

@@ -11,6 +11,12 @@ one over the limit carry the performance model's prediction in their metrics
 (``predicted_step_time_s``, ``predicted_breakdown``: ``predict_step_time`` on the local CPU
 cluster), as the search stores it. The study's name is a script tag. A second study in the
 same database holds one trial of a user workload whose name is HTML too.
+
+``statuses_study`` builds, without Ray, a study holding the trials a search stores in each
+``TrialStatus`` (``every_status``, or only some statuses), each stored as the search stores it:
+a measured trial with a timeline, one measured over the limit, the unmeasured ones through
+``autotune.study.store.unmeasured_record``, a failed one with no metrics and no memory, a
+running one with no result, and a configuration passed over without a trial number.
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.layouts import short_name
 from autotune.model.cluster import local_cpu_cluster
 from autotune.model.memory import estimate_memory
 from autotune.model.perf_model import predict_step_time
 from autotune.search.search import GIB, MEMORY_MARGIN, Search, SearchSpec, base_config
 from autotune.search.space import SearchSpace
-from db import Database, RankMemoryRecord, TrialRecord
+from autotune.status import TrialStatus
+from autotune.study.store import unmeasured_record
+from db import Database, RankMemoryRecord, SpanRecord, TrialRecord
 
 NAME = "<script>alert(1)</script>"
 FAILED_ERROR = '<img src=x onerror="alert(2)"> rank 1: RuntimeError: boom & <b>worse</b>'
@@ -194,3 +203,112 @@ def build(executor, directory: Path) -> str:
         database.close()
     _built["url"] = url
     return url
+
+
+# ---- a study of every status, without Ray ----------------------------------------------------
+EVERY_STATUS = "every-status"
+STATUS_CONFIGS = [
+    TrialConfig(world_size=2, device="cpu", zero_stage=z, micro_batch_size=m)
+    for z in (0, 1, 2, 3)
+    for m in (1, 2, 4)
+]
+"""Distinct layouts, one per stored trial (a study stores each configuration once)."""
+STATUS_LIMIT = 4 * GIB
+RANKS = [
+    {
+        "rank": r,
+        "window_ns": 4_000_000,
+        "compute_ns": 3_000_000,
+        "comm_ns": 500_000,
+        "overlap": 0.5,
+        "exposed_comm_ns": 250_000,
+        "idle_ns": 750_000,
+        "num_steps": 1,
+    }
+    for r in range(2)
+]
+
+
+def every_status() -> list[tuple[TrialStatus, int | None]]:
+    """One trial of each status, numbered in the order the search would run them, and one
+    configuration passed over (skipped) without a trial number."""
+    return [*((s, n) for n, s in enumerate(TrialStatus)), (TrialStatus.SKIPPED_PREDICTED, None)]
+
+
+def statuses_study(
+    url: str, name: str, trials: list[tuple[TrialStatus, int | None]], *, spans: bool = True
+) -> dict:
+    """Stores study ``name`` holding ``trials`` ((status, number): None for one passed over) in
+    the database at ``url``, the trials that ran with their spans unless not ``spans`` (their
+    per-rank breakdown is stored either way); {trial id: the layout's short name}."""
+    names = {}
+    with Database.open(url) as database:
+        study = database.create_study(
+            name, {"world_size": 2, "memory_limit_gib": STATUS_LIMIT / GIB, "device": "cpu"}
+        )
+        for (status, number), config in zip(trials, STATUS_CONFIGS):
+            record, timeline = status_record(status, config, study.id, number)
+            names[database.add_trial(record, timeline if spans else ())] = short_name(config)
+    return names
+
+
+def status_record(
+    status: TrialStatus, config: TrialConfig, study_id: int, number: int | None
+) -> tuple[TrialRecord, list[SpanRecord]]:
+    """A trial in ``status`` as the search stores it, with the spans of its timeline."""
+    peak = estimate_memory(config).total
+    if status in (TrialStatus.INFEASIBLE_PREDICTED, TrialStatus.SKIPPED_PREDICTED):
+        error = (
+            f"predicted peak {peak / GIB:.3g} GiB > limit"
+            if status.infeasible
+            else "skipped: predicted no faster than the best measured"
+        )
+        record = unmeasured_record(
+            config,
+            study_id=study_id,
+            number=number,
+            status=status,
+            predicted_peak=peak,
+            predictions=predicted_metrics(config),
+            error=error,
+        )
+        return record, []
+    measured = int(STATUS_LIMIT * (1.5 if status.infeasible else 0.5))
+    step_time = 0.004
+    ran = {
+        "metrics": {
+            "step_time_s": step_time,
+            "throughput_tokens_per_s": config.tokens_per_step / step_time,
+            "peak_memory_bytes": measured,
+            "ranks": RANKS,
+            **predicted_metrics(config),
+        },
+        "env": {"device": "cpu"},
+        "error": f"measured peak {measured / GIB:.3g} GiB > limit" if status.infeasible else None,
+        "memory": rank_memory(config, measured),
+    }
+    # failed: nothing measured, no memory; running: no result yet
+    not_ran = {"metrics": {}, "env": {}, "error": None}
+    if status == TrialStatus.FAILED:
+        not_ran["error"] = "rank 1: RuntimeError: boom"
+    record = TrialRecord(
+        id=None,
+        study_id=study_id,
+        number=number,
+        status=status,
+        config=config.resolved(),
+        created_at=datetime.now(UTC),
+        **(ran if status.ran else not_ran),
+    )
+    if not status.ran:
+        return record, []
+    spans = [
+        span
+        for r in range(2)
+        for span in (
+            SpanRecord(r, 0, "step", "step", "", 0, 4_000_000),
+            SpanRecord(r, 0, "compute", "aten::mm", "forward", 100_000, 3_000_000),
+            SpanRecord(r, 0, "comm", "all_reduce", "", 3_000_000, 500_000, 1 << 20, "dp"),
+        )
+    ]
+    return record, spans

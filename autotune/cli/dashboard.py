@@ -4,6 +4,7 @@ localhost (``dashboards.report`` / ``dashboards.serve``, imported when run: they
 from __future__ import annotations
 
 import argparse
+import sys
 
 from autotune.cli.args import add_db_arg, add_debug_arg, opened_db, port
 
@@ -48,9 +49,13 @@ def run(args: argparse.Namespace) -> int:
             from dashboards.serve import serve
 
             return serve(database, args.study, **({} if args.port is None else {"port": args.port}))
+        from dashboards.data import BuildProgress
         from dashboards.report import write_report
 
-        path, study = write_report(database, args.study, args.output)
+        # A rewritten progress line on a terminal; one summary line on stderr either way.
+        path, study = write_report(
+            database, args.study, args.output, progress=BuildProgress(sys.stderr)
+        )
     print(
         f"wrote the dashboard of study '{study.name}' ({len(study.trials)} trials, "
         f"{len(study.timelines)} timelines) to {path}"

@@ -181,11 +181,13 @@ def test_history_shows_each_trial_and_the_best_so_far(report, study):
     assert flat(zip(fig["best so far"]["x"], fig["best so far"]["y"])) == pytest.approx(
         flat(expected)
     )
-    not_run = sum(e.status == "infeasible_predicted" for e in board)
-    assert (
-        fig["failed"]["y"] == [0.0]
-        and fig["infeasible (predicted, not run)"]["y"] == [0.0] * not_run
-    )
+    # Trials that measured nothing: on the strip under the axis, at their trial numbers.
+    not_run = [e.number for e in board if e.status == "infeasible_predicted"]
+    failed = [e.number for e in board if e.status == "failed"]
+    assert fig["failed"]["y"] == ["not measured"] and fig["failed"]["x"] == failed
+    assert fig["infeasible (predicted, not run)"]["y"] == ["not measured"] * len(not_run)
+    assert fig["infeasible (predicted, not run)"]["x"] == sorted(not_run)
+    assert fig["failed"]["yaxis"] == "y2" and fig["complete"]["yaxis"] == "y"
 
 
 def test_scatter_points_limit_and_pareto_front(report, study):
@@ -400,19 +402,6 @@ def test_report_of_trials_without_predictions(tmp_path):
     """Older trials (no prediction) and a malformed one: no prediction drawn, no failure."""
     with Database.open(f"sqlite:///{tmp_path / 'old.db'}") as database:
         study = database.create_study("old", {"world_size": 2})
-        ranks = [
-            {
-                "rank": r,
-                "window_ns": 4_000_000,
-                "compute_ns": 3_000_000,
-                "comm_ns": 500_000,
-                "overlap": 0.5,
-                "exposed_comm_ns": 250_000,
-                "idle_ns": 750_000,
-                "num_steps": 2,
-            }
-            for r in range(2)
-        ]
         for number, extra in enumerate(
             (
                 {},
@@ -433,7 +422,7 @@ def test_report_of_trials_without_predictions(tmp_path):
                         "step_time_s": 0.05,
                         "throughput_tokens_per_s": 9_000.0 + number,
                         "peak_memory_bytes": 1 << 20,
-                        "ranks": ranks,
+                        "ranks": ds.RANKS,
                         **extra,
                     },
                     env={},
