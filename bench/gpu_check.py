@@ -1,17 +1,35 @@
-"""Validates the CUDA path on one machine with GPUs, in a few minutes (the H200 runs' times:
-docs/benchmarks.md).
+"""Validates the CUDA path on one machine with GPUs, one to eight of them, in one command of
+under 8 minutes (the H200 runs' times: docs/benchmarks.md).
 
-Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make: never
-counted as passed). Its stages (``--only`` picks them, in order):
+Each row of the table it prints is PASS, FAIL or SKIP (a check this machine cannot make, or
+one the time budget left out: never counted as passed). It prints its plan and the plan's
+estimated time first. Its stages (``--only`` picks them, in order; by default all, in the
+order below):
 
-- ``search`` (``bench/gpu_search.py``): ``autotune search`` with no argument completes on the
-  GPU, stores CUDA figures (both allocator peaks) and writes exports that parse.
+- ``search`` (``bench/gpu_dashboard.py``, ``bench/gpu_search.py``): ``autotune search`` with
+  no argument (on GPUs it takes every visible GPU) completes, stores CUDA figures (both
+  allocator peaks) and writes exports that parse; ``autotune dashboard -o`` on its database
+  exits 0 and writes the HTML page.
+- ``layouts`` (``bench/gpu_layouts.py``): with two GPUs or more, every layout kind — DDP,
+  ZeRO-1/2/3, tp, tp × SP, pp under gpipe, 1f1b and interleaved 1f1b, cp, HSDP, compile — at
+  world 2, then tp × dp, HSDP 2 × 2, pp × dp, cp × dp at world 4 and tp × pp × dp at world 8
+  where the GPUs are there: each trains the single-process reference's losses on NCCL, each
+  rank's peak against the memory model, its step time beside the step-time model's (a
+  figure), the NCCL gradient payload (data parallelism), the pipeline's send/recv bytes against
+  its activations, and the step time of a trial after the profiled ones against its first run
+  (CUPTI detached). One GPU: one SKIP row.
+- ``zero``, ``master``: the rows below.
 - ``rows`` (``bench/gpu_rows.py``): nine configurations of a 1.5B Llama at seq 2048-8192 (AC
   none / selective / full, micro-batch, precision, offload), each judged on its allocated and
   reserved peaks against the memory model and on its step time against the step-time model
   calibrated on two rows; the profile of a compute-bound row; a real CUDA OOM followed by a
   trial in the same executor.
-- ``zero``, ``master``, ``oom``: the rows below.
+- ``oom``: the row below.
+
+``--max-minutes`` (default 8) is the budget: a stage, or a layout, whose estimate does not fit
+in what is left is one SKIP row. ``--dry-run`` runs the search, the world-2 layouts and the
+rows on CPU (gloo, GPT-tiny, one timed step), through the same code (the suite runs part of it:
+``tests/bench/test_gpu_layouts.py``).
 
 ``docs/benchmarks.md`` ("GPU check") says what each row proves and what the first GPU run
 measured.
@@ -60,12 +78,14 @@ dp 2:
   different model fails it where its losses move by more than that.
 
 Exit status: 0 when no check fails (skipped ones included), 1 when one fails, 2 when no CUDA
-device is visible (the only thing it can check on a CPU-only machine).
+device is visible (the only thing it can check on a CPU-only machine) or on a usage error.
 
 Usage (from the repo root)::
 
-    python bench/gpu_check.py
+    python bench/gpu_check.py                   # everything that fits in 8 minutes
+    python bench/gpu_check.py --only search,layouts   # the multi-GPU check alone
     python bench/gpu_check.py --skip-oom        # the trials and their checks only
+    python bench/gpu_check.py --dry-run         # on CPU, before a GPU run
 """
 
 from __future__ import annotations
@@ -86,8 +106,9 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+import gpu_dashboard  # noqa: E402
+import gpu_layouts  # noqa: E402
 import gpu_rows  # noqa: E402
-import gpu_search  # noqa: E402
 from gpu_table import (  # noqa: E402
     EXIT_FAILED,  # noqa: F401 - part of the script's interface (its exit status)
     EXIT_NO_CUDA,
@@ -584,7 +605,16 @@ def oom_check(device_bytes: int, timeout_s: float) -> Check:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+STAGE_SECONDS = {"search": 150.0, "rows": 130.0, "zero": 90.0, "master": 30.0, "oom": 60.0}
+"""Estimated seconds of each stage on a GPU machine (the H200 runs: docs/benchmarks.md); the
+layouts stage's is its plan's (``gpu_layouts.plan_seconds``)."""
+CPU_STAGE_SECONDS = {"search": 120.0, "rows": 90.0}
+"""The dry run's, on a loaded 2-core machine."""
+ORDER = ("search", "layouts", "zero", "master", "rows", "oom")
+"""The stages by default, in this order: what ``--max-minutes`` leaves out comes last."""
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--timeout", type=float, default=240.0, help="per-trial timeout in seconds (default 240)"
@@ -596,15 +626,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="STAGE[,STAGE]",
-        help="run only these stages, in this order: search, rows, zero, master, oom (default: all)",
+        help=f"run only these stages, in this order: {', '.join(ORDER)} (default: all)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=8.0,
+        help="time budget: a stage or layout whose estimate does not fit in what is left is "
+        "reported SKIP (default 8)",
     )
     parser.add_argument(
         "--cpu-dry-run",
+        "--dry-run",
+        dest="cpu_dry_run",
         action="store_true",
-        help="run the rows' code paths on CPU with a tiny model (the figures "
+        help="run the stages' code paths on CPU (gloo, world 2, tiny models; the figures "
         "judge nothing there; for checking the script before a GPU run)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
+    if not args.max_minutes > 0:
+        parser.error(f"--max-minutes must be > 0, not {args.max_minutes:g}")
+    order = args.only.split(",") if args.only else list(ORDER)
+    unknown = [s for s in order if s not in ORDER]
+    if unknown:
+        parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(ORDER)}")
     import torch
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -625,15 +675,20 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     start = time.monotonic()
-    checks: list[Check] = []
+    deadline = start + 60 * args.max_minutes
+    layouts = gpu_layouts.plan(num_gpus)
     stages = {
         "search": (
             "default search",
             lambda: (
                 []
                 if args.skip_search
-                else gpu_search.run_default_search(REPO_ROOT, timeout_s=args.timeout)
+                else gpu_dashboard.run_search_and_dashboard(REPO_ROOT, timeout_s=args.timeout)
             ),
+        ),
+        "layouts": (
+            "multi-GPU layouts",
+            lambda: layouts_stage(layouts, gpu_layouts.GPU_SCALE, args.timeout, deadline),
         ),
         "rows": (
             "1B rows",
@@ -654,21 +709,66 @@ def main(argv: list[str] | None = None) -> int:
             lambda: [] if args.skip_oom else [oom_check(props.total_memory, args.timeout)],
         ),
     }
-    order = args.only.split(",") if args.only else list(stages)
-    unknown = [s for s in order if s not in stages]
-    if unknown:
-        parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(stages)}")
+    estimates = {
+        **STAGE_SECONDS,
+        "layouts": gpu_layouts.plan_seconds(layouts, gpu_layouts.GPU_SCALE) if layouts else 0.0,
+    }
+    print(format_plan(order, estimates, args.max_minutes), flush=True)
+    if layouts and "layouts" in order:
+        print(gpu_layouts.format_plan(layouts, gpu_layouts.GPU_SCALE), flush=True)
+    checks: list[Check] = []
     for key in order:
-        checks += _run_stage(*stages[key], start)
+        checks += _run_stage(*stages[key], start, estimate=estimates[key], deadline=deadline)
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)
 
 
-def _run_stage(name: str, stage, start: float) -> list[Check]:
+def format_plan(order: list[str], estimates: dict[str, float], max_minutes: float) -> str:
+    """The stages to run with their estimated seconds, and the total against the budget."""
+    total = sum(estimates[k] for k in order)
+    parts = ", ".join(f"{k} ~{estimates[k]:.0f}s" for k in order)
+    return f"plan: {parts}; estimated {total:.0f}s of the {max_minutes:g}-minute budget"
+
+
+def layouts_stage(layouts, scale, timeout_s: float, deadline: float) -> list[Check]:
+    """The multi-GPU layouts (``gpu_layouts.run_layouts``) in one executor; with fewer than two
+    GPUs one SKIP row."""
+    if not layouts:
+        return [
+            Check(
+                "multi-GPU layouts",
+                "dp, ZeRO, tp, SP, pp, cp, HSDP, compile at world ≥ 2",
+                "SKIP: 1 GPU visible, needs 2",
+                Status.SKIP,
+            )
+        ]
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
+
+    with RayExecutor(ExecutorSettings(trial_timeout_s=timeout_s)) as executor:
+        return gpu_layouts.run_layouts(
+            executor, layouts, scale, deadline=deadline, gradient_check=payload_check
+        )
+
+
+def _run_stage(
+    name: str, stage, start: float, *, estimate: float = 0.0, deadline: float = math.inf
+) -> list[Check]:
     """One stage's checks, its progress on stderr; a stage that raises is one FAIL row (the
-    stages after it still run)."""
-    print(f"[{time.monotonic() - start:5.0f}s] {name} ...", file=sys.stderr, flush=True)
+    stages after it still run); a stage whose estimate does not fit before ``deadline`` is one
+    SKIP row."""
+    now = time.monotonic()
+    print(f"[{now - start:5.0f}s] {name} ...", file=sys.stderr, flush=True)
+    if now + estimate > deadline:
+        left = max(0.0, deadline - now)
+        return [
+            Check(
+                name,
+                "runs",
+                f"SKIP: estimated {estimate:.0f}s, {left:.0f}s left of --max-minutes",
+                Status.SKIP,
+            )
+        ]
     try:
         checks = stage()
     except Exception as e:  # noqa: BLE001 - reported in the table
@@ -682,21 +782,35 @@ def _run_stage(name: str, stage, start: float) -> list[Check]:
 
 
 def _cpu_dry_run(args) -> int:
-    """The stages on CPU: a default search (gloo) and the rows on a tiny Llama."""
+    """The stages on CPU: a default search (gloo) and its dashboard, the world-2 layouts on
+    GPT-tiny, and the rows on a tiny Llama, within ``--max-minutes``."""
     start = time.monotonic()
-    checks: list[Check] = []
-    checks += _run_stage(
-        "default search (cpu)",
-        lambda: gpu_search.run_default_search(
-            REPO_ROOT, args.timeout, ("--trials", "3", "--remeasure", "0"), device="cpu"
+    deadline = start + 60 * args.max_minutes
+    layouts = gpu_layouts.world_two()
+    scale = gpu_layouts.CPU_SCALE
+    estimates = {**CPU_STAGE_SECONDS, "layouts": gpu_layouts.plan_seconds(layouts, scale)}
+    order = [k for k in (args.only.split(",") if args.only else ORDER) if k in estimates]
+    stages = {
+        "search": (
+            "default search (cpu)",
+            lambda: gpu_dashboard.run_search_and_dashboard(
+                REPO_ROOT, args.timeout, ("--trials", "3", "--remeasure", "0"), device="cpu"
+            ),
         ),
-        start,
-    )
-    checks += _run_stage(
-        "rows (cpu, tiny)",
-        lambda: gpu_rows.run_rows(gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False),
-        start,
-    )
+        "layouts": (
+            "layouts (cpu, world 2)",
+            lambda: layouts_stage(layouts, scale, args.timeout, deadline),
+        ),
+        "rows": (
+            "rows (cpu, tiny)",
+            lambda: gpu_rows.run_rows(gpu_rows.CPU_DRY_RUN, 2**30, args.timeout, oom=False),
+        ),
+    }
+    print(format_plan(order, estimates, args.max_minutes), flush=True)
+    print(gpu_layouts.format_plan(layouts, scale), flush=True)
+    checks: list[Check] = []
+    for key in order:
+        checks += _run_stage(*stages[key], start, estimate=estimates[key], deadline=deadline)
     print(format_table(checks))
     print(summary_line(checks, time.monotonic() - start))
     return exit_status(checks)
