@@ -82,7 +82,10 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
             f"training key: this file runs the dp × cp × tp = {processes} part of the "
             f"world of {config.world_size}"
         )
-    use_fsdp = zero >= 2 or tp > 1 or cp > 1
+    # Accelerate's FSDP2 needs a dimension to shard: dp_shard or cp above 1 (ParallelismConfig.
+    # _validate_accelerator), and its launcher takes a parallelism_config only with FSDP2.
+    sharded = zero >= 2 and config.dp_shard > 1
+    use_fsdp = sharded or cp > 1
     precision = export_precision(config)
     if precision.endswith("-true") and precision != "32-true":
         notes.append(
@@ -112,11 +115,8 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
         )
     if use_fsdp:
         doc.update(_accelerate_fsdp(config, layer_class, notes))
-    elif config.activation_checkpointing != "none":
-        notes.append(
-            "activation checkpointing without FSDP has no Accelerate key: call "
-            "model.gradient_checkpointing_enable() in the script"
-        )
+    else:
+        notes += _accelerate_unsharded(config)
     notes.append(
         f"bucket size {config.bucket_mb:g} MB and overlap "
         f"{'on' if config.overlap_enabled else 'off'} have no Accelerate key"
@@ -151,10 +151,41 @@ def _accelerate_knobs(config: TrialConfig, notes: list[str]) -> dict:
     return doc
 
 
+def _accelerate_unsharded(config: TrialConfig) -> list[str]:
+    """What a layout with nothing for FSDP2 to shard runs as: DDP, TP from the model."""
+    notes = []
+    if config.activation_checkpointing != "none":
+        notes.append(
+            "activation checkpointing without FSDP has no Accelerate key: call "
+            "model.gradient_checkpointing_enable() in the script"
+        )
+    if config.tp_degree > 1:
+        notes.append(
+            f"tp {config.tp_degree} without a dimension to shard: Accelerate's "
+            "parallelism_config needs FSDP2 with dp_shard or cp above 1; load the model with "
+            f"transformers' tp_plan='auto' (DistributedConfig(tp_size={config.tp_degree})) "
+            "and launch as written (MULTI_GPU)"
+        )
+    if config.zero_stage >= 2:
+        notes.append(
+            f"ZeRO-{config.zero_stage} over shard groups of one rank shards nothing: "
+            "written as plain data parallelism"
+        )
+    return notes
+
+
 def _accelerate_fsdp(config: TrialConfig, layer_class: str, notes: list[str]) -> dict:
     """FSDP2 keys and the parallelism_config sizes (HSDP: dp_replicate × dp_shard; CP)."""
     zero, dp = config.zero_stage, config.dp_degree
     shard = config.dp_shard if zero >= 2 else 1
+    if config.cp_degree > 1 and shard == 1 and dp > 1:
+        # Accelerate composes CP with sharded data parallelism only (ParallelismConfig)
+        shard = dp
+        notes.append(
+            f"ZeRO-{zero} replicas with cp {config.cp_degree}: Accelerate composes context "
+            f"parallelism only with FSDP sharding; written as FSDP over the {dp} "
+            "data-parallel ranks (gradients and optimizer state sharded, no more memory)"
+        )
     fsdp = {
         "fsdp_version": 2,
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -174,10 +205,10 @@ def _accelerate_fsdp(config: TrialConfig, layer_class: str, notes: list[str]) ->
     if config.cp_degree > 1:  # torch's context_parallel with K/V all-gathered, as the trials
         parallelism["parallelism_config_cp_backend"] = "torch"
         parallelism["parallelism_config_cp_comm_strategy"] = "allgather"
-    if zero < 2:
+    if zero < 2 and dp == 1:
         notes.append(
-            f"ZeRO-{zero} with tp {config.tp_degree}: FSDP2 with dp_shard_size 1 "
-            "replicates over dp (DDP-like), the closest Accelerate layout"
+            f"ZeRO-{zero} with cp {config.cp_degree}: FSDP2 over the cp ranks, the "
+            "closest Accelerate layout"
         )
     if config.activation_checkpointing in ("selective", "op"):
         notes.append(
