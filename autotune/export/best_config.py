@@ -5,12 +5,28 @@ arguments (``megatron``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TextIO
 
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
-from autotune.export.ds_config import check_batch_identity, ds_config
+from autotune.export.ds_config import check_batch_identity, deepspeed_cannot_run, ds_config
 from autotune.export.files import write_json_atomically
+
+DS_CONFIG_FILE = "ds_config.json"
+
+
+class Exports(tuple):
+    """The paths written, best_config.json first, and ``left_out``: one line for each file not
+    written because its target has no way to run the layout."""
+
+    left_out: tuple[str, ...] = ()
+
+    def __new__(cls, paths, left_out=()) -> Exports:
+        exports = super().__new__(cls, paths)
+        exports.left_out = tuple(left_out)
+        return exports
 
 
 def best_config_document(
@@ -28,12 +44,13 @@ def best_config_document(
     }
 
 
-def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, ...]:
+def export_study(
+    database, study_name: str, out_dir: str | Path, *, stream: TextIO | None = None
+) -> Exports:
     """Write best_config.json, ds_config.json, the other trainers' configs (``export.trainers``)
-    and megatron_args.txt of a stored study's best trial; their paths, best_config first."""
-    from autotune.export.files import write_text_atomically
-    from autotune.export.megatron import MEGATRON_FILE, megatron_text
-    from autotune.export.trainers import write_trainer_exports
+    and megatron_args.txt of a stored study's best trial; their paths, best_config first. A
+    layout DeepSpeed has no way to run gets no ds_config.json (an older one there is removed)
+    and a line saying why, on ``stream`` (standard error) and in ``left_out``."""
     from autotune.study.leaderboard import build_leaderboard, declare_best
 
     study = database.get_study(study_name)
@@ -55,9 +72,7 @@ def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, 
     }
     out = Path(out_dir)
     try:
-        ds = ds_config(best.config)
-        check_batch_identity(ds, best.config.dp_degree)
-        best_path, ds_path = out / "best_config.json", out / "ds_config.json"
+        best_path = out / "best_config.json"
         write_json_atomically(
             best_path,
             best_config_document(
@@ -69,11 +84,34 @@ def export_study(database, study_name: str, out_dir: str | Path) -> tuple[Path, 
                 db_display=database.url_for_display,
             ),
         )
-        write_json_atomically(ds_path, ds)
-        # megatron_args.txt first: the trainer files' notes name it as the way to run ac_layers
-        megatron_path = out / MEGATRON_FILE
-        write_text_atomically(megatron_path, megatron_text(best.config))
-        others = write_trainer_exports(best.config, out)
+        exports = write_layout_exports(best.config, out)
     except OSError as e:
         raise AutotuneError(f"cannot write exports to '{out}': {e.strerror}") from None
-    return best_path, ds_path, *others, megatron_path
+    for line in exports.left_out:
+        print(line, file=stream if stream is not None else sys.stderr, flush=True)
+    return Exports([best_path, *exports], exports.left_out)
+
+
+def write_layout_exports(config: TrialConfig, out: Path) -> Exports:
+    """The targets' files of ``config`` in ``out``: ds_config.json where DeepSpeed can run the
+    layout (else none, an older one removed so that it is not taken for this layout's, and a
+    line in ``left_out``), the trainers' configs and megatron_args.txt, in that order."""
+    from autotune.export.files import write_text_atomically
+    from autotune.export.megatron import MEGATRON_FILE, megatron_text
+    from autotune.export.trainers import write_trainer_exports
+
+    ds_path, cannot_run = out / DS_CONFIG_FILE, deepspeed_cannot_run(config)
+    if cannot_run is None:
+        ds = ds_config(config)
+        check_batch_identity(ds, config.dp_degree)
+        write_json_atomically(ds_path, ds)
+    else:
+        ds_path.unlink(missing_ok=True)
+    # megatron_args.txt first: the trainer files' notes name it as the way to run ac_layers
+    megatron_path = out / MEGATRON_FILE
+    write_text_atomically(megatron_path, megatron_text(config))
+    others = write_trainer_exports(config, out)
+    return Exports(
+        [*([ds_path] if cannot_run is None else []), *others, megatron_path],
+        () if cannot_run is None else (f"{DS_CONFIG_FILE} not written: {cannot_run}",),
+    )

@@ -2,7 +2,10 @@
 
 DeepSpeed keys follow its configuration reference (deepspeed.ai/docs/config-json):
 ``train_batch_size`` must equal ``train_micro_batch_size_per_gpu × gradient_accumulation_steps ×
-data-parallel size`` (DeepSpeed asserts it), and ZeRO bucket sizes are counted in elements.
+data-parallel size`` (DeepSpeed asserts it: the mpu's data-parallel size, else world /
+``sequence_parallel_size``, ``runtime/config.py``), and ZeRO bucket sizes are counted in elements.
+Context parallelism is written as Ulysses (``sequence_parallel_size``); a layout DeepSpeed has no
+way to run (``deepspeed_cannot_run``) gets no file.
 """
 
 from __future__ import annotations
@@ -71,6 +74,19 @@ def ds_config(config: TrialConfig) -> dict:
         }
     if config.tp_degree > 1:
         ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
+    if config.cp_degree > 1:
+        # Ulysses: without an mpu DeepSpeedConfig counts the batch over world /
+        # sequence_parallel_size ranks (runtime/config.py): the trial's dp, tp and pp being 1
+        # wherever a file is written (deepspeed_cannot_run).
+        ds["sequence_parallel_size"] = config.cp_degree
+    notes = _notes(config, precision)
+    if notes:
+        ds["autotune_notes"] = notes
+    return ds
+
+
+def _notes(config: TrialConfig, precision: str) -> list[str]:
+    """What DeepSpeed cannot follow of the layout, and how to run what it can."""
     notes = []
     if precision not in MIXED_PRECISIONS and precision != "32-true":
         notes.append(
@@ -91,6 +107,12 @@ def ds_config(config: TrialConfig) -> dict:
             )
     if config.tp_degree > 1 and config.zero_stage > 2:
         notes.append("DeepSpeed AutoTP needs ZeRO stage ≤ 2")
+    if config.tp_degree > 1:
+        notes.append(
+            f"AutoTP: give deepspeed.initialize an mpu whose data-parallel size is "
+            f"{config.dp_degree}; without one DeepSpeed counts train_batch_size over all "
+            f"{config.world_size} ranks and refuses this file"
+        )
     if config.optimizer_offload_enabled and config.zero_stage < 3:
         notes.append(
             f"DeepSpeed offloads parameters only at ZeRO stage 3 (offload_param): at "
@@ -107,10 +129,7 @@ def ds_config(config: TrialConfig) -> dict:
             "op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
             "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules"
         )
-    notes += newer_knob_notes(config)
-    if notes:
-        ds["autotune_notes"] = notes
-    return ds
+    return notes + newer_knob_notes(config)
 
 
 def newer_knob_notes(config: TrialConfig) -> list[str]:
@@ -125,11 +144,7 @@ def newer_knob_notes(config: TrialConfig) -> list[str]:
             "not written"
         )
     if config.cp_degree > 1:
-        notes.append(
-            f"context parallelism cp {config.cp_degree} (K/V all-gathered, causal load "
-            "balancing) has no DeepSpeed key; its nearest is Ulysses "
-            "(sequence_parallel_size), an all-to-all over heads: not written"
-        )
+        notes.append(_ulysses_note(config))
     if config.dp_replicate > 1:
         notes.append(
             f"HSDP ({config.dp_replicate} replica groups of {config.dp_shard} shards): "
@@ -153,6 +168,49 @@ def newer_knob_notes(config: TrialConfig) -> list[str]:
             "torchao's float8 linears in the model"
         )
     return notes
+
+
+def _ulysses_note(config: TrialConfig) -> str:
+    cp, shape = config.cp_degree, config.workload.shape
+    heads = (
+        f"{shape.num_heads} heads and {shape.num_kv_heads} KV heads"
+        if shape is not None
+        else "the model's heads and KV heads (a user workload: check them)"
+    )
+    return (
+        f"context parallelism cp {cp} (K/V all-gathered, causal load balancing) runs in "
+        f"DeepSpeed as Ulysses sequence parallelism (sequence_parallel_size {cp}): an "
+        f"all-to-all over attention heads, which needs {heads} divisible by {cp}; "
+        f"DeepSpeed counts train_batch_size over world / {cp} ranks"
+    )
+
+
+def deepspeed_cannot_run(config: TrialConfig) -> str | None:
+    """Why DeepSpeed 0.19 has no way to run this layout (its ``ds_config.json`` is then not
+    written), or None. Its pipeline engine asserts ZeRO ≤ 1 (``runtime/pipe/engine.py``);
+    context parallelism runs as Ulysses, whose all-to-all splits the heads, and neither the
+    pipeline topology (pipe × data × model, ``runtime/pipe/topology.py``) nor AutoTP's mesh
+    (data × tensor, ``utils/groups._init_tp_mesh_device``) has a sequence axis beside it."""
+    cp, shape = config.cp_degree, config.workload.shape
+    if config.pp_degree > 1 and config.zero_stage >= 2:
+        return (
+            f"DeepSpeed's pipeline engine refuses ZeRO-{config.zero_stage} (ZeRO-2 and "
+            f"ZeRO-3 are incompatible with pipeline parallelism): pp {config.pp_degree} runs "
+            "there with zero_stage 0 or 1"
+        )
+    if cp == 1:
+        return None
+    ulysses = f"cp {cp} runs in DeepSpeed as Ulysses (sequence_parallel_size)"
+    if config.pp_degree > 1:
+        return f"{ulysses}, and its pipeline engine's topology has no sequence axis: use pp 1"
+    if config.tp_degree > 1:
+        return f"{ulysses}, and AutoTP's data × tensor mesh has no sequence axis: use tp 1"
+    if shape is not None and (shape.num_heads % cp or shape.num_kv_heads % cp):
+        return (
+            f"{ulysses}, whose all-to-all needs the heads and KV heads divisible by {cp}; "
+            f"{config.workload.name} has {shape.num_heads} and {shape.num_kv_heads}"
+        )
+    return None
 
 
 def check_batch_identity(ds: dict, dp_degree: int) -> None:
