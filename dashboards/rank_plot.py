@@ -270,22 +270,19 @@ def _limit_lines(s: RankSummary) -> list[dict]:
 
 
 def _limit_labels(s: RankSummary) -> list[dict]:
-    label = {"xref": "x", "yref": "paper", "showarrow": False, "textangle": -90}
+    label = {"xref": "x", "yref": "paper", "y": 1, "yanchor": "top", "showarrow": False}
+    label |= {"textangle": -90}
     return [
         {
             **label,
             "x": s.limit_bytes / GIB,
-            "y": 1,
-            "xanchor": "left",
-            "yanchor": "top",
+            "xshift": -10,  # inside, left of the line
             "text": f"memory limit {s.limit_bytes / GIB:g} GiB",
         },
         {
             **label,
             "x": s.fit_below_bytes / GIB,
-            "y": 1,
-            "xanchor": "right",
-            "yanchor": "top",
+            "xshift": 10,  # right of the line, where no layout fits
             "text": f"fits: predicted peak ≤ {s.fit_below_bytes / GIB:.2f} GiB",
         },
     ]
@@ -311,9 +308,9 @@ def what_is_drawn(n_points: int, s: RankSummary, kind: str) -> list[str]:
     )
     if s.screened_groups or s.screened_branches:
         left_out += (
-            f", nor are the {s.screened_groups:,} (tp, pp, cp, ZeRO, HSDP, schedule) groups and "
-            f"{s.screened_branches:,} (micro-batch, checkpointing, SP) branches screened out on "
-            "memory before their layouts were built"
+            f"; neither scored nor drawn: the {s.screened_groups:,} (tp, pp, cp, ZeRO, HSDP, "
+            f"schedule) groups and {s.screened_branches:,} (micro-batch, checkpointing, SP) "
+            "branches screened out on memory before their layouts were built"
         )
     return [
         drawn + ".",

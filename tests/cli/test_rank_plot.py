@@ -163,7 +163,9 @@ def test_page_is_self_contained_and_says_what_it_draws():
     notes = re.search(r'<ul class="notes" id="what-is-drawn">(.*?)</ul>', page, re.S).group(1)
     assert "70 points, one per row" in notes and "the 70 layouts predicted to fit." in notes
     assert "the 430 predicted not to fit are not drawn" in notes
-    assert "3 (tp, pp, cp, ZeRO, HSDP, schedule) groups and 40" in notes
+    assert (
+        "neither scored nor drawn: the 3 (tp, pp, cp, ZeRO, HSDP, schedule) groups and 40" in notes
+    )
     assert "Drawn with SVG markers" in notes
 
 
