@@ -92,10 +92,15 @@ class _GatherSequence(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         b, h, s_all, d = grad.shape
         s = s_all // ctx.degree
+        # Each cp rank's part laid out contiguously, as reduce_scatter_tensor reads its input:
+        # NCCL reads the buffer linearly whatever the strides. The reshape alone copies only
+        # when it must: at micro-batch 1 it merges (cp, 1) into a strided view, which gloo
+        # copes with and NCCL sums wrong, with no error (dK and dV of ≥ 2 heads mixed up).
         parts = (
             grad.reshape(b, h, ctx.degree, s, d)
             .permute(2, 0, 1, 3, 4)
             .reshape(ctx.degree * b, h, s, d)
+            .contiguous()
         )
         out = grad.new_empty((b, h, s, d))
         with group_range("cp"):
