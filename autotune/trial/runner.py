@@ -39,6 +39,7 @@ from autotune.trial.parallel.parallelize import ParallelModel, check_workload_su
 from autotune.trial.parallel.precision import check_device_precision, compute_dtype
 from autotune.trial.parallel.zero import local_tensor, resident
 from autotune.trial.result import MemoryBreakdown, RankResult
+from autotune.trial.strict_collectives import install_from_env as strict_collectives_from_env
 from profiler import Span
 from profiler import record as profile_record
 from profiler.clock import measure_offset
@@ -354,6 +355,7 @@ def release_cached_blocks(device: torch.device) -> None:
 def run_rank(config: TrialConfig) -> RankResult:
     """Run one trial on this rank of the (already initialised) default process group."""
     t0 = time.perf_counter()
+    strict_collectives_from_env()  # AUTOTUNE_STRICT_COLLECTIVES=1: NCCL's rules on any backend
     device = resolve_device(config)
     release_cached_blocks(device)
     outside = OutsideAllocator.start(device, config)
