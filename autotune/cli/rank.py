@@ -18,8 +18,8 @@ that differ only in bucket size and whose predicted step and peak agree within 0
 (``collapse_equivalent``) share one row, whose bucket column lists their sizes; the output says
 how many were folded.
 
-What is enumerated (``ENUMERATED``): tp × pp × dp, micro-batch (hence accumulation), ZeRO stage,
-activation checkpointing, pipeline schedule, overlap on/off and the search's bucket sizes. With
+What is enumerated (``ENUMERATED``): every knob of the search (``layouts.KNOB_ORDER``, in the
+words of ``layouts.KNOB_WORDS``), tp × pp × cp × dp, with the knobs' flags narrowing them. With
 dp 1 there is nothing to shard, overlap or bucket, so only ZeRO-0 with overlap on and the
 default bucket is listed (``enumerate_configs`` lists only ZeRO-0 there for the same reason).
 The attention kernel stays at TrialConfig's default (SDPA): eager attention is slower and
@@ -66,7 +66,7 @@ from autotune.config import (
     ZeroStage,
 )
 from autotune.errors import AutotuneError, ConfigError
-from autotune.layouts import SEARCHED_BY_DEFAULT, divisors, short_name
+from autotune.layouts import KNOB_ORDER, SEARCHED_BY_DEFAULT, divisors, knobs_in_words, short_name
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
 from autotune.model.layout_quantities import fields_key
@@ -89,9 +89,9 @@ ZERO_STAGES = get_args(ZeroStage)
 CHECKPOINTING = get_args(ActivationCheckpointing)
 SCHEDULES = get_args(PipelineSchedule)
 ENUMERATED = (
-    f"tp × pp × dp, micro-batch (× accumulation), ZeRO stage {ZERO_STAGES[0]}-"
-    f"{ZERO_STAGES[-1]}, activation checkpointing {'/'.join(CHECKPOINTING)}, pipeline "
-    f"schedule {'/'.join(SCHEDULES)} (pp > 1), overlap on/off and bucket size "
+    f"all {len(KNOB_ORDER)} knobs of the search: {knobs_in_words()}; ZeRO stage "
+    f"{ZERO_STAGES[0]}-{ZERO_STAGES[-1]}, activation checkpointing {'/'.join(CHECKPOINTING)}, "
+    f"pipeline schedule {'/'.join(SCHEDULES)} (pp > 1), overlap on/off and bucket size "
     f"{'/'.join(f'{b:g}' for b in DEFAULT_BUCKETS_MB)} MB (dp > 1)"
 )
 """The knobs ``autotune rank`` enumerates (the search's grid, ``space.SearchSpace``), as its
@@ -170,7 +170,7 @@ def add_rank_parser(sub) -> None:
     add_precision_args(p)
     add_knob_args(
         p.add_argument_group(
-            "newer knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
+            "layout knobs (default: SP wherever tp > 1, each cp leaving ≥ 4,096 tokens a rank, "
             "HSDP shard groups of 8 and 64, virtual stages 2/4; compile and fp8 "
             "off)"
         ),
