@@ -193,12 +193,15 @@ KINDS = {
 
 
 def test_the_plan_covers_every_kind_at_world_2_and_grows_with_the_gpus():
+    from autotune.trial.parallel.compile import check_compile
+
     assert gl.plan(1) == []
     for scale in (gl.GPU_SCALE, gl.CPU_SCALE):
         for n in (2, 3, 4, 8):
             for layout in gl.plan(n):
                 config = scale.config(layout)
                 config.validate()  # every layout runs at both scales
+                check_compile(config)  # and the runner's own rules at trial start
                 assert config.workload == scale.workload()  # one reference for all
                 assert config.precision == "32-true"
     two = [gl.GPU_SCALE.config(layout) for layout in gl.plan(2)]
