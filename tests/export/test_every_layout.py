@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.config import CHECKPOINTING_MODES, TrialConfig, WorkloadSpec
-from autotune.export.best_config import write_layout_exports
+from autotune.export.best_config import export_study, write_layout_exports
 from autotune.export.ds_config import ds_config
 from autotune.search.space import SearchSpace
 
@@ -209,7 +209,9 @@ def _titan_job(path: Path, c: TrialConfig, *, cli: bool):
 def _check_torchtitan(path: Path, c: TrialConfig, *, cli: bool) -> None:
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    titan = _titan_job(path, c, cli=cli)
+    titan = _titan_job(path, c, cli=False)
+    if cli:  # the command line torchtitan runs builds the same job
+        assert _titan_job(path, c, cli=True).parallelism == titan.parallelism
     p = titan.parallelism
     dims = ParallelDims(
         dp_replicate=p.data_parallel_replicate_degree,
@@ -274,7 +276,7 @@ def test_every_export_loads_in_its_targets_parser_at_the_layouts_world_size(
         if DS not in left_out:
             _check_deepspeed(deepspeed_world, out / DS, c)
         _check_accelerate(out / "accelerate_config.yaml", c, accelerate_bodies)
-        _check_torchtitan(out / "torchtitan_config.py", c, cli=i % 8 == 0)
+        _check_torchtitan(out / "torchtitan_config.py", c, cli=i == 0)
         _check_megatron(c)
 
 
@@ -323,3 +325,51 @@ def test_context_parallel_with_heads_ulysses_cannot_split_writes_no_ds_config(tm
     ok = dataclasses.replace(c, workload=dataclasses.replace(c.workload, size="small"))
     assert not write_layout_exports(ok, tmp_path).left_out  # 12 heads split over 2
     assert (tmp_path / DS).exists()
+
+
+def _stored_study(tmp_path: Path, config: TrialConfig):
+    """A database holding study 's' whose one complete trial ran ``config``."""
+    from datetime import UTC, datetime
+
+    from db import Database, TrialRecord
+
+    database = Database.open(f"sqlite:///{tmp_path / 'study.db'}")
+    study = database.create_study("s", {})
+    database.add_trial(
+        TrialRecord(
+            id=None,
+            study_id=study.id,
+            number=0,
+            status="complete",
+            config=config.resolved(),
+            metrics={"step_time_s": 0.1, "throughput_tokens_per_s": 5120.0},
+            env={"torch": "2.13.0", "device": "cpu", "backend": "gloo", "world_size": 2},
+            error=None,
+            created_at=datetime.now(UTC),
+        )
+    )
+    return database
+
+
+@pytest.mark.parametrize("size, written", [("tiny", True), ("xl", False)])
+def test_a_stored_context_parallel_study_exports_what_deepspeed_accepts_on_2_ranks(
+    tmp_path, deepspeed_world, size, written
+):
+    """What `autotune search --fix cp_degree=2` exports at its end (``export_study``): a
+    ds_config.json DeepSpeed accepts on the layout's 2 ranks, or none and one line saying why."""
+    import io
+
+    c = TrialConfig(workload=WorkloadSpec(size=size), world_size=2, cp_degree=2, micro_batch_size=8)
+    c.validate()
+    out, stream = tmp_path / "out", io.StringIO()
+    with _stored_study(tmp_path, c) as database:
+        exports = export_study(database, "s", out, stream=stream)
+    assert (out / DS in exports) is written and (out / DS).exists() is written
+    expected = {"best_config.json", *FILES} - (set() if written else {DS})
+    assert {p.name for p in exports} == expected == {p.name for p in out.iterdir()}
+    if written:
+        assert deepspeed_world(out / DS, 2, 1).train_batch_size == 8
+        assert stream.getvalue() == ""
+    else:
+        assert stream.getvalue().count("\n") == 1
+        assert stream.getvalue().startswith("ds_config.json not written: cp 2 runs in DeepSpeed")
