@@ -54,7 +54,7 @@ KNOB_WORDS: dict[str, str] = {
     "float8": "float8 linears",
 }
 """Each knob of ``KNOB_ORDER`` in a user's words: the one list the commands' help and the docs'
-knob lists are made from, or checked against (``tests/test_knob_lists.py``)."""
+knob lists are made from, or checked against (``tests/test_docs.py``)."""
 
 
 def knobs_in_words() -> str:

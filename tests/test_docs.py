@@ -1,5 +1,6 @@
-"""Every list of knobs a user reads — the commands' help, the README and the docs — names the
-knobs the config declares, all of them, and no text a user reads names an issue of the tracker.
+"""The pages a user reads: every list of knobs (the commands' help, the README, the docs) names
+the knobs the config declares, all of them; no text a user reads names an issue of the tracker;
+every page the README links exists.
 
 The knobs are ``layouts.KNOB_ORDER`` (each a ``TrialConfig`` field); their words are
 ``layouts.KNOB_WORDS``. A knob list in a Markdown page sits between ``<!-- knobs -->`` and
@@ -75,3 +76,14 @@ def test_no_page_or_help_names_an_issue():
     texts = {**_pages_text(), **{f"{c} --help": _help(c) for c in ("search", "rank", "estimate")}}
     named = {name: ISSUE.findall(text) for name, text in texts.items() if ISSUE.search(text)}
     assert not named
+
+
+def test_every_page_the_readme_links_exists():
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|png))\)", readme)
+    assert len(links) >= 12
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing
+    for page in PAGES[1:]:
+        for link in re.findall(r"\]\(([\w./-]+\.(?:md|png))\)", page.read_text()):
+            assert (page.parent / link).exists(), f"{page.name} links {link}, which is missing"
