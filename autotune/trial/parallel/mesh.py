@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
 from autotune.config import TrialConfig
+from profiler.clock import carries_cpu
 
 MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
@@ -87,6 +90,8 @@ class _CachedMesh:
 
 MeshKey = tuple[str, tuple[int, ...], tuple[str, ...]]
 _MESHES: OrderedDict[MeshKey, _CachedMesh] = OrderedDict()
+_OWN_GROUPS: dict[dist.ProcessGroup, dist.ProcessGroup] = {}
+"""The default group → this rank's group of one (``_own_group``)."""
 
 
 def build_mesh(config: TrialConfig, device_type: str) -> TrialMesh:
@@ -100,10 +105,10 @@ def build_mesh(config: TrialConfig, device_type: str) -> TrialMesh:
         config.tp_degree,
     )
     key = (device_type, shape, MESH_DIM_NAMES)
+    _forget_dead_meshes()
     if key in _MESHES:
         _MESHES.move_to_end(key)
         return _MESHES[key].mesh
-    _forget_dead_meshes()
     while len(_MESHES) >= MESH_CACHE_SIZE:
         _destroy(_MESHES.popitem(last=False)[1], device_type)
     _MESHES[key] = _create(device_type, key[1], key[2])
@@ -133,9 +138,12 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     The groups are made with ``new_group``, whose names come from a counter that only grows, so
     a new group never takes the name of a live one. (``init_device_mesh`` on a device-bound NCCL
     group uses ``split_group``, which names a group by a hash of its ranks and the number of live
-    groups: once groups are destroyed, a new one can hash to the name of a live one. Its
-    ``_flatten`` makes groups the same way, so the dp dim is not flattened by it either; only
-    dp_shard × cp is, where FSDP2 needs it beside TP: ``_gradient_mesh``.)"""
+    groups: once groups are destroyed, a new one can hash to the name of a live one, and
+    ``register_process_group`` refuses it: "A process group is already registered". Torch's
+    ``_flatten`` makes its groups that way too, so none is flattened by it: dp_shard × cp, which
+    FSDP2 needs beside TP, is a group made here attached as the flattened dim, ``_flat_mesh``.)
+    Every group gets the world group's timeout (the trial's), not ``new_group``'s default (10
+    minutes on NCCL, 30 on gloo)."""
     ranks = torch.arange(dist.get_world_size(), dtype=torch.int).reshape(shape)
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
@@ -153,44 +161,103 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
         group, new = _group_of_dim(flat, first, "dp")
         owned += [group] if new else []
         dp = DeviceMesh.from_group(group, device_type, mesh_dim_names=("dp",))
-    grads, flat = _gradient_mesh(mesh, dp, replicate, shard, cp)
+    grads, flat = _gradient_mesh(mesh, ranks, dp, replicate, shard, cp)
     if flat is not None and flat.get_group() is not dist.group.WORLD:
         owned.append(flat.get_group())
     return _CachedMesh(TrialMesh(mesh, dp, grads), dist.group.WORLD, tuple(owned))
 
 
 def _gradient_mesh(
-    mesh: DeviceMesh, dp: DeviceMesh, replicate: int, shard: int, cp: int
+    mesh: DeviceMesh, ranks: torch.Tensor, dp: DeviceMesh, replicate: int, shard: int, cp: int
 ) -> tuple[DeviceMesh, DeviceMesh | None]:
     """dp × cp as FSDP2 takes it (torchtitan's rule): the shard dim is dp_shard × cp
-    (``SHARD_CP``, flattened with ``_flatten`` so that it shares the root with tp's mesh, which
-    FSDP2 needs to hold TP's DTensors), and under HSDP (replicate > 1) the replicate dim is
-    outer. Without cp it is dp, or (dp_replicate, dp_shard) under HSDP. Also the flattened
-    mesh when one was made (its group is the trial's to destroy), else None."""
+    (``SHARD_CP``, a flattened dim of the root, as ``_flatten`` makes one, so that it shares the
+    root with tp's mesh, which FSDP2 needs to hold TP's DTensors), and under HSDP (replicate > 1)
+    the replicate dim is outer. Without cp it is dp, or (dp_replicate, dp_shard) under HSDP.
+    Also the flattened mesh when one was made (its group is the trial's to destroy), else
+    None."""
     if cp == 1:
         return (mesh[DP_DIMS] if replicate > 1 else dp), None
     if shard == 1:  # dp_shard_cp is cp itself
         return (mesh["dp_replicate", "cp"] if replicate > 1 else mesh["cp"]), None
-    flat = mesh["dp_shard", "cp"]._flatten(SHARD_CP)
+    first = MESH_DIM_NAMES.index("dp_shard")
+    group, _ = _group_of_dim(ranks.flatten(first, first + 1), first, SHARD_CP)
+    flat = _flat_mesh(mesh["dp_shard", "cp"], SHARD_CP, group)
     if replicate == 1:
         return flat, flat
     return DeviceMesh._concatenate([mesh["dp_replicate"], flat]), flat
 
 
+def _flat_mesh(sub: DeviceMesh, name: str, group: dist.ProcessGroup) -> DeviceMesh:
+    """``sub._flatten(name)`` over ``group`` (this rank's group of the flattened ranks, made by
+    ``_group_of_dim``): the 1-D mesh torch's ``_create_flatten_mesh`` makes (the collapsed
+    layout of ``sub`` over its root's rank map, known to the root by ``name``), with the group
+    attached the way ``DeviceMesh.from_group`` attaches one instead of made by ``split_group``."""
+    root = sub._get_root_mesh()
+    flat = DeviceMesh(
+        root.device_type,
+        _layout=_MeshLayout([sub._layout.collapse()]),
+        _rank_map=root._rank_map,
+        mesh_dim_names=(name,),
+        _root_mesh=root,
+        _init_backend=False,
+    )
+    flat._dim_group_names = [group.group_name]
+    root._pg_registry[group.group_name] = group
+    root._flatten_mapping[name] = flat
+    return flat
+
+
+def group_timeout() -> timedelta | None:
+    """The default group's timeout: the trial's (``init_process_group`` was given it), which
+    every group made for a mesh gets too; None (``new_group``'s default) for a backend that
+    keeps no options (torch's fake one)."""
+    world = dist.group.WORLD
+    device = world.bound_device_id or torch.device("cpu" if carries_cpu(world) else "cuda")
+    return getattr(world._get_backend(device).options, "_timeout", None)
+
+
 def _group_of_dim(ranks: torch.Tensor, dim: int, name: str) -> tuple[dist.ProcessGroup, bool]:
     """This rank's group along ``dim`` of ``ranks``, and whether it was made for it (a dim that
-    spans every rank is the world group). Collective: every rank takes part in creating every
-    group of the dim, and keeps its own."""
+    spans every rank is the world group; one of size 1 on NCCL the rank's own group, shared by
+    every such dim and mesh: ``_own_group``). Collective: every rank takes part in creating
+    every group of the dim, and keeps its own."""
     size = ranks.shape[dim]
     if size == ranks.numel():
         return dist.group.WORLD, False
+    if size == 1 and shares_own_group():
+        return _own_group(), False
     rank = dist.get_rank()
     mine = None
     for members in ranks.movedim(dim, -1).reshape(-1, size).tolist():
-        group = dist.new_group(members, group_desc=f"mesh_{name}")
+        group = dist.new_group(members, timeout=group_timeout(), group_desc=f"mesh_{name}")
         if rank in members:
             mine = group
     return mine, True
+
+
+def shares_own_group() -> bool:
+    """Whether dims of size 1 share the rank's own group instead of a group each: on NCCL,
+    where every ``new_group`` of a device-bound world is an ``ncclCommSplit`` of the whole world
+    (size-1 groups included, whose collectives are no-ops), so a layout at world 8 would make
+    some 28 of them and one at world 64 hundreds, all inside the trial's timeout. A gloo group
+    of one rank costs no connection, so gloo keeps one per dim."""
+    return not carries_cpu(dist.group.WORLD)
+
+
+def _own_group() -> dist.ProcessGroup:
+    """This rank's group of one, made once per default group (one ``new_group`` per rank, every
+    rank taking part) and never destroyed with a mesh."""
+    world = dist.group.WORLD
+    for stale in [w for w in _OWN_GROUPS if w is not world]:
+        del _OWN_GROUPS[stale]
+    if world not in _OWN_GROUPS:
+        rank = dist.get_rank()
+        for member in range(dist.get_world_size()):
+            group = dist.new_group([member], timeout=group_timeout(), group_desc="mesh_own")
+            if member == rank:
+                _OWN_GROUPS[world] = group
+    return _OWN_GROUPS[world]
 
 
 def _destroy(cached: _CachedMesh, device_type: str) -> None:
