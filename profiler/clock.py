@@ -11,6 +11,7 @@ import socket
 import statistics
 import time
 import zlib
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -29,8 +30,9 @@ def carries_cpu(group: dist.ProcessGroup) -> bool:
 
 def cpu_group(group: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
     """A process group over ``group``'s ranks (default: the world) that carries CPU tensors:
-    ``group`` itself if it can, else a gloo side group, created on the first call and reused
-    while ``group`` lives.
+    ``group`` itself if it can, else a gloo side group with ``group``'s timeout, created on the
+    first call and reused while ``group`` lives. (Gloo binds the address the host name resolves
+    to, unless ``GLOO_SOCKET_IFNAME`` names an interface: whoever starts the ranks sets it.)
 
     The first call for a group with no CPU backend is collective (``new_group``): every rank of
     the default group calls it, in the same order as its other group creations."""
@@ -42,9 +44,20 @@ def cpu_group(group: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
         del _CPU_GROUPS[stale]
     if group not in _CPU_GROUPS:
         _CPU_GROUPS[group] = dist.new_group(
-            dist.get_process_group_ranks(group), backend="gloo", group_desc="autotune_cpu"
+            dist.get_process_group_ranks(group),
+            timeout=_timeout_of(group),
+            backend="gloo",
+            group_desc="autotune_cpu",
         )
     return _CPU_GROUPS[group]
+
+
+def _timeout_of(group: dist.ProcessGroup) -> timedelta | None:
+    """``group``'s own timeout (the one it was made with), which its side group gets too, not
+    ``new_group``'s gloo default of 30 minutes; None (that default) for a backend that keeps no
+    options."""
+    device = group.bound_device_id or torch.device("cuda")
+    return getattr(group._get_backend(device).options, "_timeout", None)
 
 
 def host_ids(group: dist.ProcessGroup | None = None) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -131,7 +132,15 @@ class RankWorker:
             wait_for_workers=False,
             master_listen_fd=listener.fileno() if listener else None,
         )
-        init_rank_group(backend, store, rank, world_size, timeout, device_index)
+        init_rank_group(
+            backend,
+            store,
+            rank,
+            world_size,
+            timeout,
+            device_index,
+            node_ip=ray.util.get_node_ip_address(),
+        )
         self.rank = rank
 
     def run_trial(self, config: dict) -> dict:
@@ -160,9 +169,17 @@ class RankWorker:
 
 
 def init_rank_group(
-    backend: str, store, rank: int, world_size: int, timeout, device_index: int | None = None
+    backend: str,
+    store,
+    rank: int,
+    world_size: int,
+    timeout,
+    device_index: int | None = None,
+    *,
+    node_ip: str | None = None,
 ) -> None:
-    """Initialise this rank's default process group as a trial needs it (run on the rank).
+    """Initialise this rank's default process group as a trial needs it (run on the rank), and
+    run its first collective.
 
     On NCCL the rank's GPU (the one ``device_map`` gave it; every GPU of the node is visible)
     becomes its current device, on which the runner reads its allocator figures, and the group
@@ -171,20 +188,64 @@ def init_rank_group(
     each making a full communicator of its own. The harness's own CPU exchanges (the profiler's
     clock) need a group that carries CPU tensors, which NCCL does not: its gloo side group is
     made here, where every rank is (creating a group is collective); under gloo it is the group
-    itself."""
+    itself. Every group gets ``timeout`` (the trial's).
+
+    ``node_ip`` is the node's address as Ray knows it: gloo binds the interface that holds it
+    (``GLOO_SOCKET_IFNAME``, unless already set), not the address the host name resolves to,
+    which is 127.0.1.1 on Debian-style hosts and unreachable from other nodes. On NCCL a
+    collective the watchdog times out raises on the rank (``TORCH_NCCL_ASYNC_ERROR_HANDLING``
+    2, unless already set: abort the communicators, keep the process) instead of killing the
+    process, so that the driver hears a timeout, not a worker that died."""
     import torch
     import torch.distributed as dist
 
     from profiler.clock import cpu_group
 
+    interface = interface_of(node_ip) if node_ip else None
+    if interface is not None:
+        os.environ.setdefault(GLOO_SOCKET_IFNAME, interface)
     device_id = None
     if backend == "nccl":
+        os.environ.setdefault(NCCL_ERROR_HANDLING, NCCL_ABORT_ONLY)
         torch.cuda.set_device(device_index)
         device_id = torch.device("cuda", device_index)
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
     )
     cpu_group()
+    probe = torch.ones(1, device=device_id or "cpu")
+    dist.all_reduce(probe)  # the first collective, inside the group's start (and its bound)
+    if int(probe.item()) != world_size:
+        raise RuntimeError(f"the first all-reduce summed to {probe.item():g}, not {world_size}")
+
+
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_ABORT_ONLY = "2"
+"""``CleanUpOnly`` (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp ``ErrorHandlingMode``):
+the watchdog aborts the communicators and the failed work raises; the default (3,
+``SkipCleanUp``) takes the process down."""
+_SIOCGIFADDR = 0x8915
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of this host's network interface whose (IPv4) address is ``ip``, or None (an
+    IPv6 address, or none holds it)."""
+    import fcntl
+    import struct
+
+    if ":" in ip:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # an interface without an IPv4 address
+                continue
+            if socket.inet_ntoa(answer[20:24]) == ip:
+                return name
+    return None
 
 
 def check_capacity(
@@ -243,13 +304,54 @@ def _failure_kind(e: BaseException) -> FailureKind:
         return FailureKind.INVALID
     if is_out_of_memory(e):  # by type name or by message: an OOM inside NCCL or cuBLAS too
         return FailureKind.OOM
+    if is_timeout(e):  # a collective the watchdog (or gloo, or the store) timed out
+        return FailureKind.TIMEOUT
     return FailureKind.ERROR
+
+
+TIMEOUT_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, WorkNCCL::checkTimeout: "[Rank N]
+        # Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…, …,
+        # Timeout(ms)=…) ran for … milliseconds before timing out."; the watchdog thread
+        # re-raises it as DistBackendError "Process group watchdog thread terminated with
+        # exception: …", and WorkNCCL::handleException logs "Some NCCL operations have failed
+        # or timed out."
+        r"Watchdog caught collective operation timeout",
+        r"Some NCCL operations have failed or timed out",
+        # ProcessGroupNCCL's heartbeat monitor, when the watchdog itself is stuck: "…'s watchdog
+        # got stuck for … seconds without making progress in monitoring enqueued collectives."
+        r"watchdog got stuck for \d+ seconds",
+        # gloo (third_party/gloo/gloo/transport/tcp/pair.cc, unbound_buffer.cc): "Timed out
+        # waiting 1800000ms for recv operation to complete"; the c10d store: "Timed out after
+        # 121 seconds waiting for clients. 1/2 clients joined." / "wait timeout after 30000ms"
+        r"Timed out waiting \d+ms for \w+ operation",
+        r"Timed out after \d+ seconds waiting for clients",
+        r"[Ss]ocket [Tt]imeout|client socket has timed out",
+        r"wait timeout after \d+ms",
+    )
+)
+"""Texts of an exception (or of one it was raised from) that mean a collective or a rendezvous
+timed out: a hung peer, not a broken configuration."""
+
+
+def is_timeout(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a timed-out collective or
+    rendezvous, by its text (``TIMEOUT_PATTERNS``)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(p.search(str(e)) for p in TIMEOUT_PATTERNS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 _CAUSE_ORDER = (FailureKind.CRASH, FailureKind.OOM)
 """Which rank's failure a trial reports, first to last (then the other kinds): a dead worker,
-then a rank out of memory, whose peers' errors (a collective aborted, a remote peer gone) are
-its consequences."""
+then a rank out of memory, whose peers' errors (a collective aborted or timed out waiting for
+it, a remote peer gone) are its consequences."""
 
 
 def first_failure(outcomes: list[dict]) -> tuple[int, dict] | None:
@@ -328,6 +430,7 @@ class WorkerGroup:
                         ),
                     ).remote(sys.path, threads)
                 )
+            self.pids = started_pids(self.workers, settings.placement_timeout_s)
             devices: list[int | None] = [None] * world_size
             if use_gpu:
                 node_devices: dict[str, list[int]] = {}
@@ -336,22 +439,7 @@ class WorkerGroup:
                 ):
                     node_devices.setdefault(node, []).extend(held)
                 devices = [d.device_index for d in device_map(self.rank_nodes, node_devices)]
-            host, port = ray.get(self.workers[0].listen.remote())
-            ray.get(
-                [
-                    w.init_process_group.remote(
-                        self.backend,
-                        host,
-                        port,
-                        rank,
-                        world_size,
-                        settings.trial_timeout_s,
-                        devices[rank],
-                    )
-                    for rank, w in enumerate(self.workers)
-                ]
-            )
-            self.pids = [pid for _, pid in ray.get([w.node_and_pid.remote() for w in self.workers])]
+            start_process_group(self.workers, self.backend, devices, settings.trial_timeout_s)
         except ray.exceptions.RayActorError:
             # A node lost while the group starts: nothing of the group may stay behind.
             self.shutdown()
@@ -397,6 +485,66 @@ class WorkerGroup:
         for w in self.workers:
             ray.kill(w, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def started_pids(workers: list, timeout_s: float) -> list[int]:
+    """Every rank's process id, once its worker has started (imported the training stack),
+    within ``timeout_s``: the process group's own start is then timed apart from it."""
+    try:
+        return [
+            pid for _, pid in ray.get([w.node_and_pid.remote() for w in workers], timeout=timeout_s)
+        ]
+    except ray.exceptions.GetTimeoutError:
+        raise TrialFailed(
+            f"the worker group's {len(workers)} ranks did not start within {timeout_s:g} s "
+            "(a node too busy to start its workers?)",
+            kind=FailureKind.TIMEOUT,
+        ) from None
+
+
+def start_process_group(
+    workers: list, backend: str, devices: list[int | None], timeout_s: float
+) -> None:
+    """Start the ranks' process group (with its side group and its first collective) within
+    ``timeout_s``, the trial's timeout. A rank that raises, or a start not done in time (a peer
+    that never reaches the rendezvous, an address another node cannot reach), is a failed
+    trial (``TrialFailed``, the cause in one line); the caller discards the worker group."""
+    host, port = ray.get(workers[0].listen.remote())
+    refs = [
+        w.init_process_group.remote(backend, host, port, rank, len(workers), timeout_s, device)
+        for rank, (w, device) in enumerate(zip(workers, devices))
+    ]
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(
+            pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+        )
+        if not ready:
+            waiting = ", ".join(str(refs.index(r)) for r in pending)
+            raise TrialFailed(
+                f"process group did not start within {timeout_s:g} s: rank(s) {waiting} still "
+                "waiting (a peer that never reached the rendezvous, or an address it cannot "
+                "reach); raise --timeout if the cluster is just slow",
+                kind=FailureKind.TIMEOUT,
+            )
+        try:
+            ray.get(ready[0])
+        except ray.exceptions.RayTaskError as e:  # a rank raised: NCCL or gloo refused
+            cause = e.cause if e.cause is not None else e
+            raise TrialFailed(
+                f"process group did not start: rank {refs.index(ready[0])}: "
+                f"{type(cause).__name__}: {_first_line(cause)}",
+                rank=refs.index(ready[0]),
+                kind=FailureKind.TIMEOUT if is_timeout(cause) else FailureKind.ERROR,
+                traceback=str(e),
+            ) from None
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of ``e``'s message, at most ``limit`` characters."""
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "(no message)")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def describe_lost(lost: list[tuple[str, str]]) -> str:
