@@ -173,6 +173,8 @@ def test_cupti_row_fails_a_trial_slowed_after_a_profiled_one():
     assert gl.cupti_check("w2", 0.100, 0.112).failed  # CUPTI left attached: +10-20%
     assert gl.cupti_check("w2", 0.100, 0.120).failed
     assert gl.cupti_check("w2", 0.0, 0.1).failed
+    on_cpu = gl.cupti_check("w2", 0.100, 0.130, "cpu")  # no CUPTI there: a figure
+    assert on_cpu.status is Status.SKIP and "+30.0%" in on_cpu.measured
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -336,6 +338,7 @@ def test_dry_run_of_the_plan_on_cpu_passes_through_the_gpu_code_paths(executor):
     assert [c.name for c in judged if c.status is not Status.PASS] == []
     assert "cpu, gloo, cpu_profiler" in by_name["w2 dp trial"].measured
     assert "measured/model" in by_name["w2 cp 2 trial"].measured
-    # the CUPTI row compared two real runs (on a loaded CPU its verdict is noise)
-    assert by_name["w2 after a profiled trial"].status is not Status.SKIP
-    assert "ms first" in by_name["w2 after a profiled trial"].measured
+    # the CUPTI row compared two real runs; on CPU (no CUPTI, shared cores) a figure, SKIP
+    cupti = by_name["w2 after a profiled trial"]
+    assert cupti.status is Status.SKIP and "no CUPTI on cpu" in cupti.measured
+    assert "ms first" in cupti.measured
