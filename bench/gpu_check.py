@@ -725,10 +725,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_plan(order: list[str], estimates: dict[str, float], max_minutes: float) -> str:
-    """The stages to run with their estimated seconds, and the total against the budget."""
-    total = sum(estimates[k] for k in order)
+    """The stages to run with their estimated seconds, the total against the budget, and the
+    stages past it (SKIP, unless the ones before finish sooner than estimated)."""
+    total, beyond = 0.0, []
+    for key in order:
+        total += estimates[key]
+        if total > 60 * max_minutes:
+            beyond.append(key)
     parts = ", ".join(f"{k} ~{estimates[k]:.0f}s" for k in order)
-    return f"plan: {parts}; estimated {total:.0f}s of the {max_minutes:g}-minute budget"
+    line = f"plan: {parts}; estimated {total:.0f}s of the {max_minutes:g}-minute budget"
+    return line + (f"; past it (SKIP if still so): {', '.join(beyond)}" if beyond else "")
 
 
 def layouts_stage(layouts, scale, timeout_s: float, deadline: float) -> list[Check]:

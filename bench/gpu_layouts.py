@@ -3,10 +3,11 @@ TP × SP, each pipeline schedule, CP, HSDP, compile) trains the single-process r
 losses on NCCL, with its memory and step time beside the models'.
 
 Imported by ``bench/gpu_check.py`` (its ``layouts`` stage). :func:`plan` picks the layouts from
-the GPUs visible (world 2: every kind; world 4 adds tp × dp, HSDP 2 × 2, pp × dp; world 8 adds
-tp 2 × pp 2 × dp 2, HSDP 2 × 4 and dp 8), :func:`run_layouts` runs them through one executor
-and every judge below is pure, so ``tests/bench/test_gpu_layouts.py`` checks them on made-up
-figures and runs the same plan on CPU (gloo, world 2, GPT-tiny: ``CPU_SCALE``).
+the GPUs visible (world 2: every kind; world 4 adds tp × dp, HSDP 2 × 2, pp × dp, cp × dp;
+world 8 adds tp 2 × pp 2 × dp 2, HSDP 2 × 4, tp × SP × cp × dp; each world its dp);
+:func:`run_layouts` runs them through one executor, and every judge below is pure, so
+``tests/bench/test_gpu_layouts.py`` checks them on made-up figures and runs the same plan on
+CPU (gloo, world 2, GPT-tiny: ``CPU_SCALE``).
 
 Rows per layout ``w<world> <name>``:
 

@@ -235,6 +235,9 @@ def test_the_whole_check_on_8_gpus_is_estimated_under_8_minutes_and_printed_firs
     ]
     plan = gpu_check.format_plan(["search", "layouts"], {"search": 150, "layouts": 300}, 8)
     assert plan == "plan: search ~150s, layouts ~300s; estimated 450s of the 8-minute budget"
+    seconds = {"search": 150, "layouts": 60, "rows": 130}  # 210s fit in 4 minutes, 340s do not
+    over = gpu_check.format_plan(["search", "layouts", "rows"], seconds, 4)
+    assert over.endswith("of the 4-minute budget; past it (SKIP if still so): rows")
 
 
 # ---- the --max-minutes guard -------------------------------------------------------------------
