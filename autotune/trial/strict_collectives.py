@@ -3,8 +3,9 @@ on GPUs would hang or exchange wrong bytes.
 
 Gloo tolerates what NCCL does not: it copies a strided tensor's elements where NCCL reads the
 buffer linearly (a non-contiguous ``reduce_scatter_tensor`` input is summed wrong with no error),
-it buffers a small blocking ``send`` where NCCL's kernel waits for the peer's ``recv``, and it
-sends bytes whatever dtype the peer expects. :func:`install` wraps the Python entry points the
+and it delivers a send's bytes whatever dtype the peer's recv expects. Where both hang (two
+ranks that each block in ``send`` first), the checker turns the hang into an error naming the
+order. :func:`install` wraps the Python entry points the
 training stack calls (torch 2.13) and raises :class:`StrictCollectiveError` on:
 
 - a non-contiguous tensor handed to any collective or point-to-point op;
@@ -30,6 +31,9 @@ sequence parallelism) calls ``torch.distributed._functional_collectives``
 (all_gather_single, reduce_scatter_single, all_reduce, …), wrapped there. Not seen: DDP's
 reducer (C++ calls into the process group), and collectives inside a compiled graph (dynamo
 traces the functional ops; the wrappers step aside while compiling).
+
+The cross-rank checks pause while the profiler records (profiled steps, the CPU memory step):
+the spans and memory a trial reports stay its own.
 
 The test lane switches it on: ``tests/conftest.py`` sets ``AUTOTUNE_STRICT_COLLECTIVES=1``, and
 the rank's runner calls :func:`install_from_env` at trial start. Installing is collective on the
@@ -104,12 +108,19 @@ _OP_CODES = {name: i for i, name in enumerate(dict.fromkeys(COLLECTIVES + FUNCTI
 _HEADER = 12
 """Signature row: op, dtype, ndim, 6 dims, reduce op, root, list length."""
 _TAG_DESCRIPTOR, _TAG_ACK = 71, 72
+EAGER_CALLS = 16
+"""A group's first calls in a trial, each compared across ranks before it runs."""
+BATCH_CALLS = 32
+"""Later calls' signatures compared this many at a time (the test lane's time: a side
+all-gather per call doubled a tiny trial's collectives)."""
 
 
 class _State:
     def __init__(self) -> None:
         self.originals: dict[tuple[object, str], object] = {}
         self.mirrors: dict[dist.ProcessGroup, dist.ProcessGroup] = {}
+        self.calls: dict[dist.ProcessGroup, list] = {}
+        """Per group: calls compared this trial, and the signatures not compared yet."""
         self.cpu_role: set[dist.ProcessGroup] = set()
         self.world: dist.ProcessGroup | None = None
         self.creations = 0
@@ -147,6 +158,7 @@ def install() -> None:
     (collective: every rank calls it, when the default group is new to the checker)."""
     if not installed():
         _patch_all()
+    _STATE.calls.clear()  # every rank starts the trial here: the call counts restart alike
     world = dist.group.WORLD
     if world is not None and _STATE.world is not world:
         live = c10d._world.pg_map
@@ -220,6 +232,15 @@ def _signature(fn) -> inspect.Signature:
 
 def _skip() -> bool:
     return _STATE.nested() or torch.compiler.is_compiling()
+
+
+def _side_mirror(group) -> dist.ProcessGroup | None:
+    """The mirror the cross-rank checks of ``group`` talk on; None while the profiler records
+    (the profiled steps and the CPU memory step, alike on every rank), so that the trial's
+    spans and allocations are its own."""
+    if torch._C._autograd._profiler_enabled():
+        return None
+    return _STATE.mirrors.get(group)
 
 
 # --- tensor collectives -------------------------------------------------------------------
@@ -309,25 +330,41 @@ def _crc(value) -> int:
 
 
 def _cross_check(name: str, group, header: list[int], ins: list[int], outs: list[int]) -> None:
-    """All-gather every rank's signature on the group's gloo mirror (no mirror: a group made
-    before the checker was installed, or by ``split_group``; only the local checks apply)."""
-    mirror = _STATE.mirrors.get(group)
+    """Compare every rank's signature of this call over the group's gloo mirror (no mirror: a
+    group made before the checker was installed, or by ``split_group``; only the local checks
+    apply): the group's first ``EAGER_CALLS`` calls of a trial each before it runs, later ones
+    ``BATCH_CALLS`` at a time, after they ran (one side all-gather per batch). Which calls are
+    compared when depends only on the group's call count, the same on every rank."""
+    mirror = _side_mirror(group)
     if mirror is None:
         return
     n = dist.get_world_size(group)
-    row = torch.tensor(header + (ins or [0] * n) + (outs or [0] * n), dtype=torch.int64)
-    table = _gather_rows(row, mirror, n)
+    calls = _STATE.calls.setdefault(group, [0, []])
+    calls[0] += 1
+    calls[1].append((name, header + (ins or [0] * n) + (outs or [0] * n)))
+    if calls[0] <= EAGER_CALLS or len(calls[1]) == BATCH_CALLS:
+        batch, calls[1] = calls[1], []
+        _compare(group, mirror, n, batch)
+
+
+def _compare(group, mirror, n: int, batch: list[tuple[str, list[int]]]) -> None:
+    rows = torch.tensor([row for _, row in batch], dtype=torch.int64)
+    tables = _gather_rows(rows.flatten(), mirror, n)  # per rank: its batch, row after row
+    width = rows.shape[1]
     ranks = dist.get_process_group_ranks(group)
-    for r, other in enumerate(table):
-        if other[:_HEADER] != table[0][:_HEADER]:
-            raise StrictCollectiveError(
-                f"{name} on group {_group_name(group)} differs across ranks: global rank "
-                f"{ranks[0]} calls {_describe(table[0])}, rank {ranks[r]} {_describe(other)}; "
-                "NCCL would hang or exchange the wrong bytes (every rank must make the same "
-                "call, with the same dtype and shape)"
-            )
-    if ins:
-        _check_splits(name, group, ranks, [t[_HEADER : _HEADER + n] for t in table], table, n)
+    for b, (name, _) in enumerate(batch):
+        table = [t[b * width : (b + 1) * width] for t in tables]
+        for r, other in enumerate(table):
+            if other[:_HEADER] != table[0][:_HEADER]:
+                raise StrictCollectiveError(
+                    f"{name} on group {_group_name(group)} differs across ranks: global rank "
+                    f"{ranks[0]} calls {_describe(table[0])}, rank {ranks[r]} "
+                    f"{_describe(other)}; NCCL would hang or exchange the wrong bytes (every "
+                    "rank must make the same call, with the same dtype and shape)"
+                )
+        if any(table[0][_HEADER:]):
+            ins = [t[_HEADER : _HEADER + n] for t in table]
+            _check_splits(name, group, ranks, ins, table, n)
 
 
 def _gather_rows(row: torch.Tensor, mirror, n: int) -> list[list[int]]:
@@ -442,11 +479,11 @@ def _p2p_wrapper(name: str, original):
 class _P2P:
     """One point-to-point op, checked over its group's mirror against the peer's.
 
-    Per directed pair, the k-th send's descriptor (dtype, element count) goes to the peer on
-    the mirror (tag ``_TAG_DESCRIPTOR``), where the k-th recv compares it with its own and
-    acknowledges (``_TAG_ACK``). A blocking send waits for that acknowledgement, as NCCL's send
-    kernel waits for the peer's recv: two ranks that both send first time out instead of
-    passing (gloo buffers small sends)."""
+    Per directed pair, the k-th send's descriptor (dtype, element count, blocking) goes to the
+    peer on the mirror (tag ``_TAG_DESCRIPTOR``), where the k-th recv compares it with its own
+    and, for a blocking send, acknowledges (``_TAG_ACK``). A blocking send waits for that, as
+    NCCL's send kernel waits for the peer's recv: two ranks that both send first raise after
+    the p2p timeout instead of hanging."""
 
     def __init__(self, a: dict, sends: bool, blocking: bool) -> None:
         self.tensor = a["tensor"]
@@ -457,7 +494,7 @@ class _P2P:
         if peer is None and a.get(group_key) is not None:
             peer = dist.get_global_rank(self.group, a[group_key])
         self.peer = peer
-        self.mirror = _STATE.mirrors.get(self.group)
+        self.mirror = _side_mirror(self.group)
 
     def check_local(self, name: str) -> None:
         _check_contiguous(name, [self.tensor], self.group)
@@ -468,16 +505,19 @@ class _P2P:
             )
 
     def _descriptor(self) -> torch.Tensor:
-        return torch.tensor([_crc(self.tensor.dtype), self.tensor.numel()], dtype=torch.int64)
+        mine = [_crc(self.tensor.dtype), self.tensor.numel(), int(self.blocking)]
+        return torch.tensor(mine, dtype=torch.int64)
 
     def announce(self) -> None:
         if self.mirror is None:
             return
         desc = self._descriptor()
         work = _STATE.original("isend")(desc, self.peer, group=self.mirror, tag=_TAG_DESCRIPTOR)
-        ack = torch.zeros(1, dtype=torch.int64)
-        self.ack = _STATE.original("irecv")(ack, self.peer, group=self.mirror, tag=_TAG_ACK)
-        _keep((work, desc), (self.ack, ack))
+        _keep((work, desc))
+        if self.blocking:  # only a blocking send waits for the peer's acknowledgement
+            ack = torch.zeros(1, dtype=torch.int64)
+            self.ack = _STATE.original("irecv")(ack, self.peer, group=self.mirror, tag=_TAG_ACK)
+            _keep((self.ack, ack))
 
     def await_ack(self, name: str) -> None:
         if self.mirror is not None:
@@ -486,11 +526,11 @@ class _P2P:
     def match(self, name: str) -> None:
         if self.mirror is None:
             return
-        theirs = torch.zeros(2, dtype=torch.int64)
+        theirs = torch.zeros(3, dtype=torch.int64)
         work = _STATE.original("irecv")(theirs, self.peer, group=self.mirror, tag=_TAG_DESCRIPTOR)
         self._wait(work, name, "send")
         mine = self._descriptor()
-        if theirs.tolist() != mine.tolist():
+        if theirs[:2].tolist() != mine[:2].tolist():
             raise StrictCollectiveError(
                 f"{name} from global rank {self.peer} on group {_group_name(self.group)} "
                 f"expects {self.tensor.numel()} elements of {self.tensor.dtype}, but the "
@@ -501,8 +541,10 @@ class _P2P:
                 f"{_group_name(self.group)} expects {self.tensor.numel()} elements, the "
                 f"matching send has {int(theirs[1])}; NCCL would move the wrong bytes"
             )
-        ack = torch.ones(1, dtype=torch.int64)
-        _keep((_STATE.original("isend")(ack, self.peer, group=self.mirror, tag=_TAG_ACK), ack))
+        if theirs[2]:  # the matching send blocks until this recv is reached
+            ack = torch.ones(1, dtype=torch.int64)
+            work = _STATE.original("isend")(ack, self.peer, group=self.mirror, tag=_TAG_ACK)
+            _keep((work, ack))
 
     def _wait(self, work, name: str, what: str) -> None:
         timeout = p2p_timeout_s()
