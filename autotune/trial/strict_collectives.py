@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import threading
 import zlib
@@ -54,6 +55,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.device_mesh as device_mesh
 from torch.distributed import distributed_c10d as c10d
+from torch.utils._python_dispatch import _disable_current_modes
 
 ENV_VAR = "AUTOTUNE_STRICT_COLLECTIVES"
 P2P_TIMEOUT_ENV_VAR = "AUTOTUNE_STRICT_P2P_TIMEOUT_S"
@@ -230,6 +232,19 @@ def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
 
+def _unseen(fn):
+    """Run a side check outside any dispatch mode (selective activation checkpointing records
+    and replays the ops of a checkpointed forward: the checks' tensors must not be among them)
+    and outside autograd."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _disable_current_modes(), torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def _skip() -> bool:
     return _STATE.nested() or torch.compiler.is_compiling()
 
@@ -288,7 +303,7 @@ def _subject(name: str, a: dict) -> tuple[torch.Tensor, list[int], list[int], in
         return ins[0], [t.numel() for t in ins], [t.numel() for t in outs], len(ins)
     if name == "all_to_all_single":
         subject = a["input"]
-        row = subject[0].numel() if subject.dim() and subject.shape[0] else 0
+        row = math.prod(subject.shape[1:])
         n = dist.get_world_size(a.get("group") or dist.group.WORLD)
         ins = a.get("input_split_sizes") or [subject.shape[0] // n] * n
         outs = a.get("output_split_sizes") or [a["output"].shape[0] // n] * n
@@ -347,6 +362,7 @@ def _cross_check(name: str, group, header: list[int], ins: list[int], outs: list
         _compare(group, mirror, n, batch)
 
 
+@_unseen
 def _compare(group, mirror, n: int, batch: list[tuple[str, list[int]]]) -> None:
     rows = torch.tensor([row for _, row in batch], dtype=torch.int64)
     tables = _gather_rows(rows.flatten(), mirror, n)  # per rank: its batch, row after row
@@ -415,7 +431,7 @@ def _functional_wrapper(name: str, original):
         shape = list(tensor.shape)
         if name.startswith("all_to_all"):
             n = dist.get_world_size(group)
-            row = tensor[0].numel() if tensor.dim() and tensor.shape[0] else 0
+            row = math.prod(tensor.shape[1:])
             ins = [s * row for s in (a["input_split_sizes"] or [tensor.shape[0] // n] * n)]
             outs = [s * row for s in (a["output_split_sizes"] or [tensor.shape[0] // n] * n)]
             shape = shape[1:]
@@ -508,6 +524,7 @@ class _P2P:
         mine = [_crc(self.tensor.dtype), self.tensor.numel(), int(self.blocking)]
         return torch.tensor(mine, dtype=torch.int64)
 
+    @_unseen
     def announce(self) -> None:
         if self.mirror is None:
             return
@@ -523,6 +540,7 @@ class _P2P:
         if self.mirror is not None:
             self._wait(self.ack, name, "reach the matching recv")
 
+    @_unseen
     def match(self, name: str) -> None:
         if self.mirror is None:
             return
@@ -621,6 +639,7 @@ def _new_group_wrapper(original):
     return wrapper
 
 
+@_unseen
 def _check_creation(ranks, backend) -> None:
     """Every rank of the default group makes every group, with the same ranks, in the same
     order, and names it alike: compare the k-th creation's ranks, backend and the name it will
