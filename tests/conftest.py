@@ -12,6 +12,9 @@ sys.path.insert(
 )
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Every trial's ranks check NCCL's rules on gloo (autotune/trial/strict_collectives.py): the
+# spawned ranks and Ray's workers (started from this process) inherit the variable.
+os.environ.setdefault("AUTOTUNE_STRICT_COLLECTIVES", "1")
 
 pytest_plugins = ("world_order",)  # tests/world_order.py: layouts grouped by world size
 
