@@ -281,12 +281,17 @@ def rank_actor_options(
     A GPU rank reserves one GPU and one CPU and keeps all of its node's GPUs visible
     (``NOSET_CUDA_VISIBLE_DEVICES``; ``device_map`` picks its device). CPU ranks on one node
     share its cores: cores // local ranks threads each, and concurrent groups split the node
-    between them."""
+    between them. On GPUs too: the ranks of every group running beside this one on the node
+    (``--parallel``) use its cores for their host work (data, launches, the optimizer on the
+    host), as many as the node's GPUs hold."""
     local_ranks = Counter(rank_nodes)
     node_cpus = {n["NodeID"]: n["Resources"].get("CPU", 1) for n in nodes}
+    node_gpus = {n["NodeID"]: n["Resources"].get("GPU", 0) for n in nodes}
     plan = []
     for node in rank_nodes:
-        share = local_ranks[node] * (1 if use_gpu else settings.concurrent_groups)
+        share = local_ranks[node] * settings.concurrent_groups
+        if use_gpu:  # concurrent groups reach this node only as far as its GPUs hold them
+            share = min(share, max(local_ranks[node], int(node_gpus.get(node, 0))))
         threads = max(1, int(node_cpus.get(node, 1)) // share)
         options = {"num_cpus": rank_cpus(use_gpu, settings), "num_gpus": 1 if use_gpu else 0}
         if use_gpu:

@@ -133,6 +133,18 @@ def test_gpu_ranks_reserve_one_gpu_and_keep_every_gpu_of_the_node_visible():
     assert {t for _, t in plan} == {32 // (8 * 2)}
 
 
+def test_concurrent_gpu_groups_split_the_node_cores_between_all_their_ranks():
+    """``--parallel 4`` of world 2 on a node of 8 GPUs and 64 cores: 8 ranks share the cores,
+    8 threads each, not the 32 a lone group's 2 ranks would take; more groups than the GPUs
+    hold (8 × 2 = 16 ranks asked) still put only 8 ranks on the node."""
+    nodes = _nodes(1, 64.0, 8.0)
+    for groups, threads in ((1, 32), (4, 8), (8, 8)):
+        plan = rank_actor_options(
+            ["n0", "n0"], nodes, True, ExecutorSettings(concurrent_groups=groups)
+        )
+        assert [t for _, t in plan] == [threads, threads], groups
+
+
 PROBE = """
 import json, os, sys
 import ray
