@@ -485,10 +485,16 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
 
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
     args, _, _ = _validate_launch_command(args)
-    assert args.use_fsdp and int(args.fsdp_version) == 2
     assert args.num_processes == config.dp_degree * config.tp_degree
-    assert args.fsdp_transformer_layer_cls_to_wrap == "LlamaDecoderLayer"
     assert args.mixed_precision == "no"
+    assert "cannot express" in path.read_text()
+    # Accelerate's FSDP2 needs a dimension to shard (ParallelismConfig._validate_accelerator);
+    # without one the layout launches as plain data parallelism, TP from the model's tp_plan.
+    if not ((config.zero_stage >= 2 and config.dp_shard > 1) or config.cp_degree > 1):
+        assert args.multi_gpu and not args.use_fsdp
+        return
+    assert args.use_fsdp and int(args.fsdp_version) == 2
+    assert args.fsdp_transformer_layer_cls_to_wrap == "LlamaDecoderLayer"
     env = prepare_multi_gpu_env(args)
     saved = {k: os.environ.get(k) for k in env if k.startswith("PARALLELISM_CONFIG")}
     os.environ.update({k: env[k] for k in saved})
@@ -503,7 +509,6 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
     assert pc.tp_size == config.tp_degree
     assert pc.dp_replicate_size * pc.dp_shard_size == config.dp_degree
     assert pc.total_size == args.num_processes
-    assert "cannot express" in path.read_text()
 
 
 def _check_torchtitan(folder: Path, config: TrialConfig) -> None:
