@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Query string 
 # --no-sandbox: Chromium refuses to run as root (CI) with its sandbox; the page is our own file.
 # --enable-unsafe-swiftshader: software WebGL (parallel coordinates) on machines without a GPU.
 CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-swiftshader"]
+PAGE_LOAD_MS = 120_000
+"""A page's load event: the inline Plotly bundle (~4 MB) is parsed first, which took over
+Playwright's default 30 s on a loaded 2-core machine."""
 ALL_DRAWN = (
     "document.querySelectorAll('div.figure').length > 0 && "
     "Array.from(document.querySelectorAll('div.figure')).every("
@@ -85,7 +88,7 @@ def test_chromium_draws_every_figure_without_errors(chromium, report_path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(report_path.as_uri())
+            page.goto(report_path.as_uri(), timeout=PAGE_LOAD_MS)
             page.wait_for_function(ALL_DRAWN, timeout=60_000)
             figures = page.locator("div.figure").count()
             assert figures == 9
@@ -184,7 +187,7 @@ def test_chromium_draws_a_study_of_every_status(chromium, every_status_page):
             errors = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(every_status_page.as_uri())
+            page.goto(every_status_page.as_uri(), timeout=PAGE_LOAD_MS)
             page.wait_for_function(ALL_DRAWN, timeout=60_000)
             assert page.locator("div.figure").count() == 9
             legend = page.evaluate(LEGEND.format(fig="history"))

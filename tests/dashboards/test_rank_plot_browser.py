@@ -7,17 +7,19 @@ ringed and numbered."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from test_dashboard_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    PAGE_LOAD_MS,
+    missing_browser,
+    require_browser,
+)
 
 from autotune.cli.main import main
 from dashboards.rank_plot import WEBGL_ABOVE
 
-CHROMIUM = "/usr/bin/chromium"
-# --no-sandbox: Chromium refuses to run as root (CI) with its sandbox; the page is our own file.
-# --enable-unsafe-swiftshader: software WebGL (scattergl) on machines without a GPU.
-CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-swiftshader"]
 pytestmark = pytest.mark.slow  # starts a browser
 DRAWN = (
     "(() => { const gd = document.querySelector('.js-plotly-plot');"
@@ -32,13 +34,8 @@ POINTS = (
 
 @pytest.fixture
 def chromium():
-    """Debian's Chromium: skipped where it is missing, a failure under CI (``CI`` set, as
-    ``.ci/run`` runs), which installs it."""
-    if not os.path.exists(CHROMIUM):
-        reason = f"no {CHROMIUM}: install Debian's chromium (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run under CI: {reason}")
-        pytest.skip(reason)
+    """Debian's Chromium and Playwright: skipped where missing, a failure under CI."""
+    require_browser(missing_browser())
     return CHROMIUM
 
 
@@ -62,7 +59,7 @@ def test_chromium_draws_every_scored_layout(chromium, tmp_path, capsys):
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(path.as_uri())
+            page.goto(path.as_uri(), timeout=PAGE_LOAD_MS)
             page.wait_for_function(DRAWN, timeout=60_000)
             assert page.evaluate(POINTS) == rows
             types = page.evaluate(
