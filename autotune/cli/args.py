@@ -8,16 +8,24 @@ Every error a user can cause is one line on stderr and a non-zero exit (2: usage
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, WorkloadSpec
+from autotune.config import DTYPE_PRECISION, PRECISION_COMPUTE_DTYPE, TrialConfig, WorkloadSpec
 from autotune.errors import EXIT_RUNTIME, AutotuneError, ConfigError
+from autotune.model.cluster import ClusterSpec
+from autotune.shapes import ModelShape
 
 DEFAULT_DB = "sqlite:///autotune.db"
 EXAMPLES = "examples/ holds ready configuration files, e.g. examples/tiny_zero2_dp2.json"
+EXPLICIT_WORKLOAD = "explicit:architecture"
+"""Workload name of an explicit architecture in the printed / JSON config."""
+SHAPE_FLAGS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+"""Flags that, with --seq-len, describe a model that is not built in."""
 
 
 # ---- argument types ------------------------------------------------------------------------
@@ -266,3 +274,64 @@ def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
     if (family, size) not in MODEL_SHAPES:
         raise ConfigError(f"unknown model '{model}': choose one of {', '.join(model_names())}")
     return dataclasses.replace(workload, family=family, size=size, workload=None)
+
+
+# ---- the model and cluster estimate and rank describe ----------------------------------
+def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
+    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
+    if not given:
+        if args.num_kv_heads or args.ffn_hidden_size or args.family:
+            raise ConfigError(
+                "--num-kv-heads, --ffn-hidden-size and --family describe an "
+                "explicit architecture: give --num-layers, --hidden-size, "
+                "--num-heads, --seq-len and --vocab-size too"
+            )
+        return None
+    if args.model is not None:
+        raise ConfigError(
+            "give either --model or an explicit architecture (--num-layers "
+            "--hidden-size --num-heads --seq-len --vocab-size), not both"
+        )
+    missing = [f for f in SHAPE_FLAGS if getattr(args, f) is None]
+    if args.seq_len is None:
+        missing.append("seq_len")
+    if missing:
+        raise ConfigError(
+            "an explicit architecture needs "
+            + ", ".join("--" + f.replace("_", "-") for f in missing)
+        )
+    h, a = args.hidden_size, args.num_heads
+    for name in (*SHAPE_FLAGS, "num_kv_heads", "ffn_hidden_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, not {value}")
+    if h % a:
+        raise ConfigError(f"--num-heads {a} must divide --hidden-size {h}")
+    kv = args.num_kv_heads or a
+    if a % kv:
+        raise ConfigError(f"--num-kv-heads {kv} must divide --num-heads {a}")
+    family = args.family or "gpt"
+    ffn = args.ffn_hidden_size or (4 * h if family == "gpt" else 256 * math.ceil(8 * h / 3 / 256))
+    return ModelShape(
+        family, args.num_layers, h, a, kv, ffn, args.vocab_size, max_seq_len=config.workload.seq_len
+    )
+
+
+def mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
+    """The config as estimated: its workload named as the explicit architecture."""
+    return dataclasses.replace(
+        config,
+        workload=dataclasses.replace(
+            config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD
+        ),
+    )
+
+
+def describe_cluster(cluster: ClusterSpec, engine: str = "autotune") -> str:
+    """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    calibration = "stored calibration" if cluster.calibration else "default calibration"
+    return (
+        f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
+        f"{engine} engine"
+    )

@@ -18,8 +18,8 @@ GPUs) can be planned.
 
 ``add_estimate_parser(sub)`` adds the command to the CLI's subparsers; ``cmd_estimate(args)``
 runs it and returns the exit status. Bad input raises :class:`ConfigError` (one line, exit 2).
-The model / cluster helpers are shared with ``autotune rank`` (``cli/rank.py``), the flag
-groups with it and ``autotune search`` (``cli/args.py``).
+The model / cluster helpers and the flag groups it shares with ``autotune rank`` and
+``autotune search`` are in ``cli/args.py``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,17 @@ import math
 import sys
 
 from autotune.cli.args import (
+    EXPLICIT_WORKLOAD,
+    SHAPE_FLAGS,
     add_architecture_args,
     add_cluster_args,
     add_debug_arg,
     add_engine_arg,
     add_precision_args,
     builtin_workload,
+    describe_cluster,
+    explicit_shape,
+    mark_explicit,
     precision_arg,
 )
 from autotune.cli.config_flags import add_flags, add_knob_args, given
@@ -62,11 +67,6 @@ from autotune.model.perf_model import (
     predict_step_time,
 )
 from autotune.shapes import ModelShape, model_names
-
-EXPLICIT_WORKLOAD = "explicit:architecture"
-"""Workload name of an explicit architecture in the printed / JSON config."""
-SHAPE_FLAGS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
-"""Flags that, with --seq-len, describe a model that is not built in."""
 
 
 def add_estimate_parser(sub) -> None:
@@ -343,56 +343,6 @@ def cluster_for_world(name_or_path: str, nodes: int | None, world_size: int) -> 
     return cluster.with_nodes(max(1, math.ceil(world_size / cluster.devices_per_node)))
 
 
-def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
-    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
-    if not given:
-        if args.num_kv_heads or args.ffn_hidden_size or args.family:
-            raise ConfigError(
-                "--num-kv-heads, --ffn-hidden-size and --family describe an "
-                "explicit architecture: give --num-layers, --hidden-size, "
-                "--num-heads, --seq-len and --vocab-size too"
-            )
-        return None
-    if args.model is not None:
-        raise ConfigError(
-            "give either --model or an explicit architecture (--num-layers "
-            "--hidden-size --num-heads --seq-len --vocab-size), not both"
-        )
-    missing = [f for f in SHAPE_FLAGS if getattr(args, f) is None]
-    if args.seq_len is None:
-        missing.append("seq_len")
-    if missing:
-        raise ConfigError(
-            "an explicit architecture needs "
-            + ", ".join("--" + f.replace("_", "-") for f in missing)
-        )
-    h, a = args.hidden_size, args.num_heads
-    for name in (*SHAPE_FLAGS, "num_kv_heads", "ffn_hidden_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, not {value}")
-    if h % a:
-        raise ConfigError(f"--num-heads {a} must divide --hidden-size {h}")
-    kv = args.num_kv_heads or a
-    if a % kv:
-        raise ConfigError(f"--num-kv-heads {kv} must divide --num-heads {a}")
-    family = args.family or "gpt"
-    ffn = args.ffn_hidden_size or (4 * h if family == "gpt" else 256 * math.ceil(8 * h / 3 / 256))
-    return ModelShape(
-        family, args.num_layers, h, a, kv, ffn, args.vocab_size, max_seq_len=config.workload.seq_len
-    )
-
-
-def mark_explicit(config: TrialConfig, shape: ModelShape) -> TrialConfig:
-    """The config as estimated: its workload named as the explicit architecture."""
-    return dataclasses.replace(
-        config,
-        workload=dataclasses.replace(
-            config.workload, family=shape.family, workload=EXPLICIT_WORKLOAD
-        ),
-    )
-
-
 def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None:
     """Why the trial engine would refuse this layout (the estimate still describes it)."""
     try:
@@ -482,16 +432,6 @@ def _time_summary(time: StepTimeEstimate, cluster: ClusterSpec, engine: str) -> 
     return (
         f"predicted step {time.step_time_s:.4g} s, {time.tokens_per_s:,.0f} tokens/s{mfu} "
         f"({describe_cluster(cluster, engine)})"
-    )
-
-
-def describe_cluster(cluster: ClusterSpec, engine: str = "autotune") -> str:
-    """'64 nodes × 8 A100-SXM4-80GB, default calibration, autotune engine'."""
-    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
-    calibration = "stored calibration" if cluster.calibration else "default calibration"
-    return (
-        f"{nodes} × {cluster.devices_per_node} {cluster.device.name}, {calibration}, "
-        f"{engine} engine"
     )
 
 

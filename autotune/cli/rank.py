@@ -2,21 +2,19 @@
 
 For a built-in model (``--model``) or an explicit architecture (``estimate``'s flags), a
 cluster (``--cluster NAME|FILE --nodes N``: world size = nodes × devices per node), a global
-batch and a sequence length, it lists every layout the trial engine accepts — the rules of
-``layouts.enumerate_configs`` and ``TrialConfig.validate`` — predicts each one's peak memory
-(``memory.estimate_memory``) and, for those predicted to fit the limit with the search's margin
-(``search.predicted_to_fit``), its step time (``perf_model.predict_step_time`` with the cluster's
-stored calibration, for autotune's own engine), and prints the fastest K. Nothing runs and
-nothing imports torch. Memory screens first: ``memory.peak_lower_bound`` (cached model states
-and held activations) drops most layouts that cannot fit, and the exact estimate stops at the
-first pipeline rank over the limit, so the step-time model sees only layouts that fit: SC21's
-145.6B GPT on 1,536 GPUs (213,288 layouts) scores in about 8 s (``bench/rank_speed.py``).
+batch and a sequence length, it ranks every layout the trial engine accepts and prints the
+fastest K. The ranking itself is ``autotune.ranking`` (``score.rank_screened``: the layouts of
+``space.screen_layouts``, screened by memory bounds, each one's peak memory, and for those
+predicted to fit the limit with the search's margin its step time with the cluster's stored
+calibration, folded by ``collapse.collapse_equivalent``, a ``--compare`` layout placed by
+``compare.compare_to_top``); this module parses the flags into it and prints what it returns.
+Nothing runs and nothing imports torch: SC21's 145.6B GPT on 1,536 GPUs (213,288 layouts)
+scores in about 8 s (``bench/rank_speed.py``).
 
 Precision (``--precision``, or the older ``--dtype``) defaults as the search's does
 (``config.DEFAULT_PRECISION``: bf16-mixed on GPU clusters, with fp32 master weights). Layouts
-that differ only in bucket size and whose predicted step and peak agree within 0.1%
-(``collapse_equivalent``) share one row, whose bucket column lists their sizes; the output says
-how many were folded.
+that differ only in bucket size and whose predicted step and peak agree within 0.1% share one
+row, whose bucket column lists their sizes; the output says how many were folded.
 
 What is enumerated (``ENUMERATED``): every knob of the search (``layouts.KNOB_ORDER``, in the
 words of ``layouts.KNOB_WORDS``), tp × pp × cp × dp, with the knobs' flags narrowing them. With
@@ -34,11 +32,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
-import re
 import sys
-from dataclasses import dataclass
 from typing import get_args
 
 from autotune.cli.args import (
@@ -48,15 +43,12 @@ from autotune.cli.args import (
     add_engine_arg,
     add_precision_args,
     builtin_workload,
-    precision_arg,
-)
-from autotune.cli.config_flags import add_flags, add_knob_args
-from autotune.cli.estimate import (
     describe_cluster,
     explicit_shape,
     mark_explicit,
+    precision_arg,
 )
-from autotune.cli.rank_space import Screened, knob_choices, screened_layouts
+from autotune.cli.config_flags import add_flags, add_knob_args
 from autotune.config import (
     GIB,
     ActivationCheckpointing,
@@ -66,23 +58,18 @@ from autotune.config import (
     ZeroStage,
 )
 from autotune.errors import AutotuneError, ConfigError
-from autotune.layouts import KNOB_ORDER, SEARCHED_BY_DEFAULT, divisors, knobs_in_words, short_name
+from autotune.layouts import KNOB_ORDER, knobs_in_words, short_name
 from autotune.model.cluster import ClusterSpec, load_cluster
-from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
-from autotune.model.layout_quantities import fields_key
-from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
-from autotune.model.perf_model import (
-    AUTOTUNE_ENGINE,
-    Calibration,
-    EngineTraits,
-    StepTimeEstimate,
-    StepTimeModel,
-    engine_traits,
-    predict_step_time,
-)
-from autotune.progress import Progress
-from autotune.search.screen import MemoryAllowance, allowance, predicted_to_fit
-from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
+from autotune.model.engine_memory import MEMORY_TRAITS
+from autotune.model.memory import MemoryTraits
+from autotune.model.perf_model import EngineTraits, engine_traits
+from autotune.ranking.collapse import COLLAPSE_TOLERANCE
+from autotune.ranking.compare import LAYOUT_KEYS, Comparison, compare_to_top, parse_layout
+from autotune.ranking.score import rank_screened
+from autotune.ranking.scored import Ranking, ScoredLayout
+from autotune.ranking.space import Screened, knob_choices
+from autotune.search.screen import MemoryAllowance, allowance
+from autotune.search.space import DEFAULT_BUCKETS_MB
 from autotune.shapes import ModelShape, model_names
 
 ZERO_STAGES = get_args(ZeroStage)
@@ -96,46 +83,6 @@ ENUMERATED = (
 )
 """The knobs ``autotune rank`` enumerates (the search's grid, ``space.SearchSpace``), as its
 --help says."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScoredLayout:
-    """One layout predicted to fit, with its predicted step."""
-
-    config: TrialConfig
-    time: StepTimeEstimate
-    peak_memory_bytes: int
-    collapsed_buckets_mb: tuple[float, ...] = ()
-    """Bucket sizes of the layouts folded into this row: the same layout but for the bucket,
-    predicted the same (``collapse_equivalent``)."""
-
-    def as_dict(self) -> dict:
-        return {
-            "config": self.config.resolved(),
-            "step_time_s": self.time.step_time_s,
-            "tokens_per_s": self.time.tokens_per_s,
-            "mfu": self.time.mfu,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "breakdown": dict(self.time.breakdown),
-            "collapsed_bucket_mb": list(self.collapsed_buckets_mb),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    """Every layout scored: how many, and those predicted to fit, fastest first."""
-
-    scored: int
-    fitting: tuple[ScoredLayout, ...]
-    smallest_peak: tuple[TrialConfig, int] | None
-    """The layout with the smallest predicted peak of those that do not fit (config, bytes)."""
-    rows: tuple[ScoredLayout, ...] = ()
-    """``fitting`` with the layouts the models cannot tell apart folded together, as listed."""
-
-    @property
-    def collapsed(self) -> int:
-        """Layouts folded into another's row."""
-        return len(self.fitting) - len(self.rows)
 
 
 # ---- the command line ----------------------------------------------------------------------
@@ -226,22 +173,22 @@ def cmd_rank(args: argparse.Namespace) -> int:
     memory_traits = MEMORY_TRAITS[engine.name]
     # A reference layout that does not parse is refused before the ranking's seconds.
     reference = parse_layout(args.compare, base) if args.compare else None
-    screened = screen_layouts(
-        args, base, shape, int(limit_gib * GIB), device_type, traits=memory_traits
-    )
-    layouts = screened.layouts
-    if not layouts and screened.smallest is None:
-        raise ConfigError(_no_layout_message(base, shape))
-    ranking = rank_layouts(
-        layouts,
+    screened, ranking = rank_screened(
+        base,
+        shape,
         cluster,
-        shape=shape,
+        knob_choices(
+            base,
+            cp_degree=args.cp_degree,
+            dp_replicate=args.dp_replicate,
+            virtual_stages=args.virtual_stages,
+            compile=args.compile,
+            float8=args.float8,
+        ),
         limit_bytes=int(limit_gib * GIB),
-        device_type=device_type,
-        progress=_Progress(len(layouts)),
         engine=engine,
         memory_traits=memory_traits,
-        screened=True,
+        ac_layers=args.ac_layers,
     )
     if not ranking.fitting:
         raise _nothing_fits(ranking, screened, limit_gib, allowance(device_type, memory_traits))
@@ -422,87 +369,6 @@ def _peak_words(traits: MemoryTraits | None) -> str:
     return "peak" if traits is None else f"peak, {traits.peak_kind}"
 
 
-LAYOUT_KEYS = {
-    "tp": "tp_degree",
-    "pp": "pp_degree",
-    "cp": "cp_degree",
-    "mb": "micro_batch_size",
-    "zero": "zero_stage",
-    "ac": "activation_checkpointing",
-    "schedule": "pp_schedule",
-    "v": "virtual_stages",
-    "bucket": "bucket_mb",
-    "overlap": "overlap_enabled",
-    "sp": "sequence_parallel",
-}
-"""``--compare``'s keys and the TrialConfig fields they set."""
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
-
-
-def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
-    """``base`` with the ``key=value`` pairs of ``--compare`` (``LAYOUT_KEYS``), separated by
-    commas or spaces, applied; a pair that does not parse is a ``ConfigError`` naming it."""
-    fields: dict = {}
-    for item in re.split(r"[,\s]+", text.strip()):
-        key, _, value = item.partition("=")
-        if key not in LAYOUT_KEYS or not value:
-            raise ConfigError(
-                f"--compare: '{item}' is not KEY=VALUE with KEY one of {', '.join(LAYOUT_KEYS)}"
-            )
-        field_name = LAYOUT_KEYS[key]
-        if field_name in ("activation_checkpointing", "pp_schedule"):
-            fields[field_name] = value
-        elif field_name in ("overlap_enabled", "sequence_parallel"):
-            if value.lower() not in _ON + _OFF:
-                raise ConfigError(f"--compare: {key}={value}: give on or off")
-            fields[field_name] = value.lower() in _ON
-        else:
-            number = float if field_name == "bucket_mb" else int
-            try:
-                fields[field_name] = number(value)
-            except ValueError:
-                kind = "a number" if number is float else "an integer"
-                raise ConfigError(f"--compare: {key}={value}: give {kind}") from None
-    config = dataclasses.replace(base, **fields)
-    config.validate()
-    return config
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """Where a reference layout stands against the ranking."""
-
-    reference: TrialConfig
-    time: StepTimeEstimate
-    position: int
-    """Layouts predicted faster than it, plus one."""
-    percentile: float
-    """Its position as a share of the layouts predicted to fit (0: the top)."""
-    top: ScoredLayout
-    term: str
-    """The term in which the top pick gains most over the reference."""
-    gain_s: float
-
-
-def compare_to_top(
-    ranking: Ranking,
-    reference: TrialConfig,
-    cluster: ClusterSpec,
-    shape: ModelShape | None,
-    engine: EngineTraits,
-) -> Comparison:
-    """The reference layout's predicted step, its place among ``ranking.fitting`` and the term
-    (``perf_model.TERMS``) that most separates it from the top pick."""
-    time = predict_step_time(reference, cluster, shape=shape, engine=engine)
-    faster = sum(1 for s in ranking.fitting if s.time.step_time_s < time.step_time_s)
-    top = ranking.fitting[0]
-    gains = {k: time.breakdown[k] - top.time.breakdown[k] for k in time.breakdown}
-    term = max(gains, key=gains.get)
-    return Comparison(
-        reference, time, faster + 1, faster / max(len(ranking.fitting), 1), top, term, gains[term]
-    )
-
-
 def describe_comparison(c: Comparison) -> str:
     line = (
         f"reference {_layout_name(c.reference)}: predicted {_seconds(c.time.step_time_s)}, "
@@ -550,262 +416,12 @@ def _base_config(
     return base, shape
 
 
-# ---- enumeration ---------------------------------------------------------------------------
-def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> list[TrialConfig]:
-    """Every layout of ``base``'s workload on its world size that ``validate`` accepts: the
-    search's own grid, ``space.SearchSpace(base).configs`` (``layouts.enumerate_configs`` with
-    overlap on and off, less the overlap-off twin of each dp-1 layout, each layout once per
-    bucket size of ``space.DEFAULT_BUCKETS_MB``, the first alone with dp 1), validated against
-    ``shape`` when the architecture is explicit. Tensor-parallel degrees that cannot divide the
-    heads are left out of the grid before their micro-batches are tried, which ``validate``
-    would refuse one by one.
-    """
-    heads = shape or base.workload.shape
-    tp_degrees = [
-        tp
-        for tp in divisors(base.world_size)
-        if not heads or not (heads.num_heads % tp or heads.num_kv_heads % tp)
-    ]
-    try:
-        grid = SearchSpace(base, narrowed={"tp_degree": tp_degrees}).configs
-    except ConfigError:  # no valid layout: the caller says why (_no_layout_message)
-        return []
-    if shape is None:
-        return grid
-    # The heads' rule was applied to tp above; the layers' rule (pipeline stages) is the only
-    # other one the shape decides, so only pipelined layouts are validated again.
-    rules = {
-        "num_heads": shape.num_heads,
-        "num_kv_heads": shape.num_kv_heads,
-        "num_layers": shape.num_layers,
-    }
-    return [c for c in grid if c.pp_degree == 1 or _valid(c, rules)]
-
-
-def screen_layouts(
-    args: argparse.Namespace,
-    base: TrialConfig,
-    shape: ModelShape | None,
-    limit_bytes: int,
-    device_type: str,
-    traits: MemoryTraits | None = None,
-) -> Screened:
-    """The layouts to score (``rank_space.screened_layouts``): the newer knobs as the flags
-    choose them (``rank_space.knob_choices``), screened on memory bounds: autotune's runtime's,
-    or those of the engine whose memory ``traits`` describe."""
-    if args.ac_layers is not None:
-        base = dataclasses.replace(base, activation_checkpointing="full", ac_layers=args.ac_layers)
-    of = shape or base.workload.shape
-    tp_degrees = [
-        tp for tp in divisors(base.world_size) if not (of.num_heads % tp or of.num_kv_heads % tp)
-    ]
-    rules = (
-        None
-        if shape is None
-        else {
-            "num_heads": shape.num_heads,
-            "num_kv_heads": shape.num_kv_heads,
-            "num_layers": shape.num_layers,
-        }
-    )
-    rule = allowance(device_type, traits)  # the search's rule, for the engine's memory
-    return screened_layouts(
-        base,
-        of,
-        knob_choices(args, base, traits),
-        tp_degrees=tp_degrees,
-        fits=lambda b: rule.required_bytes(b) <= limit_bytes,
-        rules=rules,
-        traits=traits,
-    )
-
-
 def _screened_text(s: Screened) -> str:
     return (
         f"{s.groups_dropped:,} (tp, pp, cp, ZeRO, HSDP, schedule) groups whose model states "
         f"alone, and {s.branches_dropped:,} (micro-batch, checkpointing, SP) branches whose "
         "states and held activations, cannot fit, dropped before their layouts were built"
     )
-
-
-def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
-    try:
-        config.validate(**rules)
-    except ConfigError:
-        return False
-    return True
-
-
-def _no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
-    """Why no layout splits the global batch, and the batches that would split."""
-    world, batch = base.world_size, base.workload.global_batch_size
-    structural = []  # dp of each (tp, pp, cp) the model allows, one micro-batch each
-    for tp, pp, cp in itertools.product(
-        divisors(world), divisors(world), SEARCHED_BY_DEFAULT["cp_degree"]
-    ):
-        if world % (tp * pp * cp):
-            continue
-        dp = world // (tp * pp * cp)
-        config = dataclasses.replace(
-            base,
-            tp_degree=tp,
-            pp_degree=pp,
-            cp_degree=cp,
-            micro_batch_size=1,
-            pp_schedule="gpipe",
-            workload=dataclasses.replace(base.workload, global_batch_size=dp),
-        )
-        try:
-            config.validate(
-                **(
-                    {}
-                    if shape is None
-                    else {
-                        "num_heads": shape.num_heads,
-                        "num_kv_heads": shape.num_kv_heads,
-                        "num_layers": shape.num_layers,
-                    }
-                )
-            )
-        except ConfigError:
-            continue
-        structural.append(dp)
-    name = base.workload.name if shape is None else "the architecture"
-    return (
-        f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
-        "data-parallel degree dp = world / (tp × pp × cp) must divide it, and tp must divide "
-        "the heads and pp must not exceed the layers, so dp is at least "
-        f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}"
-    )
-
-
-# ---- scoring -------------------------------------------------------------------------------
-def rank_layouts(
-    layouts: list[TrialConfig],
-    cluster: ClusterSpec,
-    *,
-    shape: ModelShape | None = None,
-    limit_bytes: int | None,
-    device_type: str = "cuda",
-    calibration: Calibration | None = None,
-    progress: _Progress | None = None,
-    memory_traits: MemoryTraits | None = None,
-    engine: EngineTraits = AUTOTUNE_ENGINE,
-    screened: bool = False,
-) -> Ranking:
-    """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the
-    search's margin), the step time; fastest first (ties: smaller peak first).
-
-    ``layouts`` are valid (``enumerate_layouts``), so they are not validated again. A layout
-    whose ``memory.peak_lower_bound`` already exceeds the limit is not estimated further (the
-    bound is a few cached look-ups, the exact estimate three pipeline ranks' arithmetic); the
-    smallest peak of those that do not fit is only needed, and only computed, when none fits.
-    ``memory_traits``: judge memory as that engine stores it (``engine_memory.MEMORY_TRAITS``),
-    every layout estimated (the bound is autotune's runtime's); ``engine``: judge time so.
-    ``screened``: the layouts come from ``rank_space.screened_layouts``, whose bounds (the least
-    over their bucket and overlap) already fit, so they are not bounded again: the bound drops
-    a few dozen of SC21's 250,297 and costs more than it saves."""
-    calibration = calibration or Calibration.for_cluster(cluster)
-    shape_of = shape or (layouts[0].workload.shape if layouts else None)
-    # The largest peak predicted_to_fit accepts: a rank above it settles the layout.
-    rule = allowance(device_type, memory_traits)
-    stop = (
-        None
-        if limit_bytes is None
-        else int(
-            (limit_bytes - rule.outside_allocator) / ((1 + rule.model_margin) * rule.fragmentation)
-        )
-    )
-    step_time = StepTimeModel(cluster, calibration, shape=shape, engine=engine)
-    fitting = []
-    for done, config in enumerate(layouts, 1):
-        if memory_traits is not None:
-            peak = estimate_engine_memory(
-                config, shape_of, memory_traits, device_type=device_type, checked=True
-            ).total
-        elif screened or predicted_to_fit(
-            peak_lower_bound(config, shape_of, device_type=device_type), limit_bytes, device_type
-        ):
-            peak = estimate_memory(
-                config, shape_of, device_type=device_type, checked=True, stop_above=stop
-            ).total
-        else:
-            peak = None
-        if peak is not None and (limit_bytes is None or rule.required_bytes(peak) <= limit_bytes):
-            time = step_time.predict(config)
-            fitting.append(ScoredLayout(config, time, peak))
-        if progress is not None:
-            progress.update(done)
-    if progress is not None:
-        progress.close(len(fitting))
-    fitting.sort(key=lambda s: (-s.time.tokens_per_s, s.peak_memory_bytes))
-    smallest = None
-    if not fitting and layouts:
-        peaks = (
-            (
-                c,
-                estimate_engine_memory(
-                    c, shape_of, memory_traits, device_type=device_type, checked=True
-                ).total,
-            )
-            for c in layouts
-        )
-        smallest = min(peaks, key=lambda cp: cp[1])
-    return Ranking(
-        scored=len(layouts),
-        fitting=tuple(fitting),
-        smallest_peak=smallest,
-        rows=tuple(collapse_equivalent(fitting)),
-    )
-
-
-COLLAPSE_TOLERANCE = 1e-3
-"""Relative difference in predicted step time and in peak under which two layouts that differ
-only in bucket size are one row: the models say the bucket changes nothing there (at ZeRO-3 the
-bucket only groups FSDP units, whose gathers the step-time model overlaps)."""
-
-
-_BUCKET = frozenset({"bucket_mb"})
-
-
-def collapse_equivalent(fitting: list[ScoredLayout]) -> list[ScoredLayout]:
-    """``fitting`` (fastest first) with each layout that differs from a faster listed one only
-    in bucket size, and whose predicted step and peak are within ``COLLAPSE_TOLERANCE`` of that
-    row's, folded into the first such row (its ``collapsed_buckets_mb``)."""
-    rows: list[ScoredLayout] = []
-    folded: list[list[float]] = []  # per row, the buckets folded into it
-    listed: dict[tuple, list[int]] = {}  # the layout less its bucket → its rows
-    for s in fitting:
-        same = listed.setdefault(fields_key(s.config, _BUCKET), [])
-        i = next((i for i in same if _same_prediction(rows[i], s)), None)
-        if i is None:
-            same.append(len(rows))
-            rows.append(s)
-            folded.append([])
-        else:
-            folded[i].append(s.config.bucket_mb)
-    return [
-        dataclasses.replace(r, collapsed_buckets_mb=(*r.collapsed_buckets_mb, *f)) if f else r
-        for r, f in zip(rows, folded)
-    ]
-
-
-def _same_prediction(a: ScoredLayout, b: ScoredLayout) -> bool:
-    return (
-        abs(a.time.step_time_s - b.time.step_time_s) <= COLLAPSE_TOLERANCE * a.time.step_time_s
-        and abs(a.peak_memory_bytes - b.peak_memory_bytes)
-        <= COLLAPSE_TOLERANCE * a.peak_memory_bytes
-    )
-
-
-class _Progress(Progress):
-    """Scoring layouts: the shared progress line, ended by how many were predicted to fit."""
-
-    def __init__(self, total: int) -> None:
-        super().__init__(total, "scoring layouts")
-
-    def close(self, fit: int) -> None:  # type: ignore[override]
-        super().close(f"scored {self.total:,} layouts in {{elapsed}}; {fit:,} predicted to fit")
 
 
 # ---- output --------------------------------------------------------------------------------

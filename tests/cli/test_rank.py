@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.main import main
-from autotune.cli.rank import _Progress, enumerate_layouts
 from autotune.config import DEFAULT_PRECISION, TrialConfig, WorkloadSpec
 from autotune.layouts import enumerate_configs
 from autotune.model.cluster import load_cluster
 from autotune.model.memory import estimate_memory
 from autotune.model.perf_model import Calibration, predict_step_time
+from autotune.ranking.score import ScoringProgress
+from autotune.ranking.space import enumerate_layouts
 from autotune.search.screen import ALLOWANCES
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import MODEL_SHAPES
@@ -267,7 +268,7 @@ def test_progress_on_a_terminal_every_two_percent(monkeypatch):
 
     stream = Terminal()
     monkeypatch.setattr(sys, "stderr", stream)
-    progress = _Progress(1000)
+    progress = ScoringProgress(1000)
     for done in range(1, 1001):
         progress.update(done)
     progress.close(7)
@@ -353,8 +354,8 @@ def test_nothing_fits_is_a_runtime_error_naming_the_smallest_peak(capsys):
 def test_an_engines_memory_judges_the_fit():
     # rank_layouts(memory_traits=...): each layout's peak is that engine's (torchtitan's here,
     # whose op-mode AC, bf16 logits and fused norms fit where autotune's runtime does not).
-    from autotune.cli.rank import rank_layouts
     from autotune.model.engine_memory import TORCHTITAN, estimate_engine_memory
+    from autotune.ranking.score import rank_layouts
 
     base = _base("llama-7b", 8, 16, 2048)
     layouts = [c for c in enumerate_layouts(base) if c.pp_degree == 1 and c.zero_stage == 3]
@@ -372,8 +373,8 @@ def test_an_engines_measured_allocator_is_counted_once():
     # DeepSpeed's traits carry the allocator's reserve and the context as measured on
     # BigScience's sweep (nvidia-smi's figure): its layouts fit on their peak × (1 + margin),
     # without the device's reserve and context again (which dropped layouts that ran).
-    from autotune.cli.rank import rank_layouts
     from autotune.model.engine_memory import DEEPSPEED, estimate_engine_memory
+    from autotune.ranking.score import rank_layouts
 
     base = _base("llama-7b", 8, 32, 4096)
     layouts = enumerate_layouts(base)
@@ -398,8 +399,8 @@ def test_screen_keeps_every_layout_that_fits(engine):
     # Every newer knob enumerated (SP, cp 1/2/4/8, HSDP, virtual stages): the layouts the
     # screen keeps and that fit are exactly those of the whole grid that fit, each estimated,
     # in autotune's runtime's memory and in each engine's.
-    from autotune.cli.rank_space import screened_layouts
     from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
+    from autotune.ranking.space import screened_layouts
     from autotune.search.screen import allowance, predicted_to_fit
 
     traits = MEMORY_TRAITS[engine]
@@ -479,7 +480,7 @@ def test_knob_flags_fix_the_listed_layouts(capsys):
 def test_default_hsdp_replicas_follow_each_layouts_dp():
     # Shard groups of 8 and 64 ranks whatever tp, pp and cp leave as dp: a tp-8 layout on 1,024
     # GPUs (dp 128) lists 2 and 16 replicas, not world / 8 = 128 (dp_shard 1, no sharding).
-    from autotune.cli.rank_space import _replica_counts
+    from autotune.ranking.space import _replica_counts
 
     assert _replica_counts(128, None) == [1, 2, 16]
     assert _replica_counts(1024, None) == [1, 16, 128]

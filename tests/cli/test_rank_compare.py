@@ -7,12 +7,14 @@ import dataclasses
 
 import pytest
 
-from autotune.cli.rank import compare_to_top, enumerate_layouts, parse_layout, rank_layouts
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.model.cluster import load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.engines import engine_traits
+from autotune.ranking.compare import compare_to_top, parse_layout
+from autotune.ranking.score import rank_layouts
+from autotune.ranking.space import enumerate_layouts
 from autotune.shapes import ModelShape
 
 SHAPE = ModelShape(

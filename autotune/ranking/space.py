@@ -1,5 +1,6 @@
 """The layouts ``autotune rank`` scores: the search's grid with the newer knobs enumerated, and
-screened by memory before each layout is built.
+screened by memory before each layout is built (``screen_layouts``); the unscreened grid
+(``enumerate_layouts``) and why no layout splits a batch (``no_layout_message``).
 
 With every knob (sequence parallelism, context parallelism, HSDP, virtual stages) Llama 3.1
 405B on 1,024 GPUs has about 1.5 million valid layouts; building and validating each one alone
@@ -13,7 +14,7 @@ lower bound of its memory cannot fit (``search.screen.predicted_to_fit``):
    compile is listed: it keeps less);
 3. the layouts of a branch that passes (overlap, bucket, compile, float8) are built and
    validated (``TrialConfig.validate``, the rules the search's grid applies), then estimated
-   exactly by ``rank.rank_layouts``.
+   exactly by ``ranking.score.rank_layouts``.
 
 Every layout the screen drops is predicted not to fit (its estimate is at least the bound), so
 the layouts predicted to fit, and their order, are those of the unscreened grid.
@@ -21,7 +22,7 @@ the layouts predicted to fit, and their order, are those of the unscreened grid.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -37,7 +38,8 @@ from autotune.errors import ConfigError
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
 from autotune.model.engine_memory import engine_states_lower_bound, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
-from autotune.search.space import DEFAULT_BUCKETS_MB
+from autotune.search.screen import allowance
+from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import ModelShape
 
 VIRTUAL_STAGES = (2, 4)
@@ -55,32 +57,148 @@ count."""
 
 
 def knob_choices(
-    args: argparse.Namespace, base: TrialConfig, traits: MemoryTraits | None = None
+    base: TrialConfig,
+    *,
+    cp_degree: int | None = None,
+    dp_replicate: int | None = None,
+    virtual_stages: int | None = None,
+    compile: bool = False,
+    float8: bool = False,
 ) -> dict[str, tuple]:
-    """The newer knobs' values ``rank`` lists: the flag's value where one is given, otherwise
-    every value (sequence parallelism on and off wherever tp > 1 — on only, for an engine
-    whose recipes turn it on —, every context-parallel degree the sequence allows, every HSDP
-    replica count, ``VIRTUAL_STAGES``); compile and float8 only when asked for. Sequence
-    parallelism is listed on wherever tp > 1, as Megatron-LM's and torchtitan's recipes run
-    it: the same bytes move as TP's all-reduce (Korthikanti et al. 2022 §4.2.2) and every
-    block keeps less (``memory._norm_bytes``), so the off twin is never the better layout."""
+    """The newer knobs' values ``rank`` lists: the value given (its flag's) where one is,
+    otherwise every value (sequence parallelism on wherever tp > 1, every context-parallel
+    degree the sequence allows, every HSDP replica count, ``VIRTUAL_STAGES``); compile and
+    float8 only when asked for. Sequence parallelism is listed on wherever tp > 1, as
+    Megatron-LM's and torchtitan's recipes run it: the same bytes move as TP's all-reduce
+    (Korthikanti et al. 2022 §4.2.2) and every block keeps less (``memory._norm_bytes``), so
+    the off twin is never the better layout."""
     world, seq = base.world_size, base.workload.seq_len
     return {
         "sequence_parallel": (True,),
-        "cp_degree": (args.cp_degree,)
-        if args.cp_degree is not None
+        "cp_degree": (cp_degree,)
+        if cp_degree is not None
         else tuple(
             d
             for d in divisors(world)
             if d == 1 or (seq % (2 * d) == 0 and seq // d >= CP_MIN_TOKENS)
         ),
-        "dp_replicate": (args.dp_replicate,) if args.dp_replicate is not None else None,
-        "virtual_stages": (args.virtual_stages,)
-        if args.virtual_stages is not None
-        else VIRTUAL_STAGES,
-        "compile": (True,) if args.compile else SEARCHED_BY_DEFAULT["compile"],
-        "float8": (True,) if args.float8 else SEARCHED_BY_DEFAULT["float8"],
+        "dp_replicate": (dp_replicate,) if dp_replicate is not None else None,
+        "virtual_stages": (virtual_stages,) if virtual_stages is not None else VIRTUAL_STAGES,
+        "compile": (True,) if compile else SEARCHED_BY_DEFAULT["compile"],
+        "float8": (True,) if float8 else SEARCHED_BY_DEFAULT["float8"],
     }
+
+
+def shape_rules(shape: ModelShape | None) -> dict[str, int] | None:
+    """What ``TrialConfig.validate`` needs of an explicit architecture (None for a built-in
+    one, whose workload brings its shape)."""
+    if shape is None:
+        return None
+    return {
+        "num_heads": shape.num_heads,
+        "num_kv_heads": shape.num_kv_heads,
+        "num_layers": shape.num_layers,
+    }
+
+
+def tp_degrees(world: int, heads: ModelShape | None) -> list[int]:
+    """The tensor-parallel degrees of ``world`` that divide the attention and key/value heads
+    (every divisor when the shape is unknown)."""
+    return [
+        tp
+        for tp in divisors(world)
+        if not heads or not (heads.num_heads % tp or heads.num_kv_heads % tp)
+    ]
+
+
+def enumerate_layouts(base: TrialConfig, shape: ModelShape | None = None) -> list[TrialConfig]:
+    """Every layout of ``base``'s workload on its world size that ``validate`` accepts: the
+    search's own grid, ``space.SearchSpace(base).configs`` (``layouts.enumerate_configs`` with
+    overlap on and off, less the overlap-off twin of each dp-1 layout, each layout once per
+    bucket size of ``space.DEFAULT_BUCKETS_MB``, the first alone with dp 1), validated against
+    ``shape`` when the architecture is explicit. Tensor-parallel degrees that cannot divide the
+    heads are left out of the grid before their micro-batches are tried, which ``validate``
+    would refuse one by one. Unscreened: ``screen_layouts`` is what ``rank`` scores.
+    """
+    narrowed = {"tp_degree": tp_degrees(base.world_size, shape or base.workload.shape)}
+    try:
+        grid = SearchSpace(base, narrowed=narrowed).configs
+    except ConfigError:  # no valid layout: the caller says why (no_layout_message)
+        return []
+    rules = shape_rules(shape)
+    if rules is None:
+        return grid
+    # The heads' rule was applied to tp above; the layers' rule (pipeline stages) is the only
+    # other one the shape decides, so only pipelined layouts are validated again.
+    return [c for c in grid if c.pp_degree == 1 or _valid(c, rules)]
+
+
+def screen_layouts(
+    base: TrialConfig,
+    shape: ModelShape | None,
+    choices: dict[str, tuple],
+    *,
+    limit_bytes: int,
+    device_type: str,
+    traits: MemoryTraits | None = None,
+    ac_layers: int | None = None,
+) -> Screened:
+    """The layouts ``rank`` scores (``screened_layouts``): the newer knobs' ``choices``
+    (``knob_choices``), screened on memory bounds against ``limit_bytes`` with the search's
+    allowances: autotune's runtime's, or those of the engine whose memory ``traits``
+    describe. ``ac_layers``: only full checkpointing of that many blocks per stage."""
+    if ac_layers is not None:
+        base = dataclasses.replace(base, activation_checkpointing="full", ac_layers=ac_layers)
+    of = shape or base.workload.shape
+    rule = allowance(device_type, traits)  # the search's rule, for the engine's memory
+    return screened_layouts(
+        base,
+        of,
+        choices,
+        tp_degrees=tp_degrees(base.world_size, of),
+        fits=lambda b: rule.required_bytes(b) <= limit_bytes,
+        rules=shape_rules(shape),
+        traits=traits,
+    )
+
+
+def _valid(config: TrialConfig, rules: dict[str, int]) -> bool:
+    try:
+        config.validate(**rules)
+    except ConfigError:
+        return False
+    return True
+
+
+def no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
+    """Why no layout splits the global batch, and the batches that would split."""
+    world, batch = base.world_size, base.workload.global_batch_size
+    rules = shape_rules(shape) or {}
+    structural = []  # dp of each (tp, pp, cp) the model allows, one micro-batch each
+    for tp, pp, cp in itertools.product(
+        divisors(world), divisors(world), SEARCHED_BY_DEFAULT["cp_degree"]
+    ):
+        if world % (tp * pp * cp):
+            continue
+        dp = world // (tp * pp * cp)
+        config = dataclasses.replace(
+            base,
+            tp_degree=tp,
+            pp_degree=pp,
+            cp_degree=cp,
+            micro_batch_size=1,
+            pp_schedule="gpipe",
+            workload=dataclasses.replace(base.workload, global_batch_size=dp),
+        )
+        if _valid(config, rules):
+            structural.append(dp)
+    name = base.workload.name if shape is None else "the architecture"
+    return (
+        f"no valid layout of {name} on {world} devices splits global batch {batch}: the "
+        "data-parallel degree dp = world / (tp × pp × cp) must divide it, and tp must divide "
+        "the heads and pp must not exceed the layers, so dp is at least "
+        f"{min(structural)}; choose a global batch that is a multiple of {min(structural)}"
+    )
 
 
 @dataclass
