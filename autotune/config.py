@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
+from autotune.parallel_dims import ParallelDims
 from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
 
 ZeroStage = Literal[0, 1, 2, 3]
@@ -158,67 +159,102 @@ class WorkloadSpec:
             )
 
 
+JOBS = ("workload", "parallelism", "memory", "kernels", "precision", "measurement")
+"""What each ``TrialConfig`` field is for, declared on the field (its metadata's ``job``):
+what is trained; how the ranks split it (degrees, schedule, ZeRO, the batch split, the
+gradient sync); what is traded for memory (checkpointing, offload); which kernels run on which
+device; the precision; how the trial is measured (steps, seed). ``fields_of(job)`` lists
+them."""
+
+
+def _job(job: str) -> dict[str, str]:
+    if job not in JOBS:  # a declaration below, not user input
+        raise ValueError(f"not a field group: {job!r}")
+    return {"job": job}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialConfig:
     """How a workload is trained: parallel layout, batch split and memory/speed knobs."""
 
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec, metadata=_job("workload"))
     """The workload this trial trains."""
-    world_size: int = 2
+    world_size: int = field(default=2, metadata=_job("parallelism"))
     """Number of ranks (one device or CPU process each)."""
-    tp_degree: int = 1
+    tp_degree: int = field(default=1, metadata=_job("parallelism"))
     """Tensor-parallel degree; divides the attention heads."""
-    pp_degree: int = 1
+    pp_degree: int = field(default=1, metadata=_job("parallelism"))
     """Pipeline-parallel degree; at most the number of layers."""
-    zero_stage: ZeroStage = 0
+    zero_stage: ZeroStage = field(default=0, metadata=_job("parallelism"))
     """ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params."""
-    micro_batch_size: int = 1
+    micro_batch_size: int = field(default=1, metadata=_job("parallelism"))
     """Sequences per micro-batch on one data-parallel rank."""
-    bucket_mb: float = 25.0
+    bucket_mb: float = field(default=25.0, metadata=_job("parallelism"))
     """Gradient bucket size in MB (DDP buckets; FSDP wrap granularity)."""
-    overlap_enabled: bool = True
+    overlap_enabled: bool = field(default=True, metadata=_job("parallelism"))
     """Overlap communication with computation (DDP hooks / FSDP prefetch)."""
-    activation_checkpointing: ActivationCheckpointing = "none"
+    activation_checkpointing: ActivationCheckpointing = field(
+        default="none", metadata=_job("memory")
+    )
     """Recompute activations in backward: none, selective (attention core), op (all but every
     second matmul and SDPA: torchtitan's op-level selective) or full (per block)."""
-    ac_layers: int | None = None
+    ac_layers: int | None = field(default=None, metadata=_job("memory"))
     """With full checkpointing: blocks per pipeline stage recomputed (Megatron's
     --recompute-num-layers); None recomputes every block."""
-    pp_schedule: PipelineSchedule = "1f1b"
+    pp_schedule: PipelineSchedule = field(default="1f1b", metadata=_job("parallelism"))
     """Pipeline schedule when pp_degree > 1: gpipe, 1f1b or interleaved_1f1b."""
-    virtual_stages: int = INTERLEAVED_STAGES_PER_RANK
+    virtual_stages: int = field(default=INTERLEAVED_STAGES_PER_RANK, metadata=_job("parallelism"))
     """Model chunks per pipeline rank under interleaved_1f1b (≥ 2); other schedules run one."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = field(default=False, metadata=_job("parallelism"))
     """With tp_degree > 1: norms and dropout on sequence shards, all-gather / reduce-scatter
     instead of all-reduce (Korthikanti et al. 2022)."""
-    cp_degree: int = 1
+    cp_degree: int = field(default=1, metadata=_job("parallelism"))
     """Context-parallel degree: ranks splitting each sequence (world = dp × cp × tp × pp)."""
-    dp_replicate: int = 1
+    dp_replicate: int = field(default=1, metadata=_job("parallelism"))
     """HSDP: data-parallel replica groups; ZeRO shards within dp_degree / dp_replicate ranks."""
-    attention: Attention = "sdpa"
+    attention: Attention = field(default="sdpa", metadata=_job("kernels"))
     """Attention implementation: eager (explicit softmax) or sdpa (fused)."""
-    compile: bool = False
+    compile: bool = field(default=False, metadata=_job("kernels"))
     """torch.compile each transformer block (regional compilation); its time is setup cost."""
-    float8: bool = False
+    float8: bool = field(default=False, metadata=_job("kernels"))
     """Linear layers in float8 with dynamic scaling (torchao), the rest in bf16; CUDA with
     compute capability ≥ 8.9 only."""
-    optimizer_offload_enabled: bool = False
+    optimizer_offload_enabled: bool = field(default=False, metadata=_job("memory"))
     """ZeRO-Offload: keep optimizer state and step on the CPU (CUDA, ZeRO-2/3 only)."""
-    device: Device = "auto"
+    device: Device = field(default="auto", metadata=_job("kernels"))
     """Device of the ranks: auto (CUDA when visible, else CPU), cpu or cuda."""
-    precision: Precision | None = None
+    precision: Precision | None = field(default=None, metadata=_job("precision"))
     """32-true, bf16-mixed, 16-mixed (fp32 master weights, half-precision compute), bf16-true or
     16-true; None: bf16-mixed on CUDA, 32-true on CPU (or the workload's old dtype)."""
-    num_warmup_steps: int = 2
+    num_warmup_steps: int = field(default=2, metadata=_job("measurement"))
     """Training steps run before timing starts."""
-    num_timed_steps: int = 5
+    num_timed_steps: int = field(default=5, metadata=_job("measurement"))
     """Training steps whose times give the step time (median of the slowest rank)."""
-    num_profiled_steps: int = 2
+    num_profiled_steps: int = field(default=2, metadata=_job("measurement"))
     """Steps run under the profiler after the timed ones (timelines); 0 records none."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=_job("measurement"))
     """Seed of model initialisation and synthetic data."""
 
     # ---- derived -------------------------------------------------------------------------
+    @classmethod
+    def fields_of(cls, job: str) -> tuple[str, ...]:
+        """The fields declared for ``job`` (one of ``JOBS``), in declaration order."""
+        if job not in JOBS:
+            raise ConfigError(f"unknown field group {job!r}; choose one of {', '.join(JOBS)}")
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["job"] == job)
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The layout's degrees as one object (pp, dp_replicate, dp_shard, cp, tp, ep), their
+        mesh order and ``*_enabled`` properties (``parallel_dims.ParallelDims``)."""
+        return ParallelDims.of(
+            self.world_size,
+            tp=self.tp_degree,
+            pp=self.pp_degree,
+            cp=self.cp_degree,
+            dp_replicate=self.dp_replicate,
+        )
+
     @property
     def dp_degree(self) -> int:
         """Data-parallel degree: world_size / (tp_degree × pp_degree × cp_degree)."""
@@ -293,15 +329,15 @@ class TrialConfig:
                 shape.num_kv_heads,
                 shape.num_layers,
             )
-        for name in (
-            "world_size",
-            "tp_degree",
-            "pp_degree",
-            "micro_batch_size",
-            "cp_degree",
-            "dp_replicate",
-            "virtual_stages",
-        ):
+        # The degrees' own rules (positive, dividing the world and dp) are ParallelDims'.
+        ParallelDims.check(
+            self.world_size,
+            tp=self.tp_degree,
+            pp=self.pp_degree,
+            cp=self.cp_degree,
+            dp_replicate=self.dp_replicate,
+        )
+        for name in ("micro_batch_size", "virtual_stages"):
             _positive(name, getattr(self, name))
         _non_negative("num_warmup_steps", self.num_warmup_steps)
         _non_negative("num_profiled_steps", self.num_profiled_steps)
@@ -311,17 +347,6 @@ class TrialConfig:
         self.validate_precision()
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be > 0, not {self.bucket_mb}")
-        model_ranks = self.tp_degree * self.pp_degree * self.cp_degree
-        if self.world_size % model_ranks:
-            if self.cp_degree == 1:
-                raise ConfigError(
-                    f"tp_degree × pp_degree = {self.tp_degree * self.pp_degree} must divide "
-                    f"world_size {self.world_size} (tp × pp × dp = world size)"
-                )
-            raise ConfigError(
-                f"tp_degree × pp_degree × cp_degree = {model_ranks} must divide world_size "
-                f"{self.world_size} (dp × cp × tp × pp = world size)"
-            )
         self._validate_new_knobs(num_layers)
         self._validate_heads(num_heads, num_kv_heads)
         per_dp = self.micro_batch_size * self.dp_degree
@@ -385,25 +410,8 @@ class TrialConfig:
                 "sequence_parallel shards over the tensor-parallel group: it needs "
                 "tp_degree > 1; raise tp_degree or turn sequence_parallel off"
             )
-        seq = self.workload.seq_len
-        if self.cp_degree > 1 and seq % (2 * self.cp_degree):
-            raise ConfigError(
-                f"cp_degree {self.cp_degree} needs seq_len divisible by 2 × cp_degree = "
-                f"{2 * self.cp_degree} (causal load balancing gives each rank two chunks), not "
-                f"{seq}; choose a cp_degree among "
-                f"{[d for d in _divisors(seq) if seq % (2 * d) == 0]}"
-            )
-        if self.dp_degree % self.dp_replicate:
-            raise ConfigError(
-                f"dp_replicate {self.dp_replicate} must divide dp_degree {self.dp_degree} "
-                f"(HSDP: replica groups × shard size = dp); choose among "
-                f"{_divisors(self.dp_degree)}"
-            )
-        if self.dp_replicate > 1 and self.zero_stage < 2:
-            raise ConfigError(
-                f"dp_replicate {self.dp_replicate} (HSDP) shards with FSDP2: it needs zero_stage "
-                "2 or 3; raise zero_stage or set dp_replicate to 1"
-            )
+        # What the degrees may combine with (the sequence, FSDP2) is ParallelDims' rule too.
+        self.dims.check_combination(seq_len=self.workload.seq_len, zero_stage=self.zero_stage)
         interleaved = self.pp_degree > 1 and self.pp_schedule == "interleaved_1f1b"
         if interleaved and self.virtual_stages < 2:
             raise ConfigError(
