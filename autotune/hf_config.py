@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, WorkloadError
-from autotune.shapes import ModelShape
+from autotune.shapes import ModelShape, detailed_shape
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
 
@@ -144,13 +144,14 @@ def check_supported(config: Any, ref: str) -> None:
 def hf_shape(ref: str) -> ModelShape:
     """The architecture of an HF config as a :class:`ModelShape` (the memory and performance
     models' input). GPT-2 maps to the ``gpt`` family (learned positions, LayerNorm, GELU MLP),
-    the Llama-style decoders to ``llama`` (RoPE, RMSNorm, SwiGLU). The built-in formulas then
-    apply: biases (GPT-2, Qwen2's QKV) are not counted, and a GELU composed of element-wise
-    ops (GPT-2's default ``gelu_new``) saves more than the fused one the formula counts."""
+    the Llama-style decoders to ``llama`` (RoPE, RMSNorm, SwiGLU), with the config's
+    ``head_dim`` and biases (GPT-2's, Qwen2's QKV: ``shapes.detailed_shape``). A GELU composed
+    of element-wise ops (GPT-2's default ``gelu_new``) saves more than the fused one the
+    activation formula counts."""
     c = load_config(ref)
     heads = c.num_attention_heads
     ffn = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
-    return ModelShape(
+    shape = ModelShape(
         family="gpt" if c.model_type == "gpt2" else "llama",
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
@@ -160,6 +161,12 @@ def hf_shape(ref: str) -> ModelShape:
         vocab_size=c.vocab_size,
         max_seq_len=c.max_position_embeddings,
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+    )
+    return detailed_shape(
+        shape,
+        head_dim=getattr(c, "head_dim", None),
+        attention_bias=c.model_type == "qwen2",
+        linear_bias=c.model_type == "gpt2",
     )
 
 

@@ -18,10 +18,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TP_COLUMN = "column"
+"""Sharded on dim 0 (its output features) over the TP group: Megatron's ColumnParallelLinear,
+DTensor's ``ColwiseParallel`` (``builtin_tp_plan``: wq, wk, wv, w1, w3)."""
+TP_ROW = "row"
+"""Sharded on dim 1 (its input features): ``RowwiseParallel`` (wo, w2)."""
+TP_REPLICATED = "replicated"
+"""Whole on every TP rank: norms, learned positions, a row-parallel Linear's bias."""
+TP_VOCAB = "vocab"
+"""The embedding and the output head: sharded on the vocabulary (dim 0) by the engines that
+run a vocabulary-parallel embedding and loss (Megatron's ``VocabParallelEmbedding``,
+torchtitan's ``loss_parallel``), whole on every TP rank in autotune's own runtime."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamTensor:
+    """One parameter tensor of the model as its module holds it: (dim-0 rows, elements per
+    row), and how tensor parallelism shards it (``TP_COLUMN``, ``TP_ROW``, ``TP_REPLICATED``,
+    ``TP_VOCAB``)."""
+
+    name: str
+    rows: int
+    cols: int
+    tp: str
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """Architecture of one built-in model."""
+    """Architecture of one built-in model, made of parts: attention (MHA or GQA, ``head_dim``),
+    the MLP (``mlp_kind``), norms (``norm_kind``), the embedding (with learned positions or
+    rotary ones) and the head (tied or not). :meth:`block_tensors` and :meth:`root_tensors`
+    list its parameters once; the count, the memory models and the step-time model read them
+    (``autotune/model/description.py``)."""
 
     family: str
     """``gpt`` (learned positions, LayerNorm, GELU MLP) or ``llama`` (RoPE, RMSNorm, SwiGLU)."""
@@ -39,26 +71,121 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
-    def num_params(self, vocab_size: int | None = None) -> int:
-        """Exact parameter count of the model ``build_model`` creates for this shape."""
-        v = vocab_size or self.vocab_size
+    attention_bias = False
+    """Biases on q, k and v (Qwen2; :class:`DetailedShape`)."""
+    linear_bias = False
+    """Biases on every Linear of the block (GPT-2's Conv1D; :class:`DetailedShape`)."""
+
+    @property
+    def mlp_kind(self) -> str:
+        """``gelu`` (two Linears, h → f → h) or ``swiglu`` (w1 and the gate w3, then w2)."""
+        return "gelu" if self.family == "gpt" else "swiglu"
+
+    @property
+    def norm_kind(self) -> str:
+        """``layernorm`` (weight and bias) or ``rmsnorm`` (weight only)."""
+        return "layernorm" if self.family == "gpt" else "rmsnorm"
+
+    @property
+    def learned_positions(self) -> bool:
+        """A (max_seq_len, h) position embedding beside the token embedding (GPT-2), rather
+        than rotary embeddings, which hold no parameters."""
+        return self.family == "gpt"
+
+    def _norm(self, name: str) -> tuple[ParamTensor, ...]:
+        h = self.hidden_size
+        weight = ParamTensor(f"{name}.weight", h, 1, TP_REPLICATED)
+        if self.norm_kind == "rmsnorm":
+            return (weight,)
+        return (weight, ParamTensor(f"{name}.bias", h, 1, TP_REPLICATED))
+
+    def _linear(self, name: str, out: int, inp: int, tp: str, bias: bool) -> tuple:
+        weight = ParamTensor(f"{name}.weight", out, inp, tp)
+        if not bias:
+            return (weight,)
+        # A column-parallel Linear's bias is sharded with its rows; a row-parallel one's is
+        # added after the reduction, whole on every rank.
+        return (
+            weight,
+            ParamTensor(f"{name}.bias", out, 1, TP_COLUMN if tp == TP_COLUMN else TP_REPLICATED),
+        )
+
+    def block_tensors(self) -> tuple[ParamTensor, ...]:
+        """One transformer block's parameters in module order (``trial/models/transformer.py``:
+        the attention norm, wq, wk, wv, wo, the MLP norm, w1, w2 and SwiGLU's gate w3), each
+        with its TP sharding (``builtin_tp_plan``: q, k, v, w1, w3 column-wise, wo and w2
+        row-wise, norms replicated)."""
         h, f = self.hidden_size, self.ffn_hidden_size
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * h + 2 * h * kv + h * h  # wq, wk, wv, wo (no biases)
-        if self.family == "gpt":
-            mlp = 2 * h * f
-            norms = 2 * 2 * h  # two LayerNorms (weight + bias) per block
-            per_layer = attn + mlp + norms
-            embed = v * h + self.max_seq_len * h
-            final_norm = 2 * h
-        else:
-            mlp = 3 * h * f
-            norms = 2 * h  # two RMSNorms (weight only)
-            per_layer = attn + mlp + norms
-            embed = v * h
-            final_norm = h
-        head = 0 if self.tied_embeddings else h * v
-        return embed + self.num_layers * per_layer + final_norm + head
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv_bias, bias = self.attention_bias or self.linear_bias, self.linear_bias
+        mlp = [
+            *self._linear("w1", f, h, TP_COLUMN, bias),
+            *self._linear("w2", h, f, TP_ROW, bias),
+        ]
+        if self.mlp_kind == "swiglu":
+            mlp += self._linear("w3", f, h, TP_COLUMN, bias)
+        return (
+            *self._norm("attention_norm"),
+            *self._linear("wq", q, h, TP_COLUMN, qkv_bias),
+            *self._linear("wk", kv, h, TP_COLUMN, qkv_bias),
+            *self._linear("wv", kv, h, TP_COLUMN, qkv_bias),
+            *self._linear("wo", h, q, TP_ROW, bias),
+            *self._norm("ffn_norm"),
+            *mlp,
+        )
+
+    def root_tensors(
+        self, vocab_size: int | None = None, *, first: bool = True, last: bool = True
+    ) -> tuple[ParamTensor, ...]:
+        """The parameters outside the blocks: the embeddings (the first pipeline stage's: the
+        token embedding, and GPT's learned positions), the final norm and the output head (the
+        last stage's; a tied head is the embedding itself, counted once)."""
+        v, h = vocab_size or self.vocab_size, self.hidden_size
+        out: list[ParamTensor] = []
+        if first:
+            out.append(ParamTensor("tok_embeddings.weight", v, h, TP_VOCAB))
+            if self.learned_positions:
+                out.append(ParamTensor("pos_embeddings.weight", self.max_seq_len, h, TP_REPLICATED))
+        if last:
+            out += self._norm("norm")
+            if not (self.tied_embeddings and first):
+                out.append(ParamTensor("output.weight", v, h, TP_VOCAB))
+        return tuple(out)
+
+    def num_params(self, vocab_size: int | None = None) -> int:
+        """Exact parameter count of the model ``build_model`` creates for this shape: its
+        blocks' and roots' tensors (:meth:`block_tensors`, :meth:`root_tensors`)."""
+        block = sum(t.numel for t in self.block_tensors())
+        return self.num_layers * block + sum(t.numel for t in self.root_tensors(vocab_size))
+
+
+@dataclass(frozen=True, slots=True)
+class DetailedShape(ModelShape):
+    """A shape whose attention has its own head width or biases (Hugging Face configs: Mistral's
+    ``head_dim``, Qwen2's QKV biases, GPT-2's Conv1D biases); the built-in shapes need none."""
+
+    kv_channels: int | None = None
+    """Each head's width where it is not hidden_size / num_heads (config ``head_dim``)."""
+    attention_bias: bool = False
+    linear_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_heads
+
+
+def detailed_shape(
+    shape: ModelShape, *, head_dim: int | None, attention_bias: bool, linear_bias: bool
+) -> ModelShape:
+    """``shape`` with the parts a Hugging Face config may add; ``shape`` itself without them,
+    so the built-in-like shapes stay plain :class:`ModelShape` objects."""
+    if head_dim in (None, shape.head_dim) and not (attention_bias or linear_bias):
+        return shape
+    fields = {f: getattr(shape, f) for f in ModelShape.__dataclass_fields__}
+    kv = None if head_dim == shape.head_dim else head_dim
+    return DetailedShape(
+        **fields, kv_channels=kv, attention_bias=attention_bias, linear_bias=linear_bias
+    )
 
 
 # fmt: off

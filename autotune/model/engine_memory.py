@@ -51,6 +51,7 @@ from functools import partial
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.model.description import block_params, local_block, local_roots
 from autotune.model.layout_quantities import (
     RUN_FIELDS,
     BoundedMemo,
@@ -66,11 +67,9 @@ from autotune.model.memory import (
     MemoryEstimate,
     MemoryTraits,
     _interleaved_peak,
-    _layer_tensors,
     _Part,
     _parts,
     _resolve_shape,
-    _root_tensors,
     _states,
     estimate_memory,
     microbatches_in_flight,
@@ -194,9 +193,9 @@ def engine_states(
     fsdp = fsdp_shards(config)
     bytes_per = state_bytes(precision, fsdp=fsdp)
     compute = bytes_per.compute  # bytes per element of the 16-bit (compute) copies
-    layer = _layer_tensors(shape, tp)
+    layer = local_block(shape, tp)
     vocab = _local_vocab(vocab, tp, traits)
-    roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
+    roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
     numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
     n = dp if dp > 1 and zero >= 1 else 1
     if traits.optimizer == "fsdp2":
@@ -415,9 +414,9 @@ def _fsdp_gathered(
     not reshard after forward."""
     if config.dp_degree == 1 or config.zero_stage < (2 if traits.optimizer == "fsdp2" else 3):
         return 0  # DeepSpeed's and Megatron's ZeRO-2 keep the parameters whole
-    block = _layer_tensors(shape, config.tp_degree).numel
+    block = block_params(shape, config.tp_degree)
     local_vocab = _local_vocab(vocab, config.tp_degree, traits)
-    root = sum(_root_tensors(shape, local_vocab, p.first, p.last).numel for p in parts)
+    root = sum(local_roots(shape, local_vocab, p.first, p.last).numel for p in parts)
     if config.zero_stage == 2 or config.pp_degree > 1:  # every unit kept from forward to backward
         blocks = sum(p.num_layers for p in parts) * block * elem_bytes
     else:

@@ -82,6 +82,13 @@ from autotune.config import (
     TrialConfig,
 )
 from autotune.errors import ConfigError
+from autotune.model.description import (
+    LocalTensors,
+    block_params,
+    embedding_tensors,
+    local_block,
+    local_roots,
+)
 from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
     DATA_PARALLEL_SHARDING_FIELDS,
     FP32_BYTES,
@@ -217,59 +224,7 @@ class MemoryTraits:
         return reserve + (self.context_bytes or 0)
 
 
-# ---- the parameter tensors a rank holds --------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Tensors:
-    """Parameter tensors as (dim-0 rows, elements per row), local to one TP rank."""
-
-    shapes: tuple[tuple[int, int], ...]
-
-    @property
-    def numel(self) -> int:
-        return sum(r * c for r, c in self.shapes)
-
-    def fsdp_shard_numel(self, n: int) -> int:
-        # FSDP2 shards dim 0 into N chunks padded to ⌈rows/N⌉ rows; rank 0 holds a full chunk.
-        return sum(-(-r // n) * c for r, c in self.shapes)
-
-
-@lru_cache(maxsize=4096)
-def _layer_tensors(shape: ModelShape, tp: int) -> _Tensors:
-    """One transformer block's parameters after Megatron TP (``builtin_tp_plan``): wq/wk/wv/w1/w3
-    column-wise (rows ÷ tp), wo/w2 row-wise (columns ÷ tp), norms replicated."""
-    h, f = shape.hidden_size, shape.ffn_hidden_size
-    kv = shape.num_kv_heads * shape.head_dim
-    linears = [
-        (_ceil(h, tp), h),
-        (_ceil(kv, tp), h),
-        (_ceil(kv, tp), h),
-        (h, _ceil(h, tp)),
-        (_ceil(f, tp), h),
-        (h, _ceil(f, tp)),
-    ]
-    if shape.family == "llama":
-        linears.append((_ceil(f, tp), h))  # SwiGLU gate w3
-        norms = [(h, 1)] * 2  # RMSNorm weight
-    else:
-        norms = [(h, 1)] * 4  # LayerNorm weight + bias, twice
-    return _Tensors(
-        tuple(norms[: len(norms) // 2] + linears[:4] + norms[len(norms) // 2 :] + linears[4:])
-    )
-
-
-def _root_tensors(shape: ModelShape, vocab: int, first: bool, last: bool) -> _Tensors:
-    """Parameters outside the blocks: embeddings (first stage), final norm and head (last)."""
-    h = shape.hidden_size
-    out: list[tuple[int, int]] = []
-    if first:
-        out.append((vocab, h))
-        if shape.family == "gpt":
-            out.append((shape.max_seq_len, h))  # learned positions
-    if last:
-        out += [(h, 1)] * (2 if shape.family == "gpt" else 1)
-        if not (shape.tied_embeddings and first):
-            out.append((vocab, h))  # output head (a tied one is the embedding itself)
-    return _Tensors(tuple(out))
+# ---- the parameter tensors a rank holds: the cost description's (``description``) ---------
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +287,8 @@ def _states(
     bucket_mb: float,
     flat_zero1: bool = False,
 ) -> _States:
-    layer = _layer_tensors(shape, tp)
-    roots = [_root_tensors(shape, vocab, p.first, p.last) for p in parts]
+    layer = local_block(shape, tp)
+    roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
     numel = layers * layer.numel + sum(r.numel for r in roots)
     num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
@@ -386,8 +341,8 @@ def _states(
 
 def _fsdp_units(
     parts: tuple[_Part, ...],
-    layer: _Tensors,
-    roots: list[_Tensors],
+    layer: LocalTensors,
+    roots: list[LocalTensors],
     parameter_bytes: int,
     bucket_mb: float,
 ) -> tuple[int, ...]:
@@ -410,12 +365,12 @@ def _layers_per_unit(layer_numel: int, parameter_bytes: int, bucket_mb: float) -
 
 
 def _model_order_sizes(
-    shape: ModelShape, parts: tuple[_Part, ...], layer: _Tensors, roots: list[_Tensors]
+    shape: ModelShape, parts: tuple[_Part, ...], layer: LocalTensors, roots: list[LocalTensors]
 ) -> tuple[int, ...]:
     """Elements of each of the rank's tensors in model order: embeddings, blocks, the rest."""
     sizes = []
     for p, r in zip(parts, roots):
-        head = 2 if p.first and shape.family == "gpt" else int(p.first)  # the embeddings
+        head = embedding_tensors(shape, p.first)
         sizes += [a * b for a, b in r.shapes[:head]]
         sizes += [a * b for a, b in layer.shapes] * p.num_layers
         sizes += [a * b for a, b in r.shapes[head:]]
@@ -899,7 +854,7 @@ def _stage_key(config: TrialConfig, shape: ModelShape, layout: LayoutQuantities)
     ``tests/model/test_scoring_memos.py`` compares shared and fresh estimates over grids."""
     if config.zero_stage >= 2:
         zero = 2 if config.pp_degree > 1 else config.zero_stage
-        layer = _layer_tensors(shape, config.tp_degree).numel
+        layer = block_params(shape, config.tp_degree)
         per_unit = _layers_per_unit(layer, layout.state_bytes.parameter, config.bucket_mb)
         return (zero, per_unit, fields_key(config, _SHARDED_BLIND))
     return fields_key(config, RUN_FIELDS)
