@@ -101,6 +101,7 @@ from autotune.model.layout_quantities import (
     fsdp_shards,
     state_bytes,
 )
+from autotune.model.memory import state_shards, sync_ranks
 from autotune.shapes import ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
@@ -301,16 +302,19 @@ class _Group:
 
 
 def _groups(config: TrialConfig, devices_per_node: int) -> tuple[_Group, _Group, bool, int]:
-    """(tp group, dp group, whether some pipeline boundary crosses nodes, ranks per node that
-    cross it together), for the mesh (pp, dp, tp) numbered with tp fastest."""
-    tp, dp, pp = config.tp_degree, config.dp_degree, config.pp_degree
+    """(tp group, data-parallel sync group, whether some pipeline boundary crosses nodes,
+    ranks per node that cross it together), for the mesh (pp, dp, cp, tp) numbered with tp
+    fastest. The sync group is the ranks that average gradients, dp × cp (``memory.sync_ranks``,
+    the trials' ``mesh.data_parallel_mesh``): the ranks sharing pp and tp."""
+    tp, pp = config.tp_degree, config.pp_degree
     n = devices_per_node
     tp_nodes = max(1, math.ceil(tp / n))
     tp_group = _Group(tp, tp_nodes, max(1, n // tp) if tp_nodes > 1 else 1)
-    span = tp * config.cp_degree * dp
+    sync = sync_ranks(config)
+    span = tp * sync
     dp_nodes = max(1, math.ceil(span / n))
-    dp_members_per_node = max(1, dp // dp_nodes)
-    dp_group = _Group(dp, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
+    dp_members_per_node = max(1, sync // dp_nodes)
+    dp_group = _Group(sync, dp_nodes, max(1, n // dp_members_per_node) if dp_nodes > 1 else 1)
     pp_crosses = pp > 1 and config.world_size > n
     return tp_group, dp_group, pp_crosses, min(n, span)
 
@@ -442,7 +446,7 @@ def hooked_units(
     all-reduces once after the backward: no per-unit hooks. ``chunk_layers``: the layers of
     each of the rank's parts (virtual stages), each a part with its own root;
     ``per_layer_bytes``: one block's parameter bytes on the rank."""
-    if not engine.fsdp2_data_parallel or config.dp_degree <= 1:
+    if not engine.fsdp2_data_parallel or sync_ranks(config) <= 1:
         return 0
     fsdp2 = config.zero_stage >= 2 or (
         config.overlap_enabled and (config.tp_degree > 1 or config.pp_degree > 1)
@@ -1052,7 +1056,7 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int], compute_s:
     stage's compute per micro-batch) but for its last bucket, FSDP's all-gathers behind
     compute, each to ``overlap_efficiency``."""
     config, cal, cluster = step.config, step.cal, step.cluster
-    dp, microbatches = config.dp_degree, step.layout.num_microbatches
+    dp, microbatches = sync_ranks(config), step.layout.num_microbatches
     if dp <= 1:
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
@@ -1070,9 +1074,7 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int], compute_s:
             gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
     else:
         if config.dp_replicate > 1:
-            dp_group = _inner_group(
-                config.dp_shard, config.tp_degree * config.cp_degree, cluster.devices_per_node
-            )
+            dp_group = shard_group(config, cluster.devices_per_node)
         sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
         sync_s += hsdp_replica_time(step, grad_bytes)
         gathers = microbatches * (2 if zero == 3 else 1)
@@ -1115,9 +1117,20 @@ def hsdp_replica_time(step: _Step, grad_bytes: float) -> float:
     config = step.config
     if config.dp_replicate <= 1:
         return 0.0
-    inner = config.tp_degree * config.cp_degree * config.dp_shard
-    group = _inner_group(config.dp_replicate, inner, step.cluster.devices_per_node)
-    return collective_time(step.cluster, step.cal, group, grad_bytes / config.dp_shard)
+    group = replica_group(config, step.cluster.devices_per_node)
+    return collective_time(step.cluster, step.cal, group, grad_bytes / state_shards(config))
+
+
+def shard_group(config: TrialConfig, devices_per_node: int) -> _Group:
+    """The ranks FSDP2 shards states over and reduce-scatters and gathers within: dp_shard × cp
+    (``memory.state_shards``, the trials' ``dp_shard_cp`` dim), ranks strided by tp."""
+    return _inner_group(state_shards(config), config.tp_degree, devices_per_node)
+
+
+def replica_group(config: TrialConfig, devices_per_node: int) -> _Group:
+    """HSDP's replicas of one shard: dp_replicate ranks strided by the shard group and tp."""
+    inner = config.tp_degree * state_shards(config)
+    return _inner_group(config.dp_replicate, inner, devices_per_node)
 
 
 def _distributed_optimizer_time(
@@ -1143,7 +1156,7 @@ def _distributed_optimizer_time(
     return (
         sync_s
         + gather_s
-        + launches * cal.collective_overhead_s * uncoscheduled(cluster, config.dp_degree)
+        + launches * cal.collective_overhead_s * uncoscheduled(cluster, sync_ranks(config))
     )
 
 
@@ -1184,7 +1197,7 @@ def _dp_collectives(step: _Step, grad_bytes: float, rank_layers: list[int]) -> i
 def _optimizer_time(step: _Step, params_rank: float) -> float:
     """The optimizer step, memory-bound: bytes per parameter × the parameters the rank updates
     (its ZeRO share) ÷ memory bandwidth (AdamW: 28 bytes per fp32 parameter)."""
-    dp = step.config.dp_degree
-    zero = step.config.zero_stage if dp > 1 else 0
-    updated = params_rank / (dp if zero >= 1 else 1)
+    config = step.config
+    zero = config.zero_stage if sync_ranks(config) > 1 else 0
+    updated = params_rank / (state_shards(config) if zero >= 1 else 1)
     return step.cal.optimizer_bytes_per_param * updated / step.mem_bw
