@@ -3,9 +3,10 @@
 For tests that must change a rank's code (negative controls) or need a bare process group.
 
 The ranks are forked from a fork server that has imported torch and the trial runtime once
-(``PRELOAD``), not spawned: each spawned rank spent 3-6 CPU-seconds importing them again (``AUTOTUNE_TEST_START_METHOD=spawn``
-measures it: 40 against 11 CPU-seconds for test_overlap_off.py and test_ddp_buckets.py). Each rank is still a fresh process that shares no state with
-the test or with other calls; the test's environment at the call is passed to it.
+(``PRELOAD``), not spawned: each spawned rank spent 3-6 CPU-seconds importing them again
+(``AUTOTUNE_TEST_START_METHOD=spawn`` measures it: 40 against 11 CPU-seconds for
+test_overlap_off.py and test_ddp_buckets.py). Each rank is still a fresh process that shares no
+state with the test or with other calls; the test's environment at the call is passed to it.
 """
 
 from __future__ import annotations
