@@ -1,9 +1,11 @@
-"""What the benchmarks share: the repository on the import path, a tagged log, Spearman's rank
-correlation, and the measured tables (``replay_table``: read, grouped, answered).
+"""What the benchmarks share: the repository and its testing kit on the import path, a tagged
+log, Spearman's rank correlation.
 
 A bench is run as ``python bench/NAME.py``, so this directory is first on the path and
 ``import common`` finds this module; importing it puts the repository root there too, so
-``autotune`` and ``db`` import from this checkout rather than an installed copy.
+``autotune`` and ``db`` import from this checkout rather than an installed copy, and ``tests/``,
+whose ``testkit`` package holds what the benchmarks and the tests share (the measured tables,
+``testkit.replay_table``: read, grouped, answered; the baseline strategies; the published rows).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 """The repository's root."""
 BENCH = ROOT / "bench"
+TESTS = ROOT / "tests"
 DATA = BENCH / "data"
 """The measured tables the benches replay (``cpu_sweep_*.json``)."""
 SHARED_A100 = next(
@@ -28,7 +31,7 @@ SHARED_A100 = next(
 """The shared A100 table (Megatron-LM runs) in a ``shared/`` above the checkout, or None (CI
 has none: tests never read it)."""
 
-for _path in (str(ROOT), str(BENCH)):
+for _path in (str(ROOT), str(BENCH), str(TESTS)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 

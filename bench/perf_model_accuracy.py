@@ -42,7 +42,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import common  # noqa: E402,F401  (the repository on the path)
-from replay_table import (  # noqa: E402
+from testkit.replay_table import (  # noqa: E402
     CSV_COLUMNS,
     TableTraining,
     csv_group_key,
@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "whole (predict all its rows)",
     )
     p.add_argument("--out", default="split", help="--split: output folder")
+    p.add_argument(
+        "--save-calibration",
+        metavar="FILE",
+        help="also write the fitted calibration as JSON (the validation suite's stored fit: "
+        "tests/validation/data/a100-megatron/)",
+    )
     train = p.add_argument_group("how the table's code trained (defaults: the shared table's)")
     train.add_argument(
         "--engine",
@@ -263,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     report = fit_calibration(calib, base, engine=engine)
     fit_s = time.perf_counter() - t0
+    if args.save_calibration:
+        _save_calibration(Path(args.save_calibration), report.calibration, args)
     # The same fit less its per-shape corrections: what the formulas and fitted parameters
     # alone predict (the parameters are fitted before the shapes, so no refit is needed).
     bare = dataclasses.replace(report.calibration, layer_shape_factors={}, host_shape_factors={})
@@ -323,6 +331,16 @@ def run(args: argparse.Namespace) -> int:
     ):
         print(f"  {label:<31} {figures[0]:>24} {figures[1]:>20}")
     return 0
+
+
+def _save_calibration(path: Path, calibration, args: argparse.Namespace) -> None:
+    """The fitted calibration as JSON, with the command that fitted it."""
+    source = (
+        f"bench/perf_model_accuracy.py --calibrate-on {Path(args.calibrate_on).name} "
+        f"--engine {args.engine} --cluster {Path(args.cluster).name}"
+    )
+    payload = {"source": source, "calibration": calibration.to_dict()}
+    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
 
 
 def summary_lines(stats: dict, bare: dict, big: dict, big_bare: dict):

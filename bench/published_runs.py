@@ -2,7 +2,7 @@
 
     python bench/published_runs.py [--json] [--fit] [--no-memory]
 
-Step time (``bench/published_rows.py``: the layouts and engines the papers state) with the
+Step time (``tests/testkit/published_rows.py``: the layouts and engines the papers state) with the
 built-in ``a100-sxm4-80gb`` cluster and its shipped calibration
 (``autotune/model/data/a100_published.json``). That calibration is fitted on the even-numbered
 rows of every table (SC21 Tables 1-2, Korthikanti et al. Tables 3/5, torchtitan's A100 rows);
@@ -11,8 +11,9 @@ and F (fitted) or P (predicted); each table its MAPE over its predicted rows and
 ``--fit`` refits the shipped parameters (``FITTED``; ``FIXED`` are held) by least squares of
 log(predicted / measured) over the fitted rows and writes the JSON.
 
-Memory (``bench/published_memory.py``): BigScience's sweep (stated peaks, OOM rows) and
-torchtitan's OOM verdicts, with ``engine_memory``'s presets.
+Memory (``tests/testkit/published_memory.py``, printed by ``bench/published_memory.py``):
+BigScience's sweep (stated peaks, OOM rows) and torchtitan's OOM verdicts, with
+``engine_memory``'s presets.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the checkout and its testing kit (testkit)
 
-from published_rows import TimeRow, all_rows  # noqa: E402
+from testkit.published_rows import TimeRow, all_rows  # noqa: E402
 
 from autotune.model.cluster import SHIPPED_CALIBRATION, ClusterSpec, load_cluster  # noqa: E402
 from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "source": "bench/published_runs.py --fit: least squares of log step time "
-                    "over the even-numbered rows of each table of tests/data/published-a100 (SC21 "
-                    "Tables 1-2, Korthikanti et al. Tables 3/5, torchtitan A100); held: "
+                    "over the even-numbered rows of each table of "
+                    "tests/validation/data/published-a100 (SC21 Tables 1-2, Korthikanti et al. "
+                    "Tables 3/5, torchtitan A100); held: "
                     f"{', '.join(FIXED)}",
                     "calibration": params,
                 },
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _memory() -> None:
-    from published_memory import mape, predict_memory_rows
+    from testkit.published_memory import mape, predict_memory_rows
 
     preds = predict_memory_rows()
     big = [p for p in preds if p.row.table == "bigscience"]

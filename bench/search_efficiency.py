@@ -44,7 +44,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import common  # noqa: E402,F401  (the repository on the path)
-from replay_table import MeasuredRow, TableExecutor  # noqa: E402
+from testkit.replay_table import MeasuredRow, TableExecutor  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.layouts import short_name  # noqa: E402

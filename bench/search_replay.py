@@ -69,7 +69,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import common  # noqa: E402,F401  (the repository on the path)
-from replay_table import (  # noqa: E402
+from testkit.replay_table import (  # noqa: E402
     MIN_LAYOUTS,
     TRIAL_OVERHEAD_S,
     TRIAL_STEPS,
@@ -83,7 +83,7 @@ from replay_table import (  # noqa: E402
     replay,
     trial_wall_s,
 )
-from strategies import DeepSpeedHeuristic, GridStrategy, TPInsideNodeRule  # noqa: E402
+from testkit.strategies import DeepSpeedHeuristic, GridStrategy, TPInsideNodeRule  # noqa: E402
 
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402

@@ -5,11 +5,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py and in-test workloads
-# bench/'s modules (replay_table, strategies), which tests/bench and the replayed searches use
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-)
+# tests/reference.py, in-test workloads and the testing kit (tests/testkit), as pytest's
+# rootdir conftest puts this folder on the path anyway
+sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Every trial's ranks check NCCL's rules on gloo (autotune/trial/strict_collectives.py): the
@@ -86,6 +84,14 @@ MULTI_PROCESS_CALLS = (
     "run_driver(",
 )
 """Calls in a test module that start processes (spawned ranks, drivers, Ray)."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "validation: the models against published tables, within the bands docs/benchmarks.md "
+        "states (tests/validation; seconds, no processes; `pytest -m validation`)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

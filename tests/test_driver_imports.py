@@ -71,9 +71,8 @@ def test_the_training_stack_does_import_torch():
 SEARCH_ON_A_STUB = """
 import io
 import sys
-sys.path.insert(0, "bench")  # the measured tables' reader is a benchmark tool
 from autotune.config import WorkloadSpec
-from replay_table import MeasuredTable, ReplayTrialExecutor
+from testkit.replay_table import MeasuredTable, ReplayTrialExecutor
 from autotune.search.search import Search, SearchSpec, default_world_size
 from autotune.search.study_calibration import describe_cluster
 from db import Database
@@ -99,7 +98,9 @@ def test_a_search_on_a_stub_executor_loads_no_torch(tmp_path):
     """The search's run, its device questions and its cluster description, on a host without
     a visible GPU (``CUDA_VISIBLE_DEVICES=""``, so that a GPU host runs the same search)."""
     code = f"DB = {str(tmp_path / 'driver.db')!r}\n" + SEARCH_ON_A_STUB
-    assert "torch" not in loaded_after(code, env={"CUDA_VISIBLE_DEVICES": ""})
+    # the measured tables' reader is the testing kit's (tests/testkit)
+    path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
+    assert "torch" not in loaded_after(code, env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path})
 
 
 def test_the_environment_recorded_after_a_trial_loads_no_torch():

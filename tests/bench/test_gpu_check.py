@@ -18,10 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_check  # noqa: E402
+import pytest
 from gpu_check import Check, Status  # noqa: E402
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402

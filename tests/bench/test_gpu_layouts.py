@@ -11,16 +11,12 @@ record), group 'pp', the payload of the record."""
 from __future__ import annotations
 
 import math
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_check  # noqa: E402
 import gpu_dashboard  # noqa: E402
 import gpu_layouts as gl  # noqa: E402
+import pytest
 from gpu_table import Check, Status  # noqa: E402
 
 from profiler import Span  # noqa: E402

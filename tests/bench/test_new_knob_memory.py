@@ -5,14 +5,8 @@ hand-made list, worked out here by hand."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
 import new_knob_memory as bench  # noqa: E402
+import pytest
 from new_knob_memory import LAYOUTS, Measurement  # noqa: E402
 
 MIB = 2**20

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from replay_table import (
+from testkit.replay_table import (
     CSV_COLUMNS,
     Answer,
     MeasuredRow,
@@ -20,7 +20,7 @@ from replay_table import (
     replay,
     trial_wall_s,
 )
-from strategies import (
+from testkit.strategies import (
     DeepSpeedHeuristic,
     GridStrategy,
     RandomStrategy,
@@ -674,7 +674,7 @@ def test_a_replayed_sampler_measures_what_autotune_search_runs(tmp_path, sampler
     """The replay of an Optuna sampler runs the same trials, in the same order, as a search
     (``Search.open(...).run()``, what ``autotune search`` runs) over the same table with that
     sampler, the same seed and no baseline: the bench measures the shipped TPE."""
-    from replay_table import ReplayTrialExecutor
+    from testkit.replay_table import ReplayTrialExecutor
 
     from autotune.search.search import Search, SearchSpec
     from db import Database

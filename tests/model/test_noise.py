@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from replay_table import MeasuredTable, ReplayTrialExecutor
+from testkit.replay_table import MeasuredTable, ReplayTrialExecutor
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.export.best_config import export_study

@@ -9,7 +9,7 @@ import io
 from pathlib import Path
 
 import pytest
-from replay_table import MeasuredTable, ReplayTrialExecutor
+from testkit.replay_table import MeasuredTable, ReplayTrialExecutor
 
 from autotune.cli.main import main
 from autotune.config import TrialConfig, WorkloadSpec

@@ -1,7 +1,7 @@
 """Baseline strategies: what the shipped ones are measured against (benchmarks only).
 
 Each implements ``autotune.search.strategies.base.Strategy``, so the search's own loop runs it
-(``bench/replay_table.py``'s ``replay``), and is deterministic given its seed and
+(``testkit.replay_table``'s ``replay``), and is deterministic given its seed and
 the history: the same candidates and measured outcomes give the same proposal, so a replay is
 reproducible and a resumed search proposes what the interrupted one would have.
 

@@ -23,12 +23,12 @@ trial from the table — with the row's median (``Answer.MEDIAN``), or, as a liv
 measure it, with one of the row's rounds drawn at random (``Answer.ONE_ROUND``) — and
 :func:`replay` runs the search's own loop (``autotune.search.loop.SearchLoop``) with a strategy
 (an Optuna sampler the search ships, the model-guided one, or a baseline of
-``bench/strategies.py``) over a ``ReplayTrialExecutor`` of one group, counting the trials it
+``testkit.strategies``) over a ``ReplayTrialExecutor`` of one group, counting the trials it
 needs to come within 3% of the group's best: a tabular benchmark in which every strategy sees
 the same measured numbers, and is run as ``autotune search`` runs it.
 
-A benchmark tool (it moved here from ``autotune/search``: no product module imports it);
-benches and tests also hand a ``ReplayTrialExecutor`` to ``Search.open`` to run a whole search
+Part of the testing kit (``tests/testkit``: no product module imports it); benches and tests
+also hand a ``ReplayTrialExecutor`` to ``Search.open`` to run a whole search
 over a table.
 
 No torch here: replays run in the driver's process.
