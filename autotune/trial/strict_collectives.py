@@ -261,18 +261,27 @@ def _side_mirror(group) -> dist.ProcessGroup | None:
 # --- tensor collectives -------------------------------------------------------------------
 
 
-def _collective_wrapper(name: str, original):
+def _checked(original, check):
+    """``original`` with ``check`` run on its bound arguments first, except within a checked
+    call or under the profiler (``_skip``)."""
+
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if _skip():
             return original(*args, **kwargs)
-        a = _arguments(original, args, kwargs)
-        group = a.get("group") or dist.group.WORLD
-        _check_collective(name, group, a)
+        check(_arguments(original, args, kwargs))
         with _Depth():
             return original(*args, **kwargs)
 
     return wrapper
+
+
+def _collective_wrapper(name: str, original):
+    def check(a: dict) -> None:
+        group = a.get("group") or dist.group.WORLD
+        _check_collective(name, group, a)
+
+    return _checked(original, check)
 
 
 def _tensors_of(a: dict) -> list[torch.Tensor]:
@@ -419,11 +428,7 @@ def _group_name(group) -> str:
 
 
 def _functional_wrapper(name: str, original):
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if _skip():
-            return original(*args, **kwargs)
-        a = _arguments(original, args, kwargs)
+    def check(a: dict) -> None:
         group = c10d._resolve_process_group(funcol._resolve_group_name(a["group"], a.get("tag")))
         tensor = a["self"]
         _check_contiguous(f"functional {name}", [tensor], group)
@@ -439,21 +444,15 @@ def _functional_wrapper(name: str, original):
         dim = a.get("gather_dim", a.get("scatter_dim", 0))
         header = _header(name, tensor.dtype, shape, a.get("reduceOp"), root, dim)
         _cross_check(f"functional {name}", group, header, ins, outs)
-        with _Depth():
-            return original(*args, **kwargs)
 
-    return wrapper
+    return _checked(original, check)
 
 
 # --- object collectives -------------------------------------------------------------------
 
 
 def _object_wrapper(name: str, original):
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if _skip():
-            return original(*args, **kwargs)
-        a = _arguments(original, args, kwargs)
+    def check(a: dict) -> None:
         group = a.get("group") or dist.group.WORLD
         if group not in _STATE.cpu_role and a.get("device") is None:
             raise StrictCollectiveError(
@@ -461,10 +460,8 @@ def _object_wrapper(name: str, original):
                 "collectives pickle to a device tensor and sync on it there; send objects over "
                 "the gloo side group (profiler.clock.cpu_group()) or name the device"
             )
-        with _Depth():
-            return original(*args, **kwargs)
 
-    return wrapper
+    return _checked(original, check)
 
 
 # --- point-to-point -----------------------------------------------------------------------
@@ -473,11 +470,7 @@ def _object_wrapper(name: str, original):
 def _p2p_wrapper(name: str, original):
     sends = name in ("send", "isend")
 
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if _skip():
-            return original(*args, **kwargs)
-        a = _arguments(original, args, kwargs)
+    def check(a: dict) -> None:
         op = _P2P(a, sends, blocking=not name.startswith("i"))
         op.check_local(name)
         if sends:
@@ -486,10 +479,8 @@ def _p2p_wrapper(name: str, original):
                 op.await_ack(name)
         else:
             op.match(name)
-        with _Depth():
-            return original(*args, **kwargs)
 
-    return wrapper
+    return _checked(original, check)
 
 
 class _P2P:
