@@ -102,7 +102,7 @@ from autotune.model.layout_quantities import (
     state_bytes,
 )
 from autotune.model.memory import state_shards, sync_ranks
-from autotune.shapes import ModelShape
+from autotune.shapes import TP_VOCAB, ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
@@ -244,14 +244,21 @@ def layer_forward_flops(
     return projections + mlp, scores
 
 
+@lru_cache(maxsize=64)
 def layer_params(shape: ModelShape) -> int:
-    """Parameters of one decoder layer (as ``ModelShape.num_params`` counts them)."""
-    h, f = shape.hidden_size, shape.ffn_hidden_size
-    kv = shape.num_kv_heads * shape.head_dim
-    attn = 2 * h * h + 2 * h * kv
-    if shape.family == "llama":
-        return attn + 3 * h * f + 2 * h
-    return attn + 2 * h * f + 4 * h
+    """Parameters of one decoder layer: its tensors as ``ModelShape.num_params`` counts them
+    (``ModelShape.block_tensors``)."""
+    return sum(t.numel for t in shape.block_tensors())
+
+
+def root_params(
+    shape: ModelShape, vocab: int, vocab_shards: int, *, first: bool, last: bool
+) -> float:
+    """Parameters outside the blocks on a pipeline rank (``ModelShape.root_tensors``): the first
+    stage's embeddings, the last stage's final norm and output head, a tied head counted once
+    where one rank holds both; the vocabulary's tensors divided over ``vocab_shards``."""
+    tensors = shape.root_tensors(vocab, first=first, last=last)
+    return sum(t.numel / (vocab_shards if t.tp == TP_VOCAB else 1) for t in tensors)
 
 
 def layer_shape_key(config: TrialConfig, shape: ModelShape, device_type: str = "cuda") -> str:
@@ -992,19 +999,12 @@ def _bubble_time(step: _Step, totals: list[float], v: int) -> float:
 
 def _params_per_rank(step: _Step, rank_layers: list[int]) -> float:
     """Parameters of the pipeline rank that holds the most: its blocks ÷ tp, and the
-    parameters outside the blocks (``ModelShape.num_params``): the first stage's embeddings
-    (and GPT's learned positions), the last stage's final norm and output head."""
+    parameters outside the blocks (``root_params``, as ``ModelShape.num_params`` counts them)."""
     shape, config = step.shape, step.config
-    tp, pp, h = config.tp_degree, config.pp_degree, shape.hidden_size
-    vocab_share = step.layout.vocab * h / step.vocab_shards
-    embed_params = vocab_share + (shape.max_seq_len * h if shape.family == "gpt" else 0)
-    head_params = vocab_share + (2 * h if shape.family == "gpt" else h)
+    tp, pp = config.tp_degree, config.pp_degree
     return max(
-        (
-            rank_layers[r] * layer_params(shape) / tp
-            + (embed_params if r == 0 else 0.0)
-            + (head_params if r == pp - 1 else 0.0)
-        )
+        rank_layers[r] * layer_params(shape) / tp
+        + root_params(shape, step.layout.vocab, step.vocab_shards, first=r == 0, last=r == pp - 1)
         for r in range(pp)
     )
 
