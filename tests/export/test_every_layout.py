@@ -30,11 +30,11 @@ import dataclasses
 import functools
 import inspect
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from export_loaders import accelerate_parallelism_config
 
 from autotune.config import CHECKPOINTING_MODES, TrialConfig, WorkloadSpec
 from autotune.export.best_config import export_study, write_layout_exports
@@ -161,7 +161,6 @@ def _check_accelerate(path: Path, c: TrialConfig, seen: dict) -> None:
         return
     seen[body] = c
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
@@ -171,16 +170,7 @@ def _check_accelerate(path: Path, c: TrialConfig, seen: dict) -> None:
     if args.num_processes == 1:
         return
     env = prepare_multi_gpu_env(args)
-    saved = {k: os.environ.get(k) for k in env if k.startswith("PARALLELISM_CONFIG")}
-    os.environ.update({k: env[k] for k in saved})
-    try:
-        pc = ParallelismConfig()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    pc = accelerate_parallelism_config(env)
     accelerator = SimpleNamespace(
         multi_device=True,
         num_processes=args.num_processes,

@@ -14,13 +14,12 @@ compile, float8), read back by their targets' own loaders:
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from export_loaders import accelerate_parallelism_config, load_torchtitan_module
 
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.export.ds_config import check_batch_identity, ds_config
@@ -181,17 +180,8 @@ def test_megatron_float8_is_fp8_hybrid_tensorwise():
 
 
 def _load_torchtitan(folder: Path, config: TrialConfig):
-    from torchtitan.config.manager import ConfigManager
-
     (folder / "torchtitan_config.py").write_text(torchtitan_module(config))
-    sys.path.insert(0, str(folder))
-    try:
-        return ConfigManager().parse_args(
-            ["--module", "torchtitan_config", "--config", "autotune_best"]
-        )
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop("torchtitan_config", None)
+    return load_torchtitan_module(folder)
 
 
 @pytest.mark.parametrize("virtual_stages", [2, 3])  # 4 stages of 4 layers; 6 uneven ones
@@ -269,7 +259,6 @@ def test_accelerate_config_expresses_hsdp_cp_and_compile(tmp_path):
         _validate_launch_command,
         launch_command_parser,
     )
-    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     c = dataclasses.replace(
@@ -287,16 +276,7 @@ def test_accelerate_config_expresses_hsdp_cp_and_compile(tmp_path):
     env = prepare_multi_gpu_env(args)
     assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     assert env["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] == "True"
-    saved = {k: os.environ.get(k) for k in env if k.startswith("PARALLELISM_CONFIG")}
-    os.environ.update({k: env[k] for k in saved})
-    try:
-        pc = ParallelismConfig()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    pc = accelerate_parallelism_config(env)
     assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == (2, 2, 2, 2)
     assert pc.total_size == 16
     assert "sequence parallelism" in path.read_text()  # what Accelerate cannot express

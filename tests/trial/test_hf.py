@@ -16,6 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
 
+from export_loaders import accelerate_parallelism_config, load_torchtitan_module  # noqa: E402
 from spawn import run_ranks  # noqa: E402
 
 from autotune.config import TrialConfig, WorkloadSpec  # noqa: E402
@@ -480,7 +481,6 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
     """Accelerate's launcher reads the file (``accelerate launch --config_file``), and its
     ParallelismConfig takes the sizes from the environment the launcher prepares."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
@@ -496,16 +496,7 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
     assert args.use_fsdp and int(args.fsdp_version) == 2
     assert args.fsdp_transformer_layer_cls_to_wrap == "LlamaDecoderLayer"
     env = prepare_multi_gpu_env(args)
-    saved = {k: os.environ.get(k) for k in env if k.startswith("PARALLELISM_CONFIG")}
-    os.environ.update({k: env[k] for k in saved})
-    try:
-        pc = ParallelismConfig()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    pc = accelerate_parallelism_config(env)
     assert pc.tp_size == config.tp_degree
     assert pc.dp_replicate_size * pc.dp_shard_size == config.dp_degree
     assert pc.total_size == args.num_processes
@@ -513,18 +504,7 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
 
 def _check_torchtitan(folder: Path, config: TrialConfig) -> None:
     """torchtitan's ConfigManager loads the module as ``torchtitan.train`` would."""
-    import sys
-
-    from torchtitan.config.manager import ConfigManager
-
-    sys.path.insert(0, str(folder))
-    try:
-        titan = ConfigManager().parse_args(
-            ["--module", "torchtitan_config", "--config", "autotune_best"]
-        )
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop("torchtitan_config", None)
+    titan = load_torchtitan_module(folder)
     p, t = titan.parallelism, titan.training
     assert p.tensor_parallel_degree == config.tp_degree
     assert p.pipeline_parallel_degree == config.pp_degree
