@@ -53,10 +53,11 @@ from autotune.config import WorkloadSpec  # noqa: E402
 from autotune.model.memory import estimate_memory  # noqa: E402
 from autotune.search.search import GIB, MEMORY_MARGIN, SearchSpec, base_config  # noqa: E402
 from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.study import store  # noqa: E402
 from dashboards.data import load_study  # noqa: E402
 from dashboards.report import build_report  # noqa: E402
 from db import Database, RankMemoryRecord, SpanRecord, TrialRecord  # noqa: E402
-from profiler import Span, breakdown  # noqa: E402
+from profiler import Span  # noqa: E402
 
 TARGET_S = 5.0
 CLOCK_ORIGIN_NS = 1_764_000_000_000_000_000
@@ -156,23 +157,11 @@ def make_spans(config, rng: random.Random, ops: int) -> list[SpanRecord]:
 
 
 def rank_metrics(spans: list[SpanRecord]) -> list[dict]:
-    """What ``autotune.study.store.trial_metrics`` keeps: ``profiler.breakdown`` per rank."""
-    return [
-        {
-            "rank": b.rank,
-            "window_ns": b.window_ns,
-            "compute_ns": b.compute_ns,
-            "comm_ns": b.comm_ns,
-            "overlap": b.overlap,
-            "exposed_comm_ns": b.exposed_comm_ns,
-            "idle_ns": b.idle_ns,
-            "num_steps": b.num_steps,
-        }
-        for b in breakdown(
-            Span(s.rank, s.step, s.kind, s.name, s.category, s.start_ns, s.dur_ns, s.bytes, s.group)
-            for s in spans
-        )
-    ]
+    """What the store keeps of a trial's timeline (``autotune.study.store.rank_metrics``)."""
+    return store.rank_metrics(
+        Span(s.rank, s.step, s.kind, s.name, s.category, s.start_ns, s.dur_ns, s.bytes, s.group)
+        for s in spans
+    )
 
 
 def make_study(path: str, num_trials: int, ops: int, seed: int) -> dict:

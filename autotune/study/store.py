@@ -9,6 +9,7 @@ and stored spans back to profiler spans (``load_spans``). No torch: it runs in t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from autotune.config import TrialConfig
@@ -60,20 +61,25 @@ def trial_metrics(result: TrialResult) -> dict:
     if result.compile_s is not None:
         metrics["compile_s"] = result.compile_s
     if spans:
-        metrics["ranks"] = [
-            {
-                "rank": b.rank,
-                "window_ns": b.window_ns,
-                "compute_ns": b.compute_ns,
-                "comm_ns": b.comm_ns,
-                "overlap": b.overlap,
-                "exposed_comm_ns": b.exposed_comm_ns,
-                "idle_ns": b.idle_ns,
-                "num_steps": b.num_steps,
-            }
-            for b in breakdown(spans)
-        ]
+        metrics["ranks"] = rank_metrics(spans)
     return metrics
+
+
+def rank_metrics(spans: Iterable[Span]) -> list[dict]:
+    """The per-rank timeline breakdown a trial's metrics keep (``profiler.breakdown``)."""
+    return [
+        {
+            "rank": b.rank,
+            "window_ns": b.window_ns,
+            "compute_ns": b.compute_ns,
+            "comm_ns": b.comm_ns,
+            "overlap": b.overlap,
+            "exposed_comm_ns": b.exposed_comm_ns,
+            "idle_ns": b.idle_ns,
+            "num_steps": b.num_steps,
+        }
+        for b in breakdown(spans)
+    ]
 
 
 def to_record(
