@@ -14,67 +14,31 @@ from collections.abc import Iterator, Sequence
 
 from autotune.config import CHECKPOINTING_MODES, PP_SCHEDULES, ZERO_STAGES, TrialConfig
 from autotune.errors import ConfigError
-
-DEFAULT_BUCKET_MB = TrialConfig().bucket_mb
-"""``TrialConfig``'s default gradient bucket (a name omits it; the baselines prefer it)."""
-KNOB_ORDER = (
-    "tp_degree",
-    "pp_degree",
-    "pp_schedule",
-    "zero_stage",
-    "overlap_enabled",
-    "micro_batch_size",
-    "activation_checkpointing",
-    "bucket_mb",
-    "sequence_parallel",
-    "cp_degree",
-    "dp_replicate",
-    "virtual_stages",
-    "compile",
-    "float8",
+from autotune.knobs import (
+    DEFAULT_BUCKET_MB,
+    KNOB_ORDER,
+    KNOB_WORDS,
+    SEARCHED_BY_DEFAULT,
+    short_marks,
 )
-"""The knobs a search chooses, in the order it asks them and a report lists them (a knob whose
-reachable configurations all share one value is not asked, so the later knobs add no question
-to a space that does not vary them)."""
 
-KNOB_WORDS: dict[str, str] = {
-    "tp_degree": "tensor-parallel degree",
-    "pp_degree": "pipeline-parallel degree",
-    "pp_schedule": "pipeline schedule",
-    "zero_stage": "ZeRO stage",
-    "overlap_enabled": "communication/compute overlap",
-    "micro_batch_size": "micro-batch (hence accumulation)",
-    "activation_checkpointing": "activation checkpointing",
-    "bucket_mb": "gradient bucket size",
-    "sequence_parallel": "sequence parallelism",
-    "cp_degree": "context-parallel degree",
-    "dp_replicate": "HSDP replicas",
-    "virtual_stages": "virtual pipeline stages",
-    "compile": "torch.compile",
-    "float8": "float8 linears",
-}
-"""Each knob of ``KNOB_ORDER`` in a user's words: the one list the commands' help and the docs'
-knob lists are made from, or checked against (``tests/test_docs.py``)."""
+# The knobs' tables are derived from their one declaration (``knobs.KNOBS``).
+__all__ = [
+    "DEFAULT_BUCKET_MB",
+    "KNOB_ORDER",
+    "KNOB_WORDS",
+    "SEARCHED_BY_DEFAULT",
+    "divisors",
+    "enumerate_configs",
+    "knobs_in_words",
+    "short_name",
+]
 
 
 def knobs_in_words() -> str:
     """Every knob in ``KNOB_ORDER``'s order, in words: "tensor-parallel degree, …, and float8"."""
     words = [KNOB_WORDS[k] for k in KNOB_ORDER]
     return ", ".join(words[:-1]) + " and " + words[-1]
-
-
-SEARCHED_BY_DEFAULT: dict[str, tuple] = {
-    "sequence_parallel": (False, True),
-    "cp_degree": (1, 2),  # trials run context parallelism (models/context_parallel.py)
-    "dp_replicate": (1, 2),  # HSDP 2 × dp/2 (tests/trial/parallel/test_hsdp_vpp.py runs it)
-    "virtual_stages": (TrialConfig().virtual_stages, 4),  # pp 2 × 4 runs there too
-    "compile": (False,),
-    "float8": (False,),
-}
-"""The values of the newer knobs a search space takes unless --fix or a space file names others:
-the value that keeps the layout as before, plus each value the trial engine runs and the search
-has been shown to use (sequence parallelism: every TP layout also with SP;
-tests/trial/parallel/test_layouts.py and test_sequence_parallel.py)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -155,28 +119,10 @@ def short_name(c: TrialConfig) -> str:
     """A compact id: w4-tp2-pp1-dp2-z3-mb2x2-ac_full[-1f1b][-noov][-b5] (the bucket where
     there is a gradient sync and it is not the default), then the newer knobs where they are
     not their defaults: [-v4] virtual stages, [-sp], [-cp2], [-hsdp2] replica groups, [-l2]
-    checkpointed blocks, [-compile], [-fp8]."""
+    checkpointed blocks, [-compile], [-fp8]. Each knob's mark is declared with it
+    (``knobs.Knob.mark``)."""
     name = (
         f"w{c.world_size}-tp{c.tp_degree}-pp{c.pp_degree}-dp{c.dp_degree}-z{c.zero_stage}"
         f"-mb{c.micro_batch_size}x{c.grad_accum_steps}-ac_{c.activation_checkpointing}"
     )
-    if c.ac_layers is not None:
-        name += f"-l{c.ac_layers}"
-    if c.pp_degree > 1:
-        name += f"-{c.pp_schedule}"
-        if c.virtual_stages != TrialConfig().virtual_stages:
-            name += f"-v{c.virtual_stages}"
-    if not c.overlap_enabled:
-        name += "-noov"
-    if c.dp_degree > 1 and c.bucket_mb != DEFAULT_BUCKET_MB:
-        name += f"-b{c.bucket_mb:g}"
-    for flag, text in (
-        (c.sequence_parallel, "-sp"),
-        (c.cp_degree > 1, f"-cp{c.cp_degree}"),
-        (c.dp_replicate > 1, f"-hsdp{c.dp_replicate}"),
-        (c.compile, "-compile"),
-        (c.float8, "-fp8"),
-    ):
-        if flag:
-            name += text
-    return name
+    return name + "".join(short_marks(c))

@@ -1,7 +1,8 @@
 """Command-line flags derived from the config dataclasses' fields, as torchtitan derives its
 job config's: the flag's type and choices from the field's annotation, its help from the
 field's docstring. ``search``, ``estimate`` and ``rank`` declare a workload or layout flag by
-naming the field (``FLAGS``), so a field's rule and meaning are written once, in ``config.py``.
+naming it (``FLAGS``: a knob's flag as ``knobs.KNOBS`` declares it), so a field's rule and
+meaning are written once, in ``config.py``.
 """
 
 from __future__ import annotations
@@ -17,28 +18,15 @@ from typing import Any, Literal
 
 from autotune.cli.args import positive_float, positive_int
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.knobs import FLAG_FIELDS, NEWER_KNOB_FLAGS
 
 FLAGS: dict[str, tuple[type, str]] = {
-    "--world-size": (TrialConfig, "world_size"),
-    "--tp": (TrialConfig, "tp_degree"),
-    "--pp": (TrialConfig, "pp_degree"),
-    "--zero": (TrialConfig, "zero_stage"),
-    "--micro-batch": (TrialConfig, "micro_batch_size"),
-    "--ac": (TrialConfig, "activation_checkpointing"),
-    "--ac-layers": (TrialConfig, "ac_layers"),
-    "--schedule": (TrialConfig, "pp_schedule"),
-    "--virtual-stages": (TrialConfig, "virtual_stages"),
-    "--attention": (TrialConfig, "attention"),
-    "--bucket-mb": (TrialConfig, "bucket_mb"),
-    "--sp": (TrialConfig, "sequence_parallel"),
-    "--cp": (TrialConfig, "cp_degree"),
-    "--dp-replicate": (TrialConfig, "dp_replicate"),
-    "--compile": (TrialConfig, "compile"),
-    "--fp8": (TrialConfig, "float8"),
+    **{flag: (TrialConfig, name) for flag, name in FLAG_FIELDS.items()},
     "--seq-len": (WorkloadSpec, "seq_len"),
     "--global-batch": (WorkloadSpec, "global_batch_size"),
 }
-"""Each flag and the config field it sets."""
+"""Each flag and the config field it sets: the knobs' as they are declared
+(``knobs.KNOBS``), and the workload's."""
 
 
 @functools.cache
@@ -105,17 +93,9 @@ def add_flags(
         group.add_argument(flag, **kwargs, **({"required": True} if required else {}))
 
 
-KNOB_FLAGS = (
-    "--sp",
-    "--cp",
-    "--virtual-stages",
-    "--dp-replicate",
-    "--ac-layers",
-    "--compile",
-    "--fp8",
-)
-"""The newer layout knobs' flags (issue 26's sequence and context parallelism, HSDP, virtual
-stages, partial checkpointing, compile, float8)."""
+KNOB_FLAGS = NEWER_KNOB_FLAGS
+"""The newer layout knobs' flags (sequence and context parallelism, HSDP, virtual stages,
+partial checkpointing, compile, float8), as ``knobs.KNOBS`` marks them."""
 
 
 def add_knob_args(group: argparse._ActionsContainer, *, rank: bool = False) -> None:

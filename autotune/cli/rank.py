@@ -58,7 +58,8 @@ from autotune.config import (
     ZeroStage,
 )
 from autotune.errors import AutotuneError, ConfigError
-from autotune.layouts import KNOB_ORDER, knobs_in_words, short_name
+from autotune.knobs import short_marks
+from autotune.layouts import KNOB_ORDER, knobs_in_words
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.memory import MemoryTraits
@@ -448,18 +449,9 @@ def format_table(layouts: tuple[ScoredLayout, ...] | list[ScoredLayout]) -> str:
 
 
 def _knobs(c: TrialConfig) -> str:
-    """The newer knobs a layout sets, as short names mark them: sp, cp2, hsdp2, v4, l2,
-    compile, fp8 ('-' for none)."""
-    marks = short_name(c).split("-ac_")[1].split("-")[1:]
-    keep = [
-        m
-        for m in marks
-        if m in ("sp", "compile", "fp8")
-        or m[:1] in "vl"
-        and m[1:].isdigit()
-        or m.startswith(("cp", "hsdp"))
-    ]
-    return ",".join(keep) or "-"
+    """The newer knobs a layout sets, as their short-name marks (``knobs.Knob.mark``): sp,
+    cp2, hsdp2, v4, l2, compile, fp8 ('-' for none)."""
+    return ",".join(m[1:] for m in short_marks(c, newer_only=True)) or "-"
 
 
 def _buckets(s: ScoredLayout) -> str:

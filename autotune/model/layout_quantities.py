@@ -23,18 +23,28 @@ from autotune.config import (
     PRECISION_COMPUTE_DTYPE,
     TrialConfig,
 )
+from autotune.knobs import memo_ignores
 from autotune.shapes import ModelShape, stage_layer_counts
 
 FP32_BYTES = BYTES_PER_ELEMENT["float32"]
 
-RUN_FIELDS = frozenset({"seed", "num_warmup_steps", "num_timed_steps", "num_profiled_steps"})
-"""``TrialConfig`` fields that say how a trial is run and measured, which neither model reads."""
-DATA_PARALLEL_SHARDING_FIELDS = frozenset(
-    {"zero_stage", "dp_replicate", "bucket_mb", "overlap_enabled", "optimizer_offload_enabled"}
-)
+RUN_FIELDS = memo_ignores("stage")
+"""``TrialConfig`` fields that say how a trial is run and measured, which neither model reads
+(those declared for the measurement, ``TrialConfig.fields_of("measurement")``)."""
+DATA_PARALLEL_SHARDING_FIELDS = memo_ignores("activations") - RUN_FIELDS
 """``TrialConfig`` fields that choose how the data-parallel ranks shard and synchronise model
 states: they change neither a block's saved activations nor a layer's compute or TP
 collectives (the dp degree itself follows from the fields that stay: world, tp, pp, cp)."""
+
+# The memos' ignore sets, each derived from the knobs' declarations (``knobs.Knob.blind``):
+SHARDED_STAGE_IGNORE = memo_ignores("sharded_stage")
+"""What ``memory``'s rank estimate does not read at ZeRO-2/3 (its ``_SHARDED_BLIND``)."""
+ACTIVATIONS_IGNORE = memo_ignores("activations")
+"""What ``memory``'s held activations do not read (its ``ACTIVATIONS_IGNORE``)."""
+ENGINE_MEMORY_IGNORE = memo_ignores("engine_memory")
+"""What ``engine_memory``'s estimate does not read (its ``ENGINE_MEMORY_IGNORE``)."""
+STEP_LAYER_IGNORE = memo_ignores("step_layer")
+"""What ``perf_model``'s per-layer cost does not read (its ``SHARDING_BLIND``)."""
 
 T = TypeVar("T")
 

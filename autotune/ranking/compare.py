@@ -6,30 +6,31 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.knobs import COMPARE_KEYS
 from autotune.model.cluster import ClusterSpec
 from autotune.model.perf_model import EngineTraits, StepTimeEstimate, predict_step_time
 from autotune.ranking.scored import Ranking, ScoredLayout
 from autotune.shapes import ModelShape
 
-LAYOUT_KEYS = {
-    "tp": "tp_degree",
-    "pp": "pp_degree",
-    "cp": "cp_degree",
-    "mb": "micro_batch_size",
-    "zero": "zero_stage",
-    "ac": "activation_checkpointing",
-    "schedule": "pp_schedule",
-    "v": "virtual_stages",
-    "bucket": "bucket_mb",
-    "overlap": "overlap_enabled",
-    "sp": "sequence_parallel",
-}
-"""``--compare``'s keys and the TrialConfig fields they set."""
+LAYOUT_KEYS = COMPARE_KEYS
+"""``--compare``'s keys and the TrialConfig fields they set (``knobs.Knob.compare_key``)."""
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
+def _value_type(hint) -> type:
+    """bool, int, float, or str: a Literal's by its values (ZeRO's are ints)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    return hint if hint in (bool, int, float) else str
+
+
+_FIELD_TYPES = {n: _value_type(h) for n, h in typing.get_type_hints(TrialConfig).items()}
+"""Each field's value type as ``--compare`` parses it."""
 
 
 def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
@@ -43,19 +44,19 @@ def parse_layout(text: str, base: TrialConfig) -> TrialConfig:
                 f"--compare: '{item}' is not KEY=VALUE with KEY one of {', '.join(LAYOUT_KEYS)}"
             )
         field_name = LAYOUT_KEYS[key]
-        if field_name in ("activation_checkpointing", "pp_schedule"):
-            fields[field_name] = value
-        elif field_name in ("overlap_enabled", "sequence_parallel"):
+        kind = _FIELD_TYPES[field_name]
+        if kind is bool:
             if value.lower() not in _ON + _OFF:
                 raise ConfigError(f"--compare: {key}={value}: give on or off")
             fields[field_name] = value.lower() in _ON
-        else:
-            number = float if field_name == "bucket_mb" else int
+        elif kind in (int, float):
             try:
-                fields[field_name] = number(value)
+                fields[field_name] = kind(value)
             except ValueError:
-                kind = "a number" if number is float else "an integer"
-                raise ConfigError(f"--compare: {key}={value}: give {kind}") from None
+                words = "a number" if kind is float else "an integer"
+                raise ConfigError(f"--compare: {key}={value}: give {words}") from None
+        else:  # a Literal of names (checkpointing, schedule): validate() checks the name
+            fields[field_name] = value
     config = dataclasses.replace(base, **fields)
     config.validate()
     return config

@@ -35,6 +35,7 @@ from autotune.config import (
     with_fields,
 )
 from autotune.errors import ConfigError
+from autotune.knobs import KNOB_BY_FIELD
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
 from autotune.model.engine_memory import engine_states_lower_bound, estimate_engine_memory
 from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
@@ -42,9 +43,9 @@ from autotune.search.screen import allowance
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import ModelShape
 
-VIRTUAL_STAGES = (2, 4)
-"""Virtual stages per rank ``rank`` lists under interleaved_1f1b; ``--virtual-stages N`` asks
-for another."""
+VIRTUAL_STAGES = KNOB_BY_FIELD["virtual_stages"].rank_default
+"""Virtual stages per rank ``rank`` lists under interleaved_1f1b (2 and 4, as the knob
+declares); ``--virtual-stages N`` asks for another."""
 CP_MIN_TOKENS = 4096
 """``rank`` lists a context-parallel degree only where each rank keeps at least this many
 tokens of a sequence (Llama 3 trained 131k tokens at cp 16: 8,192 a rank, Dubey et al. 2024
@@ -74,7 +75,7 @@ def knob_choices(
     the off twin is never the better layout."""
     world, seq = base.world_size, base.workload.seq_len
     return {
-        "sequence_parallel": (True,),
+        "sequence_parallel": KNOB_BY_FIELD["sequence_parallel"].rank_default,
         "cp_degree": (cp_degree,)
         if cp_degree is not None
         else tuple(
