@@ -1049,63 +1049,91 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int], compute_s:
     """Exposed seconds of data-parallel synchronisation per step, by ZeRO stage (Rajbhandari
     et al. 2020, §7), with its host launch costs.
 
-    Stages 0–1 all-reduce the gradients, ZeRO-1 also gathers the updated parameters; ZeRO-2
-    reduce-scatters and all-gathers once per micro-batch, ZeRO-3 all-gathers twice; each in
-    the dtype it moves (``data_parallel_bytes``). With
-    overlap on, the sync hides behind the last micro-batch's backward (``compute_s``: the slowest
-    stage's compute per micro-batch) but for its last bucket, FSDP's all-gathers behind
-    compute, each to ``overlap_efficiency``."""
+    Stages 0–1 all-reduce the gradients, ZeRO-1 also gathers the updated parameters
+    (``_ddp_times``); ZeRO-2 reduce-scatters and all-gathers once per micro-batch, ZeRO-3
+    all-gathers twice (``_fsdp_times``); each in the dtype it moves (``data_parallel_bytes``).
+    What overlap hides is ``_exposed_sync``'s (``compute_s``: the slowest stage's compute per
+    micro-batch)."""
     config, cal, cluster = step.config, step.cal, step.cluster
-    dp, microbatches = sync_ranks(config), step.layout.num_microbatches
+    dp = sync_ranks(config)
     if dp <= 1:
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
     moved = step.data_parallel_bytes
-    engine = step.engine
-    reduce_bytes = 4 if engine.fp32_grad_reduce else moved.reduce
+    reduce_bytes = 4 if step.engine.fp32_grad_reduce else moved.reduce
     grad_bytes, param_bytes = params_rank * reduce_bytes, params_rank * moved.gather
-    zero = config.zero_stage
-    gather_s = 0.0
-    if zero == 1 and engine.distributed_optimizer:
+    if config.zero_stage == 1 and step.engine.distributed_optimizer:
         return _distributed_optimizer_time(step, dp_group, grad_bytes, param_bytes, compute_s)
-    if zero <= 1:
-        sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
-        if zero == 1:
-            gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
+    if config.zero_stage <= 1:
+        sync_s, gather_s = _ddp_times(step, dp_group, grad_bytes, param_bytes)
     else:
-        if config.dp_replicate > 1:
-            dp_group = shard_group(config, cluster.devices_per_node)
-        sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
-        sync_s += hsdp_replica_time(step, grad_bytes)
-        gathers = microbatches * (2 if zero == 3 else 1)
-        if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
-            gathers += microbatches  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
-        gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
-        if engine.roofline and zero == 3:
-            gather_s += _zero3_ring_latency(step, dp_group, gathers)
-    if config.overlap_enabled and engine.grad_reduce_overlap:
-        hide = cal.overlap_efficiency
-        last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
-        backward_last = (2 / 3) * compute_s
-        sync_exposed = max(last_bucket, sync_s - hide * backward_last)
-        if zero >= 2:
-            per_mb = gather_s / microbatches
-            layers = max(1, step.shape.num_layers // config.pp_degree)
-            gather_exposed = microbatches * max(per_mb / layers, per_mb - hide * compute_s)
-        else:
-            gather_exposed = gather_s
-    else:
-        sync_exposed, gather_exposed = sync_s, gather_s
-    return (
-        sync_exposed
-        + gather_exposed
-        + (
-            _dp_collectives(step, grad_bytes, rank_layers)
-            * cal.collective_overhead_s
-            * step.host_share
-            * uncoscheduled(cluster, dp)
-        )
+        sync_s, gather_s = _fsdp_times(step, dp_group, grad_bytes, param_bytes)
+    return _exposed_sync(step, sync_s, gather_s, grad_bytes, compute_s) + (
+        _dp_collectives(step, grad_bytes, rank_layers)
+        * cal.collective_overhead_s
+        * step.host_share
+        * uncoscheduled(cluster, dp)
     )
+
+
+def _ddp_times(
+    step: _Step, dp_group: _Group, grad_bytes: float, param_bytes: float
+) -> tuple[float, float]:
+    """(gradient sync, parameter gather) seconds of ZeRO-0/1: the gradients' all-reduce over
+    the sync group, and under ZeRO-1 the updated parameters' all-gather."""
+    cluster, cal = step.cluster, step.cal
+    sync_s = collective_time(cluster, cal, dp_group, grad_bytes)
+    gather_s = 0.0
+    if step.config.zero_stage == 1:
+        gather_s = collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
+    return sync_s, gather_s
+
+
+def _fsdp_times(
+    step: _Step, dp_group: _Group, grad_bytes: float, param_bytes: float
+) -> tuple[float, float]:
+    """(gradient sync, parameter gathers) seconds of ZeRO-2/3 per step: the reduce-scatter
+    within the shard group (and HSDP's all-reduce across replicas), and the all-gathers, once
+    per micro-batch under ZeRO-2, twice under ZeRO-3."""
+    config, cluster, cal, engine = step.config, step.cluster, step.cal, step.engine
+    microbatches, zero = step.layout.num_microbatches, config.zero_stage
+    if config.dp_replicate > 1:
+        dp_group = shard_group(config, cluster.devices_per_node)
+    sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
+    sync_s += hsdp_replica_time(step, grad_bytes)
+    gathers = microbatches * (2 if zero == 3 else 1)
+    if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
+        gathers += microbatches  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
+    gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
+    if engine.roofline and zero == 3:
+        gather_s += _zero3_ring_latency(step, dp_group, gathers)
+    return sync_s, gather_s
+
+
+def _exposed_sync(
+    step: _Step, sync_s: float, gather_s: float, grad_bytes: float, compute_s: float
+) -> float:
+    """The part of the gradient sync and the parameter gathers that compute does not hide.
+
+    With overlap on, the sync hides behind the last micro-batch's backward but for its last
+    bucket, FSDP's all-gathers behind each micro-batch's compute but for its first layer's,
+    each to ``overlap_efficiency``. They share one window and one link: the step's compute
+    (``compute_s`` per micro-batch) hides at most that much of their total once, so the
+    exposed part is at least their sum less it, and the step never beats its links' bound."""
+    config, cal = step.config, step.cal
+    if not (config.overlap_enabled and step.engine.grad_reduce_overlap):
+        return sync_s + gather_s
+    hide, microbatches = cal.overlap_efficiency, step.layout.num_microbatches
+    last_bucket = sync_s * min(1.0, config.bucket_mb * 2**20 / max(grad_bytes, 1.0))
+    backward_last = (2 / 3) * compute_s
+    sync_exposed = max(last_bucket, sync_s - hide * backward_last)
+    gather_exposed = gather_s
+    if config.zero_stage >= 2:
+        per_mb = gather_s / microbatches
+        layers = max(1, step.shape.num_layers // config.pp_degree)
+        gather_exposed = microbatches * max(per_mb / layers, per_mb - hide * compute_s)
+    window = hide * microbatches * compute_s
+    return max(sync_exposed + gather_exposed, sync_s + gather_s - window)
 
 
 def hsdp_replica_time(step: _Step, grad_bytes: float) -> float:
