@@ -57,7 +57,6 @@ from autotune.model.layout_quantities import (
     BoundedMemo,
     LayoutQuantities,
     fields_key,
-    fsdp_shards,
     state_bytes,
 )
 from autotune.model.memory import (
@@ -188,19 +187,20 @@ def engine_states(
     parts: tuple,
     precision: str,
 ) -> tuple[int, int, int, int]:
-    """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank."""
-    tp, dp, zero = config.tp_degree, config.dp_degree, config.zero_stage
-    fsdp = fsdp_shards(config)
-    bytes_per = state_bytes(precision, fsdp=fsdp)
+    """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank, its
+    states sharded over the engine's group (:func:`engine_state_shards`)."""
+    tp, zero = config.tp_degree, config.zero_stage
+    shards = engine_state_shards(config, traits)
+    bytes_per = state_bytes(precision, fsdp=shards > 1 and zero >= 2)
     compute = bytes_per.compute  # bytes per element of the 16-bit (compute) copies
     layer = local_block(shape, tp)
     vocab = _local_vocab(vocab, tp, traits)
     roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
     numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
-    n = dp if dp > 1 and zero >= 1 else 1
+    n = shards if zero >= 1 else 1
     if traits.optimizer == "fsdp2":
         states = _states(
-            shape, vocab, parts, tp, dp, zero, bytes_per, config.bucket_mb
+            shape, vocab, parts, tp, shards, zero, bytes_per, config.bucket_mb
         )  # TP-local vocab
         return states.parameters, states.gradients, states.optimizer_state, 0
     if traits.optimizer == "megatron":
@@ -227,6 +227,16 @@ def engine_states(
         f"unknown optimizer layout {traits.optimizer!r}; choose fsdp2, megatron, "
         "deepspeed-fp16 or deepspeed-bf16"
     )
+
+
+def engine_state_shards(config: TrialConfig, traits: MemoryTraits) -> int:
+    """The ranks the engine's ZeRO shards model states over (``MemoryTraits.state_shards``):
+    dp_shard × cp (torchtitan's FSDP mesh, Megatron's distributed optimizer within one of
+    ``--num-distributed-optimizer-instances``), or dp × cp (DeepSpeed's ZeRO, which the HSDP
+    groups do not reach)."""
+    if traits.state_shards == "dp_cp":
+        return config.dp_degree * config.cp_degree
+    return config.dp_shard * config.cp_degree
 
 
 def engine_parts(
@@ -284,7 +294,8 @@ def estimate_engine_memory(
 
 ENGINE_MEMORY_IGNORE = RUN_FIELDS | {"overlap_enabled", "bucket_mb"}
 """The fields another engine's memory does not read: its buckets and overlap change no stored
-byte here (``engine_states`` shards by dp alone; FSDP2's units are its blocks). ``rank`` lists
+byte here (``engine_states`` shards over the engine's group alone; FSDP2's units are its
+blocks). ``rank`` lists
 six layouts per (micro-batch, checkpointing, SP) branch that differ only in them, and they share
 one estimate (``tests/model/test_scoring_memos.py``)."""
 _ENGINE_ESTIMATES: BoundedMemo[MemoryEstimate] = BoundedMemo()
@@ -412,7 +423,8 @@ def _fsdp_gathered(
     the compute dtype, the gradients of one unit in the compute dtype and cast to fp32 for the
     reduce-scatter (MixedPrecisionPolicy reduce_dtype float32), and the root, which FSDP2 does
     not reshard after forward."""
-    if config.dp_degree == 1 or config.zero_stage < (2 if traits.optimizer == "fsdp2" else 3):
+    shards = engine_state_shards(config, traits)
+    if shards == 1 or config.zero_stage < (2 if traits.optimizer == "fsdp2" else 3):
         return 0  # DeepSpeed's and Megatron's ZeRO-2 keep the parameters whole
     block = block_params(shape, config.tp_degree)
     local_vocab = _local_vocab(vocab, config.tp_degree, traits)
@@ -492,6 +504,7 @@ BIGSCIENCE = MemoryTraits(
     flash_attention=False,
     dropout=False,
     optimizer="deepspeed-fp16",
+    state_shards="dp_cp",
     fragmentation=BIGSCIENCE_FRAGMENTATION,
     context_bytes=BIGSCIENCE_CONTEXT_BYTES,
 )

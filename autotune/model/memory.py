@@ -199,6 +199,17 @@ class MemoryTraits:
     """'layer' mode: one block in this many is checkpointed."""
     optimizer: str = "fsdp2"
     """Model-state layout: fsdp2, megatron (distributed optimizer), deepspeed-fp16, -bf16."""
+    state_shards: str = "dp_shard_cp"
+    """The group ZeRO shards model states over. ``dp_shard_cp``: dp_shard × cp, replicated
+    across the dp_replicate groups — torchtitan 0.3.0's FSDP mesh ``fsdp`` = dp_shard · cp
+    (``torchtitan/distributed/parallel_dims.py``, ``parallelize.py``'s
+    ``get_mesh(["dp_replicate", "fsdp"])``), Megatron-core 0.16's distributed optimizer over
+    ``intra_dp_cp_group``, the data- and context-parallel ranks of one of
+    ``--num-distributed-optimizer-instances`` (``megatron/core/optimizer/__init__.py``; the
+    export writes dp_replicate instances). ``dp_cp``: dp × cp — DeepSpeed 0.19's ZeRO
+    partitions over ``seq_data_parallel_group`` (``deepspeed/runtime/engine.py``,
+    ``_configure_zero_optimizer``), data and Ulysses sequence ranks, and has no HSDP (the
+    export writes ZeRO over the whole dp)."""
     embedding_counts_as_layer: bool = False
     """Pipeline split counts each embedding as a layer (DeepSpeed's 'type:transformer|embedding',
     Llama 3's first and last stages one layer short): L + 2 units over the stages."""
