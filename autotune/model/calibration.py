@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
@@ -137,6 +138,27 @@ def fit_calibration(
         if not (smp.step_time_s > 0 and math.isfinite(smp.step_time_s)):
             raise ConfigError(f"measured step time must be positive, not {smp.step_time_s}")
     start = start or Calibration.for_cluster(cluster)
+    objective, lower, upper = _informed_objective(samples, cluster, start, engine, fitted)
+    cal = start  # nothing the samples can inform: only the shapes are fitted
+    if objective.names:
+        cal = objective.calibration_at(_solve(objective, lower, upper))
+    if fit_shapes:
+        cal = _fit_shape_factors(samples, cluster, cal, engine)
+    errors = np.exp(objective.predict(cal) - objective.measured) - 1
+    return FitReport(cal, tuple(objective.names), len(samples), tuple(float(r) for r in errors))
+
+
+def _informed_objective(
+    samples: Sequence[Sample],
+    cluster: ClusterSpec,
+    start: Calibration,
+    engine: EngineTraits,
+    fitted: Sequence[str],
+) -> tuple[_Objective, Any, Any]:
+    """The fit's objective over the parameters of ``fitted`` the samples inform, and their
+    (lower, upper) bounds in log space."""
+    import numpy as np
+
     names = [n for n in fitted if n in FITTED]
     if len(samples) < FEW_SAMPLES:
         # A handful of trials cannot separate a dozen parameters: fit the few that decide a
@@ -173,13 +195,7 @@ def fit_calibration(
             prior_weight=prior_weight[keep],
         )
         lower, upper = lower[keep], upper[keep]
-    cal = start  # nothing the samples can inform: only the shapes are fitted
-    if objective.names:
-        cal = objective.calibration_at(_solve(objective, lower, upper))
-    if fit_shapes:
-        cal = _fit_shape_factors(samples, cluster, cal, engine)
-    errors = np.exp(objective.predict(cal) - objective.measured) - 1
-    return FitReport(cal, tuple(objective.names), len(samples), tuple(float(r) for r in errors))
+    return objective, lower, upper
 
 
 @dataclass(frozen=True, slots=True)

@@ -323,6 +323,34 @@ def fit_compute(
     usable = [p for p in points if p.config.workload.shape is not None and p.seconds > 0]
     if not usable:
         return None
+    total_flops, total_s, total_peak_s, terms = _compute_terms(usable, cluster, start)
+    solutions = [a / (t - e) for a, e, t in terms if t > e and a > 0]
+    efficiency = _geomean(solutions) if solutions else start.compute_efficiency
+    half_work = start.half_efficiency_rows
+    if efficiency > 1.0:
+        sizes = [w for w in (_half_work_matching(p, cluster, start) for p in usable) if w]
+        if sizes:
+            efficiency, half_work = 1.0, _geomean(sizes)
+    fitted = dataclasses.replace(
+        start, compute_efficiency=efficiency, half_efficiency_rows=half_work
+    )
+    errors = [_compute_term(p.config, cluster, fitted) / p.seconds - 1 for p in usable]
+    return ComputeFit(
+        flops_per_s=total_flops / total_s,
+        fraction_of_peak=total_flops / total_peak_s,
+        compute_efficiency=efficiency,
+        half_efficiency_rows=half_work,
+        num_trials=len(usable),
+        residual=math.sqrt(sum(x * x for x in errors) / len(errors)),
+    )
+
+
+def _compute_terms(
+    usable: Sequence[ComputePoint], cluster: ClusterSpec, start: Calibration
+) -> tuple[float, float, float, list[tuple[float, float, float]]]:
+    """(FLOPs, measured seconds, seconds × peak, summed over the trials) and each trial's
+    (A, E, T): its compute term's matmul part at efficiency 1, its element-wise part, and its
+    measured time (``fit_compute``)."""
     flops_cal = dataclasses.replace(
         start,
         compute_efficiency=1.0,
@@ -347,25 +375,7 @@ def fit_compute(
             p.config, cluster, dataclasses.replace(start, compute_efficiency=0.5)
         )
         terms.append((at_half - at_one, 2 * at_one - at_half, p.seconds))  # (A, E, T)
-    solutions = [a / (t - e) for a, e, t in terms if t > e and a > 0]
-    efficiency = _geomean(solutions) if solutions else start.compute_efficiency
-    half_work = start.half_efficiency_rows
-    if efficiency > 1.0:
-        sizes = [w for w in (_half_work_matching(p, cluster, start) for p in usable) if w]
-        if sizes:
-            efficiency, half_work = 1.0, _geomean(sizes)
-    fitted = dataclasses.replace(
-        start, compute_efficiency=efficiency, half_efficiency_rows=half_work
-    )
-    errors = [_compute_term(p.config, cluster, fitted) / p.seconds - 1 for p in usable]
-    return ComputeFit(
-        flops_per_s=total_flops / total_s,
-        fraction_of_peak=total_flops / total_peak_s,
-        compute_efficiency=efficiency,
-        half_efficiency_rows=half_work,
-        num_trials=len(usable),
-        residual=math.sqrt(sum(x * x for x in errors) / len(errors)),
-    )
+    return total_flops, total_s, total_peak_s, terms
 
 
 def _half_work_matching(
