@@ -588,13 +588,22 @@ class RayExecutor:
             # Ray starts workers at niceness 15; a trial must run at the priority the real job
             # would, or any other process on the node distorts its step time.
             os.environ.setdefault("RAY_worker_niceness", "0")
-            ray.init(
-                address="local",
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            try:
+                ray.init(
+                    address="local",
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            except Exception as e:  # Ray raises a bare Exception when its node is late
+                if NODE_START_TIMEOUT_MESSAGE not in str(e):
+                    raise
+                raise ClusterError(
+                    "Ray's local node did not start within its 30 s (ray/_private/node.py): "
+                    "this machine is too busy to start Ray's processes; retry when it is less "
+                    "loaded, or join a running cluster with --ray-address"
+                ) from None
         else:
             address = _joinable(self.settings.ray_address)
             try:
@@ -843,6 +852,9 @@ def _joinable(address: str) -> str:
     return address
 
 
+NODE_START_TIMEOUT_MESSAGE = "timed out during startup"
+"""What Ray 2's ``Node`` raises (a bare ``Exception``) when its raylet has not registered with
+the GCS within 30 s (``ray/_private/node.py``, a fixed wait)."""
 AUTH_PROBE_TIMEOUT_S = 3.0
 """How long the GCS gets to answer whether it wants a token (a live one answers in ms)."""
 

@@ -117,3 +117,33 @@ def test_invalid_config_is_refused_before_running(executor):
                 workload=WorkloadSpec(global_batch_size=3),
             )
         )
+
+
+RAY_NODE_LATE = (
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+"""Ray 2.5x's words (ray/_private/node.py) when its raylet does not register within 30 s."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [(Exception(RAY_NODE_LATE), ClusterError), (Exception("something else"), Exception)],
+)
+def test_a_ray_node_too_late_to_start_is_a_cluster_error(monkeypatch, raised, expected):
+    """A loaded machine's late raylet is a one-line ClusterError naming the way out, not an
+    internal error; any other exception from ray.init is left as it is."""
+    import ray
+
+    from autotune.trial.executor import ExecutorSettings, RayExecutor
+
+    def init(**kwargs):
+        raise raised
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(expected) as info:
+        RayExecutor(ExecutorSettings()).start()
+    assert type(info.value) is expected
+    if expected is ClusterError:
+        assert "did not start" in str(info.value) and "--ray-address" in str(info.value)
