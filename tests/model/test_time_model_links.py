@@ -18,9 +18,9 @@ import pytest
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.model.cluster import load_cluster
 from autotune.model.perf_model import ENGINES, Calibration, predict_step_time
+from autotune.parallel_dims import MESH_ORDER
 
 HALF = 2  # bytes of a bf16 element: the least any engine moves a parameter or gradient in
-DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def _workload(size: str, seq: int, batch: int) -> WorkloadSpec:
@@ -69,17 +69,11 @@ def _cases():
 
 def _group_on_node(config: TrialConfig, dims: tuple[str, ...], per_node: int) -> tuple[int, int]:
     """(size, members on the first node) of rank 0's group over mesh ``dims``."""
-    shape = (
-        config.pp_degree,
-        config.dp_replicate,
-        config.dp_shard,
-        config.cp_degree,
-        config.tp_degree,
-    )
+    shape = config.dims.mesh_shape
     members = [0]
-    for dim, size in zip(DIMS, shape):
+    for dim, size in zip(MESH_ORDER, shape):
         stride = 1
-        for later in shape[DIMS.index(dim) + 1 :]:
+        for later in shape[MESH_ORDER.index(dim) + 1 :]:
             stride *= later
         if dim in dims:
             members = [m + i * stride for m in members for i in range(size)]
