@@ -52,6 +52,17 @@ from functools import partial
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.model.description import block_params, local_block, local_roots
+from autotune.model.engines import (  # noqa: F401  (the presets: re-exported)
+    AUTOTUNE_MEMORY,
+    BIGSCIENCE,
+    BIGSCIENCE_CONTEXT_BYTES,
+    BIGSCIENCE_FRAGMENTATION,
+    DEEPSPEED,
+    MEGATRON,
+    TORCHTITAN,
+    TORCHTITAN_MULTINODE,
+    MemoryTraits,
+)
 from autotune.model.layout_quantities import (
     RUN_FIELDS,
     BoundedMemo,
@@ -64,7 +75,6 @@ from autotune.model.memory import (
     PHASE_AFTER_BACKWARD,
     PHASE_FORWARD_BACKWARD,
     MemoryEstimate,
-    MemoryTraits,
     _interleaved_peak,
     _Part,
     _parts,
@@ -277,7 +287,7 @@ def estimate_engine_memory(
     ``screen``: a screen's verdict on a peak (``rank``'s memory screen). Pipeline rank 0 is
     estimated first, and returned if the screen refuses it: the worst rank holds at least as
     much, so a layout it drops needs no other rank, and is not memoised."""
-    if traits is None:
+    if traits is None or traits.own_runtime:
         return estimate_memory(config, shape, device_type=device_type, checked=checked)
     shape = (shape or config.workload.shape) if checked else _resolve_shape(config, shape)
     precision = config.resolved_precision(device_type)
@@ -429,97 +439,13 @@ def _fsdp_gathered(
     block = block_params(shape, config.tp_degree)
     local_vocab = _local_vocab(vocab, config.tp_degree, traits)
     root = sum(local_roots(shape, local_vocab, p.first, p.last).numel for p in parts)
-    if config.zero_stage == 2 or config.pp_degree > 1:  # every unit kept from forward to backward
+    # every unit kept from forward to backward (under a pipeline: MemoryTraits.reshard_under_pp)
+    if config.zero_stage == 2 or (config.pp_degree > 1 and not traits.reshard_under_pp):
         blocks = sum(p.num_layers for p in parts) * block * elem_bytes
     else:
         blocks = 2 * block * elem_bytes
     return blocks + block * (elem_bytes + FP32_BYTES) + root * elem_bytes
 
-
-# ---- presets: what each engine stores ------------------------------------------------------
-BIGSCIENCE_FRAGMENTATION = 1.15
-BIGSCIENCE_CONTEXT_BYTES = int(7.35 * 2**30)
-"""The allocator's factor and the bytes outside it in nvidia-smi's figure (CUDA context, NCCL's
-buffers, the cached blocks of the fp32 model Megatron builds before casting it), measured: the
-least-squares line through the even-numbered rows of BigScience's sweep with a stated peak
-(``bench/published_memory.py --fit``: 1.152 and 7.35 GiB); the odd-numbered rows are predicted."""
-TORCHTITAN = MemoryTraits(
-    name="torchtitan",
-    sequence_parallel=True,
-    vocab_parallel_loss=True,
-    loss_kept_fp32=1,
-    loss_forward_fp32=2,
-    loss_backward_fp32=3,
-    loss_parallel_extra_fp32=1,
-    fused_norm=True,
-    flash_attention=True,
-    dropout=False,
-    repeat_kv=True,
-    selective_mode="op",
-    optimizer="fsdp2",
-    fragmentation=1.0,
-)
-"""torchtitan (pytorch/torchtitan, 2024–25): TP with SequenceParallel norms and loss_parallel
-(``parallelize_llama``); ``cross_entropy(pred.flatten(0, 1).float(), ...)``, the logits freed
-(``del pred``) before backward (see the module docstring for the fp32 copies); SDPA flash
-kernels; ``repeat_kv`` before SDPA; selective AC ``op`` by default; FSDP2 with fp32 shards
-and bf16 compute. Its reported memory is the allocator's max reserved (no context: the
-memory screen adds the device's bytes outside the allocator). Its single-node launcher
-``run_train.sh`` sets ``PYTORCH_ALLOC_CONF=expandable_segments:True``, under which freed
-segments are remapped rather than split: no fragmentation factor. ``TORCHTITAN_MULTINODE``
-is its multi-node launch."""
-TORCHTITAN_MULTINODE = dataclasses.replace(
-    TORCHTITAN, name="torchtitan-multinode", fragmentation=BIGSCIENCE_FRAGMENTATION
-)
-"""torchtitan launched across nodes by ``multinode_trainer.slurm``, which leaves the allocator's
-default (no expandable segments): the caching allocator's fragmentation as measured on
-BigScience's sweep, still without context (max reserved)."""
-MEGATRON = MemoryTraits(
-    name="megatron",
-    sequence_parallel=True,
-    vocab_parallel_loss=True,
-    loss_kept_fp32=1,
-    loss_forward_fp32=1,
-    loss_backward_fp32=1,
-    fused_norm=True,
-    flash_attention=True,
-    dropout=False,
-    selective_mode="selective",
-    optimizer="megatron",
-)
-"""Megatron-LM (megatron/core, 2024–25) as its large-model recipes run it: sequence parallelism
-with TP (``--sequence-parallel``), ``vocab_parallel_cross_entropy`` (one fp32 copy, in place),
-Transformer Engine's fused norms and flash attention, dropout 0 (the Llama recipes), selective
-recomputation of the attention core, the distributed optimizer with fp32 main gradients. The
-allocator factor is unmeasured for it: the estimate is of the allocated bytes, and the memory
-screen adds the device's factor and context (``search.screen.allowance``)."""
-BIGSCIENCE = MemoryTraits(
-    name="megatron-deepspeed",
-    sequence_parallel=False,
-    vocab_parallel_loss=True,
-    loss_kept_fp32=1,
-    loss_forward_fp32=1,
-    loss_backward_fp32=1,
-    fused_norm=True,
-    flash_attention=False,
-    dropout=False,
-    optimizer="deepspeed-fp16",
-    state_shards="dp_cp",
-    fragmentation=BIGSCIENCE_FRAGMENTATION,
-    context_bytes=BIGSCIENCE_CONTEXT_BYTES,
-)
-"""Megatron-DeepSpeed as BigScience trained BLOOM in 2022 (bigscience-workshop/bigscience,
-train/tr11-176B-ml): TP without sequence parallelism, ``vocab_parallel_cross_entropy`` on an fp32
-copy of the logits (one in-place fp32 softmax kept), apex's fused LayerNorm, the fused
-scaled-masked softmax (no flash), dropout 0, DeepSpeed ZeRO-1."""
-DEEPSPEED = dataclasses.replace(BIGSCIENCE, name="deepspeed")
-"""Megatron-DeepSpeed's traits for the ``deepspeed`` engine: BigScience's, with its measured
-allocator factor and context. Its optimizer layout is ZeRO's (``deepspeed-fp16``) in bf16 too:
-under ZeRO, DeepSpeed accumulates gradients in the model's dtype unless the config's
-``data_types.grad_accum_dtype`` says fp32 (``deepspeed/runtime/engine.py``, ``get_data_types``
-and ``_do_optimizer_sanity_check``), and only then wraps ZeRO-1 in BF16_Optimizer, the
-``deepspeed-bf16`` layout BigScience's 2022 runs chose (``bench/published_memory.py`` reads it
-from their notes)."""
 
 MEMORY_TRAITS: dict[str, MemoryTraits | None] = {
     "autotune": None,

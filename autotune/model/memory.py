@@ -89,6 +89,7 @@ from autotune.model.description import (
     local_block,
     local_roots,
 )
+from autotune.model.engines import MemoryTraits  # noqa: F401  (re-exported)
 from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
     DATA_PARALLEL_SHARDING_FIELDS,
     FP32_BYTES,
@@ -156,83 +157,6 @@ class MemoryEstimate:
         d = {name: getattr(self, name) for name in CATEGORIES}
         d["total"] = self.total
         return d
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryTraits:
-    """What a training engine stores, as far as memory goes (``engine_memory``). An engine
-    profile (Megatron-LM, torchtitan, DeepSpeed) carries one; ``estimate_memory(traits=None)``
-    is autotune's own runtime. The presets and their sources are in ``engine_memory``."""
-
-    name: str
-    sequence_parallel: bool = False
-    """The engine runs sequence parallelism wherever TP is on (Megatron's recipes'
-    ``--sequence-parallel``, torchtitan's TP plan): ``engine_layout`` turns the config's
-    ``sequence_parallel`` on for tp > 1, and ``rank`` lists its tp > 1 layouts with SP only.
-    The arithmetic reads the config's knob (norms, dropout and the block input sharded over
-    TP), as it reads ``cp_degree``."""
-    vocab_parallel_loss: bool = False
-    """Embedding, head, logits and loss sharded over TP (vocabulary-parallel)."""
-    loss_kept_fp32: int = 1
-    """fp32 logits-sized tensors the loss keeps for backward (log-softmax output, softmax)."""
-    loss_forward_fp32: int = 1
-    """fp32 logits-sized tensors beside the logits at the loss's forward peak (the upcast,
-    log-softmax's output)."""
-    loss_backward_fp32: int = 1
-    """fp32 logits-sized tensors at the loss's backward peak (the kept one, the incoming and
-    the input gradient), beside the gradient cast back to the compute dtype."""
-    loss_parallel_extra_fp32: int = 0
-    """More of each when the loss is vocabulary-parallel over tp > 1 (torch's loss_parallel
-    composes log-softmax and its gradient from separate tensors)."""
-    fused_norm: bool = True
-    """Norms keep their input and statistics only, no fp32 copies."""
-    flash_attention: bool = True
-    """No s² scores kept (FlashAttention, SDPA's flash/cuDNN kernels)."""
-    dropout: bool = False
-    """1-byte dropout masks kept (and the attention dropout's output without flash)."""
-    repeat_kv: bool = False
-    """Grouped KV heads repeated to all heads before attention (and kept so)."""
-    selective_mode: str = "selective"
-    """What the config's 'selective' checkpointing means: 'selective' (Megatron: attention core
-    recomputed), 'op' (torchtitan: matmul outputs kept), 'layer' (every k-th block whole)."""
-    ac_layer_every: int = 2
-    """'layer' mode: one block in this many is checkpointed."""
-    optimizer: str = "fsdp2"
-    """Model-state layout: fsdp2, megatron (distributed optimizer), deepspeed-fp16, -bf16."""
-    state_shards: str = "dp_shard_cp"
-    """The group ZeRO shards model states over. ``dp_shard_cp``: dp_shard × cp, replicated
-    across the dp_replicate groups — torchtitan 0.3.0's FSDP mesh ``fsdp`` = dp_shard · cp
-    (``torchtitan/distributed/parallel_dims.py``, ``parallelize.py``'s
-    ``get_mesh(["dp_replicate", "fsdp"])``), Megatron-core 0.16's distributed optimizer over
-    ``intra_dp_cp_group``, the data- and context-parallel ranks of one of
-    ``--num-distributed-optimizer-instances`` (``megatron/core/optimizer/__init__.py``; the
-    export writes dp_replicate instances). ``dp_cp``: dp × cp — DeepSpeed 0.19's ZeRO
-    partitions over ``seq_data_parallel_group`` (``deepspeed/runtime/engine.py``,
-    ``_configure_zero_optimizer``), data and Ulysses sequence ranks, and has no HSDP (the
-    export writes ZeRO over the whole dp)."""
-    embedding_counts_as_layer: bool = False
-    """Pipeline split counts each embedding as a layer (DeepSpeed's 'type:transformer|embedding',
-    Llama 3's first and last stages one layer short): L + 2 units over the stages."""
-    fragmentation: float | None = None
-    """Reserved / allocated bytes of the engine's caching allocator, measured (1.0: none, as
-    under expandable segments). None: not modelled; the estimate is of the allocated bytes, and
-    the memory screen adds the device's factor (``search.screen.allowance``)."""
-    context_bytes: int | None = None
-    """Bytes outside the allocator in the engine's measured figure (CUDA context, NCCL's
-    buffers). None: not in it; the memory screen adds the device's."""
-
-    @property
-    def peak_kind(self) -> str:
-        """What the engine estimate's total counts, in words."""
-        if self.fragmentation is None:
-            return "allocated"
-        return "reserved" if self.context_bytes is None else "reserved + context"
-
-    def overhead_bytes(self, allocated: int) -> int:
-        """The allocator's reserve on ``allocated`` bytes and the bytes outside it, as far as
-        the engine's figure includes them."""
-        reserve = 0 if self.fragmentation is None else int((self.fragmentation - 1) * allocated)
-        return reserve + (self.context_bytes or 0)
 
 
 # ---- the parameter tensors a rank holds: the cost description's (``description``) ---------
