@@ -599,7 +599,7 @@ def _predict(step: _Step, layer: _LayerCost, params_rank: float) -> StepTimeEsti
     }
     step_s = sum(breakdown.values())
     tokens = config.tokens_per_step
-    total_params = step.shape.num_params(layout.vocab)
+    total_params = _num_params(step.shape, layout.vocab)
     model_flops = (
         flops_per_token(
             total_params, step.shape.num_layers, step.shape.hidden_size, config.workload.seq_len
@@ -614,6 +614,12 @@ def _predict(step: _Step, layer: _LayerCost, params_rank: float) -> StepTimeEsti
         mfu=mfu,
         bottleneck_stage=slowest,
     )
+
+
+@lru_cache(maxsize=64)
+def _num_params(shape: ModelShape, vocab: int) -> int:
+    """``shape.num_params(vocab)``, once per shape: it lists the model's tensors."""
+    return shape.num_params(vocab)
 
 
 def _setup(
