@@ -37,7 +37,7 @@ from autotune.model.memory import MemoryTraits
 from autotune.search.screen import predicted_to_fit
 from autotune.shapes import ModelShape
 
-from .published_rows import llama_shape
+from .published_rows import gpt_shape, llama_shape
 
 DATA = Path(__file__).resolve().parents[1] / "validation" / "data" / "published-a100"
 SWEEP = DATA / "bigscience_tr11_176b_layout_sweep_a100.csv"
@@ -116,17 +116,7 @@ def bigscience_rows(path: Path = SWEEP) -> list[MemoryRow]:
                 continue
             h, layers = int(r["hidden_size"]), int(r["num_layers"])
             heads, seq = int(r["attention_heads"]), int(r["seq_len"])
-            shape = ModelShape(
-                family="gpt",
-                num_layers=layers,
-                hidden_size=h,
-                num_heads=heads,
-                num_kv_heads=heads,
-                ffn_hidden_size=4 * h,
-                vocab_size=BLOOM_VOCAB,
-                max_seq_len=seq,
-                tied_embeddings=True,
-            )
+            shape = gpt_shape(layers, h, heads, BLOOM_VOCAB, seq)
             bf16 = r["precision"].startswith("bf16")
             config = TrialConfig(
                 workload=WorkloadSpec(

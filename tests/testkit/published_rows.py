@@ -83,7 +83,8 @@ class TimeRow:
     measured_s: float
 
 
-def _gpt(layers: int, h: int, heads: int, vocab: int, seq: int) -> ModelShape:
+def gpt_shape(layers: int, h: int, heads: int, vocab: int, seq: int) -> ModelShape:
+    """The published GPTs: multi-head attention, a 4h MLP, tied embeddings."""
     return ModelShape(
         family="gpt",
         num_layers=layers,
@@ -146,7 +147,7 @@ def sc21_table1(path: Path = DATA / "megatron_sc21_table1.csv") -> list[TimeRow]
             tp, pp = int(r["tensor_parallel"]), int(r["pipeline_parallel"])
             per_virtual = SC21_LAYERS_PER_VIRTUAL.get(size)
             v = layers // pp // per_virtual if per_virtual else 1
-            shape = _gpt(layers, h, heads, SC21_VOCAB, seq)
+            shape = gpt_shape(layers, h, heads, SC21_VOCAB, seq)
             config = _config(
                 shape,
                 gpus=gpus,
@@ -180,7 +181,7 @@ def sc21_table2(path: Path = DATA / "megatron_sc21_table2_zero3_vs_ptdp.csv") ->
             heads = int(r["attention_heads"])
             seq, gpus = int(r["seq_len"]), int(r["num_gpus"])
             batch = int(r["global_batch_size"].rstrip("*"))
-            shape = _gpt(layers, h, heads, SC21_VOCAB, seq)
+            shape = gpt_shape(layers, h, heads, SC21_VOCAB, seq)
             mb = int(r["micro_batch_size"])
             if r["scheme"].startswith("ZeRO"):
                 config = dataclasses.replace(
@@ -212,7 +213,7 @@ def korthikanti(path: Path = DATA / "korthikanti2022_tables3_5_end_to_end.csv") 
             seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
             tp, pp = int(r["tensor_parallel"]), int(r["pipeline_parallel"])
             v = int(r["interleaved_stages"] or 1)
-            shape = _gpt(layers, h, heads, SC21_VOCAB, seq)
+            shape = gpt_shape(layers, h, heads, SC21_VOCAB, seq)
             config = _config(
                 shape,
                 gpus=gpus,
