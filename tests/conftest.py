@@ -86,14 +86,6 @@ MULTI_PROCESS_CALLS = (
 """Calls in a test module that start processes (spawned ranks, drivers, Ray)."""
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "validation: the models against published tables, within the bands docs/benchmarks.md "
-        "states (tests/validation; seconds, no processes; `pytest -m validation`)",
-    )
-
-
 def pytest_collection_modifyitems(config, items):
     """Mark every multi-process test ``slow`` (``pytest -m "not slow"`` is the fast lane; CI runs
     everything): tests that use a process-starting fixture (a PostgreSQL parameter of

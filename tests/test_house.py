@@ -1,6 +1,6 @@
 """The house rules a reader of the code relies on: no function in the product packages is over
 80 lines (the issue that split ``predict_step_time``, ``build_parser``, ``_estimate_stage`` and
-``SearchLoop`` set the bound), and no product module imports the benchmarks."""
+``SearchLoop`` set the bound), and no product module imports the benchmarks or the tests' kit."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("autotune", "db", "profiler", "dashboards")
 MAX_FUNCTION_LINES = 80
+TEST_ONLY = ("bench", "testkit")
+"""What no product module imports: the benchmarks and the tests' kit (``tests/testkit``)."""
 
 
 def _functions(path: Path):
@@ -43,7 +45,7 @@ def test_the_rule_sees_a_long_function(tmp_path):
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_product_module_imports_the_benchmarks(package):
+def test_no_product_module_imports_the_benchmarks_or_the_testkit(package):
     importers = []
     for p in sorted((ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
@@ -54,6 +56,6 @@ def test_no_product_module_imports_the_benchmarks(package):
                 if isinstance(node, ast.ImportFrom)
                 else []
             )
-            if any(n == "bench" or n.startswith("bench.") for n in names):
+            if any(n.split(".")[0] in TEST_ONLY for n in names):
                 importers.append(str(p.relative_to(ROOT)))
     assert not importers
