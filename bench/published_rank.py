@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the checkout and its testing kit (testkit)
 
-from published_rows import sc21_table1  # noqa: E402
+from testkit.published_rows import sc21_table1  # noqa: E402
 
 from autotune.config import GIB, TrialConfig  # noqa: E402
 from autotune.model.cluster import load_cluster  # noqa: E402
