@@ -99,3 +99,14 @@ def stage_params(
         for r, c in (local_shape(t, tp, vocab_shards),)
     )
     return num_layers * block_params(shape, tp) + roots
+
+
+def part_block_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int:
+    """A part's blocks' saved bytes per micro-batch, in autotune's runtime and every engine's:
+    with ``ac_layers`` set (Megatron's --recompute-num-layers), that many blocks under full
+    recomputation (``full`` bytes each) and the rest keeping everything (``none``); otherwise
+    every block ``full`` (the mode's own bytes)."""
+    if ac_layers is None:
+        return layers * full
+    k = min(ac_layers, layers)
+    return k * full + (layers - k) * none

@@ -51,7 +51,7 @@ from functools import partial
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.model.description import block_params, local_block, local_roots
+from autotune.model.description import block_params, local_block, local_roots, part_block_bytes
 from autotune.model.engines import (  # noqa: F401  (the presets: re-exported)
     AUTOTUNE_MEMORY,
     BIGSCIENCE,
@@ -75,13 +75,12 @@ from autotune.model.memory import (
     PHASE_AFTER_BACKWARD,
     PHASE_FORWARD_BACKWARD,
     MemoryEstimate,
-    _interleaved_peak,
     _Part,
     _parts,
     _resolve_shape,
     _states,
     estimate_memory,
-    microbatches_in_flight,
+    held_microbatches,
     worst_rank_candidates,
 )
 from autotune.shapes import ModelShape, even_split
@@ -351,56 +350,59 @@ def engine_states_lower_bound(
     return allocated + traits.overhead_bytes(allocated)
 
 
-def _engine_stage(
-    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int, precision: str
-) -> MemoryEstimate:
-    tp, pp = config.tp_degree, config.pp_degree
-    layout = LayoutQuantities.of(config, shape, precision)
-    microbatches, vocab, elem_bytes = layout.num_microbatches, layout.vocab, layout.elem_bytes
-    parts = engine_parts(
-        shape.num_layers, pp, layout.interleaved, pp_rank, traits, config.virtual_stages
-    )
+def _engine_saved(
+    config: TrialConfig,
+    shape: ModelShape,
+    traits: MemoryTraits,
+    layout: LayoutQuantities,
+    parts: tuple[_Part, ...],
+    pp_rank: int,
+) -> tuple[int, int]:
+    """(saved for backward, the largest temporary above it) of the micro-batches the rank's
+    schedule holds: the blocks, each part's stage input, the loss on the last stage."""
     # The config's knobs: context parallelism divides each sequence, sequence parallelism what
     # lies outside the TP region.
     d = _Dims(
         tokens=layout.microbatch_tokens,
         keys=config.workload.seq_len,
-        tp=tp,
-        elem_bytes=elem_bytes,
+        tp=config.tp_degree,
+        elem_bytes=layout.elem_bytes,
         sp=layout.sequence_shards > 1,
     )
     kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
+    whole = kept
     if config.ac_layers is not None:  # --recompute-num-layers: the others keep everything
         whole, whole_peak = _block_bytes(shape, traits, d, "none")
         block_peak = max(block_peak, whole_peak)
-    loss_kept, loss_peak = _loss_bytes(traits, d, vocab)
-    stage_io = elem_bytes * layout.stream_elems  # a micro-batch's stage input or output
+    loss_kept, loss_peak = _loss_bytes(traits, d, layout.vocab)
+    stage_io = layout.elem_bytes * layout.stream_elems  # a micro-batch's stage input or output
     per_mb = []
     for part in parts:
-        blocks = part.num_layers * kept
-        if config.ac_layers is not None:
-            k = min(config.ac_layers, part.num_layers)
-            blocks = k * kept + (part.num_layers - k) * whole
-        held = blocks + (stage_io if pp > 1 else 0)
+        held = part_block_bytes(part.num_layers, config.ac_layers, whole, kept)
+        held += stage_io if config.pp_degree > 1 else 0
         if part.last:
             held += loss_kept + stage_io  # and the final norm's input
         per_mb.append(held)
-    if pp == 1:
-        held_counts: tuple[int, ...] = (1,)
-    elif layout.interleaved:
-        held_counts = _interleaved_peak(pp, pp_rank, microbatches, tuple(per_mb))
-    else:
-        held_counts = microbatches_in_flight(
-            config.pp_schedule, pp, pp_rank, microbatches, config.virtual_stages
-        )
+    held_counts = held_microbatches(config, layout, pp_rank, tuple(per_mb))
     saved = sum(n * a for n, a in zip(held_counts, per_mb))
-    last = any(p.last for p in parts)
-    transient = max(block_peak, loss_peak if last else 0)
+    return saved, max(block_peak, loss_peak if any(p.last for p in parts) else 0)
+
+
+def _engine_stage(
+    config: TrialConfig, shape: ModelShape, traits: MemoryTraits, pp_rank: int, precision: str
+) -> MemoryEstimate:
+    pp = config.pp_degree
+    layout = LayoutQuantities.of(config, shape, precision)
+    vocab, elem_bytes = layout.vocab, layout.elem_bytes
+    parts = engine_parts(
+        shape.num_layers, pp, layout.interleaved, pp_rank, traits, config.virtual_stages
+    )
+    saved, transient = _engine_saved(config, shape, traits, layout, parts, pp_rank)
     params, grads, optimizer, step_temps = engine_states(
         config, shape, traits, vocab, parts, precision
     )
     comm = _fsdp_gathered(config, shape, traits, parts, vocab, elem_bytes)
-    pipe = 2 * stage_io if pp > 1 else 0  # send and receive buffers in use
+    pipe = 2 * elem_bytes * layout.stream_elems if pp > 1 else 0  # send and receive buffers
     fb, post = saved + transient + comm + pipe, step_temps
     allocated = params + grads + optimizer + max(fb, post)
     overhead = traits.overhead_bytes(allocated)

@@ -88,6 +88,7 @@ from autotune.model.description import (
     embedding_tensors,
     local_block,
     local_roots,
+    part_block_bytes,
 )
 from autotune.model.engines import MemoryTraits  # noqa: F401  (re-exported)
 from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
@@ -226,11 +227,43 @@ def _states(
     roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
     layers = sum(p.num_layers for p in parts)
     numel = layers * layer.numel + sum(r.numel for r in roots)
-    num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
     root_numel = sum(r.numel for r in roots)
     biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
     # optimizer bytes per element: master copy, moments
     state = bytes_per.master + 2 * bytes_per.moment
+    bucket_numel = bucket_mb * MIB / bytes_per.parameter
+    share = _rank_share(shape, parts, layer, roots, dp, zero, state, bucket_numel, flat_zero1)
+    held, optimizer_numel, optimizer_tensors, gather = share
+    return _States(
+        held * bytes_per.parameter,
+        held * bytes_per.gradient,
+        state * optimizer_numel + ADAM_STEP_BYTES * optimizer_tensors,
+        numel,
+        root_numel,
+        _fsdp_units(parts, layer, roots, bytes_per.parameter, bucket_mb),
+        biggest,
+        optimizer_numel,
+        gather,
+    )
+
+
+def _rank_share(
+    shape: ModelShape,
+    parts: tuple[_Part, ...],
+    layer: LocalTensors,
+    roots: list[LocalTensors],
+    dp: int,
+    zero: int,
+    state: int,
+    bucket_numel: float,
+    flat_zero1: bool,
+) -> tuple[int, int, int, int]:
+    """(parameters held, parameters whose optimizer state it holds, their tensors, the
+    distributed optimizer's largest gathered bucket) of the worst rank of ``dp`` under ZeRO
+    stage ``zero`` (``state``: optimizer bytes per element)."""
+    layers = sum(p.num_layers for p in parts)
+    numel = layers * layer.numel + sum(r.numel for r in roots)
+    num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
     gather = 0
     if dp == 1 or zero == 0:
         # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
@@ -244,7 +277,7 @@ def _states(
         optimizer_numel, optimizer_tensors, gather = _flat_partition(
             _model_order_sizes(shape, parts, layer, roots),
             dp,
-            bucket_mb * MIB / bytes_per.parameter,
+            bucket_numel,
             state,
         )
     elif zero == 1:
@@ -261,17 +294,7 @@ def _states(
             r.fsdp_shard_numel(dp) for r in roots
         )
         optimizer_tensors = num_tensors
-    return _States(
-        held * bytes_per.parameter,
-        held * bytes_per.gradient,
-        state * optimizer_numel + ADAM_STEP_BYTES * optimizer_tensors,
-        numel,
-        root_numel,
-        _fsdp_units(parts, layer, roots, bytes_per.parameter, bucket_mb),
-        biggest,
-        optimizer_numel,
-        gather,
-    )
+    return held, optimizer_numel, optimizer_tensors, gather
 
 
 def _fsdp_units(
@@ -660,6 +683,23 @@ def _head_bytes(shape: ModelShape, t: int, e: int, sp: int) -> int:
     return _norm_bytes(shape, t, e, sp, compiled=False)
 
 
+def held_microbatches(
+    config: TrialConfig, layout: LayoutQuantities, pp_rank: int, per_microbatch: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Per local stage of pipeline rank ``pp_rank``, the micro-batches whose activations it
+    holds at its peak, ``per_microbatch`` weighing each stage's: one without a pipeline
+    (accumulation runs one micro-batch at a time), the interleaved schedule's replay
+    (:func:`_interleaved_peak`), else :func:`microbatches_in_flight`."""
+    pp, microbatches = config.pp_degree, layout.num_microbatches
+    if pp == 1:
+        return (1,)
+    if layout.interleaved:
+        return _interleaved_peak(pp, pp_rank, microbatches, per_microbatch)
+    return microbatches_in_flight(
+        config.pp_schedule, pp, pp_rank, microbatches, config.virtual_stages
+    )
+
+
 def microbatches_in_flight(
     schedule: str,
     pp: int,
@@ -858,7 +898,7 @@ def _activation_lower_bound(config: TrialConfig, shape: ModelShape, precision: s
     none = full = _cached_layer_bytes(*kw, ac)
     if ac == "full" and config.ac_layers is not None:
         none = _cached_layer_bytes(*kw, "none")
-    weights = [_part_bytes(n, config.ac_layers, none, full) for n in part_layers]
+    weights = [part_block_bytes(n, config.ac_layers, none, full) for n in part_layers]
     if pp == 1:
         return weights[0]
     if interleaved:
@@ -868,16 +908,6 @@ def _activation_lower_bound(config: TrialConfig, shape: ModelShape, precision: s
         warmup = min((v - 1) * per_round + 2 * (pp - 1), v * m - 1)
         return (warmup + 1) * min(weights)
     return microbatches_in_flight(config.pp_schedule, pp, 0, m)[0] * weights[0]
-
-
-def _part_bytes(layers: int, ac_layers: int | None, none: int, full: int) -> int:
-    """A part's blocks' saved bytes per micro-batch: with ``ac_layers`` set, that many blocks
-    under full recomputation (``full`` bytes each) and the rest keeping everything (``none``);
-    otherwise every block ``full`` (the mode's own bytes)."""
-    if ac_layers is None:
-        return layers * full
-    k = min(ac_layers, layers)
-    return k * full + (layers - k) * none
 
 
 @lru_cache(maxsize=65536)
@@ -1103,7 +1133,7 @@ def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
     logits_elems = stage.logits_elems
     per_microbatch = []
     for part in stage.parts:
-        saved = _part_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
+        saved = part_block_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
         if part.last:  # the final norm, and the fp32 log-probabilities
             saved += (
                 _head_bytes(shape, layout.microbatch_tokens, elem_bytes, layout.sequence_shards)
@@ -1113,12 +1143,7 @@ def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
             # the stage output, kept by the schedule until backward
             saved += elem_bytes * layout.stream_elems
         per_microbatch.append(saved)
-    if pp == 1:
-        held: tuple[int, ...] = (1,)  # accumulation runs one micro-batch at a time
-    elif layout.interleaved:
-        held = _interleaved_peak(pp, stage.pp_rank, microbatches, tuple(per_microbatch))
-    else:
-        held = microbatches_in_flight(config.pp_schedule, pp, stage.pp_rank, microbatches)
+    held = held_microbatches(config, layout, stage.pp_rank, tuple(per_microbatch))
     saved = sum(n * a for n, a in zip(held, per_microbatch))
     # The largest temporary on top of them: the loss's gradients w.r.t. the fp32
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
@@ -1153,11 +1178,9 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     bytes_per, elem_bytes = layout.state_bytes, layout.elem_bytes
     dp, zero, pp = sync_ranks(config), config.zero_stage, config.pp_degree
     accumulates = layout.num_microbatches > 1
-    # Offloaded (FSDP2's CPUOffloadPolicy) sharded gradients are in host memory.
-    grads = 0 if _offloaded(config, stage.device_type) else states.gradients
-    comm_held = 0  # communication buffers alive throughout forward/backward
+    grads = 0 if _offloaded(config, stage.device_type) else states.gradients  # host: offload
+    comm_held = comm_post = 0  # buffers alive throughout forward/backward; after it
     extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
-    comm_post = 0
     if dp > 1 and zero <= 1 and not config.overlap_enabled:
         # BucketedAllReduce: one flat bucket (bucket_mb plus the tensor that overfilled it).
         comm_post = min(
