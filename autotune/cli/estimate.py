@@ -58,6 +58,7 @@ from autotune.model.memory import (
     estimate_all_stages,
     gathered_parameter_bytes,
     model_state_bytes,
+    state_shards,
 )
 from autotune.model.perf_model import (
     TERMS,
@@ -462,7 +463,7 @@ def _print_states_only(
     checked.validate()
     kw = dict(
         zero_stage=config.zero_stage,
-        dp_degree=config.dp_degree,
+        dp_degree=state_shards(config),  # HSDP shards within dp_shard, CP ranks with it
         tp_degree=config.tp_degree,
         pp_degree=config.pp_degree,
         precision=config.precision,
