@@ -51,6 +51,7 @@ from functools import partial
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.model import layout_quantities
 from autotune.model.description import block_params, local_block, local_roots, part_block_bytes
 from autotune.model.engines import (  # noqa: F401  (the presets: re-exported)
     AUTOTUNE_MEMORY,
@@ -64,7 +65,6 @@ from autotune.model.engines import (  # noqa: F401  (the presets: re-exported)
     MemoryTraits,
 )
 from autotune.model.layout_quantities import (
-    RUN_FIELDS,
     BoundedMemo,
     LayoutQuantities,
     fields_key,
@@ -301,7 +301,7 @@ def estimate_engine_memory(
     )
 
 
-ENGINE_MEMORY_IGNORE = RUN_FIELDS | {"overlap_enabled", "bucket_mb"}
+ENGINE_MEMORY_IGNORE = layout_quantities.ENGINE_MEMORY_IGNORE  # declared in knobs.py
 """The fields another engine's memory does not read: its buckets and overlap change no stored
 byte here (``engine_states`` shards over the engine's group alone; FSDP2's units are its
 blocks). ``rank`` lists

@@ -82,6 +82,7 @@ from autotune.config import (
     TrialConfig,
 )
 from autotune.errors import ConfigError
+from autotune.model import layout_quantities
 from autotune.model.description import (
     LocalTensors,
     block_params,
@@ -814,7 +815,7 @@ def estimate_memory(
 
 
 _STAGES: BoundedMemo[MemoryEstimate] = BoundedMemo()
-_SHARDED_BLIND = RUN_FIELDS | {"overlap_enabled", "zero_stage", "bucket_mb"}
+_SHARDED_BLIND = layout_quantities.SHARDED_STAGE_IGNORE  # declared in knobs.py
 
 
 def _stage_key(config: TrialConfig, shape: ModelShape, layout: LayoutQuantities) -> tuple:
@@ -866,7 +867,7 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
     )[0]
 
 
-ACTIVATIONS_IGNORE = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
+ACTIVATIONS_IGNORE = layout_quantities.ACTIVATIONS_IGNORE  # declared in knobs.py
 """The fields a rank's activations (``_activations``, ``activation_lower_bound``) do not read:
 layouts that differ only in them (ZeRO stage, HSDP, bucket, overlap) share one computation
 (``tests/model/test_scoring_memos.py``)."""

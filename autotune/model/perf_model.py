@@ -79,7 +79,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
-from autotune.model import roofline
+from autotune.model import layout_quantities, roofline
 from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.model.engines import (  # noqa: F401  (re-exported)
     AUTOTUNE_ENGINE,
@@ -92,8 +92,6 @@ from autotune.model.engines import (  # noqa: F401  (re-exported)
     engine_traits,
 )
 from autotune.model.layout_quantities import (
-    DATA_PARALLEL_SHARDING_FIELDS,
-    RUN_FIELDS,
     BoundedMemo,
     LayoutQuantities,
     StateBytes,
@@ -535,7 +533,7 @@ def predict_step_time(
     return StepTimeModel(cluster, calibration, shape=shape, engine=engine).predict(config)
 
 
-SHARDING_BLIND = RUN_FIELDS | DATA_PARALLEL_SHARDING_FIELDS
+SHARDING_BLIND = layout_quantities.STEP_LAYER_IGNORE  # declared in knobs.py
 """The fields a layer's cost (``_layer_cost``) and the parameters per pipeline rank do not
 read: how the data-parallel ranks shard and synchronise (ZeRO stage, HSDP, bucket, overlap,
 offload), and how a trial is measured."""
