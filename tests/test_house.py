@@ -37,6 +37,21 @@ def test_no_function_is_over_80_lines():
     assert not long, "split these: " + "; ".join(long)
 
 
+MAX_MODEL_FUNCTION_LINES = 50
+"""The cost models (``autotune/model/``) keep a tighter bound: each term a function a reader can
+hold whole."""
+
+
+def test_no_function_in_the_models_is_over_50_lines():
+    long = [
+        f"{p.relative_to(ROOT)}:{line} {name} ({n} lines)"
+        for p in sorted((ROOT / "autotune" / "model").rglob("*.py"))
+        for name, line, n in _functions(p)
+        if n > MAX_MODEL_FUNCTION_LINES
+    ]
+    assert not long, "split these: " + "; ".join(long)
+
+
 def test_the_rule_sees_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     path = tmp_path / "long.py"

@@ -500,6 +500,42 @@ class LayoutKnobs:
 NO_KNOBS = LayoutKnobs()
 
 
+# ---- what one block saves for backward (layer_activation_bytes) ----------------------------
+# Korthikanti et al. 2022 (Table 2) give sbh(34 + 5as/h) bytes per layer with no parallelism
+# and sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, for 16-bit activations, a 4h GELU
+# MLP, 1-byte dropout masks and an explicit softmax; selective recomputation drops the 5as²b
+# attention term; full recomputation keeps only the 2sbh layer input. Our block differs, so the
+# coefficients are recounted for it (every saved tensor was listed with
+# ``torch.autograd.graph.saved_tensors_hooks`` and the sum is asserted by
+# ``tests/test_memory.py::test_layer_formula_matches_saved_tensors``):
+#
+# - no dropout: the paper's 1-byte masks (as²b + 2sbh) and the softmax-dropout output
+#   (2as²b) do not exist;
+# - element size ``e`` = the compute dtype (4 bytes in 32-true, not the paper's 2);
+# - SDPA's CPU/flash kernel saves its output and a fp32 log-sum-exp (4·asb/t) instead of the
+#   as²b softmax; eager attention saves the softmax (e·as²b/t) and an s² bool mask;
+# - replicated under TP (no sequence parallelism): the layer input and the norm outputs that
+#   feed the column-parallel matmuls; everything between the column- and row-parallel
+#   Linears is divided by t, as in the paper;
+# - GPT block (LayerNorm, GELU MLP with f = ffn size):
+#     e·sbh·(4 + 4/t) + 2e·sbf/t + 4e·sb (norm statistics) + attention core;
+#   with f = 4h, float32, t = 1 and eager attention that is sbh(64 + 4as/h), against the
+#   paper's sbh(34 + 5as/h);
+# - Llama block (RMSNorm in fp32, SwiGLU with three f-wide tensors plus their product,
+#   rotary cos/sin, grouped KV heads repeated to all heads before attention):
+#     2·(8·sbh + 4·sb + e·sbh) + e·sbh·4/t + 4e·sbf/t + 2e·s·head_dim + attention core.
+# - selective (``checkpoint`` around the attention core): the core's saved tensors are
+#   recomputed; q, k, v and the output stay. ``op`` (torchtitan's op-level selective AC):
+#   :func:`_op_kept_bytes`. full (``checkpoint_wrapper`` per block): e·sbh, the block input.
+#
+# The newer knobs (``knobs``) change it as :func:`_norm_bytes`, :func:`_mlp_bytes` and
+# :func:`_attention_bytes` say: sequence parallelism shards the norms (Korthikanti §4.2.2),
+# context parallelism the queries (s/cp tokens per rank) while the all-gathered keys and
+# values of the whole sequence stay for backward, compile lets the partitioner recompute the
+# elementwise intermediates. float8 keeps no less: torchao's ``matmul_with_hp_or_float8_args``
+# saves the high-precision input and weight (``torchao/float8/float8_linear.py``, its
+# ``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts again in backward; its casts are
+# temporaries (:func:`block_backward_bytes`).
 def layer_activation_bytes(
     shape: ModelShape,
     *,
@@ -511,44 +547,10 @@ def layer_activation_bytes(
     dtype: str,
     knobs: LayoutKnobs = NO_KNOBS,
 ) -> int:
-    """Bytes one transformer block saves for backward, for one micro-batch on one TP rank.
-
-    Korthikanti et al. 2022 (Table 2) give sbh(34 + 5as/h) bytes per layer with no parallelism
-    and sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, for 16-bit activations, a 4h GELU
-    MLP, 1-byte dropout masks and an explicit softmax; selective recomputation drops the 5as²b
-    attention term; full recomputation keeps only the 2sbh layer input. Our block differs, so the
-    coefficients are recounted for it (every saved tensor was listed with
-    ``torch.autograd.graph.saved_tensors_hooks`` and the sum is asserted by
-    ``tests/test_memory.py::test_layer_formula_matches_saved_tensors``):
-
-    - no dropout: the paper's 1-byte masks (as²b + 2sbh) and the softmax-dropout output
-      (2as²b) do not exist;
-    - element size ``e`` = the compute dtype (4 bytes in 32-true, not the paper's 2);
-    - SDPA's CPU/flash kernel saves its output and a fp32 log-sum-exp (4·asb/t) instead of the
-      as²b softmax; eager attention saves the softmax (e·as²b/t) and an s² bool mask;
-    - replicated under TP (no sequence parallelism): the layer input and the norm outputs that
-      feed the column-parallel matmuls; everything between the column- and row-parallel
-      Linears is divided by t, as in the paper;
-    - GPT block (LayerNorm, GELU MLP with f = ffn size):
-        e·sbh·(4 + 4/t) + 2e·sbf/t + 4e·sb (norm statistics) + attention core;
-      with f = 4h, float32, t = 1 and eager attention that is sbh(64 + 4as/h), against the
-      paper's sbh(34 + 5as/h);
-    - Llama block (RMSNorm in fp32, SwiGLU with three f-wide tensors plus their product,
-      rotary cos/sin, grouped KV heads repeated to all heads before attention):
-        2·(8·sbh + 4·sb + e·sbh) + e·sbh·4/t + 4e·sbf/t + 2e·s·head_dim + attention core.
-    - selective (``checkpoint`` around the attention core): the core's saved tensors are
-      recomputed; q, k, v and the output stay. ``op`` (torchtitan's op-level selective AC):
-      :func:`_op_kept_bytes`. full (``checkpoint_wrapper`` per block): e·sbh, the block input.
-
-    The newer knobs (``knobs``) change it as :func:`_norm_bytes`, :func:`_mlp_bytes` and
-    :func:`_attention_bytes` say: sequence parallelism shards the norms (Korthikanti §4.2.2),
-    context parallelism the queries (s/cp tokens per rank) while the all-gathered keys and
-    values of the whole sequence stay for backward, compile lets the partitioner recompute the
-    elementwise intermediates. float8 keeps no less: torchao's ``matmul_with_hp_or_float8_args``
-    saves the high-precision input and weight (``torchao/float8/float8_linear.py``, its
-    ``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts again in backward; its casts are
-    temporaries (:func:`block_backward_bytes`).
-    """
+    """Bytes one transformer block saves for backward, for one micro-batch on one TP rank:
+    Korthikanti et al. 2022's count recounted for this block, as the comment above derives,
+    with the newer knobs (``knobs``) as :func:`_norm_bytes`, :func:`_mlp_bytes` and
+    :func:`_attention_bytes` say."""
     s, b, h = seq_len, micro_batch, shape.hidden_size
     e = BYTES_PER_ELEMENT[dtype]
     t = s * b // knobs.cp  # tokens (queries) on this rank
