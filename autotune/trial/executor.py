@@ -588,22 +588,7 @@ class RayExecutor:
             # Ray starts workers at niceness 15; a trial must run at the priority the real job
             # would, or any other process on the node distorts its step time.
             os.environ.setdefault("RAY_worker_niceness", "0")
-            try:
-                ray.init(
-                    address="local",
-                    include_dashboard=False,
-                    _node_ip_address="127.0.0.1",
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-            except Exception as e:  # Ray raises a bare Exception when its node is late
-                if NODE_START_TIMEOUT_MESSAGE not in str(e):
-                    raise
-                raise ClusterError(
-                    "Ray's local node did not start within its 30 s (ray/_private/node.py): "
-                    "this machine is too busy to start Ray's processes; retry when it is less "
-                    "loaded, or join a running cluster with --ray-address"
-                ) from None
+            self._start_local_node()
         else:
             address = _joinable(self.settings.ray_address)
             try:
@@ -613,6 +598,32 @@ class RayExecutor:
                     f"cannot join the Ray cluster at '{self.settings.ray_address}': {e}"
                 ) from None
         self._started_ray = True
+
+    def _start_local_node(self) -> None:
+        """``ray.init`` of a private local node, tried ``NODE_START_ATTEMPTS`` times: a raylet
+        that misses Ray's fixed 30 s registration wait on a loaded machine usually registers
+        on a second start, once the first start's processes are cleared away."""
+        for attempt in range(1, NODE_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    address="local",
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                return
+            except Exception as e:  # Ray raises a bare Exception when its node is late
+                if NODE_START_TIMEOUT_MESSAGE not in str(e):
+                    raise
+                ray.shutdown()  # the processes of the late node
+                if attempt == NODE_START_ATTEMPTS:
+                    raise ClusterError(
+                        f"Ray's local node did not start within its 30 s in {attempt} tries "
+                        "(ray/_private/node.py): this machine is too busy to start Ray's "
+                        "processes; retry when it is less loaded, or join a running cluster "
+                        "with --ray-address"
+                    ) from None
 
     def _use_gpu(self, config: TrialConfig) -> bool:
         gpus = ray.cluster_resources().get("GPU", 0)
@@ -855,6 +866,8 @@ def _joinable(address: str) -> str:
 NODE_START_TIMEOUT_MESSAGE = "timed out during startup"
 """What Ray 2's ``Node`` raises (a bare ``Exception``) when its raylet has not registered with
 the GCS within 30 s (``ray/_private/node.py``, a fixed wait)."""
+NODE_START_ATTEMPTS = 2
+"""Starts of a local Ray node before a late raylet is a ClusterError."""
 AUTH_PROBE_TIMEOUT_S = 3.0
 """How long the GCS gets to answer whether it wants a token (a live one answers in ms)."""
 

@@ -126,24 +126,48 @@ RAY_NODE_LATE = (
 """Ray 2.5x's words (ray/_private/node.py) when its raylet does not register within 30 s."""
 
 
+LATE = Exception(RAY_NODE_LATE)
+
+
 @pytest.mark.parametrize(
-    ("raised", "expected"),
-    [(Exception(RAY_NODE_LATE), ClusterError), (Exception("something else"), Exception)],
+    ("raised", "expected", "inits"),
+    [
+        ([LATE, LATE], ClusterError, 2),
+        ([LATE, None], None, 2),
+        ([Exception("something else")], Exception, 1),
+    ],
+    ids=["late-twice", "late-once", "other-error"],
 )
-def test_a_ray_node_too_late_to_start_is_a_cluster_error(monkeypatch, raised, expected):
-    """A loaded machine's late raylet is a one-line ClusterError naming the way out, not an
-    internal error; any other exception from ray.init is left as it is."""
+def test_a_ray_node_too_late_to_start_is_retried_once_then_a_cluster_error(
+    monkeypatch, raised, expected, inits
+):
+    """A loaded machine's late raylet gets a second start, after the first start's processes
+    are shut down; late twice is a one-line ClusterError naming the way out, not an internal
+    error; any other exception from ray.init is left as it is, untried again."""
     import ray
 
     from autotune.trial.executor import ExecutorSettings, RayExecutor
 
+    outcomes, calls = iter(raised), []
+
     def init(**kwargs):
-        raise raised
+        calls.append("init")
+        error = next(outcomes)
+        if error is not None:
+            raise error
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
-    with pytest.raises(expected) as info:
-        RayExecutor(ExecutorSettings()).start()
-    assert type(info.value) is expected
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    executor = RayExecutor(ExecutorSettings())
+    if expected is None:
+        executor.start()
+    else:
+        with pytest.raises(expected) as info:
+            executor.start()
+        assert type(info.value) is expected
+    assert calls.count("init") == inits
+    if inits == 2:
+        assert calls[:3] == ["init", "shutdown", "init"]
     if expected is ClusterError:
         assert "did not start" in str(info.value) and "--ray-address" in str(info.value)
