@@ -1,4 +1,5 @@
-"""Predicted against measured: every row of the published A100 tables, step time and memory.
+"""Predicted against measured: every row of the published A100 and H100 tables, step time and
+memory.
 
     python bench/published_runs.py [--json] [--fit] [--no-memory]
 
@@ -8,6 +9,11 @@ built-in ``a100-sxm4-80gb`` cluster and its shipped calibration
 rows of every table (SC21 Tables 1-2, Korthikanti et al. Tables 3/5, torchtitan's A100 rows);
 the odd-numbered rows are predicted. Each row prints measured and predicted seconds, the error
 and F (fitted) or P (predicted); each table its MAPE over its predicted rows and over all.
+
+Then NVIDIA's DGX-H100 FP8 tables (``h100_rows``; ``tests/validation/data/published-h100-fp8``)
+with the built-in ``h100-sxm`` cluster: NeMo 24.07's pre-training table, the one the H100
+cluster is to be fitted on (every row F), and Megatron-Bridge's dense Llama rows and NeMo's
+long-sequence context-parallel rows, predicted (every row P); each table its MAPE over all rows.
 ``--fit`` refits the shipped parameters (``FITTED``; ``FIXED`` are held) by least squares of
 log(predicted / measured) over the fitted rows and writes the JSON.
 
@@ -28,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the checkout and its testing kit (testkit)
 
-from testkit.published_rows import TimeRow, all_rows  # noqa: E402
+from testkit.published_rows import H100_FITTED, TimeRow, all_rows, h100_rows  # noqa: E402
 
 from autotune.model.cluster import SHIPPED_CALIBRATION, ClusterSpec, load_cluster  # noqa: E402
 from autotune.model.perf_model import Calibration, predict_step_time  # noqa: E402
@@ -69,17 +75,19 @@ def split(rows: list[TimeRow]) -> list[bool]:
     return out
 
 
-def cluster_for(world: int, cache: dict[int, ClusterSpec]) -> ClusterSpec:
-    if world not in cache:
-        cache[world] = load_cluster("a100-sxm4-80gb", nodes=max(1, world // 8))
-    return cache[world]
+def cluster_for(row: TimeRow, cache: dict[tuple[str, int], ClusterSpec]) -> ClusterSpec:
+    """The row's built-in cluster with as many 8-GPU nodes as the run used (one at least)."""
+    key = (row.cluster, max(1, row.config.world_size // 8))
+    if key not in cache:
+        cache[key] = load_cluster(key[0], nodes=key[1])
+    return cache[key]
 
 
 def predict(rows: list[TimeRow], cal: Calibration | None = None) -> list[float]:
-    cache: dict[int, ClusterSpec] = {}
+    cache: dict[tuple[str, int], ClusterSpec] = {}
     out = []
     for r in rows:
-        cluster = cluster_for(r.config.world_size, cache)
+        cluster = cluster_for(r, cache)
         out.append(
             predict_step_time(
                 r.config,
@@ -169,9 +177,32 @@ def main(argv: list[str] | None = None) -> int:
             f"predicted rows (not fitted), {statistics.fmean(e for e, _ in errs):.1%} over "
             f"all {len(errs)}; worst predicted {max(held):.1%}"
         )
+    _h100()
     if not args.no_memory:
         _memory()
     return 0
+
+
+def _h100() -> None:
+    """The H100 FP8 tables: each row predicted against measured, each table's MAPE, F for the
+    table the H100 cluster is fitted on, P for the predicted ones."""
+    rows = h100_rows()
+    errors: dict[str, list[float]] = {}
+    print(f"H100 FP8 (h100-sxm, {', '.join(H100_FITTED)} fitted, the others predicted)")
+    for r, p in zip(rows, predict(rows)):
+        err = p / r.measured_s - 1
+        errors.setdefault(r.table, []).append(abs(err))
+        mark = "F" if r.table in H100_FITTED else "P"
+        print(
+            f"{r.table:<13} {r.label:<31} {r.engine.name:<14} {r.measured_s:>8.2f}s "
+            f"{p:>8.2f}s {err:>+7.1%} {mark}"
+        )
+    for table, errs in errors.items():
+        kind = "fitted" if table in H100_FITTED else "predicted (not fitted)"
+        print(
+            f"{table}: step-time MAPE {statistics.fmean(errs):.1%} over its {len(errs)} rows, "
+            f"{kind}; worst {max(errs):.1%}"
+        )
 
 
 def _memory() -> None:

@@ -2,7 +2,8 @@
 ``TrialConfig`` on an explicit shape, the engine that ran it, and the measured seconds per
 iteration. Read by ``bench/published_runs.py``, ``bench/published_rank.py`` and
 ``tests/validation/test_published_runs.py`` (the CSVs under
-``tests/validation/data/published-a100``).
+``tests/validation/data/published-a100``), and NVIDIA's DGX-H100 FP8 runs (``h100_rows``: the
+CSVs under ``tests/validation/data/published-h100-fp8``).
 
 Sources and conversions (``tests/validation/data/published-a100/README.md``):
 
@@ -73,7 +74,8 @@ def megatron_2021() -> EngineTraits:
 
 @dataclass(frozen=True, slots=True)
 class TimeRow:
-    """One published run: its layout, the engine, the measured seconds per iteration."""
+    """One published run: its layout, the engine, the measured seconds per iteration, and the
+    built-in cluster it ran on."""
 
     table: str
     label: str
@@ -81,6 +83,7 @@ class TimeRow:
     shape: ModelShape
     engine: EngineTraits
     measured_s: float
+    cluster: str = "a100-sxm4-80gb"
 
 
 def gpt_shape(layers: int, h: int, heads: int, vocab: int, seq: int) -> ModelShape:
@@ -244,6 +247,8 @@ LLAMA_SHAPES = {  # layers, hidden, heads, KV heads, MLP width, vocabulary (the 
     "Llama 3.1 70B": (80, 8192, 64, 8, 28672, 128256),
     "Llama 2 13B": (40, 5120, 40, 40, 13824, 32000),
     "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000),
+    "Llama 2 7B": (32, 4096, 32, 32, 11008, 32000),
+    "Llama 3.1 405B": (126, 16384, 128, 8, 53248, 128256),
 }
 
 
@@ -313,3 +318,195 @@ def torchtitan(path: Path = DATA / "torchtitan_a100_2024.csv") -> list[TimeRow]:
 
 def all_rows() -> list[TimeRow]:
     return sc21_table1() + sc21_table2() + korthikanti() + torchtitan()
+
+
+# ---- DGX-H100, NVIDIA's NeMo and Megatron-Bridge (FP8) --------------------------------------
+H100_DATA = DATA.parent / "published-h100-fp8"
+H100_CLUSTER = "h100-sxm"
+H100_FITTED = ("nemo-24.07",)
+"""The H100 table the H100 cluster is to be fitted on; the others are predicted."""
+NEMO_VOCAB = {"gpt3": 51200, "llama2": 32000, "llama3": 128256, "nemotron": 256000}
+"""NeMo's ``LLM_VOCAB_SIZE_MAP`` (``nemo/utils/flops_formulas.py``): the padded vocabularies
+its FLOPs and its runs use."""
+NEMOTRON_SHAPES = {  # layers, hidden, heads, KV heads, MLP width
+    "Nemotron-8B": (32, 4096, 32, 32, 16384),
+    "Nemotron-22B": (40, 6144, 48, 8, 24576),
+    "Nemotron-340B": (96, 18432, 96, 8, 73728),
+}
+"""NVIDIA/NeMo ``nemo/collections/llm/gpt/model/nemotron.py`` (Nemotron3Config8B,
+Nemotron4Config22B, Nemotron4Config340B): LayerNorm, a squared-ReLU MLP of two Linears (h → f →
+h), no biases, untied head, RoPE. As a ``gpt`` shape: the same tensors but for GPT's learned
+position table (s·h, 0.3% of the 8B's parameters), and the MLP's two GEMMs are the same."""
+GPT3_SHAPES = {  # layers, hidden, heads
+    "GPT3-5B": (24, 4096, 32),
+    "GPT3-20B": (44, 6144, 48),
+    "GPT3-175B": (96, 12288, 96),
+}
+"""NVIDIA/NeMo ``nemo/collections/llm/gpt/model/base.py`` (GPTConfig5B, GPTConfig20B,
+GPTConfig175B): a 4h GELU MLP, learned positions, the head tied to the embedding."""
+H100_LLAMA = {
+    "LLAMA2-7B": "Llama 2 7B",
+    "LLAMA2-13B": "Llama 2 13B",
+    "LLAMA2-70B": "Llama 2 70B",
+    "LLAMA3-8B": "Llama 3.1 8B",
+    "LLAMA3_8B": "Llama 3.1 8B",
+    "LLAMA3-70B": "Llama 3.1 70B",
+    "LLAMA3_70B": "Llama 3.1 70B",
+    "LLAMA3.1_405B": "Llama 3.1 405B",
+}
+"""The tables' Llama names → ``LLAMA_SHAPES`` (Llama 3 and 3.1 share their 8B and 70B shapes)."""
+
+
+def h100_shape(model: str, seq: int) -> ModelShape:
+    """The shape of one of the H100 tables' models at sequence length ``seq``."""
+    if model in H100_LLAMA:
+        return llama_shape(H100_LLAMA[model], seq)
+    if model in GPT3_SHAPES:
+        layers, h, heads = GPT3_SHAPES[model]
+        return gpt_shape(layers, h, heads, NEMO_VOCAB["gpt3"], seq)
+    layers, h, heads, kv, ffn = NEMOTRON_SHAPES[model]
+    return ModelShape("gpt", layers, h, heads, kv, ffn, NEMO_VOCAB["nemotron"], seq)
+
+
+def nemo_config(
+    shape: ModelShape,
+    *,
+    gpus: int,
+    batch: int,
+    mb: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    v: int,
+    zero: int = 1,
+) -> TrialConfig:
+    """A NeMo / Megatron-Bridge run as the tables state it: FP8 linears beside bf16 compute
+    (Transformer Engine; ``float8``), the distributed optimizer (NeMo's default; ``zero`` 1) or
+    Megatron FSDP (``zero`` 3), sequence parallelism with TP, flash attention, the interleaved
+    schedule where a virtual pipeline is stated, no recomputation (none stated)."""
+    return TrialConfig(
+        workload=WorkloadSpec(
+            workload="explicit:nemo", seq_len=shape.max_seq_len, global_batch_size=batch
+        ),
+        world_size=gpus,
+        tp_degree=tp,
+        pp_degree=pp,
+        cp_degree=cp,
+        zero_stage=zero,
+        micro_batch_size=mb,
+        pp_schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        virtual_stages=max(v, 2),
+        sequence_parallel=tp > 1,
+        attention="sdpa",
+        float8=True,
+        device="cuda",
+        precision="bf16-mixed",
+    )
+
+
+def _int(cell: str, default: int = 1) -> int:
+    """A layout cell: blank or ``n/a`` (not stated, or not applicable) reads as ``default``."""
+    return default if cell in ("", "n/a") else int(cell)
+
+
+def _h100_row(table: str, label: str, config: TrialConfig, shape: ModelShape, s: float):
+    return TimeRow(table, label, config, shape, engine_traits("megatron"), s, H100_CLUSTER)
+
+
+def nemo_2407(path: Path = H100_DATA / "nemo_24.07_h100_fp8_pretrain.csv") -> list[TimeRow]:
+    """NeMo 24.07's FP8 pre-training table: iter_s = GBS · seq / (tokens/s/GPU · GPUs)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
+            shape = h100_shape(r["model"], seq)
+            config = nemo_config(
+                shape,
+                gpus=gpus,
+                batch=batch,
+                mb=int(r["micro_batch_size"]),
+                tp=int(r["tensor_parallel"]),
+                pp=int(r["pipeline_parallel"]),
+                cp=int(r["context_parallel"]),
+                v=_int(r["virtual_pipeline"]),
+            )
+            measured = batch * seq / (float(r["tokens_per_sec_per_gpu"]) * gpus)
+            rows.append(_h100_row("nemo-24.07", f"{r['model']}/{gpus}", config, shape, measured))
+    return rows
+
+
+def bridge_h100(
+    path: Path = H100_DATA / "megatron_bridge_perf_summary_h100_dense_llama.csv",
+) -> list[TimeRow]:
+    """Megatron-Bridge's DGX-H100 dense Llama rows: FSDP > 0 is Megatron FSDP over the data
+    parallel ranks (ZeRO-3), 0 or blank the distributed optimizer; iter_s as NeMo's."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
+            shape = h100_shape(r["model"], seq)
+            config = nemo_config(
+                shape,
+                gpus=gpus,
+                batch=batch,
+                mb=int(r["micro_batch_size"]),
+                tp=int(r["tensor_parallel"]),
+                pp=int(r["pipeline_parallel"]),
+                cp=int(r["context_parallel"]),
+                v=_int(r["virtual_pipeline"]),
+                zero=3 if _int(r["fsdp"], 0) > 0 else 1,
+            )
+            measured = batch * seq / (float(r["tokens_per_sec_per_gpu"]) * gpus)
+            label = f"{r['release']} {r['model']}/{gpus}"
+            rows.append(_h100_row("bridge-h100", label, config, shape, measured))
+    return rows
+
+
+def nemo_llama2_flops(batch: int, seq: int, shape: ModelShape) -> float:
+    """NeMo's model FLOPs of a Llama 2 step (``nemo/utils/flops_formulas.py`` ``llama2`` as of
+    24.07, attention counted whole, not causal): B·s·l·h²·(12 + 12·g/a + 18·f/h + 12·s/h +
+    6·V/(l·h)). It reproduces the 24.07 table's printed TFLOP/s from its tokens/s (Llama 2 7B:
+    16,934 tokens/s/GPU × 46.1 GFLOP per token = 780 TFLOP/s)."""
+    h, layers = shape.hidden_size, shape.num_layers
+    per = (
+        12
+        + 12 * shape.num_kv_heads / shape.num_heads
+        + 18 * shape.ffn_hidden_size / h
+        + 12 * seq / h
+        + 6 * shape.vocab_size / (layers * h)
+    )
+    return batch * seq * layers * h * h * per
+
+
+def nemo_long_sequence(
+    path: Path = H100_DATA / "nemo_long_sequence_h100_llama2_7b_cp.csv",
+) -> list[TimeRow]:
+    """NeMo's long-sequence Llama 2 7B rows, the with-CP runs (the only layouts stated):
+    iter_s = model FLOPs / (TFLOP/s per GPU · GPUs); micro-batch 1 (not stated)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            seq, gpus = int(r["seq_len_k"]) * 1024, int(r["num_gpus"])
+            batch = int(r["global_batch_size"])
+            shape = h100_shape(r["model"], seq)
+            config = nemo_config(
+                shape,
+                gpus=gpus,
+                batch=batch,
+                mb=1,
+                tp=int(r["tensor_parallel"]),
+                pp=int(r["pipeline_parallel"]),
+                cp=int(r["context_parallel"]),
+                v=1,
+            )
+            x = float(r["with_cp_tflops_per_gpu"]) * 1e12
+            measured = nemo_llama2_flops(batch, seq, shape) / (x * gpus)
+            label = f"{r['seq_len_k']}K/{gpus} cp{r['context_parallel']}"
+            rows.append(_h100_row("nemo-long-seq", label, config, shape, measured))
+    return rows
+
+
+def h100_rows() -> list[TimeRow]:
+    """Every row of the three H100 FP8 tables: NeMo 24.07 (fitted), Megatron-Bridge and NeMo's
+    long-sequence table (predicted)."""
+    return nemo_2407() + bridge_h100() + nemo_long_sequence()
