@@ -21,10 +21,19 @@ from autotune.shapes import ModelShape, detailed_shape
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
 
-LLAMA_STYLE = ("llama", "mistral", "qwen2")
-"""Model types whose base model is embed_tokens → layers(rotary, causal mask) → norm, with
-nothing else in its forward (no embedding scale, no logit soft-capping)."""
-SUPPORTED = ("gpt2", *LLAMA_STYLE)
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""The ``layer_types`` the engine and the cost model describe: attention decoder layers."""
+
+STATE_SPACE_KEYS = (
+    "state_size",
+    "ssm_state_size",
+    "mamba_d_state",
+    "mamba_expand",
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "attn_layer_indices",
+)
+"""Config keys of state-space and hybrid (attention + state-space) models."""
 
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 """Config keys of mixture-of-experts models: experts have no TP/PP plan here."""
@@ -122,7 +131,8 @@ def load_config(ref: str) -> Any:
 
 
 def check_supported(config: Any, ref: str) -> None:
-    """One line naming the first config option the engine cannot run."""
+    """One line naming the first config option the engine cannot run: experts, state-space or
+    hybrid layers, layer types other than attention. Any other causal LM runs by its config."""
     for key in MOE_KEYS:
         experts = getattr(config, key, None)
         if isinstance(experts, int) and experts > 1:
@@ -131,11 +141,18 @@ def check_supported(config: Any, ref: str) -> None:
                 "have no tensor- or pipeline-parallel plan in autotune; use a "
                 "dense model"
             )
-    if config.model_type not in SUPPORTED:
+    for key in STATE_SPACE_KEYS:
+        if getattr(config, key, None) is not None:
+            raise ConfigError(
+                f"'{ref}' ({config.model_type}) has state-space or hybrid layers ({key}): the "
+                "cost model describes attention decoder layers only; use an attention model"
+            )
+    layer_types = getattr(config, "layer_types", None) or ()
+    other = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES})
+    if other:
         raise ConfigError(
-            f"model_type '{config.model_type}' of '{ref}' is not supported: "
-            f"autotune runs {', '.join(SUPPORTED)}; write a build() workload "
-            "for it (docs/models.md)"
+            f"'{ref}' ({config.model_type}) has {', '.join(other)} layers: the cost model "
+            f"describes {' and '.join(ATTENTION_LAYER_TYPES)} layers only; use an attention model"
         )
 
 
@@ -171,31 +188,50 @@ def hf_shape(ref: str) -> ModelShape:
 
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------
-TP_STYLES = ("colwise", "rowwise")
-"""The ``base_model_tp_plan`` styles the engine runs (torch's ColwiseParallel, RowwiseParallel)."""
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_gather_output",
+    "colwise_rep",
+    "rowwise_split_input",
+    "rowwise_rep",
+    "replicated_with_grad_allreduce",
+    "replicate",
+)
+"""The ``base_model_tp_plan`` styles of transformers 5 the engine runs
+(``autotune.trial.models.hf`` maps each to torch's ParallelStyles; ``replicate`` is nothing)."""
+
+OUTSIDE_LAYERS = ("embedding_rowwise", "embedding_colwise", "replicate")
+"""Styles of plan entries outside the decoder layers (the embeddings), which stay replicated
+as the output head does."""
 
 
-def tp_plan_names(config: Any, layer_indices: range) -> dict[str, str] | None:
+def tp_plan_names(config: Any, layer_indices: range, *, prefix: str = "") -> dict[str, str] | None:
     """The config's ``base_model_tp_plan`` (keys relative to the base model, ``layers.*.…``)
-    expanded per layer into the stage module's paths, as style names; None without a plan."""
+    expanded per layer into paths under ``prefix`` (the stage module's path of the base model),
+    as style names; None without a plan. Entries outside the layers (the embeddings) are left
+    out: they stay replicated."""
     plan = getattr(config, "base_model_tp_plan", None)
     if not plan:
         return None
     out: dict[str, str] = {}
     for pattern, style in plan.items():
+        head, star, tail = pattern.partition(".*.")
+        if not star and style in OUTSIDE_LAYERS:
+            continue
         if style not in TP_STYLES:
             raise ConfigError(
                 f"tp plan entry '{pattern}': '{style}' has no torch "
                 f"equivalent in autotune (it runs {', '.join(TP_STYLES)}); use "
                 "tp_degree 1"
             )
-        head, star, tail = pattern.partition(".*.")
-        if not star or head not in ("layers", "h"):
+        if not star or "*" in tail:
             raise ConfigError(
                 f"tp plan entry '{pattern}' is outside the decoder layers; use tp_degree 1"
             )
+        stack = f"{prefix}.{head}" if prefix else head
         for i in layer_indices:
-            out[f"layers.{i}.{tail}"] = style
+            out[f"{stack}.{i}.{tail}"] = style
     return out
 
 
@@ -211,7 +247,8 @@ def decoder_layer_class_name(ref: str) -> str:
 
 def check_layout(config: Any, trial: Any) -> None:
     """Rules of HF models on top of ``TrialConfig.validate`` (which checks heads, kv heads and
-    layers from the shape): a TP plan must exist, and tied embeddings cannot span stages."""
+    layers from the shape): tensor parallelism needs a TP plan whose every style torch
+    expresses."""
     ref = trial.workload.hf_model
     if trial.tp_degree > 1:
         if not getattr(config, "base_model_tp_plan", None):
@@ -220,9 +257,3 @@ def check_layout(config: Any, trial: Any) -> None:
                 "config, so it has no tensor parallelism; use tp_degree 1"
             )
         tp_plan_names(config, range(1))  # raises naming an entry torch cannot express
-    if trial.pp_degree > 1 and getattr(config, "tie_word_embeddings", False):
-        raise ConfigError(
-            f"'{ref}' ties its input and output embeddings (tie_word_embeddings), "
-            "which pipeline stages would train apart; use pp_degree 1 or set "
-            "tie_word_embeddings false in config.json"
-        )

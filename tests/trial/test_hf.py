@@ -1,7 +1,9 @@
 """Hugging Face causal LMs (``--model hf:PATH``): tiny GPT-2, Llama with grouped-query attention
 and Qwen2 with tied embeddings, created here from their configs (never downloaded), train under
 every valid world-2 layout exactly as the plain HF model trains in one process; the memory
-model reads their shape; bad input is one line.
+model reads their shape; bad input is one line; a search on a tiny Qwen3 and a tiny Gemma 3
+ends with exports their targets load. (tests/trial/test_hf_families.py trains the other named
+families.)
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ ARCHS = {
         intermediate_size=64,
         **TINY,
     ),
-    # QKV biases and tied input/output embeddings (so no pipeline layouts).
+    # QKV biases and tied input/output embeddings (summed across pipeline stages).
     "qwen2": lambda: transformers.Qwen2Config(
         num_hidden_layers=4,
         hidden_size=32,
@@ -117,11 +119,12 @@ def trimmed(path: str, per_group: int) -> list[TrialConfig]:
 
 
 def hf_reference(path: str, spec: WorkloadSpec, num_steps: int) -> list[float]:
-    """The plain HF model (its own forward, ``.logits``) trained in one process."""
+    """The plain HF model (its own forward, ``.logits``, the family's default attention: SDPA,
+    or eager where the family has no SDPA) trained in one process."""
     config = transformers.AutoConfig.from_pretrained(path)
     config.use_cache = False
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = transformers.AutoModelForCausalLM.from_config(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     losses = []
@@ -210,9 +213,9 @@ def test_every_layout_matches_the_single_process_hf_model(model_dirs, sweep):
     for cs in chosen.values():  # every checkpointing mode and some accumulation on each model
         assert {c.activation_checkpointing for c in cs} == {"none", "selective", "full"}
         assert max(c.grad_accum_steps for c in cs) > 1
-    # The layouts the shapes allow: GPT-2 no TP (no plan), Qwen2 no PP (tied embeddings).
+    # The layouts the shapes allow: GPT-2 no TP (no plan); Qwen2's tied embeddings pipelined.
     assert not any("-tp2-" in n for n in names[model_dirs["gpt2"]])
-    assert not any("-pp2-" in n for n in names[model_dirs["qwen2"]])
+    assert any("-pp2-" in n for n in names[model_dirs["qwen2"]])
     assert any("-tp2-" in n for n in names[model_dirs["llama"]])
     assert any("interleaved" in n for n in names[model_dirs["llama"]])
     for path, cs in chosen.items():
@@ -333,20 +336,28 @@ def _bad_dirs(root: Path) -> dict[str, str]:
         num_local_experts=4,
         **TINY,
     ).save_pretrained(root / "moe")
-    return {"empty": str(root / "empty"), "t5": str(root / "t5"), "moe": str(root / "moe")}
+    transformers.MambaConfig(
+        num_hidden_layers=1, hidden_size=32, state_size=4, vocab_size=128
+    ).save_pretrained(root / "mamba")
+    return {
+        "empty": str(root / "empty"),
+        "t5": str(root / "t5"),
+        "moe": str(root / "moe"),
+        "mamba": str(root / "mamba"),
+    }
 
 
 _BAD_CONFIGS = [
     ("empty", "has no config.json"),
     ("t5", "not a causal language model"),
     ("moe", "mixture of experts (num_local_experts 4)"),
+    ("mamba", "has state-space or hybrid layers (state_size)"),
     ("missing-id", "is not in the local Hugging Face cache"),
 ]
 _BAD_LAYOUTS = [  # layout flags are estimate's; rank and search enumerate valid layouts only
     ("llama", ["--world-size", "4", "--tp", "4"], "must divide the 2 key/value heads"),
     ("llama", ["--world-size", "8", "--pp", "8"], "exceed the 4 layers"),
     ("gpt2", ["--world-size", "2", "--tp", "2"], "has no base_model_tp_plan"),
-    ("qwen2", ["--world-size", "2", "--pp", "2"], "tie_word_embeddings"),
 ]
 
 
@@ -416,9 +427,16 @@ def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeyp
     assert estimate["per_rank"]["parameters"] == 4 * params  # float32; Llama's count is exact
 
 
-def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_path, model_dirs):
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_path, family):
+    """Qwen3 (QK norms, head_dim ≠ hidden / heads) and Gemma 3 (sliding windows, tied
+    embeddings, scaled embeddings), tiny, with no code of their own."""
     import subprocess
     import sys
+
+    from testkit.hf_families import write_tiny
+
+    folder = str(write_tiny(family, tmp_path / family))
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run(
@@ -428,7 +446,7 @@ def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_p
             "autotune",
             "search",
             "--model",
-            f"hf:{model_dirs['llama']}",
+            f"hf:{folder}",
             "--seq-len",
             "16",
             "--global-batch",
@@ -454,7 +472,7 @@ def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_p
     )
     assert proc.returncode == 0, proc.stderr
     best = TrialConfig.from_file(tmp_path / "best_config.json")
-    assert best.workload.hf_model == model_dirs["llama"] and best.tp_degree == 2
+    assert best.workload.hf_model == folder and best.tp_degree == 2
 
     # Predicted memory: every trial carries the memory model's prediction for the HF shape.
     from autotune.search.screen import predict_peak
@@ -494,7 +512,11 @@ def _check_accelerate(path: Path, config: TrialConfig) -> None:
         assert args.multi_gpu and not args.use_fsdp
         return
     assert args.use_fsdp and int(args.fsdp_version) == 2
-    assert args.fsdp_transformer_layer_cls_to_wrap == "LlamaDecoderLayer"
+    from autotune.hf_config import decoder_layer_class_name
+
+    assert args.fsdp_transformer_layer_cls_to_wrap == decoder_layer_class_name(
+        config.workload.hf_model
+    )
     env = prepare_multi_gpu_env(args)
     pc = accelerate_parallelism_config(env)
     assert pc.tp_size == config.tp_degree

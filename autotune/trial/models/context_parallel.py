@@ -69,10 +69,17 @@ class ContextParallel:
         return t.index_select(dim, self.positions(t.device))
 
 
-def causal_mask(cp: ContextParallel, device: torch.device) -> torch.Tensor:
+def causal_mask(
+    cp: ContextParallel, device: torch.device, window: int | None = None
+) -> torch.Tensor:
     """(local queries × gathered keys) boolean mask, True where attention is allowed: a query
-    sees the keys at or before its global position."""
-    return cp.gathered_positions(device)[None, :] <= cp.positions(device)[:, None]
+    sees the keys at or before its global position, and with a sliding ``window`` only those
+    less than ``window`` positions behind it (transformers' ``sliding_window_overlay``)."""
+    keys, queries = cp.gathered_positions(device)[None, :], cp.positions(device)[:, None]
+    allowed = keys <= queries
+    if window is not None:
+        allowed &= queries - keys < window
+    return allowed
 
 
 class _GatherSequence(torch.autograd.Function):
