@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
+from autotune.moe import MOE_TINY
 from autotune.parallel_dims import ParallelDims
 from autotune.shapes import MODEL_SHAPES, ModelShape, model_names
 
@@ -56,6 +57,14 @@ PRECISION_COMPUTE_DTYPE: dict[str, str] = {
     "16-true": "float16",
 }
 """The dtype matrix multiplications run in, per precision."""
+MOE_SHAPES: dict[tuple[str, str], ModelShape] = {
+    ("moe", "tiny"): ModelShape("llama", 4, 32, 4, 2, 64, 512, 256, moe=MOE_TINY),
+}
+"""The built-in mixtures of experts: Llama blocks (RMSNorm, RoPE, GQA) whose MLP from
+``moe.first_dense_layers`` on is the experts (``autotune/moe.py``). Kept beside
+``MODEL_SHAPES``, not in it: the cost model has no expert terms yet."""
+BUILTIN_SHAPES = {**MODEL_SHAPES, **MOE_SHAPES}
+"""Every built-in model a trial builds, dense and MoE."""
 MIXED_PRECISIONS = ("bf16-mixed", "16-mixed")
 MASTER_STEP_CHUNK_NUMEL = 2**24
 """Elements the master-weight AdamW (``trial/parallel/precision.py``) steps in one multi-tensor
@@ -122,7 +131,7 @@ class WorkloadSpec:
             return hf_shape(self.hf_model)
         if self.workload is not None:
             return None
-        return MODEL_SHAPES[(self.family, self.size)]
+        return BUILTIN_SHAPES[(self.family, self.size)]
 
     @property
     def resolved_vocab_size(self) -> int | None:
@@ -137,11 +146,12 @@ class WorkloadSpec:
         if (
             self.workload is None
             and self.hf_model is None
-            and (self.family, self.size) not in MODEL_SHAPES
+            and (self.family, self.size) not in BUILTIN_SHAPES
         ):
+            names = [*model_names(), *(f"{f}-{s}" for f, s in MOE_SHAPES)]
             raise ConfigError(
                 f"unknown model '{self.family}-{self.size}': choose one of "
-                f"{', '.join(model_names())}, or give a user workload 'pkg.module:build'"
+                f"{', '.join(names)}, or give a user workload 'pkg.module:build'"
             )
         if self.workload is not None and ":" not in self.workload:
             raise ConfigError(
@@ -212,6 +222,9 @@ class TrialConfig:
     """Context-parallel degree: ranks splitting each sequence (world = dp × cp × tp × pp)."""
     dp_replicate: int = field(default=1, metadata=_job("parallelism"))
     """HSDP: data-parallel replica groups; ZeRO shards within dp_degree / dp_replicate ranks."""
+    ep_degree: int = field(default=1, metadata=_job("parallelism"))
+    """Expert-parallel degree (mixtures of experts): ranks the experts are split over, carved
+    from dp_shard × cp × tp; divides the number of experts."""
     attention: Attention = field(default="sdpa", metadata=_job("kernels"))
     """Attention implementation: eager (explicit softmax) or sdpa (fused)."""
     compile: bool = field(default=False, metadata=_job("kernels"))
@@ -253,6 +266,7 @@ class TrialConfig:
             pp=self.pp_degree,
             cp=self.cp_degree,
             dp_replicate=self.dp_replicate,
+            ep=self.ep_degree,
         )
 
     @property
@@ -336,7 +350,9 @@ class TrialConfig:
             pp=self.pp_degree,
             cp=self.cp_degree,
             dp_replicate=self.dp_replicate,
+            ep=self.ep_degree,
         )
+        _check_experts(self.ep_degree, shape, self.workload.name)
         for name in ("micro_batch_size", "virtual_stages"):
             _positive(name, getattr(self, name))
         _non_negative("num_warmup_steps", self.num_warmup_steps)
@@ -557,6 +573,23 @@ def with_fields(config: TrialConfig, **changes: Any) -> TrialConfig:
     for name, value in changes.items():
         object.__setattr__(new, name, value)
     return new
+
+
+def _check_experts(ep: int, shape: ModelShape | None, name: str) -> None:
+    """ep splits the experts: the model must have experts, and ep must divide their number."""
+    if ep == 1 or shape is None:
+        return  # a user workload's experts are its own to check
+    if shape.moe is None:
+        raise ConfigError(
+            f"ep_degree {ep} splits experts, and {name} is a dense model; set ep_degree to 1 "
+            "or choose a mixture of experts"
+        )
+    experts = shape.moe.num_experts
+    if experts % ep:
+        raise ConfigError(
+            f"ep_degree {ep} must divide the {experts} experts of {name}; choose an "
+            f"ep_degree among {_divisors(experts)}"
+        )
 
 
 def _positive(name: str, value: Any) -> None:

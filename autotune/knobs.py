@@ -180,6 +180,17 @@ KNOBS: tuple[Knob, ...] = (
         newer=True,
         search_default=(False,),
     ),
+    Knob(
+        "ep_degree",
+        "--ep",
+        compare_key="ep",
+        mark=lambda c: f"-ep{c.ep_degree}" if c.ep_degree > 1 else "",
+        mark_position=10,
+        newer=True,
+        # Refused for a dense model (TrialConfig.validate), so only a mixture of experts' search
+        # space holds ep 2 (tests/trial/test_moe_ep.py runs it).
+        search_default=(1, 2),
+    ),
     Knob("attention", "--attention"),
     Knob("optimizer_offload_enabled", blind=_DP_SHARDING),
 )
@@ -203,7 +214,7 @@ FLAG_FIELDS = {k.flag: k.field for k in KNOBS if k.flag is not None}
 """Each knob's flag and the ``TrialConfig`` field it sets."""
 NEWER_KNOB_FLAGS = tuple(k.flag for k in KNOBS if k.newer and k.flag is not None)
 """The newer layout knobs' flags (sequence and context parallelism, HSDP, virtual stages,
-partial checkpointing, compile, float8)."""
+partial checkpointing, compile, float8, expert parallelism)."""
 COMPARE_KEYS = {k.compare_key: k.field for k in KNOBS if k.compare_key is not None}
 """``rank --compare``'s keys and the fields they set."""
 _MARKED = tuple(sorted((k for k in KNOBS if k.mark is not None), key=lambda k: k.mark_position))

@@ -22,6 +22,12 @@ MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 (torchtitan's ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``)."""
 
 
+EXPERT_MESH_ORDER = ("pp", "dp_replicate", "efsdp", "ep")
+"""The experts' mesh over the same ranks (torchtitan's sparse mesh, ``parallel_dims.py`` at
+b5bcd76: ``["pp", "dp_replicate", "efsdp", "ep"]``): ep fastest, so an ep group is consecutive
+ranks, and efsdp = dp_shard × cp × tp / ep."""
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelDims:
     """A layout's degrees: world_size = pp × dp_replicate × dp_shard × cp × tp."""
@@ -37,25 +43,40 @@ class ParallelDims:
 
     @classmethod
     def of(
-        cls, world_size: int, *, tp: int = 1, pp: int = 1, cp: int = 1, dp_replicate: int = 1
+        cls,
+        world_size: int,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        dp_replicate: int = 1,
+        ep: int = 1,
     ) -> ParallelDims:
         """The dims of a config's degrees: dp = world / (tp × pp × cp), dp_shard = dp /
         dp_replicate (floor division: ``check`` says whether they divide)."""
         dp = world_size // (tp * pp * cp)
-        return cls(world_size, pp, dp_replicate, dp // dp_replicate, cp, tp)
+        return cls(world_size, pp, dp_replicate, dp // dp_replicate, cp, tp, ep)
 
     @staticmethod
     def check(
-        world_size: int, *, tp: int = 1, pp: int = 1, cp: int = 1, dp_replicate: int = 1
+        world_size: int,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        dp_replicate: int = 1,
+        ep: int = 1,
     ) -> None:
         """Raise ``ConfigError`` naming the first broken rule of these degrees and its fix:
-        each a positive integer, tp × pp × cp dividing the world, dp_replicate dividing dp."""
+        each a positive integer, tp × pp × cp dividing the world, dp_replicate dividing dp,
+        ep dividing dp_shard × cp × tp (torchtitan's rule, ``parallel_dims.py``)."""
         for name, value in (
             ("world_size", world_size),
             ("tp_degree", tp),
             ("pp_degree", pp),
             ("cp_degree", cp),
             ("dp_replicate", dp_replicate),
+            ("ep_degree", ep),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}")
@@ -76,6 +97,7 @@ class ParallelDims:
                 f"dp_replicate {dp_replicate} must divide dp_degree {dp} (HSDP: replica "
                 f"groups × shard size = dp); choose among {_divisors(dp)}"
             )
+        _check_ep(ep, dp // dp_replicate * cp * tp)
 
     def check_combination(self, *, seq_len: int, zero_stage: int) -> None:
         """The rules on what may combine: context parallelism needs seq_len divisible by
@@ -88,15 +110,11 @@ class ParallelDims:
                 f"{seq_len}; choose a cp_degree among "
                 f"{[d for d in _divisors(seq_len) if seq_len % (2 * d) == 0]}"
             )
+        _check_ep(self.ep, self.dp_shard * self.cp * self.tp)
         if self.dp_replicate > 1 and zero_stage < 2:
             raise ConfigError(
                 f"dp_replicate {self.dp_replicate} (HSDP) shards with FSDP2: it needs "
                 "zero_stage 2 or 3; raise zero_stage or set dp_replicate to 1"
-            )
-        if (self.dp_shard * self.cp * self.tp) % self.ep:
-            raise ConfigError(
-                f"ep {self.ep} must divide dp_shard × cp × tp = "
-                f"{self.dp_shard * self.cp * self.tp} (experts are carved from those ranks)"
             )
 
     # ---- derived degrees ---------------------------------------------------------------
@@ -114,6 +132,18 @@ class ParallelDims:
     def dp_cp(self) -> int:
         """Ranks gradients are averaged over: dp × cp (cp ranks hold other tokens)."""
         return self.dp * self.cp
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks each expert's states are sharded over: dp_shard × cp × tp / ep (torchtitan's
+        ``efsdp``)."""
+        return self.dp_shard * self.cp * self.tp // self.ep
+
+    @property
+    def expert_mesh_shape(self) -> tuple[int, ...]:
+        """The experts' mesh, outermost first: (pp, dp_replicate, efsdp, ep)
+        (``EXPERT_MESH_ORDER``)."""
+        return (self.pp, self.dp_replicate, self.efsdp, self.ep)
 
     @property
     def non_data_parallel_size(self) -> int:
@@ -163,6 +193,15 @@ class ParallelDims:
     @property
     def ep_enabled(self) -> bool:
         return self.ep > 1
+
+
+def _check_ep(ep: int, carved: int) -> None:
+    """ep divides dp_shard × cp × tp (``carved``), the ranks the experts are split over."""
+    if carved % ep:
+        raise ConfigError(
+            f"ep_degree {ep} must divide dp_shard × cp × tp = {carved} (experts are carved "
+            f"from those ranks); choose an ep_degree among {_divisors(carved)}"
+        )
 
 
 def _divisors(n: int) -> list[int]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.moe import MoESpec
+
 TP_COLUMN = "column"
 """Sharded on dim 0 (its output features) over the TP group: Megatron's ColumnParallelLinear,
 DTensor's ``ColwiseParallel`` (``builtin_tp_plan``: wq, wk, wv, w1, w3)."""
@@ -66,6 +68,7 @@ class ModelShape:
     max_seq_len: int
     tied_embeddings: bool = False
     """The output head shares the input embedding's weight (Hugging Face tie_word_embeddings)."""
+    moe: MoESpec | None = None
 
     @property
     def head_dim(self) -> int:

@@ -59,6 +59,7 @@ TODAY = {
         "virtual_stages": (2, 4),
         "compile": (False,),
         "float8": (False,),
+        "ep_degree": (1, 2),  # expert parallelism, declared since
     },
     "FLAGS": {
         "--world-size": (TrialConfig, "world_size"),
@@ -77,11 +78,12 @@ TODAY = {
         "--dp-replicate": (TrialConfig, "dp_replicate"),
         "--compile": (TrialConfig, "compile"),
         "--fp8": (TrialConfig, "float8"),
+        "--ep": (TrialConfig, "ep_degree"),
         "--seq-len": (WorkloadSpec, "seq_len"),
         "--global-batch": (WorkloadSpec, "global_batch_size"),
     },
     "KNOB_FLAGS": {"--sp", "--cp", "--virtual-stages", "--dp-replicate", "--ac-layers"}
-    | {"--compile", "--fp8"},
+    | {"--compile", "--fp8", "--ep"},
     "LAYOUT_KEYS": {
         "tp": "tp_degree",
         "pp": "pp_degree",
@@ -94,6 +96,7 @@ TODAY = {
         "bucket": "bucket_mb",
         "overlap": "overlap_enabled",
         "sp": "sequence_parallel",
+        "ep": "ep_degree",
     },
     "VIRTUAL_STAGES": (2, 4),
     "RUN_FIELDS": RUN,
@@ -190,6 +193,7 @@ NON_DEFAULT = {
     "float8": True,
     "attention": "eager",
     "optimizer_offload_enabled": True,
+    "ep_degree": 2,
 }
 """A value other than the default for each knob (a layout that sets it)."""
 COMPARE_TEXT = {True: "on", False: "off"}

@@ -91,7 +91,7 @@ def test_the_degrees_rules_are_the_dims_and_validate_says_them(fields, message):
 def test_expert_parallelism_is_carved_from_shards_cp_and_tp():
     d = ParallelDims(world_size=16, dp_shard=4, tp=2, pp=2, ep=8)
     d.check_combination(seq_len=64, zero_stage=3)  # 4 × 1 × 2 = 8 ranks to carve from
-    with pytest.raises(ConfigError, match="ep 16 must divide dp_shard × cp × tp = 8"):
+    with pytest.raises(ConfigError, match="ep_degree 16 must divide dp_shard × cp × tp = 8"):
         dataclasses.replace(d, ep=16).check_combination(seq_len=64, zero_stage=3)
 
 
@@ -112,6 +112,7 @@ def test_every_field_is_declared_for_one_job():
             "sequence_parallel",
             "cp_degree",
             "dp_replicate",
+            "ep_degree",
         ),
         "memory": ("activation_checkpointing", "ac_layers", "optimizer_offload_enabled"),
         "kernels": ("attention", "compile", "float8", "device"),

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.shapes import ModelShape, stage_layer_range
 from autotune.trial.models.context_parallel import ContextParallel, causal_mask, gather_sequence
+from autotune.trial.models.moe import MoE
 
 
 class Attention(nn.Module):
@@ -111,13 +112,15 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, shape: ModelShape, attention: str) -> None:
+    def __init__(self, shape: ModelShape, attention: str, layer: int = 0) -> None:
         super().__init__()
         norm = nn.LayerNorm if shape.family == "gpt" else nn.RMSNorm
         self.attention_norm = norm(shape.hidden_size)
         self.attention = Attention(shape, attention)
         self.ffn_norm = norm(shape.hidden_size)
-        self.feed_forward = FeedForward(shape)
+        # A mixture of experts' MLP from its first MoE layer on (models/moe.py).
+        moe = shape.moe is not None and shape.moe.is_moe_layer(layer)
+        self.feed_forward = MoE(shape.hidden_size, shape.moe) if moe else FeedForward(shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -133,7 +136,7 @@ class Transformer(nn.Module):
             nn.Embedding(shape.max_seq_len, shape.hidden_size) if shape.family == "gpt" else None
         )
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(shape, attention) for i in range(shape.num_layers)}
+            {str(i): TransformerBlock(shape, attention, i) for i in range(shape.num_layers)}
         )
         norm = nn.LayerNorm if shape.family == "gpt" else nn.RMSNorm
         self.norm: nn.Module | None = norm(shape.hidden_size)

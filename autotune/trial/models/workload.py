@@ -103,16 +103,22 @@ def plan_styles(
     return plan
 
 
-def builtin_tp_plan(num_layers: int, *, sequence_parallel: bool = False) -> dict:
+def builtin_tp_plan(
+    num_layers: int, *, sequence_parallel: bool = False, moe_layers: frozenset[int] = frozenset()
+) -> dict:
     """Megatron-style TP of the built-in model: QKV and MLP-in column-wise, outputs row-wise;
-    with sequence parallelism the two norms of each block on sequence shards (plan_styles)."""
+    with sequence parallelism the two norms of each block on sequence shards (plan_styles).
+    The MLP of a layer in ``moe_layers`` (a mixture of experts') is left whole on every TP rank:
+    its experts are split by expert parallelism instead (torchtitan removed expert TP)."""
     names: dict[str, str] = {}
     norms, regions = [], {}
     for i in range(num_layers):
         block = f"layers.{i}"
         names.update({f"{block}.attention.{w}": "colwise" for w in ("wq", "wk", "wv")})
-        names.update({f"{block}.feed_forward.{w}": "colwise" for w in ("w1", "w3")})
-        names.update({f"{block}.attention.wo": "rowwise", f"{block}.feed_forward.w2": "rowwise"})
+        names[f"{block}.attention.wo"] = "rowwise"
+        if i not in moe_layers:
+            names.update({f"{block}.feed_forward.{w}": "colwise" for w in ("w1", "w3")})
+            names[f"{block}.feed_forward.w2"] = "rowwise"
         norms += [f"{block}.attention_norm", f"{block}.ffn_norm"]
         regions.update({f"{block}.attention": None, f"{block}.feed_forward": None})
     return plan_styles(
@@ -169,11 +175,14 @@ def build_builtin(
     def split(m: nn.Module, stage: int, num_stages: int) -> nn.Module:
         return split_for_pipeline(m, stage, num_stages)
 
+    moe = frozenset(
+        i for i in range(shape.num_layers) if shape.moe is not None and shape.moe.is_moe_layer(i)
+    )
     return Workload(
         model=model,
         batch=batch,
-        tp_plan=builtin_tp_plan(shape.num_layers),
-        sp_plan=builtin_tp_plan(shape.num_layers, sequence_parallel=True),
+        tp_plan=builtin_tp_plan(shape.num_layers, moe_layers=moe),
+        sp_plan=None if moe else builtin_tp_plan(shape.num_layers, sequence_parallel=True),
         pipeline_split=split,
         blocks=transformer_blocks,
         num_heads=shape.num_heads,
