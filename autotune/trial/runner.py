@@ -99,6 +99,8 @@ class Trainer:
         if pm.dp.grad_sync is not None:
             with phase("backward"):
                 pm.dp.grad_sync()
+        if pm.moe_step is not None:  # the experts' gradients and balancing biases
+            pm.moe_step()
         if on_grads is not None:
             on_grads()
         with phase("optimizer"):

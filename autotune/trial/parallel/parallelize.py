@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from autotune.trial.models.context_parallel import ContextParallel, apply_cp, su
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.activation_checkpoint import apply_ac
 from autotune.trial.parallel.compile import apply_compile, check_compile
+from autotune.trial.parallel.expert import apply_ep, check_ep, moe_step
 from autotune.trial.parallel.float8 import apply_float8
 from autotune.trial.parallel.mesh import MeshCoords, TrialMesh, coords_of, data_parallel_mesh
 from autotune.trial.parallel.pipeline_parallel import build_schedule, split_stages
@@ -58,6 +60,8 @@ class ParallelModel:
     """The dynamic loss scale of 16-mixed, else None."""
     cp: ContextParallel | None = None
     """This rank's cp group when cp_degree > 1: the runner feeds it its tokens (``cp.shard``)."""
+    moe_step: Callable[[], None] | None = None
+    """A mixture of experts' work before each optimizer step (``expert.moe_step``), else None."""
 
     @property
     def parts(self) -> list[nn.Module]:
@@ -76,6 +80,7 @@ def check_workload_supports(config: TrialConfig, workload: Workload) -> None:
     """Refuse layouts the workload cannot run, before any collective is issued."""
     config.validate(num_heads=workload.num_heads, num_layers=workload.num_layers)
     check_compile(config)
+    check_ep(config)
     if config.tp_degree > 1 and not workload.tp_plan:
         raise ConfigError(
             f"workload {config.workload.name} provides no tp_plan; "
@@ -130,6 +135,8 @@ def parallelize(
     ]
     if config.compile:
         parts = [apply_compile(p, workload.blocks) for p in parts]
+    for p in parts:  # experts split over ep, left alone by data parallelism
+        apply_ep(p, config)
     # dp × cp; under HSDP 2-D (dp_replicate, dp_shard × cp)
     dp = apply_zero(parts, config, data_parallel_mesh(mesh), workload.blocks, device)
     scaler = LossScaler() if config.precision == "16-mixed" else None
@@ -142,4 +149,5 @@ def parallelize(
                 return _loss(output, target) * scaler.scale
 
         schedule = build_schedule(dp.parts, config, coords.pp_rank, mesh["pp"], device, loss_fn)
-    return ParallelModel(config, mesh, coords, dp, schedule, scaler, cp)
+    step = moe_step(dp.parts, config, mesh)
+    return ParallelModel(config, mesh, coords, dp, schedule, scaler, cp, step)

@@ -19,7 +19,8 @@ AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells
 ``bucket_mb`` sets DDP's buckets, the all-reduce buckets, and for FSDP how many consecutive
 blocks share one all-gather.
 Gradients are averaged over dp × cp (cp ranks hold the same parameters); with dp × cp 1 there
-is nothing to shard or synchronise and no wrapper is applied.
+is nothing to shard or synchronise and no wrapper is applied. A rank's own experts under expert
+parallelism (``expert.local_params``) are left to ``expert.moe_step``.
 
 HSDP (``dp_replicate`` > 1, stages 2/3 only: ``TrialConfig.validate``): ``fully_shard`` on the
 2-D (dp_replicate, dp_shard × cp) mesh shards over the dp_shard × cp ranks of a replica group and
@@ -52,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.config import TrialConfig
 from autotune.trial.parallel.distributed_optimizer import DistributedOptimizer, local_tensor
+from autotune.trial.parallel.expert import local_params
 from autotune.trial.parallel.precision import mp_policy, optimizer_class
 
 LEARNING_RATE = 1e-3
@@ -156,7 +158,9 @@ def _apply_ddp(
     grad_sync = None
     if not config.overlap_enabled:
         grad_sync = BucketedAllReduce(
-            [p for m in parts for p in m.parameters()], dp_group, config.bucket_mb
+            [p for m in parts for p in m.parameters() if p not in local_params(m)],
+            dp_group,
+            config.bucket_mb,
         )
     elif config.tp_degree == 1 and config.pp_degree == 1:
         # gradient_as_bucket_view: gradients live in DDP's buckets, so no second copy exists.
@@ -177,8 +181,12 @@ def _apply_ddp(
         # pipelining runtime drives it like FSDP. Blocks grouped by bucket_mb are its buckets.
         for part in parts:
             for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
-                replicate(group if len(group) > 1 else group[0], mesh=dp_mesh)
-            replicate(part, mesh=dp_mesh)
+                replicate(
+                    group if len(group) > 1 else group[0],
+                    mesh=dp_mesh,
+                    ignored_params=local_params(part) or None,
+                )
+            replicate(part, mesh=dp_mesh, ignored_params=local_params(part) or None)
     # Parameters are collected only now: replicate swaps them for new objects.
     params = [p for m in parts for p in m.parameters()]
     optimizer: torch.optim.Optimizer | DistributedOptimizer
@@ -222,6 +230,7 @@ def _apply_fsdp(
                 reshard_after_forward=reshard,
                 offload_policy=offload,
                 mp_policy=policy,
+                ignored_params=local_params(part) or None,
             )
             units.append(group[0])  # type: ignore[arg-type]
         # The root holds what no block holds (embeddings, final norm, head).
@@ -231,6 +240,7 @@ def _apply_fsdp(
             reshard_after_forward=reshard,
             offload_policy=offload,
             mp_policy=policy,
+            ignored_params=local_params(part) or None,
         )
         if not config.overlap_enabled:
             serialize_collectives(part)  # type: ignore[arg-type]

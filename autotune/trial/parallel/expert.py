@@ -1,0 +1,217 @@
+"""Expert parallelism: each rank holds ``E / ep`` of a layer's experts, and the tokens travel to
+their experts' ranks and back by all-to-all.
+
+The experts' mesh is torchtitan's (``torchtitan/distributed/parallel_dims.py`` at b5bcd76):
+``[pp, dp_replicate, efsdp, ep]`` over the same ranks as the dense mesh, ep fastest, with
+efsdp = dp_shard × cp × tp / ep, so EP borrows its ranks from FSDP, CP and TP
+(``parallel_dims.EXPERT_MESH_ORDER``). An ep group is ``ep`` consecutive ranks; the ranks that
+hold the same experts (the expert-data group) are the dp_replicate × efsdp ranks of a stage
+with the same ep coordinate.
+
+Dispatch (:class:`ExpertParallel`): the (token, slot) pairs, sorted by global expert, are split
+by the rank their expert lives on; the counts per expert go first (one all-to-all of E
+integers), then the tokens (``all_to_all_single`` with uneven splits, which gloo runs on CPU);
+the received tokens are regrouped by local expert, run, put back in arrival order and combined
+by the reverse all-to-all. Backward is the same two exchanges with the splits swapped.
+
+Gradients: DDP, replicate and FSDP2 leave the experts alone (``local_params``); before the
+optimizer step :func:`moe_step` sums each expert's gradient over its expert-data group and
+divides by the ranks of a stage (dp_replicate × efsdp × ep = dp × cp × tp): every data slice's
+tokens reach each expert once from each of its tp ranks, which hold the same tokens. Then each
+balancing bias is stepped from the step's token counts summed over the data-parallel ranks
+(``models/moe.update_expert_bias``). Experts are replicated over efsdp here, not sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.trial.models.moe import MoE, moe_layers, update_expert_bias
+from autotune.trial.parallel.mesh import TrialMesh
+
+LOCAL_PARAMS = "_autotune_local_params"
+"""The attribute of a model part naming the parameters data parallelism must not sync."""
+_GROUPS: dict[tuple, tuple[dist.ProcessGroup, dist.ProcessGroup | None]] = {}
+
+
+def check_ep(config: TrialConfig) -> None:
+    """Refuse, in one line each, what the trial runtime does not run with ep > 1."""
+    spec = config.workload.shape.moe if config.workload.shape is not None else None
+    if config.ep_degree == 1:
+        return
+    for rule, broken in (
+        ("pp_degree 1", config.pp_degree > 1),
+        ("cp_degree 1", config.cp_degree > 1),
+        (
+            "zero_stage 0, 2 or 3 (ZeRO-1 would broadcast one rank's experts to all)",
+            config.zero_stage == 1,
+        ),
+        (
+            "dropless routing (capacity_factor unset)",
+            spec is not None and spec.capacity_factor is not None,
+        ),
+    ):
+        if broken:
+            raise ConfigError(
+                f"ep_degree {config.ep_degree} runs in trials with {rule} only; change that "
+                "knob or set ep_degree to 1"
+            )
+
+
+def expert_groups(config: TrialConfig) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """This rank's ep group and expert-data group (None where it is one rank). Collective:
+    every rank creates every group, in the same order; kept per world group and shape."""
+    dims = config.dims
+    key = (id(dist.group.WORLD), dims.expert_mesh_shape)
+    if key not in _GROUPS:
+        ranks = torch.arange(dist.get_world_size()).reshape(dims.expert_mesh_shape)
+        _GROUPS[key] = (
+            _mine(ranks.reshape(-1, dims.ep), "expert_ep"),
+            _mine(ranks.movedim(3, 1).reshape(-1, dims.dp_replicate * dims.efsdp), "expert_dp")
+            if dims.dp_replicate * dims.efsdp > 1
+            else None,
+        )
+    return _GROUPS[key]
+
+
+def _mine(rows: torch.Tensor, desc: str) -> dist.ProcessGroup:
+    rank, mine = dist.get_rank(), None
+    for members in rows.tolist():
+        group = dist.new_group(members, group_desc=desc)
+        mine = group if rank in members else mine
+    return mine
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows with uneven splits; backward sends the gradients back."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(
+            out,
+            x.contiguous(),
+            output_split_sizes=out_splits,
+            input_split_sizes=in_splits,
+            group=group,
+        )
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+class ExpertParallel:
+    """Dispatch to the experts' ranks, run the local experts, combine back."""
+
+    def __init__(self, group: dist.ProcessGroup, ep: int, combine_order=None) -> None:
+        self.group, self.ep = group, ep
+        self.combine_order = combine_order
+        """A permutation of the returned rows, for tests' negative control only."""
+
+    def __call__(self, routed: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
+        local = experts.num_local
+        send = counts.reshape(self.ep, local).contiguous()  # tokens for rank r's expert j
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        send_splits, recv_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        arrived = _AllToAll.apply(routed, recv_splits, send_splits, self.group)
+        order, per_expert = _by_local_expert(recv)
+        out = torch.empty_like(arrived).index_copy(0, order, experts(arrived[order], per_expert))
+        back = _AllToAll.apply(out, send_splits, recv_splits, self.group)
+        return back if self.combine_order is None else back[self.combine_order(back)]
+
+
+def _by_local_expert(recv: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Rows arrived source-rank-major (rank r's tokens for local experts 0 … L−1, then r+1's):
+    the permutation that orders them by local expert, and the count per local expert."""
+    counts = recv.tolist()
+    starts, offset = [], 0
+    for row in counts:
+        starts.append([])
+        for n in row:
+            starts[-1].append(offset)
+            offset += n
+    index = [
+        i
+        for j in range(recv.shape[1])
+        for r in range(recv.shape[0])
+        for i in range(starts[r][j], starts[r][j] + counts[r][j])
+    ]
+    return torch.tensor(index, dtype=torch.long), recv.sum(0).tolist()
+
+
+def apply_ep(part: nn.Module, config: TrialConfig) -> None:
+    """Keep this rank's experts of each MoE layer and hand the layer its dispatch; mark the
+    experts (and every MoE buffer: DDP would broadcast rank 0's token counts) as data
+    parallelism's to leave alone."""
+    moes = moe_layers(part)
+    local: set[nn.Parameter] = set()
+    if config.ep_degree > 1:
+        group, _ = expert_groups(config)
+        rank = dist.get_rank(group)
+        for moe in moes:
+            _keep_local_experts(moe, rank, config.ep_degree)
+            moe.ep = ExpertParallel(group, config.ep_degree)
+            local |= set(moe.experts.parameters())
+    setattr(part, LOCAL_PARAMS, local)
+    names = [n for n, p in part.named_parameters() if p in local]
+    names += [
+        n for n, b in part.named_buffers() if n.endswith(("expert_bias", "tokens_per_expert"))
+    ]
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, names)
+
+
+@torch.no_grad()
+def _keep_local_experts(moe: MoE, rank: int, ep: int) -> None:
+    experts = moe.experts
+    num = experts.num_local // ep
+    experts.first = rank * num
+    for name in ("w1", "w2", "w3"):
+        full = getattr(experts, name)
+        setattr(experts, name, nn.Parameter(full[rank * num : (rank + 1) * num].clone()))
+
+
+def local_params(part: nn.Module) -> set[nn.Parameter]:
+    """The parameters of ``part`` data parallelism leaves alone (``apply_ep``)."""
+    return getattr(part, LOCAL_PARAMS, set())
+
+
+def moe_step(
+    parts: list[nn.Module], config: TrialConfig, mesh: TrialMesh
+) -> Callable[[], None] | None:
+    """What runs before each optimizer step of a mixture of experts (None for a dense model):
+    the experts' gradient sync under ep, then the balancing biases' update."""
+    moes = [m for p in parts for m in moe_layers(p)]
+    if not moes:
+        return None
+    experts = [p for m in moes for p in m.experts.parameters()]
+    expert_dp = expert_groups(config)[1] if config.ep_degree > 1 else None
+    stage_ranks = config.world_size // config.pp_degree
+    grads = mesh.grads
+
+    def reduce(counts: torch.Tensor) -> None:
+        if grads.size() > 1:
+            for name in grads.mesh_dim_names:
+                dist.all_reduce(counts, group=grads.get_group(name))
+
+    def step() -> None:
+        if config.ep_degree > 1:
+            for p in experts:
+                if p.grad is None:
+                    continue
+                if expert_dp is not None:
+                    dist.all_reduce(p.grad, group=expert_dp)
+                p.grad.div_(stage_ranks)
+        update_expert_bias(moes, reduce)
+
+    return step

@@ -1,0 +1,106 @@
+"""Expert parallelism trains the tiny mixture of experts as one process does.
+
+Dropless routing, ``moe-tiny`` (8 experts, top-2, one shared expert, the first layer dense):
+EP 2 on 2 gloo ranks under DDP, EP 2 × tp 2 on 4 ranks (the ep groups are the tp pairs, the
+experts' data group the dp pair), EP 2 × FSDP (ZeRO-3 and ZeRO-2, world 2 and 4) train every
+step to the single-process losses within ``test_layouts.LOSS_ATOL``; the reference steps the
+balancing bias before each optimizer step as the runner does. The negative control combines
+each token's output from another row (a permuted combine) and misses the reference by far more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from spawn import run_ranks
+from test_layouts import LOSS_ATOL
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.trial.models.build import build_workload
+from autotune.trial.models.moe import moe_layers, update_expert_bias
+from autotune.trial.parallel.zero import LEARNING_RATE
+
+NUM_STEPS = 3  # 2 timed + the memory step
+BASE = TrialConfig(
+    workload=WorkloadSpec(family="moe", size="tiny", seq_len=16, global_batch_size=4),
+    world_size=2,
+    ep_degree=2,
+    num_warmup_steps=0,
+    num_timed_steps=2,
+    num_profiled_steps=0,
+    device="cpu",
+)
+WORLD2 = [
+    BASE,  # DDP, dp 2 = ep 2
+    dataclasses.replace(BASE, zero_stage=3, micro_batch_size=1),  # FSDP, 2 accumulation steps
+]
+WORLD4 = [
+    dataclasses.replace(BASE, world_size=4, tp_degree=2),  # replicate over dp 2, ep = the tp pair
+    dataclasses.replace(BASE, world_size=4, zero_stage=2),  # FSDP over 4, efsdp 2
+]
+
+
+def reference_losses(config: TrialConfig, num_steps: int) -> list[float]:
+    """One process, the whole global batch, fp32, the bias stepped before each AdamW step."""
+    workload = build_workload(config.workload, seed=config.seed)
+    model = workload.model
+    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    losses = []
+    for step in range(num_steps):
+        inputs, targets = workload.batch(step)
+        loss = workload.loss_fn(model(inputs), targets)
+        loss.backward()
+        update_expert_bias(moe_layers(model))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None) -> list:
+    """Each config's losses; the one at index ``permuted`` with each token's output combined
+    from the next row (the negative control)."""
+    from autotune.trial.parallel import expert
+    from autotune.trial.runner import run_rank
+
+    out, init = [], expert.ExpertParallel.__init__
+    for i, config in enumerate(configs):
+        if i == permuted:
+
+            def wrong(self, group, ep, combine_order=None):
+                init(self, group, ep, lambda rows: torch.arange(len(rows)).roll(1))
+
+            expert.ExpertParallel.__init__ = wrong
+        try:
+            out.append(run_rank(config).losses)
+        finally:
+            expert.ExpertParallel.__init__ = init
+    return out
+
+
+def _check(configs: list[TrialConfig], ranks: list) -> None:
+    """Each of ``configs`` (the first results of every rank) trains to the reference."""
+    for i, config in enumerate(configs):
+        losses, expected = ranks[0][i], reference_losses(config, NUM_STEPS)
+        assert len(losses) == NUM_STEPS
+        assert max(abs(a - b) for a, b in zip(losses, expected)) <= LOSS_ATOL, (
+            config,
+            losses,
+            expected,
+        )
+        assert abs(losses[-1] - losses[0]) > 1e-3  # it trains
+
+
+@pytest.mark.slow
+def test_ep2_matches_single_process_and_a_permuted_combine_does_not():
+    ranks = run_ranks(2, _run_all, [*WORLD2, BASE], len(WORLD2), timeout=300.0)
+    _check(WORLD2, ranks)
+    wrong, expected = ranks[0][-1], reference_losses(BASE, NUM_STEPS)
+    assert max(abs(a - b) for a, b in zip(wrong, expected)) > 10 * LOSS_ATOL
+
+
+@pytest.mark.slow
+def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
+    _check(WORLD4, run_ranks(4, _run_all, WORLD4, timeout=300.0))
