@@ -30,6 +30,9 @@ LAYOUTS = {
     "pp2": dict(pp_degree=2, micro_batch_size=1),
     "cp2": dict(cp_degree=2, micro_batch_size=2),
     "sp2": dict(tp_degree=2, sequence_parallel=True, micro_batch_size=2),
+    "pp2v2": dict(
+        pp_degree=2, pp_schedule="interleaved_1f1b", virtual_stages=2, micro_batch_size=1
+    ),
 }
 SLIDING = ("gemma2", "gemma3_text")
 
@@ -40,6 +43,8 @@ def _plan(dirs: dict[str, str]) -> dict[tuple[str, str], object]:
     # Sequence parallelism over norms after attention and MLP (Gemma 3, OLMo 2), the fused
     # projections' gathered outputs (Phi-3) and a parallel attention + MLP block (Cohere).
     wanted += [(f, "sp2") for f in ("gemma3_text", "olmo2", "phi3", "cohere")]
+    # Tied embeddings over four virtual stages: stage 0 on pp rank 0, stage 3 on pp rank 1.
+    wanted += [("smollm3", "pp2v2")]
     wanted += [(f, lay) for f in UNNAMED for lay in ("dp2", "tp2")]
     return {(f, lay): _base(dirs[f], **LAYOUTS[lay]) for f, lay in wanted}
 
