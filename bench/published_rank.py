@@ -31,7 +31,6 @@ from testkit.published_rows import sc21_table1  # noqa: E402
 
 from autotune.config import GIB, TrialConfig  # noqa: E402
 from autotune.model.cluster import load_cluster  # noqa: E402
-from autotune.model.engine_memory import MEMORY_TRAITS  # noqa: E402
 from autotune.model.engines import engine_traits  # noqa: E402
 from autotune.ranking.compare import compare_to_top  # noqa: E402
 from autotune.ranking.score import rank_screened  # noqa: E402
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             knob_choices(base),
             limit_bytes=int(cluster.device.memory_gib * GIB),
             engine=engine,
-            memory_traits=MEMORY_TRAITS[engine.name],
+            memory_traits=engine.memory,
             progress=lambda n: None,
         )
         if not ranking.fitting:

@@ -51,7 +51,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.model.cluster import ClusterSpec, load_cluster
-from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
+from autotune.model.engine_memory import estimate_engine_memory
 from autotune.model.memory import (
     CATEGORIES,
     MemoryEstimate,
@@ -63,6 +63,7 @@ from autotune.model.memory import (
 from autotune.model.perf_model import (
     TERMS,
     Calibration,
+    EngineTraits,
     StepTimeEstimate,
     engine_traits,
     predict_step_time,
@@ -162,19 +163,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     worst = max(stages, key=lambda e: e.total)
     refusal = _engine_refusal(config, shape)
     engine = engine_traits(args.engine)
-    traits = MEMORY_TRAITS[engine.name]
-    engine_worst = (
-        None
-        if traits is None
-        else estimate_engine_memory(config, shape, traits, device_type=device)
-    )
+    engine_worst = estimate_engine_memory(config, shape, engine.memory, device_type=device)
     time = own_time = None
     if cluster is not None:
         calibration = Calibration.for_cluster(cluster)
         time = predict_step_time(config, cluster, calibration, shape=shape, engine=engine)
-        own_time = (
-            time if traits is None else predict_step_time(config, cluster, calibration, shape=shape)
-        )
+        own_time = predict_step_time(config, cluster, calibration, shape=shape)
     report = _Report(
         config,
         shape,
@@ -182,8 +176,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         stages,
         _Figures(worst, own_time),
         refusal,
-        engine.name,
-        None if engine_worst is None else _Figures(engine_worst, time),
+        engine,
+        _Figures(engine_worst, time),
         cluster,
     )
     if args.json:
@@ -212,9 +206,9 @@ class _Figures:
 @dataclasses.dataclass(frozen=True)
 class _Report:
     """What ``estimate`` predicted, as JSON or as text. ``own``: autotune's own runtime;
-    ``by_engine``: the ``--engine`` framework's (None for autotune's own), which then leads:
-    its figures come first, at the top level of the JSON, and autotune's follow under
-    ``autotune_runtime``."""
+    ``by_engine``: the ``--engine`` framework's, which leads where it is another engine than
+    autotune's own (``MemoryTraits.own_runtime``): its figures come first, at the top level of
+    the JSON, and autotune's follow under ``autotune_runtime``."""
 
     config: TrialConfig
     shape: ModelShape | None
@@ -222,9 +216,14 @@ class _Report:
     stages: list[MemoryEstimate]
     own: _Figures
     refusal: str | None
-    engine: str
-    by_engine: _Figures | None
+    engine: EngineTraits
+    by_engine: _Figures
     cluster: ClusterSpec | None
+
+    @property
+    def engine_leads(self) -> bool:
+        """Another engine's figures lead autotune's own (which are printed once otherwise)."""
+        return not self.engine.memory.own_runtime
 
     def as_json(self) -> dict:
         head = {
@@ -233,14 +232,14 @@ class _Report:
             "device": self.device,
         }
         stages = [e.as_dict() for e in self.stages]
-        if self.by_engine is None:
+        if not self.engine_leads:
             return {
                 **head,
                 **self.own.memory_json(),
                 "stages": stages,
                 "engine_refusal": self.refusal,
                 **self._time_json(self.own),
-                "engine": self.engine,
+                "engine": self.engine.name,
                 "engine_peak_bytes": None,
                 "engine_peak_kind": None,
             }
@@ -249,8 +248,8 @@ class _Report:
             own["time"] = self.own.time.as_dict()
         return {
             **head,
-            "engine": self.engine,
-            "engine_peak_kind": MEMORY_TRAITS[self.engine].peak_kind,
+            "engine": self.engine.name,
+            "engine_peak_kind": self.engine.memory.peak_kind,
             **self.by_engine.memory_json(),
             "engine_refusal": self.refusal,
             **self._time_json(self.by_engine),
@@ -268,9 +267,9 @@ class _Report:
         config = self.config
         print(_describe(config, self.shape, self.device))
         own_label = ""
-        if self.by_engine is not None:
-            kind = MEMORY_TRAITS[self.engine].peak_kind
-            self._print_figures(self.by_engine, f"as {self.engine} runs it ({kind} bytes): ")
+        if self.engine_leads:
+            kind = self.engine.memory.peak_kind
+            self._print_figures(self.by_engine, f"as {self.engine.name} runs it ({kind} bytes): ")
             own_label = "autotune's own runtime: "
         self._print_figures(self.own, own_label)
         if config.pp_degree > 1:
@@ -299,7 +298,7 @@ class _Report:
         else:
             print(f"{title}; predicted step time on {self.cluster.name}:")
             print(_side_by_side(_table_lines(worst.as_dict()), _time_lines(time)))
-            engine = self.engine if figures is self.by_engine else "autotune"
+            engine = self.engine.name if figures is self.by_engine else "autotune"
             print(_time_summary(time, self.cluster, engine))
 
 

@@ -61,7 +61,6 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.knobs import short_marks
 from autotune.layouts import KNOB_ORDER, knobs_in_words
 from autotune.model.cluster import ClusterSpec, load_cluster
-from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.memory import MemoryTraits
 from autotune.model.perf_model import EngineTraits, engine_traits
 from autotune.ranking.collapse import COLLAPSE_TOLERANCE
@@ -171,7 +170,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     cluster.device.flops(base.compute_dtype(device_type))
     limit_gib = args.memory_limit or cluster.device.memory_gib
     engine = engine_traits(args.engine)
-    memory_traits = MEMORY_TRAITS[engine.name]
+    memory_traits = engine.memory
     # A reference layout that does not parse is refused before the ranking's seconds.
     reference = parse_layout(args.compare, base) if args.compare else None
     screened, ranking = rank_screened(
@@ -244,7 +243,7 @@ def _write_plot(
     from dashboards.rank_plot import RankSummary, write_rank_page
 
     limit = int(limit_gib * GIB)
-    rule = allowance(cluster.device_type, MEMORY_TRAITS[engine.name])
+    rule = allowance(cluster.device_type, engine.memory)
     wl = base.workload
     name = wl.name if shape is None else f"{shape.family} architecture ({shape.num_layers} layers)"
     summary = RankSummary(
@@ -328,7 +327,7 @@ def _print_ranking(
     cluster: ClusterSpec,
     engine: str,
     limit_gib: float,
-    memory_traits: MemoryTraits | None,
+    memory_traits: MemoryTraits,
 ) -> None:
     """The ranking as text: what was ranked, the table, and what was scored, screened, folded."""
     device_type = cluster.device_type
@@ -364,10 +363,10 @@ def _print_ranking(
         )
 
 
-def _peak_words(traits: MemoryTraits | None) -> str:
+def _peak_words(traits: MemoryTraits) -> str:
     """What the table's peak counts: autotune's runtime's allocated peak, or as far as the
     engine's traits count the allocator (``MemoryTraits.peak_kind``)."""
-    return "peak" if traits is None else f"peak, {traits.peak_kind}"
+    return "peak" if traits.own_runtime else f"peak, {traits.peak_kind}"
 
 
 def describe_comparison(c: Comparison) -> str:

@@ -11,6 +11,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.model.cluster import ClusterSpec
 from autotune.model.engine_memory import estimate_engine_memory
+from autotune.model.engines import AUTOTUNE_MEMORY
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
 from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, EngineTraits, StepTimeModel
 from autotune.progress import Progress
@@ -39,7 +40,7 @@ def rank_screened(
     *,
     limit_bytes: int,
     engine: EngineTraits = AUTOTUNE_ENGINE,
-    memory_traits: MemoryTraits | None = None,
+    memory_traits: MemoryTraits = AUTOTUNE_MEMORY,
     ac_layers: int | None = None,
     progress: Callable[[int], ScoringProgress | None] = ScoringProgress,
 ) -> tuple[Screened, Ranking]:
@@ -83,7 +84,7 @@ def rank_layouts(
     device_type: str = "cuda",
     calibration: Calibration | None = None,
     progress: ScoringProgress | None = None,
-    memory_traits: MemoryTraits | None = None,
+    memory_traits: MemoryTraits = AUTOTUNE_MEMORY,
     engine: EngineTraits = AUTOTUNE_ENGINE,
     screened: bool = False,
 ) -> Ranking:
@@ -94,12 +95,12 @@ def rank_layouts(
     layout whose ``memory.peak_lower_bound`` already exceeds the limit is not estimated
     further (the bound is a few cached look-ups, the exact estimate three pipeline ranks'
     arithmetic); the smallest peak of those that do not fit is only needed, and only
-    computed, when none fits. ``memory_traits``: judge memory as that engine stores it
-    (``engine_memory.MEMORY_TRAITS``), every layout estimated (the bound is autotune's
-    runtime's); ``engine``: judge time so. ``screened``: the layouts come from
-    ``space.screened_layouts``, whose bounds (the least over their bucket and overlap)
-    already fit, so they are not bounded again: the bound drops a few dozen of SC21's 250,297
-    and costs more than it saves."""
+    computed, when none fits. ``memory_traits``: judge memory as that engine stores it (an
+    ``EngineProfile``'s ``memory``; autotune's runtime's by default); another engine's has
+    every layout estimated (the bound is autotune's runtime's); ``engine``: judge time so.
+    ``screened``: the layouts come from ``space.screened_layouts``, whose bounds (the least
+    over their bucket and overlap) already fit, so they are not bounded again: the bound drops
+    a few dozen of SC21's 250,297 and costs more than it saves."""
     calibration = calibration or Calibration.for_cluster(cluster)
     shape_of = shape or (layouts[0].workload.shape if layouts else None)
     # The largest peak predicted_to_fit accepts: a rank above it settles the layout.
@@ -114,7 +115,7 @@ def rank_layouts(
     step_time = StepTimeModel(cluster, calibration, shape=shape, engine=engine)
     fitting = []
     for done, config in enumerate(layouts, 1):
-        if memory_traits is not None:
+        if not memory_traits.own_runtime:
             peak = estimate_engine_memory(
                 config, shape_of, memory_traits, device_type=device_type, checked=True
             ).total
@@ -147,7 +148,7 @@ def rank_layouts(
 def _smallest_peak(
     layouts: list[TrialConfig],
     shape: ModelShape | None,
-    traits: MemoryTraits | None,
+    traits: MemoryTraits,
     device_type: str,
 ) -> tuple[TrialConfig, int]:
     """The layout with the smallest predicted peak, and that peak."""

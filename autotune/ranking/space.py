@@ -38,6 +38,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import KNOB_BY_FIELD
 from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
 from autotune.model.engine_memory import engine_states_lower_bound, estimate_engine_memory
+from autotune.model.engines import AUTOTUNE_MEMORY
 from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
 from autotune.search.screen import allowance
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
@@ -141,7 +142,7 @@ def screen_layouts(
     *,
     limit_bytes: int,
     device_type: str,
-    traits: MemoryTraits | None = None,
+    traits: MemoryTraits = AUTOTUNE_MEMORY,
     ac_layers: int | None = None,
 ) -> Screened:
     """The layouts ``rank`` scores (``screened_layouts``): the newer knobs' ``choices``
@@ -229,7 +230,7 @@ def screened_layouts(
     tp_degrees: list[int],
     fits,
     rules: dict[str, int] | None = None,
-    traits: MemoryTraits | None = None,
+    traits: MemoryTraits = AUTOTUNE_MEMORY,
 ) -> Screened:
     """The grid of ``base`` with the newer knobs' ``choices`` (``knob_choices``), walked as
     the module docstring says; ``fits(bytes)`` is the screen's verdict on a lower bound.
@@ -294,12 +295,12 @@ def _replica_counts(dp: int, given: tuple[int, ...] | None) -> list[int]:
     return [1] + sorted(dp // shard for shard in HSDP_SHARDS if dp % shard == 0 and dp > shard)
 
 
-def _states_bound(group: TrialConfig, shape: ModelShape, traits: MemoryTraits | None) -> int:
+def _states_bound(group: TrialConfig, shape: ModelShape, traits: MemoryTraits) -> int:
     """Rank 0's model states, the least over the grid's overlap and bucket choices: they
     matter only to the distributed optimizer's bucketed partition (ZeRO-1 with TP, or with a
     pipeline and overlap; ``memory._uses_distributed_optimizer``). Another engine's
     (``traits``) read neither."""
-    if traits is not None:
+    if not traits.own_runtime:
         return engine_states_lower_bound(group, shape, traits, device_type=group.device)
     varies = (
         group.zero_stage == 1
@@ -328,7 +329,7 @@ def _branches(
     fits,
     out: Screened,
     rules: dict[str, int] | None,
-    traits: MemoryTraits | None,
+    traits: MemoryTraits,
 ) -> None:
     """Each (micro-batch, checkpointing, SP) under ``group``: dropped on its bound, or its
     valid layouts kept."""
@@ -350,7 +351,7 @@ def _branches(
         branch = with_fields(
             group, micro_batch_size=micro, activation_checkpointing=ac, sequence_parallel=sp
         )
-        if traits is not None:
+        if not traits.own_runtime:
             bound = estimate_engine_memory(
                 branch, shape, traits, device_type=branch.device, checked=True, screen=fits
             ).total

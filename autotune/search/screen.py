@@ -22,6 +22,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from autotune.config import GIB, TrialConfig
+from autotune.model.engines import AUTOTUNE_MEMORY
 
 if TYPE_CHECKING:
     from autotune.model.memory import MemoryTraits
@@ -95,18 +96,16 @@ margin is kept there as a bound on what one GPU did not show (other layouts, oth
 """
 
 
-def allowance(device_type: str, engine: MemoryTraits | None = None) -> MemoryAllowance:
-    """The screen's allowances on ``device_type`` ('cpu' or 'cuda'), for autotune's runtime's
-    predictions, or (``engine``) for those of another engine's memory traits
-    (``model.engine_memory``). Where an engine's estimate already counts the allocator's reserve
-    (``MemoryTraits.fragmentation`` measured) or the bytes outside it (``context_bytes``), the
-    device's are not added again; the model margin always is."""
+def allowance(device_type: str, engine: MemoryTraits = AUTOTUNE_MEMORY) -> MemoryAllowance:
+    """The screen's allowances on ``device_type`` ('cpu' or 'cuda') for the predictions of an
+    engine's memory part (``EngineProfile.memory``; autotune's runtime's by default). Where an
+    engine's estimate already counts the allocator's reserve (``MemoryTraits.fragmentation``
+    measured) or the bytes outside it (``context_bytes``), the device's are not added again;
+    the model margin always is. autotune's runtime counts neither: the device's allowances."""
     if device_type not in ALLOWANCES:
         raise ValueError(
             f"no memory allowances for device type '{device_type}'; known: {', '.join(ALLOWANCES)}"
         )
-    if engine is None:
-        return ALLOWANCES[device_type]
     return _engine_allowance(
         device_type, engine.fragmentation is None, engine.context_bytes is None
     )
@@ -117,6 +116,8 @@ def _engine_allowance(device_type: str, add_reserve: bool, add_outside: bool) ->
     """The device's allowances, less the reserve and the outside bytes an engine counts
     (cached: ``rank`` asks once per layout)."""
     device = ALLOWANCES[device_type]
+    if add_reserve and add_outside:
+        return device
     return replace(
         device,
         fragmentation=device.fragmentation if add_reserve else 1.0,
@@ -138,7 +139,7 @@ def predicted_to_fit(
     predicted: int | None,
     limit: int | None,
     device_type: str,
-    engine: MemoryTraits | None = None,
+    engine: MemoryTraits = AUTOTUNE_MEMORY,
 ) -> bool:
     """Whether a prediction (None: unknown) leaves room to run on ``device_type``; unknown
     ones are run and their measured peak decides. ``engine``: the prediction is of that

@@ -399,11 +399,12 @@ def test_screen_keeps_every_layout_that_fits(engine):
     # Every newer knob enumerated (SP, cp 1/2/4/8, HSDP, virtual stages): the layouts the
     # screen keeps and that fit are exactly those of the whole grid that fit, each estimated,
     # in autotune's runtime's memory and in each engine's.
-    from autotune.model.engine_memory import MEMORY_TRAITS, estimate_engine_memory
+    from autotune.model.engine_memory import estimate_engine_memory
+    from autotune.model.engines import engine_traits
     from autotune.ranking.space import screened_layouts
     from autotune.search.screen import allowance, predicted_to_fit
 
-    traits = MEMORY_TRAITS[engine]
+    traits = engine_traits(engine).memory
 
     base = dataclasses.replace(_base("gpt-tiny", 8, 16, 256), precision="bf16-mixed")
     shape = base.workload.shape

@@ -10,7 +10,6 @@ import pytest
 from autotune.config import GIB, TrialConfig, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.model.cluster import load_cluster
-from autotune.model.engine_memory import MEMORY_TRAITS
 from autotune.model.engines import engine_traits
 from autotune.ranking.compare import compare_to_top, parse_layout
 from autotune.ranking.score import rank_layouts
@@ -44,7 +43,7 @@ def _ranking():
         shape=SHAPE,
         limit_bytes=int(80 * GIB),
         engine=engine,
-        memory_traits=MEMORY_TRAITS["megatron"],
+        memory_traits=engine.memory,
     )
     return base, cluster, engine, ranking
 
