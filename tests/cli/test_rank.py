@@ -487,3 +487,15 @@ def test_default_hsdp_replicas_follow_each_layouts_dp():
     assert _replica_counts(1024, None) == [1, 16, 128]
     assert _replica_counts(8, None) == [1]
     assert _replica_counts(128, (4,)) == [4]
+
+
+def test_the_peak_words_follow_the_engine_profiles_memory_part():
+    # autotune's runtime (its profile's memory part, a preset like the others) states its
+    # peak as allocated bytes without saying so; another engine says what its peak counts.
+    from autotune.cli.rank import _peak_words
+    from autotune.model.engines import engine_traits
+
+    assert _peak_words(engine_traits("autotune").memory) == "peak"
+    assert _peak_words(engine_traits("deepspeed").memory) == "peak, reserved + context"
+    assert _peak_words(engine_traits("torchtitan").memory) == "peak, reserved"
+    assert _peak_words(engine_traits("megatron").memory) == "peak, allocated"
