@@ -122,9 +122,11 @@ def is_interleaved(config: TrialConfig) -> bool:
 
 
 def fsdp_shards(config: TrialConfig) -> bool:
-    """Whether FSDP2 shards the parameters at rest: ZeRO-2/3 over more than one data-parallel
-    rank (``parallel/zero.py``), whose mixed precision keeps fp32 shards (:func:`state_bytes`)."""
-    return config.dp_degree > 1 and config.zero_stage >= 2
+    """Whether FSDP2 shards the parameters at rest: ZeRO-2/3 over more than one of the ranks
+    that hold the same parameters, dp × cp (``parallel/zero.py``: ``apply_zero`` wraps nothing
+    when that mesh is one rank; context-parallel ranks share the shards), whose mixed precision
+    keeps fp32 shards (:func:`state_bytes`)."""
+    return config.dims.dp_cp_enabled and config.zero_stage >= 2
 
 
 @lru_cache(maxsize=4096)
@@ -149,7 +151,7 @@ class LayoutQuantities:
     """Bytes per element of each model state in that precision and mechanism
     (:func:`state_bytes`; FSDP2's fp32 shards when :attr:`fsdp`)."""
     fsdp: bool
-    """FSDP2 shards the parameters at rest (:func:`fsdp_shards`: ZeRO-2/3, dp > 1)."""
+    """FSDP2 shards the parameters at rest (:func:`fsdp_shards`: ZeRO-2/3, dp × cp > 1)."""
     vocab: int
     """Vocabulary size: the workload's ``vocab_size``, else the shape's (an explicit shape
     brings its own)."""

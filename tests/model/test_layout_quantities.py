@@ -99,3 +99,35 @@ def test_chunks_go_round_robin_over_the_pipeline_ranks():
     config = dataclasses.replace(_interleaved(), pp_degree=4, virtual_stages=2)
     q = LayoutQuantities.of(config, shape, "bf16-mixed")
     assert q.chunk_layers == ((3, 4), (5, 4), (4, 4), (4, 3))
+
+
+def test_context_parallel_ranks_alone_are_fsdp_shards_in_both_models():
+    # world 2 = cp 2 × dp 1, ZeRO-3, bf16-mixed: the trial's FSDP2 mesh is dp × cp = 2 ranks
+    # (parallel/zero.py wraps whenever it is more than one), so the states are fp32 shards
+    # over 2, not bf16 model states with an fp32 master copy.
+    workload = WorkloadSpec(family="llama", size="tiny", seq_len=256, global_batch_size=2)
+    config = TrialConfig(
+        world_size=2,
+        cp_degree=2,
+        zero_stage=3,
+        micro_batch_size=1,
+        precision="bf16-mixed",
+        device="cuda",
+        workload=workload,
+    )
+    config.validate()
+    assert config.dp_degree == 1
+    q = LayoutQuantities.of(config, workload.shape, "bf16-mixed")
+    assert q.fsdp
+    assert q.state_bytes == StateBytes(parameter=4, gradient=4, master=0, moment=4, compute=2)
+    # llama-tiny: 4 blocks of 2·64 (norms) + 64·64 + 2·(32·64) + 64·64 (q, k, v, o with 2 KV
+    # heads of 16) + 3·176·64 (SwiGLU) = 128 + 12,288 + 33,792 = 46,208; embedding and head
+    # 2·512·64 = 65,536, final norm 64: 4·46,208 + 65,600 = 250,432 parameters.
+    params = 250_432
+    assert workload.shape.num_params() == params
+    est = memory.estimate_memory(config, device_type="cuda").as_dict()
+    assert est["parameters"] == est["gradients"] == 4 * params // 2 == 500_864
+    # The time model's data-parallel collectives move FSDP's element sizes: fp32 gradients
+    # reduced, bf16 parameters gathered.
+    moved = perf_model.data_parallel_bytes(config, "cuda")
+    assert (moved.reduce, moved.gather, moved.at_rest) == (4, 2, 4)
