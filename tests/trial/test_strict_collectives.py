@@ -60,6 +60,18 @@ def _collective_scenarios(rank: int) -> dict[str, str]:
     out["splits_all_to_all"] = _outcome(
         lambda: dist.all_to_all_single(torch.empty(2), torch.ones(2), outs, [1, 1])
     )
+    # expert parallelism's dispatch: uneven splits that agree pass; a strided input or a
+    # dtype that differs across the ranks does not
+    sends, gets = ([3, 1], [3, 2]) if rank == 0 else ([2, 2], [1, 2])
+    out["uneven_all_to_all"] = _outcome(
+        lambda: dist.all_to_all_single(torch.empty(sum(gets), 2), torch.ones(4, 2), gets, sends)
+    )
+    out["strided_all_to_all"] = _outcome(
+        lambda: dist.all_to_all_single(torch.empty(4, 2), strided, [2, 2], [2, 2])
+    )
+    out["dtype_all_to_all"] = _outcome(
+        lambda: dist.all_to_all_single(torch.empty(2, dtype=dtype), torch.ones(2, dtype=dtype))
+    )
     out["functional_strided"] = _outcome(lambda: funcol.all_reduce(strided, "sum", world))
     shape = (2, 2) if rank == 0 else (2, 3)
     out["functional_shape"] = _outcome(
@@ -109,6 +121,8 @@ def collective_outcomes() -> list[dict[str, str]]:
         ("dtype_all_reduce", "all_reduce on group"),
         ("shape_all_gather", "all_gather_into_tensor on group"),
         ("splits_all_to_all", "expects 2 elements from rank 0, which sends it 1"),
+        ("strided_all_to_all", "non-contiguous tensor"),
+        ("dtype_all_to_all", "all_to_all_single on group"),
         ("functional_strided", "functional all_reduce on group"),
         ("functional_shape", "functional all_gather_single on group"),
         ("object_on_trial_group", "all_gather_object on group"),
@@ -123,7 +137,8 @@ def test_rule_fires_on_its_planted_violation(collective_outcomes, scenario, mess
         assert all(o.startswith("raised") for o in outcomes), outcomes
         assert message in outcomes[0] and message in outcomes[1]
         return
-    if scenario in ("strided_reduce_scatter", "functional_strided", "object_on_trial_group"):
+    local = ("strided_reduce_scatter", "strided_all_to_all", "functional_strided")
+    if scenario in (*local, "object_on_trial_group"):
         assert all(message in o for o in outcomes), outcomes  # a local rule: each rank
         return
     assert all(o.startswith("raised") and message in o for o in outcomes), outcomes
@@ -131,7 +146,13 @@ def test_rule_fires_on_its_planted_violation(collective_outcomes, scenario, mess
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "scenario", ["contiguous_reduce_scatter", "same_all_gather", "object_on_gloo_side_group"]
+    "scenario",
+    [
+        "contiguous_reduce_scatter",
+        "same_all_gather",
+        "uneven_all_to_all",
+        "object_on_gloo_side_group",
+    ],
 )
 def test_right_call_passes(collective_outcomes, scenario):
     assert [ranks[scenario] for ranks in collective_outcomes] == ["ok", "ok"]
