@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, WorkloadError
-from autotune.shapes import ModelShape, detailed_shape
+from autotune.shapes import (
+    TP_COLUMN,
+    TP_REPLICATED,
+    TP_ROW,
+    HFShape,
+    ModelShape,
+    ParamTensor,
+    detailed_shape,
+)
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
 
@@ -159,31 +167,183 @@ def check_supported(config: Any, ref: str) -> None:
 # ---- the shape for the memory and performance models -----------------------------------------
 @lru_cache(maxsize=64)
 def hf_shape(ref: str) -> ModelShape:
-    """The architecture of an HF config as a :class:`ModelShape` (the memory and performance
-    models' input). GPT-2 maps to the ``gpt`` family (learned positions, LayerNorm, GELU MLP),
-    the Llama-style decoders to ``llama`` (RoPE, RMSNorm, SwiGLU), with the config's
-    ``head_dim`` and biases (GPT-2's, Qwen2's QKV: ``shapes.detailed_shape``). A GELU composed
-    of element-wise ops (GPT-2's default ``gelu_new``) saves more than the fused one the
-    activation formula counts."""
+    """The architecture of an HF causal LM as a :class:`ModelShape` (the memory and performance
+    models' input), read from its config and from the model transformers builds from it on the
+    meta device (:func:`meta_parts`): one block's parameter tensors with their TP plan's
+    sharding, the roots, the attention's geometry and parts. Where the plain parts say it all
+    (learned positions with LayerNorm and a GELU MLP, as GPT-2; RoPE with RMSNorm and a gated
+    MLP, as Llama), the shape is the plain one (``shapes.detailed_shape``); otherwise an
+    :class:`HFShape` carrying the rest. A GELU composed of element-wise ops (GPT-2's default
+    ``gelu_new``) saves more than the fused one the activation formula counts."""
     c = load_config(ref)
+    parts = meta_parts(c)
     heads = c.num_attention_heads
     ffn = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * c.hidden_size
+    # The MLP's width as the model builds it, where the config's names another (a GPT-2 config
+    # given an intermediate_size it does not read).
+    ffn = parts.pop("ffn") or ffn
     shape = ModelShape(
-        family="gpt" if c.model_type == "gpt2" else "llama",
+        family="gpt" if parts["first_roots"] else "llama",
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
         num_heads=heads,
-        num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        num_kv_heads=parts.pop("kv_heads") or getattr(c, "num_key_value_heads", None) or heads,
         ffn_hidden_size=ffn,
         vocab_size=c.vocab_size,
         max_seq_len=c.max_position_embeddings,
-        tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        tied_embeddings=parts.pop("tied"),
     )
-    return detailed_shape(
+    plain = detailed_shape(
         shape,
         head_dim=getattr(c, "head_dim", None),
-        attention_bias=c.model_type == "qwen2",
-        linear_bias=c.model_type == "gpt2",
+        attention_bias=parts.pop("attention_bias"),
+        linear_bias=parts.pop("linear_bias"),
+    )
+    full = HFShape(
+        **{f: getattr(shape, f) for f in ModelShape.__dataclass_fields__},
+        kv_channels=getattr(c, "head_dim", None) or shape.head_dim,
+        **parts,
+        **attention_parts(c),
+    )
+    return plain if _plain_says_it(plain, full) else full
+
+
+def _plain_says_it(plain: ModelShape, full: HFShape) -> bool:
+    """Whether the plain shape describes the model as its HF parts do: the same tensors' count,
+    two norms per block, no QK norm, window or soft-capping, and the plain family's MLP and
+    norm (gated with RMSNorm, or GELU with LayerNorm and learned positions)."""
+    same_params = plain.num_params() == full.num_params() and sum(
+        t.numel for t in plain.block_tensors()
+    ) == sum(t.numel for t in full.block_tensors())
+    return (
+        same_params
+        and full.block_norms == 2
+        and not (full.qk_norm or any(full.layer_windows) or full.attn_softcap)
+        and not full.final_softcap
+        and plain.mlp_kind == full.mlp_kind
+        and plain.norm_kind == full.norm_kind
+    )
+
+
+def attention_parts(c: Any) -> dict[str, Any]:
+    """The config's attention parts that change the cost: each layer's sliding window (from
+    ``layer_types`` and ``sliding_window``, or ``sliding_window`` on every layer where the family
+    has no layer types; a window of the whole context is none), soft-capping, the scores' scale
+    (``query_pre_attn_scalar``), the embedding multiplier and the MLP's activation."""
+    window = getattr(c, "sliding_window", None) or 0
+    if not getattr(c, "use_sliding_window", True) or window >= c.max_position_embeddings:
+        window = 0
+    types = getattr(c, "layer_types", None) or ["sliding_attention"] * c.num_hidden_layers
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    act = (
+        getattr(c, "hidden_activation", None)
+        or getattr(c, "hidden_act", None)
+        or getattr(c, "activation_function", None)
+        or "silu"
+    )
+    return dict(
+        layer_windows=windows if any(windows) else (),
+        attn_softcap=float(getattr(c, "attn_logit_softcapping", None) or 0.0),
+        final_softcap=float(getattr(c, "final_logit_softcapping", None) or 0.0),
+        query_scale=float(getattr(c, "query_pre_attn_scalar", None) or 0.0),
+        embedding_multiplier=float(getattr(c, "embedding_multiplier", None) or 1.0),
+        activation=str(act),
+    )
+
+
+def _tp_kind(plan: dict[str, str], module: str, leaf: str) -> str:
+    """How the TP plan shards one block tensor (``module``'s ``leaf`` parameter): colwise styles
+    on dim 0 with their biases, rowwise ones on dim 1 (their bias whole), the rest replicated."""
+    style = next((v for k, v in plan.items() if k.partition(".*.")[2] == module), "")
+    if style.startswith("colwise"):
+        return TP_COLUMN
+    if style.startswith("rowwise"):
+        return TP_ROW if leaf == "weight" else TP_REPLICATED
+    return TP_REPLICATED
+
+
+def _block_tensors(c: Any, block: Any) -> tuple[tuple[ParamTensor, ...], dict[str, Any]]:
+    """One block's tensors as (rows, columns) with their sharding, and what its norms say: how
+    many over the hidden state, whether they hold biases, the QK norms' reach; its biases."""
+    plan = getattr(c, "base_model_tp_plan", None) or {}
+    tensors, norms, qk, biased, weights = [], [], [], set(), set()
+    for name, p in block.named_parameters():
+        module, _, leaf = name.rpartition(".")
+        rows, cols = (tuple(p.shape) + (1,))[:2]
+        tensors.append(ParamTensor(name, rows, cols, _tp_kind(plan, module, leaf)))
+        if p.dim() == 2:
+            weights.add(module)
+        elif leaf == "bias":
+            biased.add(module)
+        elif "." in module:
+            qk.append(rows)
+        else:
+            norms.append(module)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return tuple(tensors), dict(
+        block_norms=len(norms),
+        norm_bias=any(n in biased for n in norms),
+        qk_norm=("head" if min(qk) == head_dim else "all") if qk else "",
+        linear_bias=bool(weights) and weights <= biased,
+        attention_bias=bool(biased & weights),
+    )
+
+
+def _mlp(c: Any, block: Any) -> dict[str, int]:
+    """The MLP's kind and width and the attention's key/value heads, as the built block holds
+    them: the attention is the block's child that has a ``head_dim`` (as transformers'
+    attention modules do), its matrices 2·h·(q + kv) elements; the MLP's matrices are the
+    block's other ones, gated where they hold three times the smallest one's elements (gate, up
+    and down, or a fused gate_up and down), its width the smallest one's elements over h. A
+    config may name sizes its family does not read (GPT-2 given num_key_value_heads)."""
+    h, heads = c.hidden_size, c.num_attention_heads
+    attn = next((m for m in block.children() if hasattr(m, "head_dim")), None)
+    head_dim = getattr(attn, "head_dim", None) or getattr(c, "head_dim", None) or h // heads
+    inside = {id(p) for p in attn.parameters()} if attn is not None else set()
+    mats = [(p.numel(), id(p) in inside) for p in block.parameters() if p.dim() == 2]
+    mlp = [n for n, a in mats if not a]
+    attn_elements = sum(n for n, a in mats if a)
+    kv_heads = (attn_elements // (2 * h) - heads * head_dim) // head_dim if attn else 0
+    if not mlp:
+        return dict(gated=True, ffn=0, kv_heads=kv_heads)
+    return dict(gated=sum(mlp) >= 2.5 * min(mlp), ffn=min(mlp) // h, kv_heads=kv_heads)
+
+
+def meta_parts(c: Any) -> dict[str, Any]:
+    """The model transformers builds from config ``c`` on the meta device (no memory), read as
+    the shape's parts: the layer stack (the ModuleList of ``num_hidden_layers`` blocks), its
+    first block's tensors and norms, the roots beside the token embedding and the head (learned
+    positions before the blocks, the final norms after them), tied embeddings, a gated MLP
+    (three h×f matrices' worth, rather than two)."""
+    transformers = import_transformers()
+    # torch as transformers imports it: building the model is transformers' work, and this
+    # module, which the arithmetic models reach through the config, imports no torch itself.
+    torch = transformers.modeling_utils.torch
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(c)
+    stack = next(
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) == c.num_hidden_layers
+    )
+    block, parts = _block_tensors(c, stack[0])
+    inside = {id(p) for p in stack.parameters()}
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    first, last = [], []
+    for name, p in model.named_parameters():
+        if id(p) in inside or p is embed or p is head:
+            continue
+        rows, cols = (tuple(p.shape) + (1,))[:2]
+        tensor = ParamTensor(name, rows, cols, TP_REPLICATED)
+        (first if p.dim() == 2 else last).append(tensor)
+    return dict(
+        block=block,
+        first_roots=tuple(first),
+        last_roots=tuple(last),
+        tied=head is embed,
+        **_mlp(c, stack[0]),
+        **parts,
     )
 
 

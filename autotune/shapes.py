@@ -177,6 +177,77 @@ class DetailedShape(ModelShape):
         return self.kv_channels or self.hidden_size // self.num_heads
 
 
+@dataclass(frozen=True, slots=True)
+class HFShape(DetailedShape):
+    """A Hugging Face causal LM's shape as the built model holds it, where the plain parts do not
+    say it: its block's tensors as listed by the meta-device model (fused qkv and gate_up,
+    extra norms, QK norms, each with its TP plan's sharding), its roots, and the attention's
+    parts that change its cost (QK norms, sliding windows, soft-capping). Read by
+    ``hf_config.hf_shape``; no family is named here."""
+
+    block: tuple[ParamTensor, ...] = ()
+    """One block's parameters in module order (every block of the model has the same)."""
+    first_roots: tuple[ParamTensor, ...] = ()
+    """The parameters the first stage holds beside the token embedding (learned positions)."""
+    last_roots: tuple[ParamTensor, ...] = ()
+    """The final stage's parameters beside the head (the final norm's)."""
+    gated: bool = True
+    """The MLP multiplies an activated gate into its up projection (SwiGLU, GeGLU)."""
+    activation: str = "silu"
+    norm_bias: bool = False
+    """The block's norms hold a bias (LayerNorm) rather than a weight only (RMSNorm)."""
+    block_norms: int = 2
+    """Norms over the hidden state per block (Gemma: 4, before and after attention and MLP)."""
+    qk_norm: str = ""
+    """``head`` (a norm over each head's head_dim on q and k), ``all`` (over all heads' q and
+    k), or empty."""
+    layer_windows: tuple[int, ...] = ()
+    """Each layer's sliding window (keys a query sees), 0 where it attends to every earlier key;
+    empty: every layer full."""
+    attn_softcap: float = 0.0
+    """Attention logits soft-capped as cap·tanh(x / cap) (0: not)."""
+    final_softcap: float = 0.0
+    """The output logits soft-capped the same way (0: not)."""
+    query_scale: float = 0.0
+    """The attention scores' scale is 1/√query_scale rather than 1/√head_dim (0: head_dim)."""
+    embedding_multiplier: float = 1.0
+
+    @property
+    def mlp_kind(self) -> str:
+        return "swiglu" if self.gated else "gelu"
+
+    @property
+    def norm_kind(self) -> str:
+        return "layernorm" if self.norm_bias else "rmsnorm"
+
+    @property
+    def learned_positions(self) -> bool:
+        return bool(self.first_roots)
+
+    def block_tensors(self) -> tuple[ParamTensor, ...]:
+        return self.block
+
+    def root_tensors(
+        self, vocab_size: int | None = None, *, first: bool = True, last: bool = True
+    ) -> tuple[ParamTensor, ...]:
+        v, h = vocab_size or self.vocab_size, self.hidden_size
+        out: list[ParamTensor] = []
+        if first:
+            out += (ParamTensor("tok_embeddings.weight", v, h, TP_VOCAB), *self.first_roots)
+        if last:
+            out += self.last_roots
+            if not (self.tied_embeddings and first):
+                out.append(ParamTensor("output.weight", v, h, TP_VOCAB))
+        return tuple(out)
+
+
+def window_keys(window: int, seq: int) -> int:
+    """(query, key) pairs a causal attention over ``seq`` tokens computes where each query sees
+    its ``window`` latest keys (itself included; 0: all earlier keys): Σᵢ min(i + 1, w)."""
+    w = seq if window <= 0 or window >= seq else window
+    return seq * w - w * (w - 1) // 2
+
+
 def detailed_shape(
     shape: ModelShape, *, head_dim: int | None, attention_bias: bool, linear_bias: bool
 ) -> ModelShape:
