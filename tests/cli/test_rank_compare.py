@@ -65,7 +65,7 @@ def test_the_top_pick_compares_first_and_a_slower_layout_names_its_largest_loss(
 def test_a_layout_key_the_option_does_not_know_is_refused_in_one_line():
     base = TrialConfig(world_size=8)
     with pytest.raises(ConfigError, match="KEY one of tp, pp"):
-        parse_layout("tp=2,ep=2", base)
+        parse_layout("tp=2,xq=2", base)
     assert parse_layout("tp=2,ac=full,overlap=off", base) == dataclasses.replace(
         base, tp_degree=2, activation_checkpointing="full", overlap_enabled=False
     )
