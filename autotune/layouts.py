@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 
 from autotune.config import CHECKPOINTING_MODES, PP_SCHEDULES, ZERO_STAGES, TrialConfig
 from autotune.errors import ConfigError
 from autotune.knobs import (
     DEFAULT_BUCKET_MB,
+    KNOB_BY_FIELD,
     KNOB_ORDER,
     KNOB_WORDS,
     SEARCHED_BY_DEFAULT,
     short_marks,
 )
+from autotune.parallel_dims import ParallelDims
 
 # The knobs' tables are derived from their one declaration (``knobs.KNOBS``).
 __all__ = [
@@ -28,8 +31,11 @@ __all__ = [
     "KNOB_ORDER",
     "KNOB_WORDS",
     "SEARCHED_BY_DEFAULT",
+    "DEGREE_KNOBS",
+    "degree_fields",
     "divisors",
     "enumerate_configs",
+    "layout_degrees",
     "knobs_in_words",
     "short_name",
 ]
@@ -43,6 +49,44 @@ def knobs_in_words() -> str:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+DEGREE_KNOBS = ("tp_degree", "pp_degree", "cp_degree")
+"""The degrees a layout enumerator walks, outermost first: knobs of the registry
+(``knobs.KNOBS``), each a ``ParallelDims`` degree (its field less ``_degree``). Data
+parallelism takes the rest of the world; HSDP's replicas are chosen per layout after."""
+
+
+def _dim(field: str) -> str:
+    """A degree knob's ``ParallelDims`` name: its field less ``_degree``."""
+    return field.removesuffix("_degree")
+
+
+def degree_fields(dims: ParallelDims) -> dict[str, int]:
+    """``dims``' ``DEGREE_KNOBS`` as the config's fields, to build a layout under them."""
+    return {field: getattr(dims, _dim(field)) for field in DEGREE_KNOBS}
+
+
+def layout_degrees(
+    world: int, global_batch: int | None, bounds: Mapping[str, Sequence[int] | None]
+) -> Iterator[ParallelDims]:
+    """The one layout enumerator's degrees: each combination of ``bounds``' values (one list
+    per ``DEGREE_KNOBS`` field, in that order; a field it omits or gives as None or empty
+    takes its knob's search default where the registry declares one, else every divisor of
+    the world) whose product divides the world and whose data-parallel degree divides the
+    global batch (any, where it is None), as ``ParallelDims`` (dp_replicate 1). The search space
+    (``enumerate_configs``) and ``rank`` (``ranking.space.screened_layouts``) pass their
+    bounds; each builds its layouts under these degrees."""
+    values = [
+        bounds.get(field) or KNOB_BY_FIELD[field].search_default or divisors(world)
+        for field in DEGREE_KNOBS
+    ]
+    for degrees in itertools.product(*values):
+        if world % math.prod(degrees):
+            continue
+        dims = ParallelDims.of(world, **{_dim(f): d for f, d in zip(DEGREE_KNOBS, degrees)})
+        if global_batch is None or global_batch % dims.dp == 0:
+            yield dims
 
 
 def enumerate_configs(
@@ -60,17 +104,15 @@ def enumerate_configs(
     """Yield every valid config that differs from ``base`` in the given knobs. ``extra`` maps
     the newer knobs (``SEARCHED_BY_DEFAULT``'s) to their values; those it omits take their
     default values."""
-    world = base.world_size
     global_batch = base.workload.global_batch_size
     newer = {**SEARCHED_BY_DEFAULT, **(extra or {})}
-    for tp, pp, cp in itertools.product(
-        tp_degrees or divisors(world), pp_degrees or divisors(world), newer["cp_degree"]
-    ):
-        if world % (tp * pp * cp):
-            continue
-        dp = world // (tp * pp * cp)
-        if global_batch % dp:
-            continue
+    bounds = {
+        "tp_degree": tp_degrees or divisors(base.world_size),
+        "pp_degree": pp_degrees or divisors(base.world_size),
+        "cp_degree": newer["cp_degree"],
+    }
+    for dims in layout_degrees(base.world_size, global_batch, bounds):
+        pp, dp = dims.pp, dims.dp
         schedules = pp_schedules if pp > 1 else (base.pp_schedule,)
         stages = (0,) if dp == 1 and dedupe_zero_at_dp1 else zero_stages
         for micro, zero, ac, schedule, ov in itertools.product(
@@ -78,9 +120,7 @@ def enumerate_configs(
         ):
             config = dataclasses.replace(
                 base,
-                tp_degree=tp,
-                pp_degree=pp,
-                cp_degree=cp,
+                **degree_fields(dims),
                 micro_batch_size=micro,
                 zero_stage=zero,
                 activation_checkpointing=ac,

@@ -36,10 +36,11 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.knobs import KNOB_BY_FIELD
-from autotune.layouts import SEARCHED_BY_DEFAULT, divisors
+from autotune.layouts import SEARCHED_BY_DEFAULT, degree_fields, divisors, layout_degrees
 from autotune.model.engine_memory import engine_states_lower_bound, estimate_engine_memory
 from autotune.model.engines import AUTOTUNE_MEMORY
 from autotune.model.memory import MemoryTraits, activation_lower_bound, states_lower_bound
+from autotune.parallel_dims import ParallelDims
 from autotune.search.screen import allowance
 from autotune.search.space import DEFAULT_BUCKETS_MB, SearchSpace
 from autotune.shapes import ModelShape
@@ -177,17 +178,12 @@ def no_layout_message(base: TrialConfig, shape: ModelShape | None) -> str:
     world, batch = base.world_size, base.workload.global_batch_size
     rules = shape_rules(shape) or {}
     structural = []  # dp of each (tp, pp, cp) the model allows, one micro-batch each
-    for tp, pp, cp in itertools.product(
-        divisors(world), divisors(world), SEARCHED_BY_DEFAULT["cp_degree"]
-    ):
-        if world % (tp * pp * cp):
-            continue
-        dp = world // (tp * pp * cp)
+    bounds = {"tp_degree": divisors(world), "pp_degree": divisors(world)}  # cp: its default
+    for dims in layout_degrees(world, None, bounds):
+        dp = dims.dp
         config = dataclasses.replace(
             base,
-            tp_degree=tp,
-            pp_degree=pp,
-            cp_degree=cp,
+            **degree_fields(dims),
             micro_batch_size=1,
             pp_schedule="gpipe",
             workload=dataclasses.replace(base.workload, global_batch_size=dp),
@@ -241,12 +237,14 @@ def screened_layouts(
     holds at least as much)."""
     out = Screened()
     world, batch = base.world_size, base.workload.global_batch_size
-    for tp, pp, cp in itertools.product(tp_degrees, divisors(world), choices["cp_degree"]):
-        if world % (tp * pp * cp) or batch % (world // (tp * pp * cp)):
-            continue
-        dp = world // (tp * pp * cp)
+    bounds = {
+        "tp_degree": tp_degrees,
+        "pp_degree": divisors(world),
+        "cp_degree": choices["cp_degree"],
+    }
+    for dims in layout_degrees(world, batch, bounds):
         over = set()  # (zero, schedule, v) whose states failed at fewer HSDP replicas
-        for group in _groups(base, tp, pp, cp, dp, choices):
+        for group in _groups(base, dims, choices):
             key = (group.zero_stage, group.pp_schedule, group.virtual_stages)
             # More replicas, smaller shard groups, larger shards: once the states cannot fit,
             # they cannot with more replicas either (the groups come in ascending replicas).
@@ -261,8 +259,10 @@ def screened_layouts(
     return out
 
 
-def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict[str, tuple]):
-    """One config per (ZeRO stage, HSDP replicas, schedule, virtual stages) of a (tp, pp, cp)."""
+def _groups(base: TrialConfig, dims: ParallelDims, choices: dict[str, tuple]):
+    """One config per (ZeRO stage, HSDP replicas, schedule, virtual stages) of a layout's
+    degrees (``layouts.layout_degrees``)."""
+    pp, dp = dims.pp, dims.dp
     zeros = (0,) if dp == 1 else ZERO_STAGES
     for zero, schedule in itertools.product(zeros, PP_SCHEDULES if pp > 1 else (base.pp_schedule,)):
         replicas = [
@@ -275,9 +275,7 @@ def _groups(base: TrialConfig, tp: int, pp: int, cp: int, dp: int, choices: dict
         for rep, v in itertools.product(replicas, stages):
             yield with_fields(
                 base,
-                tp_degree=tp,
-                pp_degree=pp,
-                cp_degree=cp,
+                **degree_fields(dims),
                 zero_stage=zero,
                 dp_replicate=rep,
                 pp_schedule=schedule,

@@ -1,0 +1,74 @@
+"""The one layout enumerator (``layouts.layout_degrees``): its degrees by hand, and the search
+space's grid and ``rank``'s screened layouts both walking exactly its degrees in its order."""
+
+from __future__ import annotations
+
+from autotune.config import TrialConfig, WorkloadSpec
+from autotune.layouts import layout_degrees
+from autotune.ranking.space import screened_layouts
+from autotune.search.space import SearchSpace
+
+
+def _walk(dims) -> list[tuple[int, int, int, int]]:
+    return [(d.tp, d.pp, d.cp, d.dp) for d in dims]
+
+
+def test_degrees_by_hand():
+    # world 8, global batch 4: tp ∈ {1, 2}, pp every divisor of 8, cp ∈ {1, 2}; kept where
+    # tp·pp·cp divides 8 and dp = 8 / (tp·pp·cp) divides 4 (so dp 8 is not), tp outermost.
+    got = _walk(layout_degrees(8, 4, {"tp_degree": (1, 2), "cp_degree": (1, 2)}))
+    assert got == [
+        (1, 1, 2, 4),
+        (1, 2, 1, 4),
+        (1, 2, 2, 2),
+        (1, 4, 1, 2),
+        (1, 4, 2, 1),
+        (1, 8, 1, 1),
+        (2, 1, 1, 4),
+        (2, 1, 2, 2),
+        (2, 2, 1, 2),
+        (2, 2, 2, 1),
+        (2, 4, 1, 1),
+    ]
+    # No batch: every tiling of the world; dp_replicate 1 (HSDP is chosen per layout after).
+    everything = list(layout_degrees(4, None, {"cp_degree": (1,)}))
+    assert _walk(everything) == [
+        (1, 1, 1, 4),
+        (1, 2, 1, 2),
+        (1, 4, 1, 1),
+        (2, 1, 1, 2),
+        (2, 2, 1, 1),
+        (4, 1, 1, 1),
+    ]
+    assert {d.dp_replicate for d in everything} == {1}
+
+
+def _first_seen(configs) -> list[tuple[int, int, int, int]]:
+    seen: dict[tuple[int, int, int, int], None] = {}
+    for c in configs:
+        seen.setdefault((c.tp_degree, c.pp_degree, c.cp_degree, c.dp_degree), None)
+    return list(seen)
+
+
+def test_the_search_space_and_rank_walk_its_degrees_in_its_order():
+    workload = WorkloadSpec(family="llama", size="tiny", seq_len=256, global_batch_size=8)
+    base = TrialConfig(world_size=8, workload=workload, device="cuda", precision="bf16-mixed")
+    cps = (1, 2)
+    walked = _walk(layout_degrees(8, 8, {"tp_degree": (1, 2), "cp_degree": cps}))
+    expected = [d for d in walked if d[1] <= 4]  # pp ≤ llama-tiny's 4 layers (validate)
+    grid = SearchSpace(
+        base, narrowed={"tp_degree": [1, 2], "cp_degree": list(cps)}
+    ).configs  # the search space (layouts.enumerate_configs)
+    assert _first_seen(grid) == expected
+    choices = {
+        "sequence_parallel": (True,),
+        "cp_degree": cps,
+        "dp_replicate": None,
+        "virtual_stages": (2,),
+        "compile": (False,),
+        "float8": (False,),
+    }
+    screened = screened_layouts(
+        base, workload.shape, choices, tp_degrees=[1, 2], fits=lambda b: True
+    )  # rank's, nothing dropped
+    assert _first_seen(screened.layouts) == expected
