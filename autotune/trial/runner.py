@@ -412,6 +412,7 @@ def run_rank(config: TrialConfig) -> RankResult:
             "master_copy_bytes": master_copy_bytes(pm.dp.optimizer),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "non_allocator_bytes": outside.bytes() if outside is not None else None,
+            **({"tokens_per_expert": pm.moe_step.history} if pm.moe_step is not None else {}),
             **extra,
         },
     )

@@ -186,11 +186,24 @@ def local_params(part: nn.Module) -> set[nn.Parameter]:
     return getattr(part, LOCAL_PARAMS, set())
 
 
-def moe_step(
-    parts: list[nn.Module], config: TrialConfig, mesh: TrialMesh
-) -> Callable[[], None] | None:
+class MoEStep:
+    """What runs before each optimizer step of a mixture of experts: ``run()``; ``history``:
+    per step, this rank's (token, slot) pairs routed to each expert of each of its MoE layers
+    ([layers][E], summed over the step's micro-batches; twice each under full recomputation,
+    which runs the router again), the measured routing a trial stores."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.history: list[list[list[float]]] = []
+        self._run = run
+
+    def __call__(self) -> None:
+        self._run(self.history)
+
+
+def moe_step(parts: list[nn.Module], config: TrialConfig, mesh: TrialMesh) -> MoEStep | None:
     """What runs before each optimizer step of a mixture of experts (None for a dense model):
-    the experts' gradient sync under ep, then the balancing biases' update."""
+    the step's token counts recorded, the experts' gradient sync under ep, then the balancing
+    biases' update."""
     moes = [m for p in parts for m in moe_layers(p)]
     if not moes:
         return None
@@ -204,7 +217,8 @@ def moe_step(
             for name in grads.mesh_dim_names:
                 dist.all_reduce(counts, group=grads.get_group(name))
 
-    def step() -> None:
+    def step(history: list) -> None:
+        history.append([m.tokens_per_expert.tolist() for m in moes])
         if config.ep_degree > 1:
             for p in experts:
                 if p.grad is None:
@@ -213,5 +227,7 @@ def moe_step(
                     dist.all_reduce(p.grad, group=expert_dp)
                 p.grad.div_(stage_ranks)
         update_expert_bias(moes, reduce)
+        for m in moes:  # a layer without a bias keeps no count across steps either
+            m.tokens_per_expert.zero_()
 
-    return step
+    return MoEStep(step)

@@ -4,8 +4,10 @@ Dropless routing, ``moe-tiny`` (8 experts, top-2, one shared expert, the first l
 EP 2 on 2 gloo ranks under DDP, EP 2 × tp 2 on 4 ranks (the ep groups are the tp pairs, the
 experts' data group the dp pair), EP 2 × FSDP (ZeRO-3 and ZeRO-2, world 2 and 4) train every
 step to the single-process losses within ``test_layouts.LOSS_ATOL``; the reference steps the
-balancing bias before each optimizer step as the runner does. The negative control combines
-each token's output from another row (a permuted combine) and misses the reference by far more.
+balancing bias before each optimizer step as the runner does. The tokens per expert each rank
+stores per step (``RankResult.extra["tokens_per_expert"]``) add up to the one process's. The
+negative control combines each token's output from another row (a permuted combine) and misses
+the reference by far more.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ WORLD4 = [
 ]
 
 
-def reference_losses(config: TrialConfig, num_steps: int) -> list[float]:
-    """One process, the whole global batch, fp32, the bias stepped before each AdamW step."""
+def reference_losses(config: TrialConfig, num_steps: int, counts: list | None = None) -> list:
+    """One process, the whole global batch, fp32, the bias stepped before each AdamW step;
+    ``counts`` gets each step's tokens per expert per MoE layer."""
     workload = build_workload(config.workload, seed=config.seed)
     model = workload.model
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
@@ -52,6 +55,8 @@ def reference_losses(config: TrialConfig, num_steps: int) -> list[float]:
         inputs, targets = workload.batch(step)
         loss = workload.loss_fn(model(inputs), targets)
         loss.backward()
+        if counts is not None:
+            counts.append([m.tokens_per_expert.tolist() for m in moe_layers(model)])
         update_expert_bias(moe_layers(model))
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -74,7 +79,8 @@ def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None)
 
             expert.ExpertParallel.__init__ = wrong
         try:
-            out.append(run_rank(config).losses)
+            result = run_rank(config)
+            out.append((result.losses, result.extra["tokens_per_expert"]))
         finally:
             expert.ExpertParallel.__init__ = init
     return out
@@ -83,7 +89,7 @@ def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None)
 def _check(configs: list[TrialConfig], ranks: list) -> None:
     """Each of ``configs`` (the first results of every rank) trains to the reference."""
     for i, config in enumerate(configs):
-        losses, expected = ranks[0][i], reference_losses(config, NUM_STEPS)
+        losses, expected = ranks[0][i][0], reference_losses(config, NUM_STEPS)
         assert len(losses) == NUM_STEPS
         assert max(abs(a - b) for a, b in zip(losses, expected)) <= LOSS_ATOL, (
             config,
@@ -97,7 +103,14 @@ def _check(configs: list[TrialConfig], ranks: list) -> None:
 def test_ep2_matches_single_process_and_a_permuted_combine_does_not():
     ranks = run_ranks(2, _run_all, [*WORLD2, BASE], len(WORLD2), timeout=300.0)
     _check(WORLD2, ranks)
-    wrong, expected = ranks[0][-1], reference_losses(BASE, NUM_STEPS)
+    # the stored routing: per step, each rank's tokens per expert add up to the one process's
+    counts: list = []
+    reference_losses(BASE, NUM_STEPS, counts)
+    stored = torch.tensor([r[0][1] for r in ranks])  # [rank, step, layer, expert]
+    assert stored.shape == (2, NUM_STEPS, 3, 8)
+    assert torch.equal(stored.sum(0), torch.tensor(counts))
+    assert (stored.sum(-1) == 4 * 16 // 2 * 2).all()  # each rank: 32 tokens × top-2 a layer
+    wrong, expected = ranks[0][-1][0], reference_losses(BASE, NUM_STEPS)
     assert max(abs(a - b) for a, b in zip(wrong, expected)) > 10 * LOSS_ATOL
 
 
