@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autotune.shapes import TP_COLUMN, TP_ROW, TP_VOCAB, ModelShape, ParamTensor
+from autotune.shapes import TP_COLUMN, TP_ROW, TP_VOCAB, ModelShape, ParamTensor, window_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +110,34 @@ def part_block_bytes(layers: int, ac_layers: int | None, none: int, full: int) -
         return layers * full
     k = min(ac_layers, layers)
     return k * full + (layers - k) * none
+
+
+def attention_width(shape: ModelShape) -> int:
+    """The query's width, heads × head_dim: what Q·Kᵀ and softmax·V multiply over (the hidden
+    size only where head_dim is hidden / heads)."""
+    return shape.num_heads * shape.head_dim
+
+
+def _windows(shape: ModelShape) -> tuple[int, ...]:
+    return getattr(shape, "layer_windows", ()) or ()
+
+
+def attention_keys(shape: ModelShape, seq: int) -> float:
+    """(query, key) pairs per sequence that one layer's attention scores, averaged over the
+    layers, as the whole s × s square (what an eager or unmasked kernel computes, causal or
+    not): s² for a full layer; for a sliding-window layer twice the pairs its window leaves
+    (``shapes.window_keys``), so that the causal halving the time model applies leaves those
+    pairs. Full layers only: exactly s²."""
+    windows = _windows(shape)
+    if not any(0 < w < seq for w in windows):
+        return seq * seq
+    pairs = [2 * window_keys(w, seq) if 0 < w < seq else seq * seq for w in windows]
+    return sum(pairs) / len(pairs)
+
+
+def window_share(shape: ModelShape, seq: int) -> float:
+    """The share of a full layer's attention pairs the model's layers score, averaged
+    (:func:`attention_keys` over s²): 1 without sliding windows shorter than ``seq``."""
+    if seq <= 0 or not any(0 < w < seq for w in _windows(shape)):
+        return 1
+    return attention_keys(shape, seq) / (seq * seq)

@@ -81,6 +81,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
 from autotune.model import layout_quantities, roofline
 from autotune.model.cluster import GB, ClusterSpec, _ring_factor
+from autotune.model.description import attention_keys, attention_width, local_block
 from autotune.model.engines import (  # noqa: F401  (re-exported)
     AUTOTUNE_ENGINE,
     DEEPSPEED_ENGINE,
@@ -232,14 +233,14 @@ def layer_forward_flops(
     shape: ModelShape, *, seq_len: int, micro_batch: int
 ) -> tuple[float, float]:
     """(matmul FLOPs, attention-score FLOPs) of one layer's forward for one micro-batch, whole
-    (divide by tp for a rank). Narayanan et al. 2021 §5.1, generalised to GQA and SwiGLU."""
-    b, s, h, f = micro_batch, seq_len, shape.hidden_size, shape.ffn_hidden_size
-    kv = shape.num_kv_heads * shape.head_dim
-    mlp_mats = 3 if shape.family == "llama" else 2
-    projections = 2 * b * s * (2 * h * h + 2 * h * kv)
-    mlp = 2 * b * s * h * f * mlp_mats
-    scores = 4 * b * s * s * h  # Q·Kᵀ and softmax·V
-    return projections + mlp, scores
+    (divide by tp for a rank). Narayanan et al. 2021 §5.1, generalised to GQA, SwiGLU and any
+    block the description lists: 2·b·s FLOPs per element of each of its matrices (the block's
+    2-D tensors: q, k, v, o and the MLP's, fused or not), and Q·Kᵀ with softmax·V over the
+    query width (heads × head_dim) and the keys each layer's attention sees
+    (``description.attention_keys``: s² counted whole, a sliding window's masked pairs twice)."""
+    b, s = micro_batch, seq_len
+    matrices = sum(r * c for r, c in local_block(shape, 1).shapes if c > 1)
+    return 2 * b * s * matrices, 4 * b * attention_keys(shape, s) * attention_width(shape)
 
 
 @lru_cache(maxsize=64)

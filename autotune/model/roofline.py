@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.model.description import attention_width, window_share
 from autotune.shapes import ModelShape
 
 
@@ -94,7 +95,9 @@ FLASH_BACKWARD_RATIO = 2.5
 def causal_flash_flops(
     shape: ModelShape, *, batch: float, seq: float, keys: float, tp: int
 ) -> float:
-    """Forward FLOPs of causal flash attention on one TP rank: 4·b·s·keys·h / 2 / t (the
-    blocks above the diagonal skipped). ``keys``: the keys each query block sees (s without
-    context parallelism)."""
-    return 4 * batch * seq * keys * shape.hidden_size / 2 / tp
+    """Forward FLOPs of causal flash attention on one TP rank: 4·b·s·keys·q / 2 / t (the
+    blocks above the diagonal skipped; q the query width, heads × head_dim), times the share
+    of key pairs the layers' sliding windows leave (``description.window_share``). ``keys``:
+    the keys each query block sees (s without context parallelism)."""
+    width = attention_width(shape)
+    return 4 * batch * seq * keys * width / 2 / tp * window_share(shape, int(keys))
