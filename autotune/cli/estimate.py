@@ -228,7 +228,7 @@ class _Report:
     def as_json(self) -> dict:
         head = {
             "config": self.config.resolved(),
-            "shape": dataclasses.asdict(self.shape) if self.shape else None,
+            "shape": _shape_json(self.shape, self.config),
             "device": self.device,
         }
         stages = [e.as_dict() for e in self.stages]
@@ -341,6 +341,18 @@ def cluster_for_world(name_or_path: str, nodes: int | None, world_size: int) -> 
         cluster.check_world(world_size)
         return cluster
     return cluster.with_nodes(max(1, math.ceil(world_size / cluster.devices_per_node)))
+
+
+def _shape_json(shape: ModelShape | None, config: TrialConfig) -> dict | None:
+    """The shape the estimate read, with the parameter count it used: an explicit
+    architecture's, or a Hugging Face model's as read from its config and built model; None for
+    a built-in model (``--model`` names it) or a user workload."""
+    if shape is None and config.workload.hf_model is not None:
+        shape = config.workload.shape
+    if shape is None:
+        return None
+    fields = {f: getattr(shape, f) for f in ModelShape.__dataclass_fields__}
+    return {**fields, "head_dim": shape.head_dim, "num_params": shape.num_params()}
 
 
 def _engine_refusal(config: TrialConfig, shape: ModelShape | None) -> str | None:

@@ -53,3 +53,16 @@ def test_named_families_parts(tmp_path):
     gpt2 = _parts("gpt2", tmp_path / "gpt2")
     # GPT-2 reads neither the kit's intermediate_size nor its num_key_value_heads.
     assert (gpt2.family, gpt2.ffn_hidden_size, gpt2.num_kv_heads) == ("gpt", 128, 4)
+
+
+def test_estimate_json_reports_the_parameter_count_it_used(tmp_path, capsys):
+    import json
+
+    from autotune.cli.main import main
+
+    folder = write_tiny("gemma3_text", tmp_path)
+    flags = ["--world-size", "2", "--tp", "2", "--micro-batch", "1", "--global-batch", "4"]
+    assert main(["estimate", "--model", f"hf:{folder}", *flags, "--seq-len", "32", "--json"]) == 0
+    shape = json.loads(capsys.readouterr().out)["shape"]
+    assert shape["num_params"] == _built_params("gemma3_text")
+    assert (shape["head_dim"], shape["tied_embeddings"]) == (16, True)
