@@ -117,3 +117,30 @@ def test_ep2_matches_single_process_and_a_permuted_combine_does_not():
 @pytest.mark.slow
 def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
     _check(WORLD4, run_ranks(4, _run_all, WORLD4, timeout=300.0))
+
+
+def _spans_and_routing(rank: int, config: TrialConfig) -> tuple[list, list]:
+    from autotune.trial.runner import run_rank
+
+    result = run_rank(config)
+    spans = [(s.step, s.bytes) for s in result.spans if s.name == "all_to_all"]
+    return spans, result.extra["tokens_per_expert"]
+
+
+@pytest.mark.slow
+def test_the_profiled_all_to_all_bytes_are_what_the_routing_implies():
+    """EP 2, one profiled step of 2 micro-batches: per MoE layer and micro-batch the counts'
+    exchange (8 int64), the dispatch of the S rows a rank routes (its tokens × top-2, to its
+    own experts and the other rank's) and the combine of the R rows its experts took, each of
+    h fp32; backward sends both again. The profiler records each call's input buffer, so a
+    step's bytes are Σ_layers 2 · 64 + 2 · h · 4 · (S + R), S and R from the stored routing."""
+    config = dataclasses.replace(BASE, num_timed_steps=1, num_profiled_steps=1)
+    ranks = run_ranks(2, _spans_and_routing, config, timeout=300.0)
+    step = 1  # the timed step is 0, the profiled one 1
+    routing = torch.tensor([r[1][step] for r in ranks])  # [rank, layer, expert]
+    for rank, (spans, _) in enumerate(ranks):
+        mine = slice(4 * rank, 4 * rank + 4)  # experts 0-3 on rank 0, 4-7 on rank 1
+        sent = routing[rank].sum()
+        took = routing[:, :, mine].sum()
+        expected = 3 * 2 * 64 + 2 * 32 * 4 * (sent + took)
+        assert sum(b for s, b in spans if s == step) == expected, rank
