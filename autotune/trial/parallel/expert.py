@@ -33,7 +33,7 @@ from torch import nn
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.moe import MoE, moe_layers, update_expert_bias
-from autotune.trial.parallel.mesh import TrialMesh
+from autotune.trial.parallel.mesh import TrialMesh, group_timeout
 
 LOCAL_PARAMS = "_autotune_local_params"
 """The attribute of a model part naming the parameters data parallelism must not sync."""
@@ -83,7 +83,7 @@ def expert_groups(config: TrialConfig) -> tuple[dist.ProcessGroup, dist.ProcessG
 def _mine(rows: torch.Tensor, desc: str) -> dist.ProcessGroup:
     rank, mine = dist.get_rank(), None
     for members in rows.tolist():
-        group = dist.new_group(members, group_desc=desc)
+        group = dist.new_group(members, timeout=group_timeout(), group_desc=desc)
         mine = group if rank in members else mine
     return mine
 
