@@ -27,7 +27,7 @@ from autotune.model.cluster import ClusterSpec
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
-    EngineTraits,
+    EngineProfile,
     predict_step_time,
 )
 from autotune.shapes import ModelShape
@@ -124,7 +124,7 @@ def fit_calibration(
     cluster: ClusterSpec,
     *,
     start: Calibration | None = None,
-    engine: EngineTraits = AUTOTUNE_ENGINE,
+    engine: EngineProfile = AUTOTUNE_ENGINE,
     fitted: Sequence[str] = FITTED,
     fit_shapes: bool = True,
 ) -> FitReport:
@@ -152,7 +152,7 @@ def _informed_objective(
     samples: Sequence[Sample],
     cluster: ClusterSpec,
     start: Calibration,
-    engine: EngineTraits,
+    engine: EngineProfile,
     fitted: Sequence[str],
 ) -> tuple[_Objective, Any, Any]:
     """The fit's objective over the parameters of ``fitted`` the samples inform, and their
@@ -206,7 +206,7 @@ class _Objective:
 
     samples: Sequence[Sample]
     cluster: ClusterSpec
-    engine: EngineTraits
+    engine: EngineProfile
     start: Calibration
     names: list[str]
     """The parameters fitted, in the order of the vector ``x`` (their logs)."""
@@ -344,7 +344,7 @@ one measurement alone moves it halfway, so a single noisy trial cannot swing it.
 
 
 def _fit_shape_factors(
-    samples: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineTraits
+    samples: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineProfile
 ) -> Calibration:
     """Per layer shape, the factor on its layers' device time that zeroes the mean log error of
     the samples with that shape (bisection on log factor), shrunk toward 1 by sample count."""
@@ -379,7 +379,7 @@ def _fit_shape_factors(
 
 
 def _squared_log_errors(
-    group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineTraits
+    group: Sequence[Sample], cluster: ClusterSpec, cal: Calibration, engine: EngineProfile
 ) -> float:
     return sum(
         math.log(
@@ -397,7 +397,7 @@ def _zero_mean_log_error(
     group: Sequence[Sample],
     cluster: ClusterSpec,
     cal: Calibration,
-    engine: EngineTraits,
+    engine: EngineProfile,
     table: str,
     key: str,
 ) -> float | None:

@@ -248,13 +248,23 @@ class EngineProfile:
     elementwise_factor: float = 1.0
     """The engine's element-wise bytes over fused kernels' (the calibration's
     ``elementwise_bytes`` counts Megatron's fused norms, bias-GELU and bias-dropout-add)."""
+    fsdp_unit: str = "block"
+    """What ZeRO-3 gathers as one unit, each its own ring of collectives across nodes:
+    ``block``, one ``fully_shard`` per decoder block (torchtitan 0.3.0
+    ``models/llama3/infra/parallelize.py`` ``apply_fsdp``); ``bucket``, blocks grouped up to
+    ``bucket_mb`` (autotune's ``trial/parallel/zero.py`` ``_apply_fsdp``, ``group_blocks``);
+    ``submodule``, each parameterised submodule fetched on its own (DeepSpeed 0.19
+    ``runtime/zero/stage3.py``, ``partitioned_param_coordinator.py`` per-submodule fetch):
+    ``ZERO3_MODULES_PER_BLOCK`` per block."""
+    ac_regather: bool = False
+    """Under ZeRO-3 with full AC, the recomputed forward gathers the parameters again. False
+    for FSDP2 (torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_state.py`` ``_pre_forward``
+    unshards only groups not already unsharded, and the backward's pre-hook has just gathered
+    the block the recomputation runs in); True for DeepSpeed (``stage3.py``: the recomputed
+    submodules' forward pre-hooks fetch their partitioned parameters again)."""
     memory: MemoryTraits = AUTOTUNE_MEMORY
     """What the engine stores (its memory traits)."""
     source: str = ""
-
-
-EngineTraits = EngineProfile
-"""The profile's former name, which ``perf_model``, ``calibration`` and the CLI import."""
 
 
 AUTOTUNE_ENGINE = EngineProfile(
@@ -263,6 +273,7 @@ AUTOTUNE_ENGINE = EngineProfile(
     vocab_parallel=False,
     fused_column_inputs=False,
     fsdp2_data_parallel=True,
+    fsdp_unit="bucket",
     source="autotune/trial/parallel: DTensor ColwiseParallel q/k/v, FSDP2/DDP data parallelism",
 )
 TORCHTITAN_EAGER_ELEMENTWISE = 4.0
@@ -336,6 +347,8 @@ DEEPSPEED_ENGINE = EngineProfile(
     param_gather_overlap=False,
     distributed_optimizer=True,
     roofline=True,
+    fsdp_unit="submodule",
+    ac_regather=True,
     ac_modes=("none", "full"),
     source="microsoft/Megatron-DeepSpeed with deepspeed/runtime/zero: Megatron's TP plan "
     "without sequence parallelism (BigScience tr11), ZeRO-1/2 reduce-scatter with "

@@ -89,7 +89,7 @@ from autotune.model.engines import (  # noqa: F401  (re-exported)
     MEGATRON_ENGINE,
     MEGATRON_LEGACY_ENGINE,
     TORCHTITAN_ENGINE,
-    EngineTraits,
+    EngineProfile,
     engine_traits,
 )
 from autotune.model.layout_quantities import (
@@ -102,6 +102,12 @@ from autotune.model.layout_quantities import (
 )
 from autotune.model.memory import state_shards, sync_ranks
 from autotune.shapes import TP_VOCAB, ModelShape
+
+EngineTraits = EngineProfile
+"""Transitional: the profile's former name, still imported from here by ``cli/estimate.py``,
+``cli/rank.py``, ``ranking/compare.py``, ``ranking/score.py``,
+``search/strategies/model_guided.py`` and ``tests/testkit/published_rows.py``; to go once they
+import ``EngineProfile``."""
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
@@ -436,7 +442,7 @@ def uncoscheduled(cluster: ClusterSpec, group: int) -> float:
 
 
 def hooked_units(
-    config: TrialConfig, chunk_layers: Sequence[int], per_layer_bytes: float, engine: EngineTraits
+    config: TrialConfig, chunk_layers: Sequence[int], per_layer_bytes: float, engine: EngineProfile
 ) -> int:
     """FSDP2 units on one pipeline rank whose Python hooks run every micro-batch.
 
@@ -472,7 +478,7 @@ class _Step:
     cluster: ClusterSpec
     cal: Calibration
     shape: ModelShape
-    engine: EngineTraits
+    engine: EngineProfile
     device_type: str
     layout: LayoutQuantities
     """What the layout derives for both models: element sizes, tokens, micro-batches, chunks."""
@@ -524,7 +530,7 @@ def predict_step_time(
     calibration: Calibration | None = None,
     *,
     shape: ModelShape | None = None,
-    engine: EngineTraits = AUTOTUNE_ENGINE,
+    engine: EngineProfile = AUTOTUNE_ENGINE,
 ) -> StepTimeEstimate:
     """Predicted step time of ``config`` on ``cluster`` (see the module docstring).
 
@@ -554,7 +560,7 @@ class StepTimeModel:
         calibration: Calibration | None = None,
         *,
         shape: ModelShape | None = None,
-        engine: EngineTraits = AUTOTUNE_ENGINE,
+        engine: EngineProfile = AUTOTUNE_ENGINE,
     ) -> None:
         self.cluster, self.shape, self.engine = cluster, shape, engine
         self.calibration = calibration or Calibration.for_cluster(cluster)
@@ -626,7 +632,7 @@ def _setup(
     cluster: ClusterSpec,
     calibration: Calibration | None,
     shape: ModelShape | None,
-    engine: EngineTraits,
+    engine: EngineProfile,
 ) -> _Step:
     """The step's inputs, checked, and the figures every term reads."""
     cal = calibration or Calibration.for_cluster(cluster)
@@ -808,7 +814,7 @@ def selective_op_recompute(layer_fwd_s: float, attn_core_s: float) -> float:
 
 def sequence_parallel(step: _Step) -> bool:
     """Whether the layout runs sequence parallelism: the config asks for it, or the engine
-    runs it whenever tp > 1 (``EngineTraits.sequence_parallel``)."""
+    runs it whenever tp > 1 (``EngineProfile.sequence_parallel``)."""
     return step.config.tp_degree > 1 and (
         step.config.sequence_parallel or step.engine.sequence_parallel
     )
@@ -862,7 +868,7 @@ def _roofline_layer(step: _Step) -> tuple[float, float, float]:
 
 
 def elementwise_factor(step: _Step) -> float:
-    """The engine's element-wise bytes over fused kernels' (``EngineTraits.elementwise_factor``);
+    """The engine's element-wise bytes over fused kernels' (``EngineProfile.elementwise_factor``);
     with ``compile`` at most 1: regional ``torch.compile`` fuses each block's norm, rotary and
     activation chains into Triton kernels that read and write each tensor once, as Megatron's
     hand-fused kernels do (torchtitan ``apply_compile``)."""
@@ -1107,10 +1113,10 @@ def _fsdp_times(
     sync_s = collective_time(cluster, cal, dp_group, grad_bytes, kind="reduce_scatter")
     sync_s += hsdp_replica_time(step, grad_bytes)
     gathers = microbatches * (2 if zero == 3 else 1)
-    if engine.roofline and zero == 3 and config.activation_checkpointing == "full":
-        gathers += microbatches  # the recomputed forward gathers again (DeepSpeed, FSDP alike)
+    if engine.ac_regather and zero == 3 and config.activation_checkpointing == "full":
+        gathers += microbatches  # the recomputed forward gathers again (``ac_regather``)
     gather_s = gathers * collective_time(cluster, cal, dp_group, param_bytes, kind="all_gather")
-    if engine.roofline and zero == 3:
+    if zero == 3:
         gather_s += _zero3_ring_latency(step, dp_group, gathers)
     return sync_s, gather_s
 
@@ -1194,22 +1200,41 @@ def _distributed_optimizer_time(
 
 
 def _zero3_ring_latency(step: _Step, dp_group: _Group, gathers: int) -> float:
-    """The ring steps of ZeRO-3's per-module collectives across nodes: each of a layer's
-    ``ZERO3_MODULES_PER_LAYER`` parameter groups is gathered on its own (DeepSpeed
-    ``stage3.py`` fetches per submodule; FSDP per unit) in each of ``gathers`` passes, and its
+    """The ring steps of ZeRO-3's per-unit collectives across nodes, for every engine: each of
+    the rank's ``zero3_units`` is gathered on its own in each of ``gathers`` passes, and its
     gradient reduce-scattered per micro-batch; a ring all-gather or reduce-scatter over n ranks
     takes n − 1 steps of ``ring_step_latency_s`` (nccl-tests ``PERFORMANCE.md``: rings have no
     tree)."""
     if dp_group.nodes <= 1 or not step.cal.ring_step_latency_s:
         return 0.0
     passes = gathers + step.layout.num_microbatches  # + the gradients' reduce-scatters
-    per_pass = max(step.shape.num_layers // step.config.pp_degree, 1) * ZERO3_MODULES_PER_LAYER
+    per_pass = zero3_units(step, max(step.shape.num_layers // step.config.pp_degree, 1))
     return passes * per_pass * (dp_group.size - 1) * step.cal.ring_step_latency_s
 
 
-ZERO3_MODULES_PER_LAYER = 4
-"""Parameter groups a decoder layer gathers one by one under ZeRO-3: QKV, the attention output
-and the MLP's two linears (norm weights ride with them)."""
+def zero3_units(step: _Step, layers: int) -> int:
+    """The units a rank's ``layers`` blocks gather one by one under ZeRO-3, by the engine's
+    ``fsdp_unit``: ``ZERO3_MODULES_PER_BLOCK`` per block (``submodule``), one per block
+    (``block``), or blocks grouped up to bucket_mb by their bytes at rest (``bucket``)."""
+    unit = step.engine.fsdp_unit
+    if unit == "submodule":
+        return layers * ZERO3_MODULES_PER_BLOCK
+    return layers if unit == "block" else bucket_units(step, layers)
+
+
+def bucket_units(step: _Step, layers: int) -> int:
+    """FSDP units of ``layers`` blocks grouped up to bucket_mb by their parameters' bytes at
+    rest (``trial/parallel/zero.py``, ``group_blocks``)."""
+    unit_bytes = layer_params(step.shape) / step.config.tp_degree
+    unit_bytes *= step.data_parallel_bytes.at_rest
+    per_unit = max(1, math.ceil(step.config.bucket_mb * 2**20 / max(unit_bytes, 1.0)))
+    return math.ceil(layers / per_unit)
+
+
+ZERO3_MODULES_PER_BLOCK = 4
+"""Parameter groups a decoder block gathers one by one where ZeRO-3 fetches per submodule
+(DeepSpeed ``stage3.py``): QKV, the attention output and the MLP's two linears (norm weights
+ride with them)."""
 
 
 def _dp_collectives(step: _Step, grad_bytes: float, rank_layers: list[int]) -> int:
@@ -1218,12 +1243,9 @@ def _dp_collectives(step: _Step, grad_bytes: float, rank_layers: list[int]) -> i
     (blocks grouped up to bucket_mb, by their parameters' bytes at rest) at a time."""
     config = step.config
     zero, microbatches = config.zero_stage, step.layout.num_microbatches
-    bucket = config.bucket_mb * 2**20
     if zero <= 1:
-        return math.ceil(grad_bytes / bucket) * (2 if zero == 1 else 1)
-    unit_bytes = layer_params(step.shape) / config.tp_degree * step.data_parallel_bytes.at_rest
-    per_unit = max(1, math.ceil(bucket / max(unit_bytes, 1.0)))
-    units = math.ceil(max(rank_layers) / per_unit) + 1  # + the root's unit
+        return math.ceil(grad_bytes / (config.bucket_mb * 2**20)) * (2 if zero == 1 else 1)
+    units = bucket_units(step, max(rank_layers)) + 1  # + the root's unit
     return units * (1 + microbatches * (2 if zero == 3 else 1))
 
 
