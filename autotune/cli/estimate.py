@@ -52,6 +52,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.model.cluster import ClusterSpec, load_cluster
 from autotune.model.engine_memory import estimate_engine_memory
+from autotune.model.engines import EngineProfile
 from autotune.model.memory import (
     CATEGORIES,
     MemoryEstimate,
@@ -63,7 +64,6 @@ from autotune.model.memory import (
 from autotune.model.perf_model import (
     TERMS,
     Calibration,
-    EngineTraits,
     StepTimeEstimate,
     engine_traits,
     predict_step_time,
@@ -216,7 +216,7 @@ class _Report:
     stages: list[MemoryEstimate]
     own: _Figures
     refusal: str | None
-    engine: EngineTraits
+    engine: EngineProfile
     by_engine: _Figures
     cluster: ClusterSpec | None
 

@@ -61,8 +61,9 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.knobs import short_marks
 from autotune.layouts import KNOB_ORDER, knobs_in_words
 from autotune.model.cluster import ClusterSpec, load_cluster
+from autotune.model.engines import EngineProfile
 from autotune.model.memory import MemoryTraits
-from autotune.model.perf_model import EngineTraits, engine_traits
+from autotune.model.perf_model import engine_traits
 from autotune.ranking.collapse import COLLAPSE_TOLERANCE
 from autotune.ranking.compare import LAYOUT_KEYS, Comparison, compare_to_top, parse_layout
 from autotune.ranking.score import rank_screened
@@ -235,7 +236,7 @@ def _write_plot(
     base: TrialConfig,
     shape: ModelShape | None,
     cluster: ClusterSpec,
-    engine: EngineTraits,
+    engine: EngineProfile,
     limit_gib: float,
 ) -> None:
     """``--plot``: every row of the ranking as a plain record, drawn by ``dashboards.rank_plot``

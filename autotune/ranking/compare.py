@@ -13,7 +13,8 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.knobs import COMPARE_KEYS
 from autotune.model.cluster import ClusterSpec
-from autotune.model.perf_model import EngineTraits, StepTimeEstimate, predict_step_time
+from autotune.model.engines import EngineProfile
+from autotune.model.perf_model import StepTimeEstimate, predict_step_time
 from autotune.ranking.scored import Ranking, ScoredLayout
 from autotune.shapes import ModelShape
 
@@ -83,7 +84,7 @@ def compare_to_top(
     reference: TrialConfig,
     cluster: ClusterSpec,
     shape: ModelShape | None,
-    engine: EngineTraits,
+    engine: EngineProfile,
 ) -> Comparison:
     """The reference layout's predicted step, its place among ``ranking.fitting`` and the term
     (``perf_model.TERMS``) that most separates it from the top pick."""

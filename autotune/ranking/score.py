@@ -11,9 +11,9 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.model.cluster import ClusterSpec
 from autotune.model.engine_memory import estimate_engine_memory
-from autotune.model.engines import AUTOTUNE_MEMORY
+from autotune.model.engines import AUTOTUNE_MEMORY, EngineProfile
 from autotune.model.memory import MemoryTraits, estimate_memory, peak_lower_bound
-from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, EngineTraits, StepTimeModel
+from autotune.model.perf_model import AUTOTUNE_ENGINE, Calibration, StepTimeModel
 from autotune.progress import Progress
 from autotune.ranking.collapse import collapse_equivalent
 from autotune.ranking.scored import Ranking, ScoredLayout
@@ -39,7 +39,7 @@ def rank_screened(
     choices: dict[str, tuple],
     *,
     limit_bytes: int,
-    engine: EngineTraits = AUTOTUNE_ENGINE,
+    engine: EngineProfile = AUTOTUNE_ENGINE,
     memory_traits: MemoryTraits = AUTOTUNE_MEMORY,
     ac_layers: int | None = None,
     progress: Callable[[int], ScoringProgress | None] = ScoringProgress,
@@ -85,7 +85,7 @@ def rank_layouts(
     calibration: Calibration | None = None,
     progress: ScoringProgress | None = None,
     memory_traits: MemoryTraits = AUTOTUNE_MEMORY,
-    engine: EngineTraits = AUTOTUNE_ENGINE,
+    engine: EngineProfile = AUTOTUNE_ENGINE,
     screened: bool = False,
 ) -> Ranking:
     """Predict every layout's peak memory; of those predicted to fit ``limit_bytes`` (with the

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config import TrialConfig, WorkloadSpec
-from autotune.model.perf_model import EngineTraits, engine_traits
+from autotune.model.engines import EngineProfile
+from autotune.model.perf_model import engine_traits
 from autotune.shapes import ModelShape
 
 DATA = Path(__file__).resolve().parents[1] / "validation" / "data" / "published-a100"
@@ -53,7 +54,7 @@ SC21_PTD_LAYOUT = {96: (8, 12), 280: (8, 35)}
 """SC21 Table 2's model-parallel size as TP × PP (TP 8 inside the DGX, §5.5)."""
 
 
-def megatron_2021() -> EngineTraits:
+def megatron_2021() -> EngineProfile:
     """Megatron-LM as SC21 and Korthikanti et al. ran it: no TP-comm overlap (Transformer
     Engine's userbuffers came later), the gradient all-reduce after the pipeline flush (text of
     Korthikanti et al. §6.3: "no gradient all-reduce overlap"), fp32 gradient all-reduce
@@ -81,7 +82,7 @@ class TimeRow:
     label: str
     config: TrialConfig
     shape: ModelShape
-    engine: EngineTraits
+    engine: EngineProfile
     measured_s: float
     cluster: str = "a100-sxm4-80gb"
 
