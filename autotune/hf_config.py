@@ -1,4 +1,4 @@
-"""Reading a Hugging Face model's ``config.json`` for ``--model hf:PATH_OR_ID``, without torch.
+"""Reading a Hugging Face model's ``config.json`` for ``--model hf:PATH_OR_ID``.
 
 What the driver needs of an HF model before anything is built: its ``PretrainedConfig`` (checked
 to be a decoder-only causal LM that the engine runs), its :class:`ModelShape` for the memory and
@@ -6,7 +6,10 @@ performance models, the tensor-parallel plan its ``base_model_tp_plan`` gives (a
 rules a layout must keep, and its decoder layer's class name. PATH is a folder holding
 ``config.json`` or the file itself; an id (``org/name``) is looked up in the local Hugging Face
 cache only (``huggingface_hub.try_to_load_from_cache``). ``transformers`` is imported only when a
-config is read; building the model is ``autotune.trial.models.hf``.
+config is read, and torch only when its shape is read: :func:`meta_parts` builds the model on
+the meta device (no memory, no kernels) to read its tensors, the one torch import the arithmetic
+models reach (allowed by name in pyproject.toml's contracts). Building the model to train is
+``autotune.trial.models.hf``.
 """
 
 from __future__ import annotations
@@ -316,9 +319,8 @@ def meta_parts(c: Any) -> dict[str, Any]:
     positions before the blocks, the final norms after them), tied embeddings, a gated MLP
     (three h×f matrices' worth, rather than two)."""
     transformers = import_transformers()
-    # torch as transformers imports it: building the model is transformers' work, and this
-    # module, which the arithmetic models reach through the config, imports no torch itself.
-    torch = transformers.modeling_utils.torch
+    import torch  # the meta device only; pyproject.toml's contracts name this import
+
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(c)
     stack = next(
