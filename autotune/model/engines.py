@@ -305,6 +305,8 @@ MEGATRON_ENGINE = EngineProfile(
     distributed_optimizer=True,
     fp32_grad_reduce=True,
     roofline=True,
+    fsdp_unit="submodule",  # as modelled before the trait; Megatron's FSDP not yet read
+    ac_regather=True,
     ac_modes=("none", "selective", "full"),
     source="NVIDIA/Megatron-LM megatron/core: VocabParallelEmbedding and "
     "vocab_parallel_cross_entropy (tensor_parallel/layers.py, cross_entropy.py); fused "
