@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -572,7 +573,10 @@ def test_unknown_cluster_name_lists_the_choices():
 def _accuracy_bench():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "perf_model_accuracy.py"
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    if str(bench) not in sys.path:  # the bench imports its ``common`` as ``python bench/…`` does
+        sys.path.insert(0, str(bench))
+    path = bench / "perf_model_accuracy.py"
     spec = importlib.util.spec_from_file_location("perf_model_accuracy", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
