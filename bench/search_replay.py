@@ -87,10 +87,10 @@ from testkit.strategies import DeepSpeedHeuristic, GridStrategy, TPInsideNodeRul
 
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.model.cluster import ClusterSpec, load_cluster, local_cpu_cluster  # noqa: E402
+from autotune.model.engines import EngineProfile  # noqa: E402
 from autotune.model.perf_model import (  # noqa: E402
     AUTOTUNE_ENGINE,
     MEGATRON_LEGACY_ENGINE,
-    EngineTraits,
 )
 from autotune.search.spec import SAMPLERS  # noqa: E402
 from autotune.search.strategies.base import Strategy  # noqa: E402
@@ -109,7 +109,7 @@ class Setting:
 
     def __init__(self, table: MeasuredTable, cluster_file: str | None) -> None:
         self.table = table
-        self.engine: EngineTraits = (
+        self.engine: EngineProfile = (
             MEGATRON_LEGACY_ENGINE if table.kind == "csv" else AUTOTUNE_ENGINE
         )
         self.fixed: ClusterSpec | None = None

@@ -103,11 +103,6 @@ from autotune.model.layout_quantities import (
 from autotune.model.memory import state_shards, sync_ranks
 from autotune.shapes import TP_VOCAB, ModelShape
 
-EngineTraits = EngineProfile
-"""Transitional: the profile's former name, still imported from here by
-``search/strategies/model_guided.py`` and ``bench/search_replay.py``; to go once they import
-``EngineProfile`` from ``engines``."""
-
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
 

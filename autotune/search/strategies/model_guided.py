@@ -35,10 +35,10 @@ from autotune.config import GIB, TrialConfig
 from autotune.errors import ConfigError
 from autotune.model.calibration import FitReport, Sample, fit_calibration
 from autotune.model.cluster import ClusterSpec
+from autotune.model.engines import EngineProfile
 from autotune.model.perf_model import (
     AUTOTUNE_ENGINE,
     Calibration,
-    EngineTraits,
     layer_shape_key,
     predict_step_time,
 )
@@ -56,7 +56,7 @@ class ModelGuided(Strategy):
     """The model-guided strategy (see the module docstring)."""
 
     cluster: ClusterSpec
-    engine: EngineTraits = AUTOTUNE_ENGINE
+    engine: EngineProfile = AUTOTUNE_ENGINE
     calibration: Calibration | None = None
     """Where each refit starts: a calibration carried from earlier studies, else the cluster's."""
     tolerance: float = 0.03
