@@ -414,26 +414,30 @@ def _h100_row(table: str, label: str, config: TrialConfig, shape: ModelShape, s:
     return TimeRow(table, label, config, shape, engine_traits("megatron"), s, H100_CLUSTER)
 
 
+def _throughput_row(r: dict, table: str, label: str, **extra) -> TimeRow:
+    """A row of NVIDIA's tables that state the layout's columns and tokens/s/GPU:
+    iter_s = GBS · seq / (tokens/s/GPU · GPUs)."""
+    seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
+    shape = h100_shape(r["model"], seq)
+    config = nemo_config(
+        shape,
+        gpus=gpus,
+        batch=batch,
+        mb=int(r["micro_batch_size"]),
+        tp=int(r["tensor_parallel"]),
+        pp=int(r["pipeline_parallel"]),
+        cp=int(r["context_parallel"]),
+        v=_int(r["virtual_pipeline"]),
+        **extra,
+    )
+    measured = batch * seq / (float(r["tokens_per_sec_per_gpu"]) * gpus)
+    return _h100_row(table, f"{label}{r['model']}/{gpus}", config, shape, measured)
+
+
 def nemo_2407(path: Path = H100_DATA / "nemo_24.07_h100_fp8_pretrain.csv") -> list[TimeRow]:
-    """NeMo 24.07's FP8 pre-training table: iter_s = GBS · seq / (tokens/s/GPU · GPUs)."""
-    rows = []
+    """NeMo 24.07's FP8 pre-training table."""
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
-            shape = h100_shape(r["model"], seq)
-            config = nemo_config(
-                shape,
-                gpus=gpus,
-                batch=batch,
-                mb=int(r["micro_batch_size"]),
-                tp=int(r["tensor_parallel"]),
-                pp=int(r["pipeline_parallel"]),
-                cp=int(r["context_parallel"]),
-                v=_int(r["virtual_pipeline"]),
-            )
-            measured = batch * seq / (float(r["tokens_per_sec_per_gpu"]) * gpus)
-            rows.append(_h100_row("nemo-24.07", f"{r['model']}/{gpus}", config, shape, measured))
-    return rows
+        return [_throughput_row(r, "nemo-24.07", "") for r in csv.DictReader(f)]
 
 
 def bridge_h100(
@@ -441,26 +445,13 @@ def bridge_h100(
 ) -> list[TimeRow]:
     """Megatron-Bridge's DGX-H100 dense Llama rows: FSDP > 0 is Megatron FSDP over the data
     parallel ranks (ZeRO-3), 0 or blank the distributed optimizer; iter_s as NeMo's."""
-    rows = []
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            seq, gpus, batch = int(r["seq_len"]), int(r["num_gpus"]), int(r["global_batch_size"])
-            shape = h100_shape(r["model"], seq)
-            config = nemo_config(
-                shape,
-                gpus=gpus,
-                batch=batch,
-                mb=int(r["micro_batch_size"]),
-                tp=int(r["tensor_parallel"]),
-                pp=int(r["pipeline_parallel"]),
-                cp=int(r["context_parallel"]),
-                v=_int(r["virtual_pipeline"]),
-                zero=3 if _int(r["fsdp"], 0) > 0 else 1,
+        return [
+            _throughput_row(
+                r, "bridge-h100", f"{r['release']} ", zero=3 if _int(r["fsdp"], 0) > 0 else 1
             )
-            measured = batch * seq / (float(r["tokens_per_sec_per_gpu"]) * gpus)
-            label = f"{r['release']} {r['model']}/{gpus}"
-            rows.append(_h100_row("bridge-h100", label, config, shape, measured))
-    return rows
+            for r in csv.DictReader(f)
+        ]
 
 
 def nemo_llama2_flops(batch: int, seq: int, shape: ModelShape) -> float:
