@@ -312,6 +312,38 @@ def _mlp(c: Any, block: Any) -> dict[str, int]:
     return dict(gated=sum(mlp) >= 2.5 * min(mlp), ffn=min(mlp) // h, kv_heads=kv_heads)
 
 
+def layer_stack(base: Any, config: Any) -> tuple[str, list[str], list[str]]:
+    """The base model's layer-stack attribute and its children with parameters before it (the
+    input side) and after it (the output side): from ``base_model_pp_plan`` where the config
+    has one, else the ModuleList of ``num_hidden_layers`` modules and the registration order.
+    The trials split and wrap this stack, and the shape (:func:`meta_parts`) reads its blocks."""
+    from torch import nn  # the module classes only; pyproject.toml's contracts name this import
+
+    plan = list(getattr(config, "base_model_pp_plan", None) or ())
+    children = dict(base.named_children())
+    stacks = [n for n in (plan or children) if isinstance(children.get(n), nn.ModuleList)] or [
+        n
+        for n, m in children.items()
+        if isinstance(m, nn.ModuleList) and len(m) == config.num_hidden_layers
+    ]
+    if len(stacks) != 1:
+        raise ConfigError(
+            f"{config.model_type}: no single stack of decoder layers found in its base model "
+            f"(base_model_pp_plan {plan or 'absent'}); write a build() workload for it"
+        )
+    stack = stacks[0]
+    order = plan or list(children)
+    at = order.index(stack)
+    has_params = [
+        n for n in order if n in children and next(children[n].parameters(), None) is not None
+    ]
+    return (
+        stack,
+        [n for n in has_params if order.index(n) < at],
+        [n for n in has_params if order.index(n) > at],
+    )
+
+
 def meta_parts(c: Any) -> dict[str, Any]:
     """The model transformers builds from config ``c`` on the meta device (no memory), read as
     the shape's parts: the layer stack (the ModuleList of ``num_hidden_layers`` blocks), its
@@ -323,11 +355,7 @@ def meta_parts(c: Any) -> dict[str, Any]:
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(c)
-    stack = next(
-        m
-        for m in model.modules()
-        if isinstance(m, torch.nn.ModuleList) and len(m) == c.num_hidden_layers
-    )
+    stack = getattr(model.base_model, layer_stack(model.base_model, c)[0])
     block, parts = _block_tensors(c, stack[0])
     inside = {id(p) for p in stack.parameters()}
     embed = model.get_input_embeddings().weight

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.errors import ConfigError
-from autotune.hf_config import import_transformers, load_config, tp_plan_names
+from autotune.hf_config import import_transformers, layer_stack, load_config, tp_plan_names
 from autotune.trial.models.context_parallel import ContextParallel, causal_mask, gather_sequence
 
 CP_ATTENTION = "autotune_cp"
@@ -207,35 +207,6 @@ class _Dropped(nn.Module):
 STAND_INS = (_Received, _Passed)
 
 
-def _layer_stack(base: nn.Module, config: Any) -> tuple[str, list[str], list[str]]:
-    """The base model's layer-stack attribute and its children with parameters before it (the
-    input side) and after it (the output side): from ``base_model_pp_plan`` where the config
-    has one, else the ModuleList of ``num_hidden_layers`` modules and the registration order."""
-    plan = list(getattr(config, "base_model_pp_plan", None) or ())
-    children = dict(base.named_children())
-    stacks = [n for n in (plan or children) if isinstance(children.get(n), nn.ModuleList)] or [
-        n
-        for n, m in children.items()
-        if isinstance(m, nn.ModuleList) and len(m) == config.num_hidden_layers
-    ]
-    if len(stacks) != 1:
-        raise ConfigError(
-            f"{config.model_type}: no single stack of decoder layers found in its base model "
-            f"(base_model_pp_plan {plan or 'absent'}); write a build() workload for it"
-        )
-    stack = stacks[0]
-    order = plan or list(children)
-    at = order.index(stack)
-    has_params = [
-        n for n in order if n in children and next(children[n].parameters(), None) is not None
-    ]
-    return (
-        stack,
-        [n for n in has_params if order.index(n) < at],
-        [n for n in has_params if order.index(n) > at],
-    )
-
-
 class HFStage(nn.Module):
     """An HF causal LM (or one pipeline stage of it) whose forward maps a tensor to a tensor:
     token ids → logits for the whole model, ids → hidden states (first stage), hidden → hidden,
@@ -246,7 +217,7 @@ class HFStage(nn.Module):
         self.hf = model
         self.config = model.config
         base = model.base_model
-        self.stack_name, self.input_side, self.output_side = _layer_stack(base, self.config)
+        self.stack_name, self.input_side, self.output_side = layer_stack(base, self.config)
         prefix = model.base_model_prefix if base is not model else ""
         self.base_path = f"hf.{prefix}" if prefix else "hf"
         self.first = self.last = True
