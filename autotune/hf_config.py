@@ -223,6 +223,7 @@ def _plain_says_it(plain: ModelShape, full: HFShape) -> bool:
         and full.block_norms == 2
         and not (full.qk_norm or any(full.layer_windows) or full.attn_softcap)
         and not full.final_softcap
+        and not (full.attention_gathered or full.mlp_gathered)
         and plain.mlp_kind == full.mlp_kind
         and plain.norm_kind == full.norm_kind
     )
@@ -270,6 +271,8 @@ def _block_tensors(c: Any, block: Any) -> tuple[tuple[ParamTensor, ...], dict[st
     many over the hidden state, whether they hold biases, the QK norms' reach; its biases."""
     plan = getattr(c, "base_model_tp_plan", None) or {}
     tensors, norms, qk, biased, weights = [], [], [], set(), set()
+    attn = next((n for n, m in block.named_children() if hasattr(m, "head_dim")), None)
+    gathered = set(_styled(plan, "colwise_gather_output"))
     for name, p in block.named_parameters():
         module, _, leaf = name.rpartition(".")
         rows, cols = (tuple(p.shape) + (1,))[:2]
@@ -289,7 +292,14 @@ def _block_tensors(c: Any, block: Any) -> tuple[tuple[ParamTensor, ...], dict[st
         qk_norm=("head" if min(qk) == head_dim else "all") if qk else "",
         linear_bias=bool(weights) and weights <= biased,
         attention_bias=bool(biased & weights),
+        attention_gathered=any(m.split(".")[0] == attn for m in gathered),
+        mlp_gathered=any(m.split(".")[0] != attn for m in gathered),
     )
+
+
+def _styled(plan: dict[str, str], style: str) -> list[str]:
+    """The block modules (``self_attn.qkv_proj``) the TP plan gives ``style``."""
+    return [k.partition(".*.")[2] for k, v in plan.items() if v == style]
 
 
 def _mlp(c: Any, block: Any) -> dict[str, int]:

@@ -211,6 +211,12 @@ class HFShape(DetailedShape):
     query_scale: float = 0.0
     """The attention scores' scale is 1/√query_scale rather than 1/√head_dim (0: head_dim)."""
     embedding_multiplier: float = 1.0
+    attention_gathered: bool = False
+    """The TP plan gathers the q/k/v projections' outputs (``colwise_gather_output``): every TP
+    rank runs every head, and the output projection takes its shard of the input
+    (``rowwise_split_input``), as Phi-3's and OLMo 2's plans do."""
+    mlp_gathered: bool = False
+    """The same for the MLP's up projections (Phi-3's fused ``gate_up_proj``)."""
 
     @property
     def mlp_kind(self) -> str:

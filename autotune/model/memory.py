@@ -83,6 +83,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.model import layout_quantities
+from autotune.model.block_parts import attention_kernel, hf_block_bytes
 from autotune.model.description import (
     LocalTensors,
     block_params,
@@ -104,7 +105,7 @@ from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state
     pipeline_chunk_layers,
     state_bytes,
 )
-from autotune.shapes import ModelShape, stage_layer_counts  # noqa: F401  (re-exported)
+from autotune.shapes import HFShape, ModelShape, stage_layer_counts  # noqa: F401  (re-exported)
 
 ADAM_STEP_BYTES = 4
 """AdamW's per-tensor ``step`` counter: a float32 scalar tensor."""
@@ -555,6 +556,7 @@ def layer_activation_bytes(
     e = BYTES_PER_ELEMENT[dtype]
     t = s * b // knobs.cp  # tokens (queries) on this rank
     sp = tp if knobs.sequence_parallel else 1
+    attention = attention_kernel(shape, attention)
     if checkpointing == "full":
         return e * t * h // sp
     if checkpointing == "op":
@@ -562,6 +564,19 @@ def layer_activation_bytes(
     norms = 2 * _norm_bytes(shape, t, e, sp, knobs.compiled)
     if shape.family == "llama":
         norms += 2 * e * (s // knobs.cp) * shape.head_dim  # rotary cos and sin: 4 × (s, d/2)
+    if isinstance(shape, HFShape):
+        return norms + hf_block_bytes(
+            shape,
+            s=s,
+            b=b,
+            tp=tp,
+            e=e,
+            cp=knobs.cp,
+            sp=sp,
+            checkpointing=checkpointing,
+            attention=attention,
+            compiled=knobs.compiled,
+        )
     return (
         norms
         + _mlp_bytes(shape, t, tp, e, knobs.compiled)
@@ -662,6 +677,7 @@ def block_backward_bytes(
     s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
     e = BYTES_PER_ELEMENT[dtype]
     t = s * b // knobs.cp
+    attention = attention_kernel(shape, attention)
     if shape.family == "gpt":
         grads = e * t * f // tp + e * t * h
     else:
@@ -1101,6 +1117,15 @@ def _stage(
 
 
 _ACTIVATIONS: BoundedMemo[tuple[int, int, int]] = BoundedMemo()
+
+
+def clear_memos() -> None:
+    """Forget every memoised estimate and part of one (the memos key on the config and shape,
+    not on this module's code: a test that swaps a formula clears them first)."""
+    for memo in (_STAGES, _ACTIVATION_BOUNDS, _ACTIVATIONS):
+        memo.clear()
+    for cached in (_parts, _states, _rank0_states, _cached_layer_bytes):
+        cached.cache_clear()
 
 
 def _activations(stage: _Stage) -> tuple[int, int, int]:
