@@ -31,6 +31,10 @@ TP_VOCAB = "vocab"
 """The embedding and the output head: sharded on the vocabulary (dim 0) by the engines that
 run a vocabulary-parallel embedding and loss (Megatron's ``VocabParallelEmbedding``,
 torchtitan's ``loss_parallel``), whole on every TP rank in autotune's own runtime."""
+TP_EXPERT = "ep"
+"""A routed experts' stacked weight ``[E, …]``: its dim 0 (the experts) sharded over the
+expert-parallel group, whole on every TP rank (torchtitan's ``ExpertParallel``; expert tensor
+parallelism removed in its PR #3167). The memory and time models divide it by ep."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,25 +121,63 @@ class ModelShape:
         """One transformer block's parameters in module order (``trial/models/transformer.py``:
         the attention norm, wq, wk, wv, wo, the MLP norm, w1, w2 and SwiGLU's gate w3), each
         with its TP sharding (``builtin_tp_plan``: q, k, v, w1, w3 column-wise, wo and w2
-        row-wise, norms replicated)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
+        row-wise, norms replicated). A mixture of experts' dense layers; its MoE layers'
+        are :meth:`layer_tensors`'."""
+        return (*self._attention_tensors(), *self._norm("ffn_norm"), *self._dense_mlp())
+
+    def _attention_tensors(self) -> tuple[ParamTensor, ...]:
+        h = self.hidden_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv_bias, bias = self.attention_bias or self.linear_bias, self.linear_bias
-        mlp = [
-            *self._linear("w1", f, h, TP_COLUMN, bias),
-            *self._linear("w2", h, f, TP_ROW, bias),
-        ]
-        if self.mlp_kind == "swiglu":
-            mlp += self._linear("w3", f, h, TP_COLUMN, bias)
         return (
             *self._norm("attention_norm"),
             *self._linear("wq", q, h, TP_COLUMN, qkv_bias),
             *self._linear("wk", kv, h, TP_COLUMN, qkv_bias),
             *self._linear("wv", kv, h, TP_COLUMN, qkv_bias),
             *self._linear("wo", h, q, TP_ROW, bias),
-            *self._norm("ffn_norm"),
-            *mlp,
         )
+
+    def _dense_mlp(self) -> tuple[ParamTensor, ...]:
+        h, f, bias = self.hidden_size, self.ffn_hidden_size, self.linear_bias
+        mlp = [
+            *self._linear("w1", f, h, TP_COLUMN, bias),
+            *self._linear("w2", h, f, TP_ROW, bias),
+        ]
+        if self.mlp_kind == "swiglu":
+            mlp += self._linear("w3", f, h, TP_COLUMN, bias)
+        return tuple(mlp)
+
+    def moe_tensors(self) -> tuple[ParamTensor, ...]:
+        """A MoE layer's MLP in module order (``trial/models/moe.py``): the router's gate
+        [E, h] (replicated), the routed experts' stacked w1, w2, w3 (``[E, f, h]``, ``[E, h,
+        f]``, ``[E, f, h]``: E rows of f·h, sharded over ep) and the shared experts' w1, w2, w3
+        (one SwiGLU of width shared·f, TP-sharded as the dense MLP). The balancing bias and
+        the token counts are buffers, not parameters. None without experts."""
+        if self.moe is None:
+            return ()
+        h, spec = self.hidden_size, self.moe
+        e, f = spec.num_experts, spec.expert_ffn_size
+        out = [
+            ParamTensor("router.gate.weight", e, h, TP_REPLICATED),
+            ParamTensor("experts.w1", e, f * h, TP_EXPERT),
+            ParamTensor("experts.w2", e, h * f, TP_EXPERT),
+            ParamTensor("experts.w3", e, f * h, TP_EXPERT),
+        ]
+        if spec.num_shared_experts:
+            fs = spec.num_shared_experts * f
+            out += [
+                ParamTensor("shared_experts.w1.weight", fs, h, TP_COLUMN),
+                ParamTensor("shared_experts.w2.weight", h, fs, TP_ROW),
+                ParamTensor("shared_experts.w3.weight", fs, h, TP_COLUMN),
+            ]
+        return tuple(out)
+
+    def layer_tensors(self, layer: int) -> tuple[ParamTensor, ...]:
+        """Layer ``layer``'s parameters (global index): :meth:`block_tensors`, with the MLP
+        replaced by :meth:`moe_tensors` where the shape's experts are (``MoESpec.is_moe_layer``)."""
+        if self.moe is None or not self.moe.is_moe_layer(layer):
+            return self.block_tensors()
+        return (*self._attention_tensors(), *self._norm("ffn_norm"), *self.moe_tensors())
 
     def root_tensors(
         self, vocab_size: int | None = None, *, first: bool = True, last: bool = True
@@ -157,9 +199,14 @@ class ModelShape:
 
     def num_params(self, vocab_size: int | None = None) -> int:
         """Exact parameter count of the model ``build_model`` creates for this shape: its
-        blocks' and roots' tensors (:meth:`block_tensors`, :meth:`root_tensors`)."""
+        blocks' and roots' tensors (:meth:`block_tensors`, :meth:`root_tensors`; a mixture of
+        experts' layers by :meth:`layer_tensors`)."""
+        roots = sum(t.numel for t in self.root_tensors(vocab_size))
+        if self.moe is not None:
+            layers = range(self.num_layers)
+            return roots + sum(t.numel for i in layers for t in self.layer_tensors(i))
         block = sum(t.numel for t in self.block_tensors())
-        return self.num_layers * block + sum(t.numel for t in self.root_tensors(vocab_size))
+        return self.num_layers * block + roots
 
 
 @dataclass(frozen=True, slots=True)
