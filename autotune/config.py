@@ -96,8 +96,8 @@ bf16 autocast; Micikevicius et al. 2022, "FP8 Formats for Deep Learning", §4)."
 class WorkloadSpec:
     """What is trained: a built-in model (family and size) or a user workload, and its batch."""
 
-    family: Literal["gpt", "llama"] = "gpt"
-    """Built-in model family: gpt (GPT-2 style) or llama."""
+    family: Literal["gpt", "llama", "moe"] = "gpt"
+    """Built-in model family: gpt (GPT-2 style), llama or moe (a mixture of experts)."""
     size: str = "tiny"
     """Built-in model size: tiny, small/medium/large/xl (gpt) or 1b/7b/13b/70b (llama)."""
     seq_len: int = 64
