@@ -33,6 +33,20 @@ def executor():
     ex.close()
 
 
+@pytest.fixture
+def session_cluster(executor) -> str:
+    """The address of the session's Ray cluster, for an ``autotune`` command in a subprocess to
+    join (``--ray-address``) instead of starting a node and its workers of its own (10-20 s each
+    on two cores). The session's warm group is given back first, so that the command's ranks
+    fit on the cluster's CPUs; the next in-process trial builds a new one. Tests of node start,
+    node loss, cluster sizes or a driver's Ctrl-C keep a cluster of their own."""
+    import ray
+
+    executor.start()
+    executor.discard_group()
+    return ray.get_runtime_context().gcs_address
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """One PostgreSQL server for the session (``tests/postgres_server.py``): loopback only,

@@ -38,9 +38,9 @@ def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> 
     assert "Traceback" not in proc.stderr
 
 
-def test_trial_json_and_table_output_train_the_reference_model(tmp_path):
-    """One ``autotune trial --json`` (a CLI subprocess with its own local Ray: ~15 s, so one
-    run serves both outputs): its losses are the single-process reference's, and the table
+def test_trial_json_and_table_output_train_the_reference_model(tmp_path, session_cluster):
+    """One ``autotune trial --json`` (a CLI subprocess, on the session's Ray cluster; one run
+    serves both outputs): its losses are the single-process reference's, and the table
     that ``autotune trial`` prints without ``--json`` (``format_result``) names every rank."""
     from autotune.cli.trial import format_result
     from autotune.trial.result import TrialResult, rank_from_dict
@@ -57,7 +57,9 @@ def test_trial_json_and_table_output_train_the_reference_model(tmp_path):
             }
         )
     )
-    proc = autotune("trial", "--config", str(cfg), "--json", "--db", "none")
+    proc = autotune(
+        "trial", "--config", str(cfg), "--json", "--db", "none", "--ray-address", session_cluster
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     config = TrialConfig.from_dict(result["config"])

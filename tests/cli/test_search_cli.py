@@ -39,7 +39,7 @@ def _one_line(proc, code: int, text: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_small_search_end_to_end_then_export(tmp_path, db_url):
+def test_small_search_end_to_end_then_export(tmp_path, db_url, session_cluster):
     """Search, export and dashboard on SQLite (the default URL) and on PostgreSQL, whose URL
     carries a password that no output, file or stored row may show. PostgreSQL runs one trial
     (and its re-measurement): the storage path is the same for each, and the suite's time is
@@ -62,6 +62,8 @@ def test_small_search_end_to_end_then_export(tmp_path, db_url):
         "pp_degree=1",
         "--fix",
         "tp_degree=1",
+        "--ray-address",
+        session_cluster,
         *db,
         cwd=tmp_path,
     )

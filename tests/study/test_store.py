@@ -109,12 +109,12 @@ def _cli(*args, cwd):
     )
 
 
-def test_profile_then_trace_from_the_cli(tmp_path):
+def test_profile_then_trace_from_the_cli(tmp_path, session_cluster):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(
         json.dumps({"world_size": 2, "zero_stage": 0, "micro_batch_size": 4, "num_timed_steps": 2})
     )
-    proc = _cli("profile", "--config", str(cfg), cwd=tmp_path)
+    proc = _cli("profile", "--config", str(cfg), "--ray-address", session_cluster, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "autotune.db").exists()  # the default database, in the working dir
     assert "stored as trial 1" in proc.stderr

@@ -428,7 +428,9 @@ def test_a_model_id_resolves_from_the_local_cache_only(capsys, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
-def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_path, family):
+def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(
+    tmp_path, family, session_cluster
+):
     """Qwen3 (QK norms, head_dim ≠ hidden / heads) and Gemma 3 (sliding windows, tied
     embeddings, scaled embeddings), tiny, with no code of their own."""
     import subprocess
@@ -463,6 +465,8 @@ def test_search_hf_model_end_to_end_with_exports_accepted_by_their_loaders(tmp_p
             "1",
             "--fix",
             "tp_degree=2",
+            "--ray-address",
+            session_cluster,
         ],
         capture_output=True,
         text=True,
