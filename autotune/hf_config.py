@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, WorkloadError
+from autotune.moe import MoESpec
 from autotune.shapes import (
     TP_COLUMN,
+    TP_EXPERT,
     TP_REPLICATED,
     TP_ROW,
     HFShape,
@@ -195,6 +197,7 @@ def hf_shape(ref: str) -> ModelShape:
         vocab_size=c.vocab_size,
         max_seq_len=c.max_position_embeddings,
         tied_embeddings=parts.pop("tied"),
+        moe=parts.pop("moe", None),
     )
     plain = detailed_shape(
         shape,
@@ -208,7 +211,7 @@ def hf_shape(ref: str) -> ModelShape:
         **parts,
         **attention_parts(c),
     )
-    return plain if _plain_says_it(plain, full) else full
+    return plain if full.moe is None and _plain_says_it(plain, full) else full
 
 
 def _plain_says_it(plain: ModelShape, full: HFShape) -> bool:
@@ -275,6 +278,9 @@ def _block_tensors(c: Any, block: Any) -> tuple[tuple[ParamTensor, ...], dict[st
     gathered = set(_styled(plan, "colwise_gather_output"))
     for name, p in block.named_parameters():
         module, _, leaf = name.rpartition(".")
+        if p.dim() == 3:  # routed experts' stacked [E, …] weights (base_model_ep_plan)
+            tensors.append(ParamTensor(name, p.shape[0], p.numel() // p.shape[0], TP_EXPERT))
+            continue
         rows, cols = (tuple(p.shape) + (1,))[:2]
         tensors.append(ParamTensor(name, rows, cols, _tp_kind(plan, module, leaf)))
         if p.dim() == 2:
@@ -366,6 +372,7 @@ def meta_parts(c: Any) -> dict[str, Any]:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(c)
     stack = getattr(model.base_model, layer_stack(model.base_model, c)[0])
+    moe = moe_parts(c, stack)
     block, parts = _block_tensors(c, stack[0])
     inside = {id(p) for p in stack.parameters()}
     embed = model.get_input_embeddings().weight
@@ -384,7 +391,40 @@ def meta_parts(c: Any) -> dict[str, Any]:
         tied=head is embed,
         **_mlp(c, stack[0]),
         **parts,
+        **moe,
     )
+
+
+def _has_experts(block: Any) -> bool:
+    return any(p.dim() == 3 for p in block.parameters())
+
+
+def moe_parts(c: Any, stack: Any) -> dict[str, Any]:
+    """A mixture of experts' parts, read from its config and its built layer stack: the MoE
+    layers' tensors (the first layer holding stacked experts; every later layer must hold them
+    too, as DeepSeek-V3's ``first_k_dense_replace`` and Qwen3-MoE's defaults build) and its
+    ``MoESpec``: routed experts (``n_routed_experts``, ``num_experts``, ``num_local_experts``),
+    ``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts``, the leading
+    dense layers. Empty for a dense model."""
+    sparse = [i for i, b in enumerate(stack) if _has_experts(b)]
+    if not sparse:
+        return {}
+    first = sparse[0]
+    if sparse != list(range(first, len(stack))):
+        raise ConfigError(
+            f"{c.model_type}: dense layers between its MoE layers "
+            f"(MoE at {sparse[:8]}…); the cost model describes leading dense layers only"
+        )
+    experts = next(getattr(c, k) for k in MOE_KEYS if isinstance(getattr(c, k, None), int))
+    spec = MoESpec(
+        num_experts=experts,
+        top_k=c.num_experts_per_tok,
+        expert_ffn_size=getattr(c, "moe_intermediate_size", None) or c.intermediate_size,
+        num_shared_experts=getattr(c, "n_shared_experts", None) or 0,
+        first_dense_layers=first,
+    )
+    blocks = _block_tensors(c, stack[first])[0]
+    return {"moe": spec, "moe_block": blocks}
 
 
 # ---- tensor parallelism from base_model_tp_plan ----------------------------------------------

@@ -277,8 +277,17 @@ class HFShape(DetailedShape):
     def learned_positions(self) -> bool:
         return bool(self.first_roots)
 
+    moe_block: tuple[ParamTensor, ...] = ()
+    """A mixture of experts' MoE layers' parameters in module order (its routed experts'
+    stacked tensors ``TP_EXPERT``), where ``moe`` is set; ``block`` is then its dense layers'."""
+
     def block_tensors(self) -> tuple[ParamTensor, ...]:
         return self.block
+
+    def layer_tensors(self, layer: int) -> tuple[ParamTensor, ...]:
+        if self.moe is None or not self.moe.is_moe_layer(layer):
+            return self.block
+        return self.moe_block
 
     def root_tensors(
         self, vocab_size: int | None = None, *, first: bool = True, last: bool = True

@@ -1,0 +1,90 @@
+"""Hugging Face mixtures of experts in the cost description (``hf_config.moe_parts``): the
+routed experts' stacked tensors, the router, the shared experts and the leading dense layers,
+counted as transformers builds the model. transformers' Qwen3MoeConfig and DeepseekV3Config
+defaults are the released models' sizes; the count tests shrink them."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import hf_config
+from autotune.shapes import TP_EXPERT
+
+transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
+torch = pytest.importorskip("torch")
+
+QWEN3_MOE = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    vocab_size=128,
+)
+DEEPSEEK_V3 = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    num_hidden_layers=4,
+    first_k_dense_replace=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    vocab_size=128,
+    n_group=2,
+    topk_group=1,
+)
+
+
+@pytest.fixture
+def moe_allowed(monkeypatch):
+    """The cost model reads a mixture of experts; the trial path's refusal stays where it is."""
+    monkeypatch.setattr(hf_config, "check_supported", lambda config, ref: None)
+
+
+def _saved(tmp_path, config):
+    config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def _torch_count(config) -> int:
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "dense", "shared"),
+    [("Qwen3MoeConfig", QWEN3_MOE, 0, 0), ("DeepseekV3Config", DEEPSEEK_V3, 2, 1)],
+)
+def test_hf_moe_counts_agree_with_torch(tmp_path, moe_allowed, cls, kwargs, dense, shared):
+    config = getattr(transformers, cls)(**kwargs)
+    shape = hf_config.hf_shape(_saved(tmp_path, config))
+    assert shape.moe.num_experts == 8 and shape.moe.top_k == 2
+    assert shape.moe.expert_ffn_size == 32
+    assert (shape.moe.first_dense_layers, shape.moe.num_shared_experts) == (dense, shared)
+    experts = [t for t in shape.layer_tensors(kwargs["num_hidden_layers"] - 1) if t.tp == TP_EXPERT]
+    # gate_up [E, 2f, h] and down [E, h, f]: 3·E·f·h elements, E rows each.
+    assert [t.rows for t in experts] == [8, 8]
+    assert sum(t.numel for t in experts) == 3 * 8 * 32 * 64
+    assert shape.num_params() == _torch_count(config)
+
+
+def test_deepseek_v3_full_size_is_671b(tmp_path, moe_allowed):
+    config = transformers.DeepseekV3Config()
+    shape = hf_config.hf_shape(_saved(tmp_path, config))
+    total = _torch_count(config)
+    assert shape.num_params() == total
+    assert 671e9 < total < 672e9, total  # DeepSeek-V3's 671B (its report, Table 1)
+    assert (shape.moe.num_experts, shape.moe.top_k, shape.moe.first_dense_layers) == (256, 8, 3)
