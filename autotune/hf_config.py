@@ -210,6 +210,7 @@ def hf_shape(ref: str) -> ModelShape:
         kv_channels=getattr(c, "head_dim", None) or shape.head_dim,
         **parts,
         **attention_parts(c),
+        **mla_parts(c),
     )
     return plain if full.moe is None and _plain_says_it(plain, full) else full
 
@@ -393,6 +394,18 @@ def meta_parts(c: Any) -> dict[str, Any]:
         **parts,
         **moe,
     )
+
+
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""Multi-head latent attention's sizes in a config (DeepSeek-V2/V3's)."""
+
+
+def mla_parts(c: Any) -> dict[str, Any]:
+    """MLA's ranks and head widths (:data:`MLA_KEYS`, a missing q_lora_rank 0: q projected at
+    full rank, as DeepSeek-V2-Lite) where the config has a ``kv_lora_rank``; else none."""
+    if not getattr(c, "kv_lora_rank", None):
+        return {}
+    return {"mla": tuple(int(getattr(c, k, None) or 0) for k in MLA_KEYS)}
 
 
 def _has_experts(block: Any) -> bool:

@@ -277,6 +277,10 @@ class HFShape(DetailedShape):
     def learned_positions(self) -> bool:
         return bool(self.first_roots)
 
+    mla: tuple[int, int, int, int, int] = ()
+    """Multi-head latent attention's ranks and head widths (DeepSeek-V2/V3): (q_lora_rank,
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); empty: not MLA. Its
+    tensors (q_a/q_b, kv_a with the rope dims, kv_b, their norms) are in ``block``."""
     moe_block: tuple[ParamTensor, ...] = ()
     """A mixture of experts' MoE layers' parameters in module order (its routed experts'
     stacked tensors ``TP_EXPERT``), where ``moe`` is set; ``block`` is then its dense layers'."""

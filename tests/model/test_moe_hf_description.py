@@ -88,3 +88,20 @@ def test_deepseek_v3_full_size_is_671b(tmp_path, moe_allowed):
     assert shape.num_params() == total
     assert 671e9 < total < 672e9, total  # DeepSeek-V3's 671B (its report, Table 1)
     assert (shape.moe.num_experts, shape.moe.top_k, shape.moe.first_dense_layers) == (256, 8, 3)
+
+
+def test_deepseek_v3_mla_geometry_matches_its_tensors(tmp_path, moe_allowed):
+    shape = hf_config.hf_shape(_saved(tmp_path, transformers.DeepseekV3Config(**DEEPSEEK_V3)))
+    q_rank, kv_rank, nope, rope, v = shape.mla
+    assert (q_rank, kv_rank, nope, rope, v) == (48, 32, 16, 8, 16)
+    rows = {t.name: (t.rows, t.cols) for t in shape.layer_tensors(0)}
+    heads, h = 4, 64
+    assert rows["self_attn.q_a_proj.weight"] == (q_rank, h)
+    assert rows["self_attn.q_b_proj.weight"] == (heads * (nope + rope), q_rank)
+    assert rows["self_attn.kv_a_proj_with_mqa.weight"] == (kv_rank + rope, h)
+    assert rows["self_attn.kv_b_proj.weight"] == (heads * (nope + v), kv_rank)
+    assert rows["self_attn.o_proj.weight"] == (h, heads * v)
+    assert (
+        hf_config.hf_shape(_saved(tmp_path / "q", transformers.Qwen3MoeConfig(**QWEN3_MOE))).mla
+        == ()
+    )
