@@ -51,10 +51,16 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-DEGREE_KNOBS = ("tp_degree", "pp_degree", "cp_degree")
+DEGREE_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "ep_degree")
 """The degrees a layout enumerator walks, outermost first: knobs of the registry
 (``knobs.KNOBS``), each a ``ParallelDims`` degree (its field less ``_degree``). Data
-parallelism takes the rest of the world; HSDP's replicas are chosen per layout after."""
+parallelism takes the rest of the world; HSDP's replicas are chosen per layout after. The
+expert-parallel degree (``CARVED_DEGREES``) adds no ranks: it is carved from dp_shard × cp × tp."""
+
+CARVED_DEGREES = ("ep_degree",)
+"""Degrees carved from the others' ranks (torchtitan's rule: ep divides dp_shard × cp × tp),
+not multiplied into the world. A bound that omits one takes 1: only a mixture of experts'
+caller names ep's values, so a dense model's layouts are those it had before."""
 
 
 def _dim(field: str) -> str:
@@ -77,16 +83,27 @@ def layout_degrees(
     global batch (any, where it is None), as ``ParallelDims`` (dp_replicate 1). The search space
     (``enumerate_configs``) and ``rank`` (``ranking.space.screened_layouts``) pass their
     bounds; each builds its layouts under these degrees."""
-    values = [
-        bounds.get(field) or KNOB_BY_FIELD[field].search_default or divisors(world)
-        for field in DEGREE_KNOBS
-    ]
+    values = [_bound(field, bounds, world) for field in DEGREE_KNOBS]
     for degrees in itertools.product(*values):
-        if world % math.prod(degrees):
+        given = dict(zip(DEGREE_KNOBS, degrees))
+        ranks = [d for f, d in given.items() if f not in CARVED_DEGREES]
+        if world % math.prod(ranks):
             continue
-        dims = ParallelDims.of(world, **{_dim(f): d for f, d in zip(DEGREE_KNOBS, degrees)})
+        dims = ParallelDims.of(world, **{_dim(f): d for f, d in given.items()})
+        if dims.dp_shard * dims.cp * dims.tp % dims.ep:
+            continue
         if global_batch is None or global_batch % dims.dp == 0:
             yield dims
+
+
+def _bound(field: str, bounds: Mapping[str, Sequence[int] | None], world: int) -> Sequence[int]:
+    """``field``'s values for ``layout_degrees``: ``bounds``' where given, else 1 for a carved
+    degree, else its knob's search default, else every divisor of the world."""
+    if bounds.get(field):
+        return bounds[field]
+    if field in CARVED_DEGREES:
+        return (1,)
+    return KNOB_BY_FIELD[field].search_default or divisors(world)
 
 
 def enumerate_configs(
@@ -110,6 +127,7 @@ def enumerate_configs(
         "tp_degree": tp_degrees or divisors(base.world_size),
         "pp_degree": pp_degrees or divisors(base.world_size),
         "cp_degree": newer["cp_degree"],
+        "ep_degree": newer["ep_degree"] if _has_experts(base) else (1,),
     }
     for dims in layout_degrees(base.world_size, global_batch, bounds):
         pp, dp = dims.pp, dims.dp
@@ -128,6 +146,12 @@ def enumerate_configs(
                 overlap_enabled=ov,
             )
             yield from _newer_knobs(config, newer)
+
+
+def _has_experts(config: TrialConfig) -> bool:
+    """Whether ``config``'s model is a mixture of experts (a user workload's: not known)."""
+    shape = config.workload.shape
+    return shape is not None and shape.moe is not None
 
 
 def _newer_knobs(config: TrialConfig, newer: dict[str, Sequence]) -> Iterator[TrialConfig]:

@@ -72,3 +72,26 @@ def test_the_search_space_and_rank_walk_its_degrees_in_its_order():
         base, workload.shape, choices, tp_degrees=[1, 2], fits=lambda b: True
     )  # rank's, nothing dropped
     assert _first_seen(screened.layouts) == expected
+
+
+def test_ep_is_carved_from_the_shards_cp_and_tp_not_added_to_the_world():
+    # world 8, global batch 8, pp ∈ {1, 2}, ep ∈ {1, 2, 4}: ep must divide dp_shard·cp·tp =
+    # 8 / pp, and it leaves dp as it was (dp = 8 / (tp·pp·cp)).
+    dims = layout_degrees(
+        8, 8, {"tp_degree": (1,), "pp_degree": (1, 2), "cp_degree": (1,), "ep_degree": (1, 2, 4)}
+    )
+    got = [(d.pp, d.ep, d.dp, d.efsdp) for d in dims]
+    pp1 = [(1, 1, 8, 8), (1, 2, 8, 4), (1, 4, 8, 2)]
+    assert got == pp1 + [(2, 1, 4, 4), (2, 2, 4, 2), (2, 4, 4, 1)]
+    # world 4 with pp 4 leaves one shard: only ep 1 divides it
+    assert [d.ep for d in layout_degrees(4, None, {"pp_degree": (4,), "ep_degree": (1, 2)})] == [1]
+
+
+def test_the_search_space_holds_ep_for_a_mixture_of_experts_only():
+    moe = WorkloadSpec(family="moe", size="tiny", seq_len=16, global_batch_size=4)
+    moe_eps = {c.ep_degree for c in SearchSpace(TrialConfig(workload=moe, world_size=2)).configs}
+    dense = TrialConfig(workload=WorkloadSpec(seq_len=16, global_batch_size=4), world_size=2)
+    assert moe_eps == {1, 2}
+    assert {c.ep_degree for c in SearchSpace(dense).configs} == {1}
+    # an omitted ep bound is 1: callers that do not name it (rank) list the layouts as before
+    assert {d.ep for d in layout_degrees(4, None, {})} == {1}
