@@ -79,6 +79,7 @@ from autotune.model.memory import (
     _parts,
     _resolve_shape,
     _states,
+    block_saved_bytes,
     estimate_memory,
     held_microbatches,
     worst_rank_candidates,
@@ -88,71 +89,63 @@ from autotune.shapes import ModelShape, even_split
 
 @dataclass(frozen=True, slots=True)
 class _Dims:
-    """One micro-batch's dimensions on one rank: tokens b·s/cp, and the TP degree."""
+    """One micro-batch's dimensions on one rank: b sequences of s tokens, s/cp of each on the
+    rank, and the TP degree."""
 
-    tokens: int
-    """Tokens of one micro-batch on the rank (``LayoutQuantities.microbatch_tokens``)."""
-    keys: int
+    seq_len: int
     """The length each query attends over: s."""
+    micro_batch: int
+    cp: int
     tp: int
     elem_bytes: int
     """Bytes per activation element (the compute dtype)."""
     sp: bool = False
     """Sequence parallelism (the config's ``sequence_parallel``, with tp > 1)."""
 
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on the rank (``LayoutQuantities.microbatch_tokens``)."""
+        return self.seq_len * self.micro_batch // self.cp
+
 
 def block_activation_bytes(
     shape: ModelShape,
     traits: MemoryTraits,
     *,
-    tokens: int,
-    keys: int,
+    seq_len: int,
+    micro_batch: int,
     tp: int,
     e: int,
     mode: str,
     sp: bool = False,
+    cp: int = 1,
 ) -> int:
     """Bytes one transformer block keeps for backward, per micro-batch on one rank, under
     checkpointing ``mode``: 'none', 'selective' (Megatron: the attention core recomputed),
     'op' (torchtitan: matmul and SDPA outputs kept, every second matmul recomputed) or 'full'
-    (the block input only). ``tokens`` = b·s/cp, the queries on the rank; ``keys`` = s, the
-    length each attends over (eager attention's s² scores); ``sp``: sequence parallelism, which
+    (the block input only): ``memory.block_saved_bytes``, the one count, for the engine's
+    ``traits`` (its attention kernel: flash or eager). ``sp``: sequence parallelism, which
     shards what lies outside the TP region. See the module docstring."""
-    h, f, a = shape.hidden_size, shape.ffn_hidden_size, shape.num_heads
-    kv = shape.num_kv_heads * shape.head_dim
-    sbh, sbf = tokens * h, tokens * f
-    sp = tp if sp else 1  # what SP shards on the sequence
-    if mode == "full":
-        return e * sbh // sp
-    if mode == "op":
-        # block input, wq, wv, w1, w2 outputs and SDPA's output and log-sum-exp
-        kept = e * (sbh // sp + (2 * sbh + tokens * kv + sbf) // tp + sbh // sp)
-        return kept + FP32_BYTES * a * tokens // tp
-    # Korthikanti Table 2, tensor by tensor. Inside the TP region (÷ t): q, k, v and the
-    # attention output; the MLP's wide tensors (GELU: input and output; SwiGLU: w1, w3, silu
-    # and their product).
-    k_v = 2 * sbh if traits.repeat_kv or shape.family == "gpt" else 2 * tokens * kv
-    sharded = e * (2 * sbh + k_v) + (2 if shape.family == "gpt" else 4) * e * sbf
-    # Outside it (÷ t only with SP): each norm's input and output (the next linear's input),
-    # the norms' fp32 copies unless fused, and the 1-byte dropout masks.
-    replicated = 4 * e * sbh
-    if not traits.fused_norm and shape.family == "llama":
-        replicated += 2 * 2 * FP32_BYTES * sbh  # RMSNorm's fp32 upcast and normalised input
-    if traits.dropout:
-        replicated += 2 * sbh
-    core = 0
-    if mode == "none":
-        if traits.flash_attention:
-            core = FP32_BYTES * a * tokens  # log-sum-exp
-        else:  # softmax output, plus dropout's mask and output
-            core = (e + (1 + e if traits.dropout else 0)) * a * tokens * keys
-    return sharded // tp + replicated // sp + core // tp
+    return block_saved_bytes(
+        shape,
+        traits,
+        s=seq_len,
+        b=micro_batch,
+        cp=cp,
+        tp=tp,
+        e=e,
+        sp=tp if sp else 1,
+        checkpointing=mode,
+        attention="sdpa" if traits.flash_attention else "eager",
+    )
 
 
 def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> tuple[int, int]:
     """(kept per block on average, the largest temporary of one block's backward) for the
     engine's checkpointing of the config's mode ``ac``."""
-    kw = dict(tokens=d.tokens, keys=d.keys, tp=d.tp, e=d.elem_bytes, sp=d.sp)
+    kw = dict(
+        seq_len=d.seq_len, micro_batch=d.micro_batch, cp=d.cp, tp=d.tp, e=d.elem_bytes, sp=d.sp
+    )
     mode = traits.selective_mode if ac == "selective" else ac
     none = block_activation_bytes(shape, traits, mode="none", **kw)
     if mode == "layer":  # every k-th block checkpointed whole, the others keep everything
@@ -363,8 +356,9 @@ def _engine_saved(
     # The config's knobs: context parallelism divides each sequence, sequence parallelism what
     # lies outside the TP region.
     d = _Dims(
-        tokens=layout.microbatch_tokens,
-        keys=config.workload.seq_len,
+        seq_len=config.workload.seq_len,
+        micro_batch=config.micro_batch_size,
+        cp=config.cp_degree,
         tp=config.tp_degree,
         elem_bytes=layout.elem_bytes,
         sp=layout.sequence_shards > 1,

@@ -53,6 +53,27 @@ class MemoryTraits:
     """1-byte dropout masks kept (and the attention dropout's output without flash)."""
     repeat_kv: bool = False
     """Grouped KV heads repeated to all heads before attention (and kept so)."""
+    built_block: bool = False
+    """The block counted as autograd saves the one autotune builds: its norms as
+    ``memory._norm_bytes`` counts them (LayerNorm's input, mean and rstd; RMSNorm's fp32 input,
+    normalised input and rstd; the output, whole under SP, as DTensor's ``ColwiseParallel``
+    saves the gathered input), a Hugging Face block's own parts (``block_parts``), and the
+    'op' policy on that block (GPT: four mms; eager attention kept out). False: Korthikanti et
+    al. 2022's count, each norm's input and output (÷ t under SP, Megatron gathering again in
+    backward: ``LinearWithGradAccumulationAndAsyncCommunication``, megatron/core/
+    tensor_parallel/layers.py), the fp32 copies unless ``fused_norm``, and 'op' on torchtitan's
+    Llama block (seven mms and SDPA, ``torchtitan/models/llama3/model.py``)."""
+    rotary_cache: bool = False
+    """A rotary cos/sin table kept per block (autotune's Llama block builds it per forward,
+    ``trial/models/transformer.py``); engines keep one precomputed buffer (torchtitan's
+    ``freqs_cis``, Megatron's ``RotaryEmbedding``), not counted."""
+    cp_whole_kv: bool = False
+    """Context parallelism keeps the all-gathered keys and values of the whole sequence for
+    backward (autotune's all-gather attention, ``trial/parallel``); False: each rank keeps its
+    own s/cp shard (ring attention: torch's ``context_parallel``, Megatron's p2p CP)."""
+    eager_mask: bool = False
+    """Eager attention keeps an s² bool causal mask (autotune's eager path); False: the engine's
+    fused softmax builds it in the kernel (Megatron's ``FusedScaleMaskSoftmax``)."""
     selective_mode: str = "selective"
     """What the config's 'selective' checkpointing means: 'selective' (Megatron: attention core
     recomputed), 'op' (torchtitan: matmul outputs kept), 'layer' (every k-th block whole)."""
@@ -108,6 +129,10 @@ AUTOTUNE_MEMORY = MemoryTraits(
     own_runtime=True,
     fused_norm=False,
     repeat_kv=True,
+    built_block=True,
+    rotary_cache=True,
+    cp_whole_kv=True,
+    eager_mask=True,
     selective_mode="selective",
     optimizer="fsdp2",
 )

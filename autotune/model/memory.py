@@ -92,7 +92,7 @@ from autotune.model.description import (
     local_roots,
     part_block_bytes,
 )
-from autotune.model.engines import MemoryTraits  # noqa: F401  (re-exported)
+from autotune.model.engines import AUTOTUNE_MEMORY, MemoryTraits  # noqa: F401  (re-exported)
 from autotune.model.layout_quantities import (  # noqa: F401  (StateBytes, state_bytes: re-exported)
     DATA_PARALLEL_SHARDING_FIELDS,
     FP32_BYTES,
@@ -548,40 +548,89 @@ def layer_activation_bytes(
     dtype: str,
     knobs: LayoutKnobs = NO_KNOBS,
 ) -> int:
-    """Bytes one transformer block saves for backward, for one micro-batch on one TP rank:
-    Korthikanti et al. 2022's count recounted for this block, as the comment above derives,
-    with the newer knobs (``knobs``) as :func:`_norm_bytes`, :func:`_mlp_bytes` and
-    :func:`_attention_bytes` say."""
-    s, b, h = seq_len, micro_batch, shape.hidden_size
-    e = BYTES_PER_ELEMENT[dtype]
-    t = s * b // knobs.cp  # tokens (queries) on this rank
-    sp = tp if knobs.sequence_parallel else 1
-    attention = attention_kernel(shape, attention)
+    """Bytes one transformer block saves for backward, for one micro-batch on one TP rank, in
+    autotune's own runtime (:func:`block_saved_bytes` with ``AUTOTUNE_MEMORY``): Korthikanti et
+    al. 2022's count recounted for this block, as the comment above derives, with the newer
+    knobs (``knobs``) as :func:`_norm_bytes`, :func:`_mlp_bytes` and :func:`_attention_bytes`
+    say."""
+    return block_saved_bytes(
+        shape,
+        AUTOTUNE_MEMORY,
+        s=seq_len,
+        b=micro_batch,
+        cp=knobs.cp,
+        tp=tp,
+        e=BYTES_PER_ELEMENT[dtype],
+        sp=tp if knobs.sequence_parallel else 1,
+        checkpointing=checkpointing,
+        attention=attention_kernel(shape, attention),
+        compiled=knobs.compiled,
+    )
+
+
+def block_saved_bytes(
+    shape: ModelShape,
+    traits: MemoryTraits,
+    *,
+    s: int,
+    b: int,
+    cp: int,
+    tp: int,
+    e: int,
+    sp: int,
+    checkpointing: str,
+    attention: str,
+    compiled: bool = False,
+) -> int:
+    """Bytes one block saves for backward, per micro-batch of ``b`` sequences of ``s`` tokens
+    on one rank of ``cp`` × ``tp`` (``sp`` = tp under sequence parallelism, else 1), as the
+    engine ``traits`` runs it: the one count both ``memory`` and ``engine_memory`` read. The
+    engines differ in the block they run (``traits.built_block``, ``fused_norm``), the
+    rotary cache, CP's keys and values, eager's mask and dropout (each trait cites its code)."""
+    t = s * b // cp  # tokens (queries) on this rank
     if checkpointing == "full":
-        return e * t * h // sp
+        return e * t * shape.hidden_size // sp
     if checkpointing == "op":
-        return _op_kept_bytes(shape, t, tp, e, sp, attention)
-    norms = 2 * _norm_bytes(shape, t, e, sp, knobs.compiled)
-    if shape.family == "llama":
-        norms += 2 * e * (s // knobs.cp) * shape.head_dim  # rotary cos and sin: 4 × (s, d/2)
-    if isinstance(shape, HFShape):
+        if not traits.built_block:  # torchtitan's Llama block: seven mms and SDPA
+            return _op_kept_bytes(shape, t, tp, e, sp, "sdpa", seven_mms=True)
+        return _op_kept_bytes(shape, t, tp, e, sp, attention, shape.family == "llama")
+    if not traits.built_block:
+        norms = _engine_norm_bytes(shape, traits, t, e) // sp
+    else:
+        norms = 2 * _norm_bytes(shape, t, e, sp, compiled)
+    if traits.rotary_cache and shape.family == "llama":
+        norms += 2 * e * (s // cp) * shape.head_dim  # rotary cos and sin: 4 × (s, d/2)
+    if traits.built_block and isinstance(shape, HFShape):
         return norms + hf_block_bytes(
             shape,
             s=s,
             b=b,
             tp=tp,
             e=e,
-            cp=knobs.cp,
+            cp=cp,
             sp=sp,
             checkpointing=checkpointing,
             attention=attention,
-            compiled=knobs.compiled,
+            compiled=compiled,
         )
     return (
         norms
-        + _mlp_bytes(shape, t, tp, e, knobs.compiled)
-        + _attention_bytes(shape, s, b, tp, e, knobs.cp, checkpointing, attention)
+        + _mlp_bytes(shape, t, tp, e, compiled)
+        + _attention_bytes(shape, traits, s, b, tp, e, cp, checkpointing, attention)
     )
+
+
+def _engine_norm_bytes(shape: ModelShape, traits: MemoryTraits, t: int, e: int) -> int:
+    """Outside the TP region, as Korthikanti et al. 2022 count it (÷ t only with SP): each
+    norm's input and output (the next linear's input), the norms' fp32 copies unless fused,
+    and the 1-byte dropout masks."""
+    th = t * shape.hidden_size
+    kept = 4 * e * th
+    if not traits.fused_norm and shape.family == "llama":
+        kept += 2 * 2 * FP32_BYTES * th  # RMSNorm's fp32 upcast and normalised input
+    if traits.dropout:
+        kept += 2 * th
+    return kept
 
 
 def _norm_bytes(shape: ModelShape, t: int, e: int, sp: int, compiled: bool) -> int:
@@ -617,24 +666,39 @@ def _mlp_bytes(shape: ModelShape, t: int, tp: int, e: int, compiled: bool) -> in
 
 
 def _attention_bytes(
-    shape: ModelShape, s: int, b: int, tp: int, e: int, cp: int, checkpointing: str, attention: str
+    shape: ModelShape,
+    traits: MemoryTraits,
+    s: int,
+    b: int,
+    tp: int,
+    e: int,
+    cp: int,
+    checkpointing: str,
+    attention: str,
 ) -> int:
-    """q and the attention output for the rank's s/cp queries, k and v (repeated to all heads)
-    for the keys they attend over, and the core: SDPA's fp32 log-sum-exp, or eager's softmax
-    and causal mask (none under selective recomputation). With context parallelism the keys
-    and values are all-gathered over the cp group (Llama 3's all-gather attention, Dubey et al.
-    2024 §3.3.2) and SDPA keeps the gathered ones for backward: 2e·b·s·h/t."""
+    """q and the attention output for the rank's s/cp queries, k and v (repeated to all heads
+    under ``traits.repeat_kv``) for the keys they attend over, and the core: SDPA's fp32
+    log-sum-exp, or eager's softmax (with dropout's mask and output under ``traits.dropout``)
+    and the causal mask (``traits.eager_mask``); none under selective recomputation. With
+    context parallelism and ``traits.cp_whole_kv`` the keys and values are all-gathered over
+    the cp group (Llama 3's all-gather attention, Dubey et al. 2024 §3.3.2) and SDPA keeps the
+    gathered ones for backward: 2e·b·s·h/t."""
     h, a = shape.hidden_size, shape.num_heads
     q = s // cp  # queries on the rank
-    kept = (2 * e * q * b * h + 2 * e * s * b * h) // tp
+    kv_tokens = s * b if traits.cp_whole_kv else q * b
+    width = h if traits.repeat_kv or shape.family == "gpt" else shape.num_kv_heads * shape.head_dim
+    kept = (2 * e * q * b * h + 2 * e * kv_tokens * width) // tp
     if checkpointing == "selective":
         return kept
     if attention == "sdpa":
         return kept + FP32_BYTES * a * q * b // tp  # log-sum-exp
-    return kept + e * a * q * s * b // tp + q * s  # softmax probabilities + causal mask
+    scores = (e + (1 + e if traits.dropout else 0)) * a * q * s * b  # softmax, dropout's
+    return kept + scores // tp + (q * s if traits.eager_mask else 0)  # and the causal mask
 
 
-def _op_kept_bytes(shape: ModelShape, t: int, tp: int, e: int, sp: int, attention: str) -> int:
+def _op_kept_bytes(
+    shape: ModelShape, t: int, tp: int, e: int, sp: int, attention: str, seven_mms: bool
+) -> int:
     """torchtitan's op-level selective AC (``_apply_ac_to_transformer_block``, mode 'op'): the
     block input, and the outputs of the ops its policy saves — every second ``aten.mm`` of the
     block counted from the first (so wq, wv and w1 of either block, and the Llama block's w2,
@@ -645,7 +709,7 @@ def _op_kept_bytes(shape: ModelShape, t: int, tp: int, e: int, sp: int, attentio
     h, f = shape.hidden_size, shape.ffn_hidden_size
     kv = shape.num_kv_heads * shape.head_dim
     kept = e * t * h // sp + e * t * (h + kv + f) // tp  # input; wq, wv, w1
-    if shape.family == "llama":
+    if seven_mms:  # the Llama block's
         kept += e * t * h // sp  # w2
     if attention == "sdpa":
         kept += e * t * h // tp + FP32_BYTES * shape.num_heads * t // tp

@@ -47,7 +47,9 @@ PAPER = MemoryTraits(name="paper", dropout=True, flash_attention=False, fused_no
 
 
 def _block(traits: MemoryTraits, mode: str, tp: int, sp: bool = False) -> int:
-    return block_activation_bytes(GPT, traits, tokens=S * B, keys=S, tp=tp, e=2, mode=mode, sp=sp)
+    return block_activation_bytes(
+        GPT, traits, seq_len=S, micro_batch=B, tp=tp, e=2, mode=mode, sp=sp
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ def test_torchtitan_op_mode_keeps_matmul_outputs():
     kept = [4096, 4096, 8 * 128, 4096, 14336, 4096]
     expected = 2 * tokens * sum(kept) + 4 * 32 * tokens
     got = block_activation_bytes(
-        llama8b, TORCHTITAN, tokens=tokens, keys=8192, tp=1, e=2, mode="op"
+        llama8b, TORCHTITAN, seq_len=8192, micro_batch=2, tp=1, e=2, mode="op"
     )
     assert got == expected
 
@@ -230,8 +232,12 @@ def test_layer_mode_and_context_parallel():
     )
     est = estimate_engine_memory(config, GPT, every3)
     half = S * B // 2
-    none = block_activation_bytes(GPT, every3, tokens=half, keys=S, tp=1, e=2, mode="none")
-    full = block_activation_bytes(GPT, every3, tokens=half, keys=S, tp=1, e=2, mode="full")
+    none = block_activation_bytes(
+        GPT, every3, seq_len=S, micro_batch=B, cp=2, tp=1, e=2, mode="none"
+    )
+    full = block_activation_bytes(
+        GPT, every3, seq_len=S, micro_batch=B, cp=2, tp=1, e=2, mode="full"
+    )
     assert full == 2 * half * H
     kept = GPT.num_layers * ((full + 2 * none) // 3)
     # the blocks', the final norm's input, the loss's fp32 logits (kept) and, on top, the
