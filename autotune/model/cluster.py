@@ -310,22 +310,35 @@ INTER_NODE_LATENCY_US = 15.0
 SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "data" / "a100_published.json"
 """The calibration fitted on published A100 runs (``bench/published_runs.py --fit``): GEMM
 efficiency curve, attention and element-wise bytes, overlap, ZeRO-3's ring latency. Its
-parameters are dimensionless or per ring step, so every built-in GPU takes them: another
-generation differs by its datasheet's peak, HBM, NVLink and network (``hardware.GPUS``),
-never by a fit to it."""
+parameters are dimensionless or per ring step, so every built-in GPU but the H100s
+(``H100_CALIBRATION``) takes them: another generation differs by its datasheet's peak, HBM,
+NVLink and network (``hardware.GPUS``)."""
 
 
-def shipped_calibration() -> dict[str, Any] | None:
-    """The shipped published-runs calibration's parameters (None when the file is absent)."""
-    if not SHIPPED_CALIBRATION.is_file():
+H100_CALIBRATION = SHIPPED_CALIBRATION.with_name("h100_published.json")
+"""The calibration of the H100 nodes (``H100_KEYS``), fitted on NeMo 24.07's DGX-H100 FP8
+pre-training table alone (``bench/published_runs.py --fit``), the same parameters as the A100
+fit: the H100 generation's GEMM efficiency, FlashAttention's share of peak (FlashAttention-2
+reaches about 35% of an H100's peak against up to 73% of an A100's: Shah et al. 2024,
+"FlashAttention-3", §1, and Dao 2023 §4.1) and overlap differ from Ampere's, which a fit to
+A100 runs cannot know. Megatron-Bridge's and NeMo's long-sequence H100 tables are predicted."""
+H100_KEYS = ("h100-sxm", "h100-nvl", "h100-pcie")
+"""The built-in GPUs of the H100 generation (Hopper GH100) that take ``H100_CALIBRATION``."""
+
+
+def shipped_calibration(gpu_key: str = "") -> dict[str, Any] | None:
+    """The shipped published-runs calibration's parameters for a built-in GPU: the H100 fit
+    for ``H100_KEYS``, the A100 fit otherwise (None when the file is absent)."""
+    path = H100_CALIBRATION if gpu_key in H100_KEYS else SHIPPED_CALIBRATION
+    if not path.is_file():
         return None
-    return dict(json.loads(SHIPPED_CALIBRATION.read_text())["calibration"])
+    return dict(json.loads(path.read_text())["calibration"])
 
 
 def gpu_cluster(gpu: Gpu) -> ClusterSpec:
     """One node of ``gpu`` (``hardware.GPUS``): its peaks per compute dtype, memory, the
     intra-node link as its all-reduce bus bandwidth, the node's NICs as the inter-node link,
-    and the calibration fitted on published A100 runs (``shipped_calibration``)."""
+    and the calibration fitted on published runs of its generation (``shipped_calibration``)."""
     device = DeviceSpec(
         name=gpu.name,
         memory_bandwidth_gbs=gpu.memory_bandwidth_gbs,
@@ -346,7 +359,7 @@ def gpu_cluster(gpu: Gpu) -> ClusterSpec:
         ),
         inter_node=LinkSpec(bandwidth_gbs=gpu.nic_gbits / 8, latency_us=INTER_NODE_LATENCY_US),
         source=gpu.source,
-        calibration=shipped_calibration(),
+        calibration=shipped_calibration(gpu.key),
     )
 
 

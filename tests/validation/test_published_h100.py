@@ -1,8 +1,9 @@
 """NVIDIA's DGX-H100 FP8 tables (``tests/validation/data/published-h100-fp8``) predicted with
 the built-in ``h100-sxm`` cluster as it ships, held to the MAPE each table gives today plus half
-a point (``bands.band``): NeMo 24.07's pre-training table (12 rows; the one the H100 cluster is
-to be fitted on), Megatron-Bridge's dense Llama rows (13) and NeMo's long-sequence Llama 2 7B
-rows with context parallelism (9), the last two predicted.
+a point (``bands.band``): NeMo 24.07's pre-training table (12 rows; the one the H100 cluster's
+calibration, ``autotune/model/data/h100_published.json``, is fitted on), Megatron-Bridge's dense
+Llama rows (13) and NeMo's long-sequence Llama 2 7B rows with context parallelism (9), the last
+two predicted, each at 12% or less.
 
 The measured step of each row is worked here from the CSVs alone: global batch · sequence over
 tokens/s/GPU · GPUs, and for the long-sequence table (TFLOP/s only) NeMo's Llama 2 model FLOPs
@@ -11,21 +12,25 @@ over TFLOP/s · GPUs, with Llama 2 7B's dimensions written out."""
 from __future__ import annotations
 
 import csv
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 from bands import band
 from testkit.published_rows import H100_DATA, H100_FITTED, h100_rows
 
+import autotune.model.cluster as cluster_module
 from autotune.model.cluster import load_cluster
 from autotune.model.perf_model import Calibration, predict_step_time
 
 pytestmark = pytest.mark.validation
 
-STATED = {"nemo-24.07": 11.7, "bridge-h100": 7.2, "nemo-long-seq": 28.4}
+STATED = {"nemo-24.07": 5.8, "bridge-h100": 8.5, "nemo-long-seq": 9.6}
 """Step-time MAPE over every row of each table, %, with ``h100-sxm``'s shipped calibration
-(``python bench/published_runs.py``). The H100 generation's terms are to bring the two predicted
-tables to 12% or less; restate these when they move."""
+(``python bench/published_runs.py``); restate these when they move."""
+PREDICTED_AT_MOST = 0.12
+"""The two predicted tables' MAPE may not pass 12% whatever the stated figures."""
 ROWS = {"nemo-24.07": 12, "bridge-h100": 13, "nemo-long-seq": 9}
 FILES = {
     "nemo-24.07": "nemo_24.07_h100_fp8_pretrain.csv",
@@ -89,6 +94,24 @@ def test_each_h100_tables_mape_is_within_its_band(errors, table):
 def test_the_h100_tables_are_the_three_and_one_is_fitted(errors):
     assert set(errors) == set(STATED)
     assert H100_FITTED == ("nemo-24.07",)
+    for table in set(STATED) - set(H100_FITTED):
+        assert statistics.fmean(errors[table]) <= PREDICTED_AT_MOST, table
+
+
+def test_h100_sxm_reads_the_h100_fit_and_a100_the_a100_fit():
+    def stored(name: str) -> dict:
+        path = Path(cluster_module.__file__).parent / "data" / name
+        return json.loads(path.read_text())["calibration"]
+
+    assert load_cluster("h100-sxm").calibration == stored("h100_published.json")
+    assert load_cluster("a100-sxm4-80gb").calibration == stored("a100_published.json")
+    assert stored("h100_published.json") != stored("a100_published.json")
+    assert (
+        "nemo_24.07_h100_fp8_pretrain.csv"
+        in json.loads(
+            (Path(cluster_module.__file__).parent / "data" / "h100_published.json").read_text()
+        )["source"]
+    )
 
 
 def test_nemos_llama2_flops_give_its_printed_tflops():
