@@ -65,6 +65,14 @@ MOE_SHAPES: dict[tuple[str, str], ModelShape] = {
 ``MODEL_SHAPES``, not in it: the cost model has no expert terms yet."""
 BUILTIN_SHAPES = {**MODEL_SHAPES, **MOE_SHAPES}
 """Every built-in model a trial builds, dense and MoE."""
+
+
+def builtin_model_names() -> list[str]:
+    """Every built-in model's name (``model_names()``, then the mixtures of experts'), as the
+    unknown-model errors list them."""
+    return [*model_names(), *(f"{f}-{s}" for f, s in MOE_SHAPES)]
+
+
 MIXED_PRECISIONS = ("bf16-mixed", "16-mixed")
 MASTER_STEP_CHUNK_NUMEL = 2**24
 """Elements the master-weight AdamW (``trial/parallel/precision.py``) steps in one multi-tensor
@@ -148,10 +156,9 @@ class WorkloadSpec:
             and self.hf_model is None
             and (self.family, self.size) not in BUILTIN_SHAPES
         ):
-            names = [*model_names(), *(f"{f}-{s}" for f, s in MOE_SHAPES)]
             raise ConfigError(
                 f"unknown model '{self.family}-{self.size}': choose one of "
-                f"{', '.join(names)}, or give a user workload 'pkg.module:build'"
+                f"{', '.join(builtin_model_names())}, or give a user workload 'pkg.module:build'"
             )
         if self.workload is not None and ":" not in self.workload:
             raise ConfigError(

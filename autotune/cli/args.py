@@ -262,8 +262,7 @@ def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
     Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
     import dataclasses
 
-    from autotune.config import BUILTIN_SHAPES, MOE_SHAPES
-    from autotune.shapes import model_names
+    from autotune.config import BUILTIN_SHAPES, builtin_model_names
 
     if model.startswith("hf:"):
         from autotune.hf_config import hf_shape
@@ -273,8 +272,9 @@ def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
         return dataclasses.replace(workload, hf_model=ref, workload=None)
     family, _, size = model.partition("-")
     if (family, size) not in BUILTIN_SHAPES:
-        names = [*model_names(), *(f"{f}-{s}" for f, s in MOE_SHAPES)]
-        raise ConfigError(f"unknown model '{model}': choose one of {', '.join(names)}")
+        raise ConfigError(
+            f"unknown model '{model}': choose one of {', '.join(builtin_model_names())}"
+        )
     return dataclasses.replace(workload, family=family, size=size, workload=None)
 
 
