@@ -19,25 +19,55 @@ optimizer step :func:`moe_step` sums each expert's gradient over its expert-data
 divides by the ranks of a stage (dp_replicate × efsdp × ep = dp × cp × tp): every data slice's
 tokens reach each expert once from each of its tp ranks, which hold the same tokens. Then each
 balancing bias is stepped from the step's token counts summed over the data-parallel ranks
-(``models/moe.update_expert_bias``). Experts are replicated over efsdp here, not sharded.
+(``models/moe.update_expert_bias``).
+
+Under ZeRO-2/3 (FSDP2) the experts are sharded over their data ranks instead, as torchtitan
+shards them (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``apply_fsdp``: the routed experts
+of an MoE block on the ``efsdp`` mesh, ``dp_replicate`` outer under HSDP, ``Shard(1)`` when
+efsdp × ep exceeds the experts): :func:`shard_experts` makes each layer's experts an FSDP unit
+of their own on (dp_replicate,) efsdp, whose reduce-scatter sums the gradient over the
+expert-data group and divides it by the stage's ranks (``set_gradient_divide_factor``, a SUM
+then the division; torchtitan divides by its global token count instead), so parameters,
+gradients and AdamW's state of the experts are 1/efsdp per rank, and ZeRO-2 keeps the gathered
+experts through backward as it keeps the rest. ``moe_step`` then leaves those experts alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import Shard
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.moe import MoE, moe_layers, update_expert_bias
-from autotune.trial.parallel.mesh import TrialMesh, group_timeout
+from autotune.trial.parallel.mesh import TrialMesh, group_of_dim, group_timeout
 
 LOCAL_PARAMS = "_autotune_local_params"
 """The attribute of a model part naming the parameters data parallelism must not sync."""
-_GROUPS: dict[tuple, tuple[dist.ProcessGroup, dist.ProcessGroup | None]] = {}
+SHARD_MESH = "_autotune_expert_shard_mesh"
+"""The attribute of a model part holding the mesh FSDP2 shards its experts over (or None)."""
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """This rank's groups of the experts' mesh."""
+
+    ep: dist.ProcessGroup
+    data: dist.ProcessGroup | None
+    """The expert-data group, dp_replicate × efsdp (None where it is one rank)."""
+    shard_mesh: DeviceMesh | None
+    """FSDP2's mesh for the experts: efsdp, or (dp_replicate, efsdp) under HSDP; None where
+    the expert-data group is one rank."""
+
+
+_GROUPS: dict[tuple, ExpertGroups] = {}
 
 
 def check_ep(config: TrialConfig) -> None:
@@ -64,20 +94,38 @@ def check_ep(config: TrialConfig) -> None:
             )
 
 
-def expert_groups(config: TrialConfig) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
-    """This rank's ep group and expert-data group (None where it is one rank). Collective:
-    every rank creates every group, in the same order; kept per world group and shape."""
+def expert_groups(config: TrialConfig, device_type: str) -> ExpertGroups:
+    """This rank's groups of the experts' mesh. Collective: every rank creates every group, in
+    the same order; kept per world group, shape and device type."""
     dims = config.dims
-    key = (id(dist.group.WORLD), dims.expert_mesh_shape)
+    key = (id(dist.group.WORLD), dims.expert_mesh_shape, device_type)
     if key not in _GROUPS:
         ranks = torch.arange(dist.get_world_size()).reshape(dims.expert_mesh_shape)
-        _GROUPS[key] = (
+        data = dims.dp_replicate * dims.efsdp
+        _GROUPS[key] = ExpertGroups(
             _mine(ranks.reshape(-1, dims.ep), "expert_ep"),
-            _mine(ranks.movedim(3, 1).reshape(-1, dims.dp_replicate * dims.efsdp), "expert_dp")
-            if dims.dp_replicate * dims.efsdp > 1
-            else None,
+            _mine(ranks.movedim(3, 1).reshape(-1, data), "expert_dp") if data > 1 else None,
+            _shard_mesh(ranks, device_type) if data > 1 else None,
         )
     return _GROUPS[key]
+
+
+def _shard_mesh(ranks: torch.Tensor, device_type: str) -> DeviceMesh:
+    """This rank's (dp_replicate, efsdp) slice of the experts' mesh ``ranks`` as FSDP2 takes
+    it: 1-D efsdp without HSDP (``mesh.group_of_dim`` makes the groups)."""
+    rank = dist.get_rank()
+    pp, _, _, ep = (int(i) for i in (ranks == rank).nonzero()[0])
+    groups = [
+        group_of_dim(ranks, dim, name)[0] for dim, name in ((1, "dp_replicate"), (2, "efsdp"))
+    ]
+    mine = ranks[pp, :, :, ep].to(torch.int)
+    if mine.shape[0] == 1:
+        return DeviceMesh.from_group(
+            groups[1], device_type, mesh=mine[0], mesh_dim_names=("efsdp",)
+        )
+    return DeviceMesh.from_group(
+        groups, device_type, mesh=mine, mesh_dim_names=("dp_replicate", "efsdp")
+    )
 
 
 def _mine(rows: torch.Tensor, desc: str) -> dist.ProcessGroup:
@@ -156,14 +204,16 @@ def apply_ep(part: nn.Module, config: TrialConfig) -> None:
     parallelism's to leave alone."""
     moes = moe_layers(part)
     local: set[nn.Parameter] = set()
+    shard_mesh = None
     if config.ep_degree > 1:
-        group, _ = expert_groups(config)
-        rank = dist.get_rank(group)
+        groups = expert_groups(config, next(part.parameters()).device.type)
+        rank, shard_mesh = dist.get_rank(groups.ep), groups.shard_mesh
         for moe in moes:
             _keep_local_experts(moe, rank, config.ep_degree)
-            moe.ep = ExpertParallel(group, config.ep_degree)
+            moe.ep = ExpertParallel(groups.ep, config.ep_degree)
             local |= set(moe.experts.parameters())
     setattr(part, LOCAL_PARAMS, local)
+    setattr(part, SHARD_MESH, shard_mesh)
     names = [n for n, p in part.named_parameters() if p in local]
     names += [
         n for n, b in part.named_buffers() if n.endswith(("expert_bias", "tokens_per_expert"))
@@ -184,6 +234,30 @@ def _keep_local_experts(moe: MoE, rank: int, ep: int) -> None:
 def local_params(part: nn.Module) -> set[nn.Parameter]:
     """The parameters of ``part`` data parallelism leaves alone (``apply_ep``)."""
     return getattr(part, LOCAL_PARAMS, set())
+
+
+def shard_experts(part: nn.Module, config: TrialConfig, **fsdp) -> None:
+    """ZeRO-2/3 under ep: each MoE layer's experts one FSDP2 unit on the expert-data mesh
+    (``fsdp``: ``fully_shard``'s reshard, offload and precision arguments), the gradient
+    divided by the stage's ranks; call it before the blocks' ``fully_shard``, which then leaves
+    the experts to their own unit. Nothing where the expert-data group is one rank."""
+    mesh = getattr(part, SHARD_MESH, None)
+    if mesh is None:
+        return
+    for moe in moe_layers(part):
+        placement = None
+        if mesh["efsdp"].size() * config.ep_degree > moe.spec.num_experts:
+            placement = _shard_dim_1  # fewer local experts than shards: torchtitan's Shard(1)
+        fully_shard(moe.experts, mesh=mesh, shard_placement_fn=placement, **fsdp)
+        moe.experts.set_gradient_divide_factor(float(config.world_size // config.pp_degree))
+        # a SUM, then the division: the factor is not the group's size, and PREMUL_SUM's
+        # op would differ by rank (gloo has none)
+        moe.experts.set_force_sum_reduction_for_comms(True)
+    setattr(part, LOCAL_PARAMS, set())
+
+
+def _shard_dim_1(param: nn.Parameter) -> Shard:
+    return Shard(1)
 
 
 class MoEStep:
@@ -207,8 +281,11 @@ def moe_step(parts: list[nn.Module], config: TrialConfig, mesh: TrialMesh) -> Mo
     moes = [m for p in parts for m in moe_layers(p)]
     if not moes:
         return None
-    experts = [p for m in moes for p in m.experts.parameters()]
-    expert_dp = expert_groups(config)[1] if config.ep_degree > 1 else None
+    experts = [
+        p for m in moes if not isinstance(m.experts, FSDPModule) for p in m.experts.parameters()
+    ]
+    device_type = next(parts[0].parameters()).device.type
+    expert_dp = expert_groups(config, device_type).data if config.ep_degree > 1 else None
     stage_ranks = config.world_size // config.pp_degree
     grads = mesh.grads
 

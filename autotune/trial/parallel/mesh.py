@@ -148,7 +148,7 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     groups: list[dist.ProcessGroup] = []
     owned: list[dist.ProcessGroup] = []
     for dim in range(len(shape)):
-        group, new = _group_of_dim(ranks, dim, names[dim])
+        group, new = group_of_dim(ranks, dim, names[dim])
         groups.append(group)
         owned += [group] if new else []
     mesh = DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=names)
@@ -158,7 +158,7 @@ def _create(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) ->
     else:
         first = names.index(DP_DIMS[0])
         flat = ranks.flatten(first, first + 1)  # replicate-major: dp_rank = r · shard + s
-        group, new = _group_of_dim(flat, first, "dp")
+        group, new = group_of_dim(flat, first, "dp")
         owned += [group] if new else []
         dp = DeviceMesh.from_group(group, device_type, mesh_dim_names=("dp",))
     grads, flat = _gradient_mesh(mesh, ranks, dp, replicate, shard, cp)
@@ -181,7 +181,7 @@ def _gradient_mesh(
     if shard == 1:  # dp_shard_cp is cp itself
         return (mesh["dp_replicate", "cp"] if replicate > 1 else mesh["cp"]), None
     first = MESH_DIM_NAMES.index("dp_shard")
-    group, _ = _group_of_dim(ranks.flatten(first, first + 1), first, SHARD_CP)
+    group, _ = group_of_dim(ranks.flatten(first, first + 1), first, SHARD_CP)
     flat = _flat_mesh(mesh["dp_shard", "cp"], SHARD_CP, group)
     if replicate == 1:
         return flat, flat
@@ -190,7 +190,7 @@ def _gradient_mesh(
 
 def _flat_mesh(sub: DeviceMesh, name: str, group: dist.ProcessGroup) -> DeviceMesh:
     """``sub._flatten(name)`` over ``group`` (this rank's group of the flattened ranks, made by
-    ``_group_of_dim``): the 1-D mesh torch's ``_create_flatten_mesh`` makes (the collapsed
+    ``group_of_dim``): the 1-D mesh torch's ``_create_flatten_mesh`` makes (the collapsed
     layout of ``sub`` over its root's rank map, known to the root by ``name``), with the group
     attached the way ``DeviceMesh.from_group`` attaches one instead of made by ``split_group``."""
     root = sub._get_root_mesh()
@@ -217,7 +217,7 @@ def group_timeout() -> timedelta | None:
     return getattr(world._get_backend(device).options, "_timeout", None)
 
 
-def _group_of_dim(ranks: torch.Tensor, dim: int, name: str) -> tuple[dist.ProcessGroup, bool]:
+def group_of_dim(ranks: torch.Tensor, dim: int, name: str) -> tuple[dist.ProcessGroup, bool]:
     """This rank's group along ``dim`` of ``ranks``, and whether it was made for it (a dim that
     spans every rank is the world group; one of size 1 on NCCL the rank's own group, shared by
     every such dim and mesh: ``_own_group``). Collective: every rank takes part in creating

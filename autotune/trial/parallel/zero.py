@@ -20,7 +20,8 @@ AdamW's state in pinned host memory, the step on the CPU (:func:`resident` tells
 blocks share one all-gather.
 Gradients are averaged over dp × cp (cp ranks hold the same parameters); with dp × cp 1 there
 is nothing to shard or synchronise and no wrapper is applied. A rank's own experts under expert
-parallelism (``expert.local_params``) are left to ``expert.moe_step``.
+parallelism (``expert.local_params``) are left to ``expert.moe_step``, except under FSDP2, which
+shards them over their expert-data ranks (``expert.shard_experts``).
 
 HSDP (``dp_replicate`` > 1, stages 2/3 only: ``TrialConfig.validate``): ``fully_shard`` on the
 2-D (dp_replicate, dp_shard × cp) mesh shards over the dp_shard × cp ranks of a replica group and
@@ -53,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autotune.config import TrialConfig
 from autotune.trial.parallel.distributed_optimizer import DistributedOptimizer, local_tensor
-from autotune.trial.parallel.expert import local_params
+from autotune.trial.parallel.expert import local_params, shard_experts
 from autotune.trial.parallel.precision import mp_policy, optimizer_class
 
 LEARNING_RATE = 1e-3
@@ -221,6 +222,10 @@ def _apply_fsdp(
     )
     policy = mp_policy(config.precision)
     for part in parts:
+        # experts first: their own units on the expert-data mesh, which the blocks' then skip
+        shard_experts(
+            part, config, reshard_after_forward=reshard, offload_policy=offload, mp_policy=policy
+        )
         units: list[FSDPModule] = []
         for group in group_blocks(blocks(part) if blocks else [], config.bucket_mb):
             # Several blocks in one unit share one all-gather / reduce-scatter (the bucket).

@@ -2,9 +2,11 @@
 
 Dropless routing, ``moe-tiny`` (8 experts, top-2, one shared expert, the first layer dense):
 EP 2 on 2 gloo ranks under DDP, EP 2 × tp 2 on 4 ranks (the ep groups are the tp pairs, the
-experts' data group the dp pair), EP 2 × FSDP (ZeRO-3 and ZeRO-2, world 2 and 4) train every
-step to the single-process losses within ``test_layouts.LOSS_ATOL``; the reference steps the
-balancing bias before each optimizer step as the runner does. The tokens per expert each rank
+experts' data group the dp pair), EP 2 × FSDP (ZeRO-3 and ZeRO-2, world 2 and 4; HSDP 2 × 2)
+train every step to the single-process losses within ``test_layouts.LOSS_ATOL``; the reference
+steps the balancing bias before each optimizer step as the runner does. Under FSDP at world 4
+each rank holds 1/efsdp of its E/ep experts (torchtitan's sharding over efsdp; efsdp 2, or 1
+under HSDP, which replicates them over dp_replicate). The tokens per expert each rank
 stores per step (``RankResult.extra["tokens_per_expert"]``) add up to the one process's. The
 negative control combines each token's output from another row (a permuted combine) and misses
 the reference by far more.
@@ -22,6 +24,7 @@ from test_layouts import LOSS_ATOL
 from autotune.config import TrialConfig, WorkloadSpec
 from autotune.trial.models.build import build_workload
 from autotune.trial.models.moe import moe_layers, update_expert_bias
+from autotune.trial.parallel.distributed_optimizer import local_tensor
 from autotune.trial.parallel.zero import LEARNING_RATE
 
 NUM_STEPS = 3  # 2 timed + the memory step
@@ -41,7 +44,11 @@ WORLD2 = [
 WORLD4 = [
     dataclasses.replace(BASE, world_size=4, tp_degree=2),  # replicate over dp 2, ep = the tp pair
     dataclasses.replace(BASE, world_size=4, zero_stage=2),  # FSDP over 4, efsdp 2
+    dataclasses.replace(BASE, world_size=4, zero_stage=3),  # the same, resharded after forward
+    dataclasses.replace(BASE, world_size=4, zero_stage=3, dp_replicate=2),  # HSDP, efsdp 1
 ]
+EXPERT_ROWS = 8 // 2 * 32  # moe-tiny: E / ep local experts of 32 rows (its expert ffn) each
+"""The rows of a rank's w1 with its experts unsharded: a shard over efsdp holds 1/efsdp."""
 
 
 def reference_losses(config: TrialConfig, num_steps: int, counts: list | None = None) -> list:
@@ -67,22 +74,29 @@ def reference_losses(config: TrialConfig, num_steps: int, counts: list | None = 
 def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None) -> list:
     """Each config's losses; the one at index ``permuted`` with each token's output combined
     from the next row (the negative control)."""
-    from autotune.trial.parallel import expert
+    from autotune.trial.parallel import expert, zero
     from autotune.trial.runner import run_rank
 
-    out, init = [], expert.ExpertParallel.__init__
+    out, init, shard = [], expert.ExpertParallel.__init__, zero.shard_experts
     for i, config in enumerate(configs):
         if i == permuted:
 
             def wrong(self, group, ep, combine_order=None):
-                init(self, group, ep, lambda rows: torch.arange(len(rows)).roll(1))
+                init(self, group, ep, lambda out: torch.arange(len(out)).roll(1))
 
             expert.ExpertParallel.__init__ = wrong
+        rows: list[int] = []  # each MoE layer's w1 rows on this rank after FSDP2 wrapping
+
+        def spy(part, config, rows=rows, **fsdp):
+            shard(part, config, **fsdp)
+            rows.extend(local_tensor(m.experts.w1).numel() // 32 for m in moe_layers(part))
+
+        zero.shard_experts = spy
         try:
             result = run_rank(config)
-            out.append((result.losses, result.extra["tokens_per_expert"]))
+            out.append((result.losses, result.extra["tokens_per_expert"], rows))
         finally:
-            expert.ExpertParallel.__init__ = init
+            expert.ExpertParallel.__init__, zero.shard_experts = init, shard
     return out
 
 
@@ -116,7 +130,10 @@ def test_ep2_matches_single_process_and_a_permuted_combine_does_not():
 
 @pytest.mark.slow
 def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
-    _check(WORLD4, run_ranks(4, _run_all, WORLD4, timeout=300.0))
+    ranks = run_ranks(4, _run_all, WORLD4, timeout=300.0)
+    _check(WORLD4, ranks)
+    for rank in ranks:  # 3 MoE layers; FSDP2 shards each layer's experts over efsdp
+        assert [r[2] for r in rank[1:]] == [[EXPERT_ROWS // 2] * 3] * 2 + [[EXPERT_ROWS] * 3]
 
 
 def _spans_and_routing(rank: int, config: TrialConfig) -> tuple[list, list]:
