@@ -183,12 +183,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "ep_degree",
         "--ep",
-        compare_key="ep",
+        "expert-parallel degree",
+        "ep",
         mark=lambda c: f"-ep{c.ep_degree}" if c.ep_degree > 1 else "",
         mark_position=10,
         newer=True,
         # Refused for a dense model (TrialConfig.validate), so only a mixture of experts' search
-        # space holds ep 2 (tests/trial/test_moe_ep.py runs it).
+        # space holds ep 2 (tests/trial/parallel/test_moe_ep.py runs it); last in the search's
+        # order, so a dense model's questions are those it had before.
         search_default=(1, 2),
     ),
     Knob("attention", "--attention"),

@@ -94,6 +94,7 @@ _LAUNCH_FAMILY = {
     "recv": "recv",
     "recv_any_source": "recv",
     "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",  # all_to_all_single (expert parallelism's dispatch)
     "barrier": "barrier",
     "reduce": "reduce",
     "gather": "gather",
@@ -447,6 +448,7 @@ def _canonical(op: str) -> str:
         "allgather_base": "all_gather",
         "reduce_scatter_base": "reduce_scatter",
         "recv_any_source": "recv",
+        "alltoall_base": "all_to_all",
     }.get(op, op)
 
 

@@ -35,6 +35,7 @@ TODAY = {
         "virtual_stages",
         "compile",
         "float8",
+        "ep_degree",  # expert parallelism, searched since
     ),
     "KNOB_WORDS": {
         "tp_degree": "tensor-parallel degree",
@@ -51,6 +52,7 @@ TODAY = {
         "virtual_stages": "virtual pipeline stages",
         "compile": "torch.compile",
         "float8": "float8 linears",
+        "ep_degree": "expert-parallel degree",
     },
     "SEARCHED_BY_DEFAULT": {
         "sequence_parallel": (False, True),

@@ -95,3 +95,27 @@ def test_the_search_space_holds_ep_for_a_mixture_of_experts_only():
     assert {c.ep_degree for c in SearchSpace(dense).configs} == {1}
     # an omitted ep bound is 1: callers that do not name it (rank) list the layouts as before
     assert {d.ep for d in layout_degrees(4, None, {})} == {1}
+
+
+class _Answers:
+    """An Optuna trial that answers each question from ``params`` (``suggest``'s names)."""
+
+    def __init__(self, params: dict) -> None:
+        self.params = params
+
+    def suggest_categorical(self, name, values):
+        assert self.params[name] in values, (name, values)
+        return self.params[name]
+
+
+def test_the_search_asks_ep_and_proposes_ep_2_for_a_mixture_of_experts_at_world_2_and_4():
+    moe = WorkloadSpec(family="moe", size="tiny", seq_len=16, global_batch_size=4)
+    for world in (2, 4):
+        space = SearchSpace(TrialConfig(workload=moe, world_size=world))
+        for ep2 in [c for c in space.configs if c.ep_degree == 2][:: len(space.configs) // 20]:
+            params = space.params_for(ep2)
+            assert params["ep_degree"] == 2  # asked by the knob's own name, last
+            assert list(params)[-1] == "ep_degree"
+            assert space.suggest(_Answers(params)) == ep2
+    dense = SearchSpace(TrialConfig(workload=WorkloadSpec(), world_size=4))
+    assert not any("ep_degree" in space for space in dense.params_for(dense.configs[-1]))

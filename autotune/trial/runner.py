@@ -28,6 +28,7 @@ from autotune.errors import ConfigError
 from autotune.trial.models.build import build_workload
 from autotune.trial.models.workload import Workload
 from autotune.trial.parallel.compile import compile_seconds
+from autotune.trial.parallel.expert import expert_group_names
 from autotune.trial.parallel.float8 import check_float8
 from autotune.trial.parallel.mesh import (
     MESH_DIM_NAMES,
@@ -318,14 +319,18 @@ def mesh_group_of(launch: str, hsdp: bool = False) -> str:
 
     Gloo's events name no process group, but each mechanism here talks on one mesh dim:
     DTensor (tensor parallelism) launches functional collectives on tp; pipelining sends and
-    receives on pp; DDP, FSDP2, replicate, ZeroRedundancyOptimizer, the distributed optimizer and
-    the bucketed all-reduce launch c10d collectives on dp. Under HSDP (``hsdp``: dp_replicate
+    receives on pp; expert parallelism's dispatch and combine are the only all-to-alls, on ep;
+    DDP, FSDP2, replicate, ZeroRedundancyOptimizer, the distributed optimizer and the bucketed
+    all-reduce launch c10d collectives on dp (the experts' FSDP2 units too: on CUDA their
+    records name efsdp, ``expert.expert_group_names``). Under HSDP (``hsdp``: dp_replicate
     and dp_shard both > 1) FSDP2 all-gathers and reduce-scatters on dp_shard and all-reduces the
     reduced shard on dp_replicate (torch ``_fsdp_collectives.foreach_reduce``)."""
     if launch.startswith("_c10d_functional::"):
         return "tp"
     if launch.startswith(("c10d::send", "c10d::recv")):
         return "pp"
+    if launch.startswith("c10d::alltoall"):
+        return "ep"
     if hsdp:
         return "dp_replicate" if launch.startswith("c10d::allreduce") else "dp_shard"
     return "dp"
@@ -447,7 +452,7 @@ def _profiled_steps(
         rank=dist.get_rank(),
         clock_offset_ns=offset,
         group_of=functools.partial(mesh_group_of, hsdp=_is_hsdp(config)),
-        group_names=mesh_group_names(mesh),
+        group_names={**mesh_group_names(mesh), **expert_group_names(config, device.type)},
         cuda=device.type == "cuda",
     ) as rec:
         for step in range(first, first + config.num_profiled_steps):

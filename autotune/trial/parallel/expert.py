@@ -48,6 +48,7 @@ from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.trial.models.moe import MoE, moe_layers, update_expert_bias
 from autotune.trial.parallel.mesh import TrialMesh, group_of_dim, group_timeout
+from profiler.capture import group_range
 
 LOCAL_PARAMS = "_autotune_local_params"
 """The attribute of a model part naming the parameters data parallelism must not sync."""
@@ -103,8 +104,8 @@ def expert_groups(config: TrialConfig, device_type: str) -> ExpertGroups:
         ranks = torch.arange(dist.get_world_size()).reshape(dims.expert_mesh_shape)
         data = dims.dp_replicate * dims.efsdp
         _GROUPS[key] = ExpertGroups(
-            _mine(ranks.reshape(-1, dims.ep), "expert_ep"),
-            _mine(ranks.movedim(3, 1).reshape(-1, data), "expert_dp") if data > 1 else None,
+            _mine(ranks.reshape(-1, dims.ep), "ep"),
+            _mine(ranks.movedim(3, 1).reshape(-1, data), "edp") if data > 1 else None,
             _shard_mesh(ranks, device_type) if data > 1 else None,
         )
     return _GROUPS[key]
@@ -128,10 +129,29 @@ def _shard_mesh(ranks: torch.Tensor, device_type: str) -> DeviceMesh:
     )
 
 
-def _mine(rows: torch.Tensor, desc: str) -> dist.ProcessGroup:
+def expert_group_names(config: TrialConfig, device_type: str) -> dict[str, str]:
+    """The experts' process groups by name (``group_name``) → the dimension the profiler labels
+    their collectives with: "ep" (dispatch and combine), "edp" (the expert-data group of
+    ``moe_step``'s gradient sum), "efsdp" and "dp_replicate" (FSDP2's on the experts); {} with
+    ep 1. Creates nothing: the groups are ``apply_ep``'s."""
+    key = (id(dist.group.WORLD), config.dims.expert_mesh_shape, device_type)
+    if config.ep_degree == 1 or key not in _GROUPS:
+        return {}
+    groups = _GROUPS[key]
+    names = {groups.ep.group_name: "ep"}
+    if groups.data is not None:
+        names[groups.data.group_name] = "edp"
+    for dim in groups.shard_mesh.mesh_dim_names if groups.shard_mesh is not None else ():
+        names[groups.shard_mesh.get_group(dim).group_name] = dim
+    return names
+
+
+def _mine(rows: torch.Tensor, dim: str) -> dist.ProcessGroup:
+    """This rank's group among ``rows`` (one group each), described as ``mesh_<dim>``, which
+    the profiler reads as its dimension where no name maps it (``profiler.capture``)."""
     rank, mine = dist.get_rank(), None
     for members in rows.tolist():
-        group = dist.new_group(members, timeout=group_timeout(), group_desc=desc)
+        group = dist.new_group(members, timeout=group_timeout(), group_desc=f"mesh_{dim}")
         mine = group if rank in members else mine
     return mine
 
@@ -301,7 +321,8 @@ def moe_step(parts: list[nn.Module], config: TrialConfig, mesh: TrialMesh) -> Mo
                 if p.grad is None:
                     continue
                 if expert_dp is not None:
-                    dist.all_reduce(p.grad, group=expert_dp)
+                    with group_range("edp"):  # gloo's spans name no group
+                        dist.all_reduce(p.grad, group=expert_dp)
                 p.grad.div_(stage_ranks)
         update_expert_bias(moes, reduce)
         for m in moes:  # a layer without a bias keeps no count across steps either

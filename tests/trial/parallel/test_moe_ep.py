@@ -42,7 +42,8 @@ WORLD2 = [
     dataclasses.replace(BASE, zero_stage=3, micro_batch_size=1),  # FSDP, 2 accumulation steps
 ]
 WORLD4 = [
-    dataclasses.replace(BASE, world_size=4, tp_degree=2),  # replicate over dp 2, ep = the tp pair
+    # replicate over dp 2, ep = the tp pair; one step profiled, for its spans' groups
+    dataclasses.replace(BASE, world_size=4, tp_degree=2, num_timed_steps=1, num_profiled_steps=1),
     dataclasses.replace(BASE, world_size=4, zero_stage=2),  # FSDP over 4, efsdp 2
     dataclasses.replace(BASE, world_size=4, zero_stage=3),  # the same, resharded after forward
     dataclasses.replace(BASE, world_size=4, zero_stage=3, dp_replicate=2),  # HSDP, efsdp 1
@@ -94,7 +95,8 @@ def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None)
         zero.shard_experts = spy
         try:
             result = run_rank(config)
-            out.append((result.losses, result.extra["tokens_per_expert"], rows))
+            groups = {(s.name, s.group) for s in result.spans if s.kind == "comm"}
+            out.append((result.losses, result.extra["tokens_per_expert"], rows, groups))
         finally:
             expert.ExpertParallel.__init__, zero.shard_experts = init, shard
     return out
@@ -132,6 +134,10 @@ def test_ep2_matches_single_process_and_a_permuted_combine_does_not():
 def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
     ranks = run_ranks(4, _run_all, WORLD4, timeout=300.0)
     _check(WORLD4, ranks)
+    for rank in ranks:  # the profiler names the experts' groups: ep, and the expert-data pair
+        groups = rank[0][3]
+        assert {g for name, g in groups if name == "all_to_all"} == {"ep"}, groups
+        assert ("all_reduce", "edp") in groups, groups
     for rank in ranks:  # 3 MoE layers; FSDP2 shards each layer's experts over efsdp
         assert [r[2] for r in rank[1:]] == [[EXPERT_ROWS // 2] * 3] * 2 + [[EXPERT_ROWS] * 3]
 
@@ -141,6 +147,7 @@ def _spans_and_routing(rank: int, config: TrialConfig) -> tuple[list, list]:
 
     result = run_rank(config)
     spans = [(s.step, s.bytes) for s in result.spans if s.name == "all_to_all"]
+    assert {s.group for s in result.spans if s.name == "all_to_all"} == {"ep"}
     return spans, result.extra["tokens_per_expert"]
 
 
