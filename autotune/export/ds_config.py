@@ -74,6 +74,8 @@ def ds_config(config: TrialConfig) -> dict:
         }
     if config.tp_degree > 1:
         ds["tensor_parallel"] = {"autotp_size": config.tp_degree}
+    if config.ep_degree > 1:
+        ds["expert_parallel"] = _autoep_section(config)
     if config.cp_degree > 1:
         # Ulysses: without an mpu DeepSpeedConfig counts the batch over world /
         # sequence_parallel_size ranks (runtime/config.py): the trial's dp, tp and pp being 1
@@ -129,7 +131,62 @@ def _notes(config: TrialConfig, precision: str) -> list[str]:
             "op-level recomputation (every second matmul, torchtitan's SelectiveAC) "
             "has no DeepSpeed key: deepspeed.checkpointing wraps whole modules"
         )
-    return notes + newer_knob_notes(config)
+    return notes + newer_knob_notes(config) + _expert_notes(config)
+
+
+AUTOEP_PRESETS = ("mixtral", "qwen3_moe", "qwen3_5_moe", "deepseek_v2", "deepseek_v3")
+"""The Hugging Face model types DeepSpeed 0.19's AutoEP replaces the MoE layers of by a preset
+(``module_inject/auto_ep_presets/registry.py``)."""
+
+
+def _autoep_section(config: TrialConfig) -> dict:
+    """DeepSpeed's AutoEP (``expert_parallel``, ``module_inject/auto_ep_config.py`` of 0.19):
+    experts split over ``autoep_size`` ranks, not tensor-parallel (``expert_tensor_parallel_size``
+    1, the only value it takes), tokens exchanged by all-to-all (``comm_backend`` "comm")."""
+    section: dict = {
+        "enabled": True,
+        "autoep_size": config.ep_degree,
+        "expert_tensor_parallel_size": 1,
+        "comm_backend": "comm",
+    }
+    model_type = _hf_model_type(config)
+    if model_type in AUTOEP_PRESETS:
+        section["preset_model"] = model_type
+    spec = config.workload.shape.moe if config.workload.shape is not None else None
+    if spec is not None:
+        section["top_k"] = spec.top_k
+    return section
+
+
+def _hf_model_type(config: TrialConfig) -> str | None:
+    if config.workload.hf_model is None:
+        return None
+    from autotune.hf_config import load_config
+
+    return getattr(load_config(config.workload.hf_model), "model_type", None)
+
+
+def _expert_notes(config: TrialConfig) -> list[str]:
+    """What AutoEP cannot express of expert parallelism: DeepSpeed's MoE is the model's code."""
+    if config.ep_degree == 1:
+        return []
+    notes = []
+    if _hf_model_type(config) not in AUTOEP_PRESETS:
+        notes.append(
+            f"expert parallelism ep {config.ep_degree}: AutoEP replaces the MoE layers of "
+            f"the Hugging Face models it has a preset for ({', '.join(AUTOEP_PRESETS)}); "
+            f"{config.workload.name} is none of them: set expert_parallel's moe_layer_pattern, "
+            "expert_pattern and router_pattern to its modules, or build its MoE layers with "
+            f"deepspeed.moe.layer.MoE(ep_size={config.ep_degree})"
+        )
+    spec = config.workload.shape.moe if config.workload.shape is not None else None
+    if spec is not None and spec.load_balance_coeff is not None:
+        notes.append(
+            "the auxiliary-loss-free balancing bias (load_balance_coeff "
+            f"{spec.load_balance_coeff:g}) is refused by AutoEP: its experts are balanced by "
+            "the router's auxiliary loss only"
+        )
+    return notes
 
 
 def newer_knob_notes(config: TrialConfig) -> list[str]:

@@ -21,6 +21,9 @@ Megatron-Core 0.16 configs, whose own validation runs on construction.
   block method recomputes the first n layers of each pipeline stage, as the trial does), or
   ``selective`` (Megatron's default module is the attention core, as autotune's selective);
   ``op`` has no Megatron form and is named, not written;
+- a mixture of experts: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  its router and balancing, ``--moe-token-dispatcher-type alltoall``, ``--moe-grouped-gemm``,
+  ``--expert-model-parallel-size`` and ``--expert-tensor-parallel-size 1``;
 - ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, the model's shape;
   ``--bf16`` / ``--fp16``; float8 as ``--fp8-format hybrid --fp8-recipe tensorwise`` (e4m3
   forward, e5m2 gradients, dynamic per-tensor scales: torchao's default recipe).
@@ -60,6 +63,7 @@ def megatron_args(config: TrialConfig) -> tuple[list[list[str]], list[str]]:
         ["--seq-length", str(w.seq_len)],
     ]
     flags += _shape_flags(config, notes)
+    flags += _expert_flags(config, notes)
     flags += _precision_flags(config, notes)
     if config.compile:
         notes.append(
@@ -162,6 +166,57 @@ def _shape_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
             "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"
         )
     return flags
+
+
+def _expert_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:
+    """A mixture of experts (``arguments.py``'s MoE group): the routed experts, top-k, expert
+    width and shared experts, sigmoid scores normalised over the chosen k with the
+    aux-loss-free bias (``--moe-router-enable-expert-bias``, updated at the model's rate) or the
+    auxiliary loss, the dense leading layers as ``--moe-layer-freq``; dropless (no capacity
+    factor); grouped GEMM and all-to-all dispatch, as the trial; experts split over
+    ``--expert-model-parallel-size`` ranks without tensor parallelism
+    (``--expert-tensor-parallel-size 1``: MoE parallel folding, the experts' data-parallel
+    ranks the rest)."""
+    shape = config.workload.shape
+    spec = shape.moe if shape is not None else None
+    if spec is None:
+        if config.ep_degree > 1:  # a user workload: its experts are not known here
+            notes.append("a user workload: add the model's --num-experts and --moe-* flags")
+            return [["--expert-model-parallel-size", str(config.ep_degree)]]
+        return []
+    flags = [
+        ["--num-experts", str(spec.num_experts)],
+        ["--moe-router-topk", str(spec.top_k)],
+        ["--moe-ffn-hidden-size", str(spec.expert_ffn_size)],
+        ["--moe-router-score-function", "sigmoid"],
+    ]
+    if spec.num_shared_experts:
+        width = spec.num_shared_experts * spec.expert_ffn_size
+        flags.append(["--moe-shared-expert-intermediate-size", str(width)])
+    if spec.load_balance_coeff is not None:
+        flags += [
+            ["--moe-router-enable-expert-bias"],
+            ["--moe-router-bias-update-rate", f"{spec.load_balance_coeff:g}"],
+        ]
+    balance = "aux_loss" if spec.aux_loss_coeff > 0 else "none"
+    flags.append(["--moe-router-load-balancing-type", balance])
+    if spec.aux_loss_coeff > 0:
+        flags.append(["--moe-aux-loss-coeff", f"{spec.aux_loss_coeff:g}"])
+    if spec.first_dense_layers:
+        dense, moe = spec.first_dense_layers, shape.num_layers - spec.first_dense_layers
+        flags.append(["--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"])
+    if config.ep_degree > 1 and config.tp_degree > 1 and not config.sequence_parallel:
+        notes.append(
+            f"ep {config.ep_degree} with tp {config.tp_degree}: Megatron wants "
+            "--sequence-parallel beside expert and tensor parallelism "
+            "(model_parallel_config.py); the trial ran without it: add it"
+        )
+    return flags + [
+        ["--moe-token-dispatcher-type", "alltoall"],
+        ["--moe-grouped-gemm"],
+        ["--expert-model-parallel-size", str(config.ep_degree)],
+        ["--expert-tensor-parallel-size", "1"],
+    ]
 
 
 def _precision_flags(config: TrialConfig, notes: list[str]) -> list[list[str]]:

@@ -107,6 +107,14 @@ def accelerate_config(config: TrialConfig, layer_class: str) -> tuple[dict, list
         "use_cpu": config.device == "cpu",
     }
     doc.update(_accelerate_knobs(config, notes))
+    if config.ep_degree > 1:
+        notes.append(
+            f"expert parallelism ep {config.ep_degree} has no Accelerate key (its "
+            "parallelism_config sizes dp_replicate, dp_shard, tp, cp and sp only): load the "
+            "model with transformers' DistributedConfig(enable_expert_parallel=True, "
+            f"ep_size={config.ep_degree}); as written the experts are data-parallel like "
+            "the rest"
+        )
     if zero == 1:
         notes.append(
             "ZeRO-1 (optimizer state sharded, gradients all-reduced) has no FSDP "
@@ -278,6 +286,7 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
         "pipeline_parallel_schedule": _TORCHTITAN_SCHEDULES[config.pp_schedule],
         "pipeline_parallel_microbatch_size": config.micro_batch_size,
         **_torchtitan_stages(config, notes),
+        **_torchtitan_experts(config, notes),
     }
     # Without a pipeline torchtitan accumulates global / (local × dp) micro-batches of
     # local_batch_size; with one, local_batch_size is the rank's batch, cut into microbatches.
@@ -287,7 +296,9 @@ def torchtitan_settings(config: TrialConfig) -> tuple[dict, list[str]]:
         "seq_len": w.seq_len,
         "enable_cpu_offload": config.optimizer_offload_enabled,
     }
-    if pp > 1:  # torchtitan 0.3 refuses CUDA graphs under a pipeline (Trainer.Config)
+    # torchtitan 0.3 refuses CUDA graphs under a pipeline, and under ep with its all-to-all
+    # dispatcher, which synchronises with the CPU for the splits (Trainer.Config)
+    if pp > 1 or config.ep_degree > 1:
         training["disable_cuda_graphs"] = True
     precision = export_precision(config)
     if precision.startswith("16-"):
@@ -376,11 +387,37 @@ def _torchtitan_stages(config: TrialConfig, notes: list[str]) -> dict:
     }
 
 
+def _torchtitan_experts(config: TrialConfig, notes: list[str]) -> dict:
+    """A mixture of experts: ``parallelism.expert_parallel_degree`` (torchtitan 0.3's
+    ``ParallelismConfig``: carved from dp_shard × cp × tp, the experts FSDP-sharded over the
+    rest, as the trial ran them); the experts themselves are the model config's."""
+    spec = config.workload.shape.moe if config.workload.shape is not None else None
+    if spec is None and config.ep_degree == 1:
+        return {}
+    if spec is not None:
+        notes.append(
+            f"the experts ({spec.num_experts} routed, top-{spec.top_k}, width "
+            f"{spec.expert_ffn_size}, {spec.num_shared_experts} shared) are the model "
+            "config's, not the job's: set them in BASE_CONFIG's MoE arguments"
+        )
+    return {"expert_parallel_degree": config.ep_degree}
+
+
 def torchtitan_module(config: TrialConfig) -> str:
     settings, notes = torchtitan_settings(config)
     family = config.workload.shape.family if config.workload.shape else "llama"
     base_module, base_config = "torchtitan.models.llama3.config_registry", "llama3_debugmodel"
-    if family != "llama":
+    if config.workload.shape is not None and config.workload.shape.moe is not None:
+        # torchtitan's MoE decoder nearest the built-in one: sigmoid routing with the
+        # aux-loss-free bias and shared experts (its attention is MLA, not GQA)
+        base_module = "torchtitan.models.deepseek_v3.config_registry"
+        base_config = "deepseek_v3_debugmodel"
+        notes.insert(
+            1,
+            "the base is torchtitan's DeepSeek-V3 debug model (MLA attention): "
+            "change BASE_MODULE / BASE_CONFIG to the model's own",
+        )
+    elif family != "llama":
         notes.insert(
             1,
             f"torchtitan has no {family.upper()}-style model: the base is its "
