@@ -599,6 +599,33 @@ def _check_experts(ep: int, shape: ModelShape | None, name: str) -> None:
         )
 
 
+def ep_trial_refusal(config: TrialConfig) -> str | None:
+    """The rule the trial runtime's expert parallelism (``trial/parallel/expert.py``) needs
+    that ``config`` breaks, in words ("pp_degree 1", …), or None: ep > 1 runs without a
+    pipeline or context parallelism, not under ZeRO-1 (which would broadcast one rank's experts
+    to all), and with dropless routing. Not a config rule (the cost model prices these
+    layouts): the trial refuses them (``expert.check_ep``) and the search space leaves them
+    out (``layouts.enumerate_configs``)."""
+    if config.ep_degree == 1:
+        return None
+    spec = config.workload.shape.moe if config.workload.shape is not None else None
+    for rule, broken in (
+        ("pp_degree 1", config.pp_degree > 1),
+        ("cp_degree 1", config.cp_degree > 1),
+        (
+            "zero_stage 0, 2 or 3 (ZeRO-1 would broadcast one rank's experts to all)",
+            config.zero_stage == 1,
+        ),
+        (
+            "dropless routing (capacity_factor unset)",
+            spec is not None and spec.capacity_factor is not None,
+        ),
+    ):
+        if broken:
+            return rule
+    return None
+
+
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, not {value!r}")

@@ -13,7 +13,13 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from autotune.config import CHECKPOINTING_MODES, PP_SCHEDULES, ZERO_STAGES, TrialConfig
+from autotune.config import (
+    CHECKPOINTING_MODES,
+    PP_SCHEDULES,
+    ZERO_STAGES,
+    TrialConfig,
+    ep_trial_refusal,
+)
 from autotune.errors import ConfigError
 from autotune.knobs import (
     DEFAULT_BUCKET_MB,
@@ -156,8 +162,16 @@ def _has_experts(config: TrialConfig) -> bool:
 
 def _newer_knobs(config: TrialConfig, newer: dict[str, Sequence]) -> Iterator[TrialConfig]:
     """``config`` under each combination of the newer knobs that changes what it runs: SP only
-    with TP, HSDP only with data parallelism, virtual stages only under interleaving."""
-    sp = newer["sequence_parallel"] if config.tp_degree > 1 else (False,)
+    with TP (and not for a mixture of experts, whose trial model has no sequence-parallel
+    plan), HSDP only with data parallelism, virtual stages only under interleaving; with ep > 1
+    only what the trials' expert parallelism runs (``config.ep_trial_refusal``)."""
+    if ep_trial_refusal(config) is not None:
+        return
+    sp = (
+        newer["sequence_parallel"]
+        if config.tp_degree > 1 and not _has_experts(config)
+        else (False,)
+    )
     replicate = newer["dp_replicate"] if config.dp_degree > 1 else (1,)
     interleaved = config.pp_degree > 1 and config.pp_schedule == "interleaved_1f1b"
     virtual = newer["virtual_stages"] if interleaved else (config.virtual_stages,)

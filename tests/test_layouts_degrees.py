@@ -3,7 +3,12 @@ space's grid and ``rank``'s screened layouts both walking exactly its degrees in
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from autotune.config import TrialConfig, WorkloadSpec
+from autotune.errors import ConfigError
 from autotune.layouts import layout_degrees
 from autotune.ranking.space import screened_layouts
 from autotune.search.space import SearchSpace
@@ -119,3 +124,35 @@ def test_the_search_asks_ep_and_proposes_ep_2_for_a_mixture_of_experts_at_world_
             assert space.suggest(_Answers(params)) == ep2
     dense = SearchSpace(TrialConfig(workload=WorkloadSpec(), world_size=4))
     assert not any("ep_degree" in space for space in dense.params_for(dense.configs[-1]))
+
+
+def test_the_search_space_holds_only_the_ep_layouts_the_trials_run():
+    moe = WorkloadSpec(family="moe", size="tiny", seq_len=16, global_batch_size=4)
+    configs = SearchSpace(TrialConfig(workload=moe, world_size=4)).configs
+    ep2 = [c for c in configs if c.ep_degree == 2]
+    assert ep2 and all(c.pp_degree == c.cp_degree == 1 and c.zero_stage != 1 for c in ep2)
+    ep1 = [c for c in configs if c.ep_degree == 1]  # ep 1 keeps the pipeline, cp and ZeRO-1
+    assert {(c.pp_degree > 1, c.cp_degree > 1, c.zero_stage == 1) for c in ep1} >= {
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+    }
+    assert any(c.tp_degree > 1 for c in configs)
+    assert not any(c.sequence_parallel for c in configs)  # its trial model has no SP plan
+
+
+@pytest.mark.parametrize(
+    "change,rule",
+    [
+        ({"pp_degree": 2}, "pp_degree 1"),
+        ({"cp_degree": 2}, "cp_degree 1"),
+        ({"zero_stage": 1}, "zero_stage 0, 2 or 3"),
+    ],
+)
+def test_the_trial_refuses_in_one_line_what_the_space_leaves_out(change, rule):
+    from autotune.trial.parallel.expert import check_ep
+
+    moe = WorkloadSpec(family="moe", size="tiny", seq_len=16, global_batch_size=8)
+    config = dataclasses.replace(TrialConfig(workload=moe, world_size=8, ep_degree=2), **change)
+    with pytest.raises(ConfigError, match=f"ep_degree 2 runs in trials with {rule}"):
+        check_ep(config)

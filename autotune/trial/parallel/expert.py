@@ -44,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import Shard
 
-from autotune.config import TrialConfig
+from autotune.config import TrialConfig, ep_trial_refusal
 from autotune.errors import ConfigError
 from autotune.trial.models.moe import MoE, moe_layers, update_expert_bias
 from autotune.trial.parallel.mesh import TrialMesh, group_of_dim, group_timeout
@@ -72,27 +72,14 @@ _GROUPS: dict[tuple, ExpertGroups] = {}
 
 
 def check_ep(config: TrialConfig) -> None:
-    """Refuse, in one line each, what the trial runtime does not run with ep > 1."""
-    spec = config.workload.shape.moe if config.workload.shape is not None else None
-    if config.ep_degree == 1:
-        return
-    for rule, broken in (
-        ("pp_degree 1", config.pp_degree > 1),
-        ("cp_degree 1", config.cp_degree > 1),
-        (
-            "zero_stage 0, 2 or 3 (ZeRO-1 would broadcast one rank's experts to all)",
-            config.zero_stage == 1,
-        ),
-        (
-            "dropless routing (capacity_factor unset)",
-            spec is not None and spec.capacity_factor is not None,
-        ),
-    ):
-        if broken:
-            raise ConfigError(
-                f"ep_degree {config.ep_degree} runs in trials with {rule} only; change that "
-                "knob or set ep_degree to 1"
-            )
+    """Refuse, in one line, what the trial runtime does not run with ep > 1
+    (``config.ep_trial_refusal``)."""
+    rule = ep_trial_refusal(config)
+    if rule is not None:
+        raise ConfigError(
+            f"ep_degree {config.ep_degree} runs in trials with {rule} only; change that "
+            "knob or set ep_degree to 1"
+        )
 
 
 def expert_groups(config: TrialConfig, device_type: str) -> ExpertGroups:
