@@ -16,7 +16,8 @@ milliseconds on one CPU core.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from dataclasses import fields as _fields
 
 from autotune.moe import MoESpec
 
@@ -284,6 +285,15 @@ class HFShape(DetailedShape):
     moe_block: tuple[ParamTensor, ...] = ()
     """A mixture of experts' MoE layers' parameters in module order (its routed experts'
     stacked tensors ``TP_EXPERT``), where ``moe`` is set; ``block`` is then its dense layers'."""
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    """The shape's hash, computed once: the memos of ``rank`` key on the shape per layout, and
+    hashing every tensor of ``block`` and ``moe_block`` each time cost more than the term."""
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            fields = (getattr(self, f.name) for f in _fields(self) if f.compare)
+            object.__setattr__(self, "_hash", hash(tuple(fields)))
+        return self._hash
 
     def block_tensors(self) -> tuple[ParamTensor, ...]:
         return self.block
