@@ -49,7 +49,15 @@ STATE_SPACE_KEYS = (
 """Config keys of state-space and hybrid (attention + state-space) models."""
 
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-"""Config keys of mixture-of-experts models: experts have no TP/PP plan here."""
+"""Config keys of mixture-of-experts models."""
+
+PRICED_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
+"""The mixtures of experts the cost model describes (``estimate``, ``rank``): transformers'
+model types whose MoE layers it reads as ``moe_parts`` does (a router, stacked experts,
+shared experts, leading dense layers). Another MoE is refused when its config is read."""
+
+TRAINABLE_MOE_TYPES: tuple[str, ...] = ()
+"""The mixtures of experts the trial runtime trains (``check_trainable``): none yet."""
 
 
 def import_transformers():
@@ -143,17 +151,26 @@ def load_config(ref: str) -> Any:
     return config
 
 
-def check_supported(config: Any, ref: str) -> None:
-    """One line naming the first config option the engine cannot run: experts, state-space or
-    hybrid layers, layer types other than attention. Any other causal LM runs by its config."""
+def moe_experts(config: Any) -> tuple[str, int] | None:
+    """(the config key, routed experts) of a mixture of experts; None for a dense model."""
     for key in MOE_KEYS:
         experts = getattr(config, key, None)
         if isinstance(experts, int) and experts > 1:
-            raise ConfigError(
-                f"'{ref}' is a mixture of experts ({key} {experts}): experts "
-                "have no tensor- or pipeline-parallel plan in autotune; use a "
-                "dense model"
-            )
+            return key, experts
+    return None
+
+
+def check_supported(config: Any, ref: str) -> None:
+    """One line naming the first config option the cost model cannot describe: a mixture of
+    experts outside ``PRICED_MOE_TYPES``, state-space or hybrid layers, layer types other than
+    attention. Any other causal LM is read by its config; what the trials cannot train yet is
+    ``check_trainable``'s."""
+    moe = moe_experts(config)
+    if moe is not None and config.model_type not in PRICED_MOE_TYPES:
+        raise ConfigError(
+            f"'{ref}' is a mixture of experts ({config.model_type}, {moe[0]} {moe[1]}) the cost "
+            f"model does not describe; it describes {', '.join(PRICED_MOE_TYPES)}"
+        )
     for key in STATE_SPACE_KEYS:
         if getattr(config, key, None) is not None:
             raise ConfigError(
@@ -166,6 +183,19 @@ def check_supported(config: Any, ref: str) -> None:
         raise ConfigError(
             f"'{ref}' ({config.model_type}) has {', '.join(other)} layers: the cost model "
             f"describes {' and '.join(ATTENTION_LAYER_TYPES)} layers only; use an attention model"
+        )
+
+
+def check_trainable(config: Any, ref: str) -> None:
+    """The trial runtime's refusal: a mixture of experts outside ``TRAINABLE_MOE_TYPES`` is
+    priced by ``estimate`` and ``rank`` but not trained (its experts have no tensor- or
+    pipeline-parallel plan in autotune's trials)."""
+    moe = moe_experts(config)
+    if moe is not None and config.model_type not in TRAINABLE_MOE_TYPES:
+        raise ConfigError(
+            f"'{ref}' is a mixture of experts ({moe[0]} {moe[1]}): experts have no tensor- or "
+            "pipeline-parallel plan in autotune's trials; price it with 'autotune estimate' or "
+            "'autotune rank', or train a dense model"
         )
 
 
@@ -501,9 +531,12 @@ def decoder_layer_class_name(ref: str) -> str:
 def check_layout(config: Any, trial: Any) -> None:
     """Rules of HF models on top of ``TrialConfig.validate`` (which checks heads, kv heads and
     layers from the shape): tensor parallelism needs a TP plan whose every style torch
-    expresses."""
+    expresses. A mixture of experts the trials do not train (``check_trainable``) is priced
+    as the engines shard it (Megatron's TP of its attention and shared experts), whatever
+    styles its plan names for transformers' own kernels (DeepSeek-V3's ``mla_kv_a_proj``)."""
     ref = trial.workload.hf_model
-    if trial.tp_degree > 1:
+    untrained_moe = moe_experts(config) is not None and config.model_type not in TRAINABLE_MOE_TYPES
+    if trial.tp_degree > 1 and not untrained_moe:
         if not getattr(config, "base_model_tp_plan", None):
             raise ConfigError(
                 f"'{ref}' ({config.model_type}) has no base_model_tp_plan in its "

@@ -257,18 +257,22 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         return EXIT_RUNTIME
 
 
-def builtin_workload(workload: WorkloadSpec, model: str) -> WorkloadSpec:
+def builtin_workload(workload: WorkloadSpec, model: str, *, trials: bool = True) -> WorkloadSpec:
     """``workload`` training the model named ``model``: a built-in one (e.g. 'llama-70b') or a
-    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json)."""
+    Hugging Face causal LM ('hf:PATH_OR_ID', read from its config.json). ``trials``: the
+    command runs trials, so a model the trial runtime cannot train is refused here
+    (``hf_config.check_trainable``); ``estimate`` and ``rank`` only price it."""
     import dataclasses
 
     from autotune.config import BUILTIN_SHAPES, builtin_model_names
 
     if model.startswith("hf:"):
-        from autotune.hf_config import hf_shape
+        from autotune.hf_config import check_trainable, hf_shape, load_config
 
         ref = model[3:]
-        hf_shape(ref)  # a missing or unsupported config is one line here
+        if trials:  # a missing or unsupported config is one line here
+            check_trainable(load_config(ref), ref)
+        hf_shape(ref)
         return dataclasses.replace(workload, hf_model=ref, workload=None)
     family, _, size = model.partition("-")
     if (family, size) not in BUILTIN_SHAPES:

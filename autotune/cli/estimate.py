@@ -62,7 +62,7 @@ from autotune.model.memory import (
     state_shards,
 )
 from autotune.model.perf_model import (
-    TERMS,
+    ALL_TERMS,
     Calibration,
     StepTimeEstimate,
     engine_traits,
@@ -307,7 +307,7 @@ def _config_from_args(args: argparse.Namespace) -> TrialConfig:
     config = TrialConfig.from_file(args.config) if args.config else TrialConfig()
     workload = config.workload
     if args.model is not None:
-        workload = builtin_workload(workload, args.model)
+        workload = builtin_workload(workload, args.model, trials=False)
     wl_fields = {**given(args, WorkloadSpec), "dtype": args.dtype, "vocab_size": args.vocab_size}
     workload = dataclasses.replace(
         workload, **{k: v for k, v in wl_fields.items() if v is not None}
@@ -352,6 +352,8 @@ def _shape_json(shape: ModelShape | None, config: TrialConfig) -> dict | None:
     if shape is None:
         return None
     fields = {f: getattr(shape, f) for f in ModelShape.__dataclass_fields__}
+    if shape.moe is not None:  # its experts' part, as an object of MoESpec's fields
+        fields["moe"] = dataclasses.asdict(shape.moe)
     return {**fields, "head_dim": shape.head_dim, "num_params": shape.num_params()}
 
 
@@ -432,7 +434,7 @@ def _print_table(row: dict[str, int | None]) -> None:
 def _time_lines(time: StepTimeEstimate) -> list[str]:
     """The predicted step's breakdown: seconds and share of the step per term."""
     lines = [f"{'term':<12} {'seconds':>12} {'share':>7}"]
-    for term in TERMS:
+    for term in (t for t in ALL_TERMS if t in time.breakdown):
         seconds = time.breakdown[term]
         lines.append(f"{term:<12} {seconds:>12.4f} {seconds / time.step_time_s:>7.1%}")
     lines += ["-" * 33, f"{'step':<12} {time.step_time_s:>12.4f} {1:>7.1%}"]

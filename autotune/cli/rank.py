@@ -185,6 +185,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
             virtual_stages=args.virtual_stages,
             compile=args.compile,
             float8=args.float8,
+            ep_degree=args.ep_degree,
+            shape=shape,
         ),
         limit_bytes=int(limit_gib * GIB),
         engine=engine,
@@ -395,7 +397,7 @@ def _base_config(
         vocab_size=args.vocab_size,
     )
     if args.model is not None:
-        workload = builtin_workload(workload, args.model)
+        workload = builtin_workload(workload, args.model, trials=False)
     base = TrialConfig(
         workload=workload,
         world_size=cluster.world_size,

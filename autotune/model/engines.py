@@ -287,6 +287,17 @@ class EngineProfile:
     unshards only groups not already unsharded, and the backward's pre-hook has just gathered
     the block the recomputation runs in); True for DeepSpeed (``stage3.py``: the recomputed
     submodules' forward pre-hooks fetch their partitioned parameters again)."""
+    ep_comm_overlap: float = 0.0
+    """Share of a mixture of experts' dispatch and combine all-to-alls hidden behind compute
+    (``moe_time``). 0 for every engine as it runs by default: Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm`` (overlapping one micro-batch's all-to-all with
+    another's compute) is off unless asked for (``megatron/training/arguments.py``,
+    ``store_true``); torchtitan's ``AllToAllTokenDispatcher`` (main at b5bcd76,
+    ``torchtitan/models/common/token_dispatcher.py``) runs the counts' and the tokens'
+    ``all_to_all_single`` between the router and the grouped GEMM, which waits on them; its
+    overlap passes are experiments (``experiments/graph_trainer/ep_overlap_pass.py``);
+    DeepSpeed's ``_AllToAll`` (``deepspeed/moe/sharded_moe.py``) and autotune's runtime
+    (``trial/parallel/expert.py``) are synchronous: exposed."""
     memory: MemoryTraits = AUTOTUNE_MEMORY
     """What the engine stores (its memory traits)."""
     source: str = ""

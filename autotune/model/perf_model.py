@@ -79,7 +79,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import flops_per_token
-from autotune.model import layout_quantities, roofline
+from autotune.model import layout_quantities, moe_time, roofline
 from autotune.model.cluster import GB, ClusterSpec, _ring_factor
 from autotune.model.description import attention_keys, attention_width, local_block
 from autotune.model.engines import (  # noqa: F401  (re-exported)
@@ -105,6 +105,11 @@ from autotune.shapes import TP_VOCAB, ModelShape
 
 TERMS = ("compute", "tp_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer", "overhead")
 """The breakdown of a predicted step, in seconds; they add up to the step time."""
+MOE_TERMS = ("experts", "ep_alltoall")
+"""The terms a mixture of experts' breakdown adds (``moe_time``): its router and routed
+experts' compute (``compute`` is then the rest), and the exposed dispatch and combine."""
+ALL_TERMS = ("compute", "experts", "tp_comm", "ep_alltoall", *TERMS[2:])
+"""Every term a breakdown may hold, in the order the CLI prints them (those it holds)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -558,47 +563,63 @@ class StepTimeModel:
     ) -> None:
         self.cluster, self.shape, self.engine = cluster, shape, engine
         self.calibration = calibration or Calibration.for_cluster(cluster)
-        self._shared: BoundedMemo[tuple[_LayerCost, float]] = BoundedMemo()
+        self._shared: BoundedMemo[tuple[_LayerCost, float, _MoECost | None]] = BoundedMemo()
 
     def predict(self, config: TrialConfig) -> StepTimeEstimate:
         step = _setup(config, self.cluster, self.calibration, self.shape, self.engine)
-        layer, params_rank = self._shared.get(
-            (step.shape, fields_key(config, SHARDING_BLIND)),
-            lambda: (
-                _layer_cost(step),
-                _params_per_rank(step, [sum(c) for c in step.layout.chunk_layers]),
-            ),
+        layer, params_rank, moe = self._shared.get(
+            (step.shape, fields_key(config, SHARDING_BLIND)), lambda: _shared_terms(step)
         )
-        return _predict(step, layer, params_rank)
+        return _predict(step, layer, params_rank, moe)
 
 
-def _predict(step: _Step, layer: _LayerCost, params_rank: float) -> StepTimeEstimate:
-    """The step of ``step``'s layout from its layer's cost and the parameters of its fullest
-    pipeline rank."""
+def _shared_terms(step: _Step) -> tuple[_LayerCost, float, _MoECost | None]:
+    """What the layouts differing only in data-parallel sharding share: a layer's cost, the
+    parameters of the fullest pipeline rank, and a mixture of experts' MoE layer terms (its
+    parameters there the non-routed ones)."""
+    rank_layers = [sum(c) for c in step.layout.chunk_layers]
+    if step.shape.moe is None:
+        return _layer_cost(step), _params_per_rank(step, rank_layers), None
+    moe = _moe_cost(step)
+    return _layer_cost(step), moe.params_rank, moe
+
+
+def _predict(
+    step: _Step, layer: _LayerCost, params_rank: float, moe: _MoECost | None = None
+) -> StepTimeEstimate:
+    """The step of ``step``'s layout from its layer's cost, the parameters of its fullest
+    pipeline rank and, for a mixture of experts, its MoE layers' terms."""
     config, layout = step.config, step.layout
     microbatches, v = layout.num_microbatches, layout.chunks_per_rank
     # Layers per pipeline rank: its v virtual stages, round-robin (Narayanan et al. §2.2).
     chunks = layout.chunk_layers
     rank_layers = [sum(c) for c in chunks]
-    stages = _stage_times(step, layer, chunks, v)
+    stages = _stage_times(step, layer, chunks, v, moe)
     totals = [sum(t) for t in stages]
     slowest = totals.index(max(totals))  # the first slowest
     slowest_s = totals[slowest]
     bubble_s = _bubble_time(step, totals, v)
     pipe_s = microbatches * slowest_s + bubble_s
-    compute_s, tp_comm_s, p2p_s, overhead_s = stages[slowest]
+    compute_s, tp_comm_s, p2p_s, overhead_s, *moe_s = stages[slowest]
+    window_s = compute_s + (moe_s[0] if moe_s else 0.0)
     breakdown = {
         "compute": microbatches * compute_s,
         "tp_comm": microbatches * tp_comm_s,
         "pp_p2p": microbatches * p2p_s,
         "pp_bubble": pipe_s - microbatches * slowest_s,
-        "dp_comm": _dp_time(step, params_rank, rank_layers, compute_s),
+        "dp_comm": _dp_time(step, params_rank, rank_layers, window_s),
         "optimizer": _optimizer_time(step, params_rank),
         "overhead": microbatches * overhead_s + step.cal.step_overhead_s * step.host_share,
     }
+    if moe is not None:
+        breakdown = _moe_breakdown(step, breakdown, moe, moe_s, window_s)
     step_s = sum(breakdown.values())
     tokens = config.tokens_per_step
-    total_params = _num_params(step.shape, layout.vocab)
+    total_params = (
+        _num_params(step.shape, layout.vocab)
+        if step.shape.moe is None
+        else moe_time.active_params(step.shape, layout.vocab)
+    )
     model_flops = (
         flops_per_token(
             total_params, step.shape.num_layers, step.shape.hidden_size, config.workload.seq_len
@@ -915,45 +936,60 @@ def _host_layer_time(step: _Step, tp_collectives: int, passes: int, shape_key: s
 
 
 def _stage_times(
-    step: _Step, layer: _LayerCost, chunks: tuple[tuple[int, ...], ...], v: int
-) -> list[tuple[float, float, float, float]]:
+    step: _Step,
+    layer: _LayerCost,
+    chunks: tuple[tuple[int, ...], ...],
+    v: int,
+    moe: _MoECost | None = None,
+) -> list[tuple[float, ...]]:
     """Per pipeline rank, seconds per micro-batch of (compute, TP collectives, point-to-point
-    transfers, overheads); ``chunks``: per rank, its chunks' layers. Each boundary the rank
-    takes part in (``stage_boundaries``) moves the b·s·h activation or its gradient
-    (``p2p_time``); FSDP2 units add their hooks (``hooked_units``)."""
-    config, cal, cluster = step.config, step.cal, step.cluster
+    transfers, overheads), and for a mixture of experts (its routed experts, its all-to-alls);
+    ``chunks``: per rank, its chunks' layers. Each boundary the rank takes part in
+    (``stage_boundaries``) moves the b·s·h activation or its gradient (``p2p_time``); FSDP2
+    units add their hooks (``hooked_units``)."""
+    config, cal = step.config, step.cal
     pp, tp = config.pp_degree, config.tp_degree
-    _, _, pp_crosses, boundary_ranks = _groups(config, cluster.devices_per_node)
-    transfer_s = (
-        p2p_time(
-            cluster,
-            cal,
-            step.activation_bytes / step.vocab_shards,
-            crosses_nodes=pp_crosses,
-            concurrent=boundary_ranks,
-        )
-        if pp > 1
-        else 0.0
-    )
+    transfer_s = _boundary_transfer_time(step) if pp > 1 else 0.0
     # FSDP2 units' hooks: host work per micro-batch on each pipeline rank (hooked_units).
     at_rest = step.data_parallel_bytes.at_rest
     per_layer_bytes = layer_params(step.shape) / tp * at_rest
     busy = layer.device_s + layer.tp_s
     # A rank's times follow from its chunks and whether it is first or last: computed once for
     # each such kind of rank (a pipeline of 80 has three or four).
-    kinds: dict[tuple[tuple[int, ...], bool, bool], tuple[float, float, float, float]] = {}
+    kinds: dict[tuple, tuple[float, ...]] = {}
     stages = []
     for rank in range(pp):
         kind = (chunks[rank], rank == 0, rank == pp - 1)
-        times = kinds.get(kind)
+        key = kind if moe is None else (*kind, moe.rank_layers[rank])
+        times = kinds.get(key)
         if times is None:
             unit_s = hooked_units(config, chunks[rank], per_layer_bytes, step.engine)
-            times = kinds[kind] = _rank_times(
-                step, layer, kind, stage_boundaries(rank, pp, v), transfer_s, busy,
-                unit_s * cal.unit_overhead_s,
-            )  # fmt: skip
+            if moe is None:
+                times = _rank_times(
+                    step, layer, kind, stage_boundaries(rank, pp, v), transfer_s, busy,
+                    unit_s * cal.unit_overhead_s,
+                )  # fmt: skip
+            else:
+                times = _moe_rank_times(
+                    step, layer, moe, kind, moe.rank_layers[rank],
+                    (stage_boundaries(rank, pp, v), transfer_s, unit_s * cal.unit_overhead_s),
+                )  # fmt: skip
+            kinds[key] = times
         stages.append(times)
     return stages
+
+
+def _boundary_transfer_time(step: _Step) -> float:
+    """Seconds of one pipeline boundary's transfer of the activation (``p2p_time``)."""
+    cluster = step.cluster
+    _, _, pp_crosses, boundary_ranks = _groups(step.config, cluster.devices_per_node)
+    return p2p_time(
+        cluster,
+        step.cal,
+        step.activation_bytes / step.vocab_shards,
+        crosses_nodes=pp_crosses,
+        concurrent=boundary_ranks,
+    )
 
 
 def _rank_times(
@@ -1064,21 +1100,41 @@ def _dp_time(step: _Step, params_rank: float, rank_layers: list[int], compute_s:
     if dp <= 1:
         return 0.0
     dp_group = _groups(config, cluster.devices_per_node)[1]
-    moved = step.data_parallel_bytes
-    reduce_bytes = 4 if step.engine.fp32_grad_reduce else moved.reduce
-    grad_bytes, param_bytes = params_rank * reduce_bytes, params_rank * moved.gather
+    exposed_s = _group_sync_time(step, dp_group, params_rank, compute_s, _fsdp_times)
     if config.zero_stage == 1 and step.engine.distributed_optimizer:
-        return _distributed_optimizer_time(step, dp_group, grad_bytes, param_bytes, compute_s)
-    if config.zero_stage <= 1:
-        sync_s, gather_s = _ddp_times(step, dp_group, grad_bytes, param_bytes)
-    else:
-        sync_s, gather_s = _fsdp_times(step, dp_group, grad_bytes, param_bytes)
-    return _exposed_sync(step, sync_s, gather_s, grad_bytes, compute_s) + (
+        return exposed_s
+    grad_bytes = _sync_bytes(step, params_rank)[0]
+    return exposed_s + (
         _dp_collectives(step, grad_bytes, rank_layers)
         * cal.collective_overhead_s
         * step.host_share
         * uncoscheduled(cluster, dp)
     )
+
+
+def _group_sync_time(
+    step: _Step, group: _Group, params: float, compute_s: float, fsdp_times
+) -> float:
+    """Exposed seconds of synchronising ``params`` elements over ``group`` by the ZeRO stage:
+    a distributed optimizer's reduce-scatter and gather (``_distributed_optimizer_time``), or
+    ``_ddp_times`` (ZeRO-0/1) or ``fsdp_times`` (ZeRO-2/3), hidden as ``_exposed_sync`` says."""
+    grad_bytes, param_bytes = _sync_bytes(step, params)
+    zero = step.config.zero_stage
+    if zero == 1 and step.engine.distributed_optimizer:
+        return _distributed_optimizer_time(step, group, grad_bytes, param_bytes, compute_s)
+    if zero <= 1:
+        sync_s, gather_s = _ddp_times(step, group, grad_bytes, param_bytes)
+    else:
+        sync_s, gather_s = fsdp_times(step, group, grad_bytes, param_bytes)
+    return _exposed_sync(step, sync_s, gather_s, grad_bytes, compute_s)
+
+
+def _sync_bytes(step: _Step, params: float) -> tuple[float, float]:
+    """(gradient, parameter) bytes data parallelism moves for ``params`` elements, in the
+    dtypes it moves them (``data_parallel_bytes``; fp32 where the engine reduces in fp32)."""
+    moved = step.data_parallel_bytes
+    reduce_bytes = 4 if step.engine.fp32_grad_reduce else moved.reduce
+    return params * reduce_bytes, params * moved.gather
 
 
 def _ddp_times(
@@ -1250,3 +1306,189 @@ def _optimizer_time(step: _Step, params_rank: float) -> float:
     zero = config.zero_stage if sync_ranks(config) > 1 else 0
     updated = params_rank / (state_shards(config) if zero >= 1 else 1)
     return step.cal.optimizer_bytes_per_param * updated / step.mem_bw
+
+
+# ---- a mixture of experts (``moe_time``) ------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _MoECost:
+    """A mixture of experts' MoE layer terms per micro-batch, and its parameters per rank."""
+
+    layer: _LayerCost
+    """A MoE layer but its router and routed experts (``moe_time.non_routed_shape``), priced
+    by the layer terms as a dense layer."""
+    experts_s: float
+    """Its router's and routed experts' device seconds: forward, backward, recomputation."""
+    alltoall_s: float
+    """Its dispatch and combine all-to-alls, exposed (:func:`alltoall_seconds`)."""
+    rank_layers: tuple[int, ...]
+    """MoE layers per pipeline rank (``moe_time.rank_moe_layers``)."""
+    params_rank: float
+    """The fullest pipeline rank's parameters but its routed experts (synchronised over dp)."""
+    expert_params: float
+    """Its routed experts' parameters (over the expert data-parallel group)."""
+
+
+def _moe_cost(step: _Step) -> _MoECost:
+    """The MoE layer's terms of ``step``'s layout (``moe_time``): the layer without its
+    routed experts by ``_layer_cost``; the router and the rank's experts as GEMMs at the
+    tokens each receives, backward twice the forward, recomputed as the layer is."""
+    config, shape = step.config, step.shape
+    ml = moe_layout(step)
+    layer = _layer_cost(dataclasses.replace(step, shape=moe_time.non_routed_shape(shape)))
+    forward = ml.local_experts * sum(_gemm_s(step, g) for g in moe_time.expert_gemms(shape, ml))
+    forward += _gemm_s(step, moe_time.router_gemm(shape, ml))
+    experts_s = 3 * forward + _recompute_time(step, forward, 0.0)
+    rank_layers = moe_time.rank_moe_layers(shape, config.pp_degree, step.layout.chunks_per_rank)
+    params_rank, expert_params = _moe_params_per_rank(step, rank_layers)
+    return _MoECost(
+        layer, experts_s, alltoall_seconds(step, ml), rank_layers, params_rank, expert_params
+    )
+
+
+def moe_layout(step: _Step) -> moe_time.MoELayout:
+    """``moe_time.moe_layout`` of ``step``'s layout: its micro-batch's tokens, tp and ep."""
+    config = step.config
+    return moe_time.moe_layout(
+        step.shape,
+        microbatch_tokens=step.layout.microbatch_tokens,
+        tp=config.tp_degree,
+        ep=config.ep_degree,
+    )
+
+
+def _gemm_s(step: _Step, g: roofline.Gemm) -> float:
+    """Seconds of one GEMM as the engine's dense GEMMs are priced: by ``roofline.gemm_time``
+    (per-dimension efficiency), or at ``matmul_efficiency`` of its rows and columns."""
+    cal = step.cal
+    if step.engine.roofline:
+        return roofline.gemm_time(
+            g,
+            peak=step.peak_flops,
+            mem_bw=step.mem_bw,
+            elem_bytes=step.layout.elem_bytes,
+            e_max=cal.compute_efficiency,
+            half_dim=cal.gemm_half_dim,
+        )
+    return 2 * g.m * g.n * g.k / (step.peak_flops * matmul_efficiency(cal, g.m, g.n))
+
+
+def alltoall_seconds(step: _Step, ml: moe_time.MoELayout) -> float:
+    """Exposed seconds of one MoE layer's all-to-alls per micro-batch: ``moe_time.alltoalls``
+    of them (full recomputation's share again), each ``moe_time.alltoall_time`` of
+    ``dispatch_bytes`` at the busiest rank's load (the allowance), less the engine's overlap
+    (``ep_comm_overlap``), and their launches. 0 without expert parallelism."""
+    config, cal, ep = step.config, step.cal, step.config.ep_degree
+    if ep <= 1:
+        return 0.0
+    full = config.activation_checkpointing == "full"
+    count = moe_time.alltoalls(full_recompute_share(config, step.shape.num_layers) if full else 0)
+    nbytes = moe_time.dispatch_bytes(step.shape, ml, step.layout.elem_bytes)
+    one = moe_time.alltoall_time(step.cluster, cal.comm_efficiency, ep, nbytes)
+    exposed = 1 - step.engine.ep_comm_overlap * cal.overlap_efficiency
+    launch = cal.collective_overhead_s * step.host_share * uncoscheduled(step.cluster, ep)
+    return count * (one * ml.allowance * exposed + launch)
+
+
+def _moe_params_per_rank(step: _Step, rank_moe: tuple[int, ...]) -> tuple[float, float]:
+    """(parameters but routed experts, routed experts' parameters) of the pipeline rank that
+    holds the most: its dense layers' blocks and MoE layers' non-routed tensors ÷ tp with the
+    roots (``root_params``), and its MoE layers' routed experts ÷ ep (whole on each TP rank,
+    ``shapes.TP_EXPERT``)."""
+    shape, config = step.shape, step.config
+    tp, pp, ep = config.tp_degree, config.pp_degree, config.ep_degree
+    dense, non_routed = layer_params(shape), moe_time.non_routed_params(shape)
+    routed = moe_time.routed_params(shape)
+    best = (0.0, 0.0)
+    for r, c in enumerate(step.layout.chunk_layers):
+        k = rank_moe[r]
+        roots = root_params(
+            shape, step.layout.vocab, step.vocab_shards, first=r == 0, last=r == pp - 1
+        )
+        held = ((sum(c) - k) * dense / tp + k * non_routed / tp + roots, k * routed / ep)
+        if sum(held) > sum(best):
+            best = held
+    return best
+
+
+def _moe_rank_times(
+    step: _Step,
+    layer: _LayerCost,
+    moe: _MoECost,
+    kind: tuple[tuple[int, ...], bool, bool],
+    moe_layers: int,
+    pipe: tuple[int, float, float],
+) -> tuple[float, ...]:
+    """``_rank_times`` of a pipeline rank holding ``moe_layers`` MoE layers among its layers
+    (its per-layer costs their mean), then its routed experts' and all-to-alls' seconds.
+    ``pipe``: its boundaries, one transfer's seconds and its FSDP2 units' hooks."""
+    layers = sum(kind[0])
+    k, d = moe_layers, layers - moe_layers
+
+    def mean(dense: float, sparse: float) -> float:
+        return (d * dense + k * sparse) / layers
+
+    m = moe.layer
+    mixed = _LayerCost(
+        mean(layer.device_s, m.device_s),
+        layer.head_s,
+        mean(layer.tp_s, m.tp_s),
+        layer.tp_embed_s,
+        mean(layer.host_s, m.host_s),
+        mean(layer.excess_s, m.excess_s),
+    )
+    experts_s, alltoall_s = k * moe.experts_s, k * moe.alltoall_s
+    busy = mixed.device_s + mixed.tp_s + (experts_s + alltoall_s) / layers
+    boundaries, transfer_s, unit_s = pipe
+    times = _rank_times(step, mixed, kind, boundaries, transfer_s, busy, unit_s)
+    return (*times, experts_s, alltoall_s)
+
+
+def _moe_breakdown(
+    step: _Step, breakdown: dict[str, float], moe: _MoECost, moe_s: list[float], window_s: float
+) -> dict[str, float]:
+    """``breakdown`` with the MoE terms (``MOE_TERMS``, per step), the experts' gradient sync
+    in ``dp_comm`` and their optimizer step in ``optimizer``, in ``ALL_TERMS`` order."""
+    microbatches = step.layout.num_microbatches
+    out = dict(breakdown)
+    out["experts"], out["ep_alltoall"] = (microbatches * t for t in moe_s)
+    out["dp_comm"] += _expert_sync_time(step, moe.expert_params, window_s)
+    out["optimizer"] += _expert_optimizer_time(step, moe.expert_params)
+    return {term: out[term] for term in ALL_TERMS}
+
+
+def _expert_group(step: _Step) -> _Group:
+    """The expert data-parallel group (``moe_time.expert_data_parallel``): ranks strided by
+    the ep group, the fastest mesh dimension."""
+    config = step.config
+    edp = moe_time.expert_data_parallel(config.world_size, config.pp_degree, config.ep_degree)
+    return _inner_group(edp, config.ep_degree, step.cluster.devices_per_node)
+
+
+def _expert_sync_time(step: _Step, expert_params: float, compute_s: float) -> float:
+    """Exposed seconds of the routed experts' gradient sync per step, over the expert
+    data-parallel group as the ZeRO stage syncs the rest (``_ddp_times``, a distributed
+    optimizer's reduce-scatter and gather, FSDP's reduce-scatter and gathers per micro-batch)
+    and hidden as they are (``_exposed_sync``, the same window)."""
+    group = _expert_group(step)
+    if group.size <= 1 or expert_params <= 0:
+        return 0.0
+    return _group_sync_time(step, group, expert_params, compute_s, _expert_fsdp_times)
+
+
+def _expert_fsdp_times(
+    step: _Step, group: _Group, grad_bytes: float, param_bytes: float
+) -> tuple[float, float]:
+    """(gradient sync, parameter gathers) seconds of the experts under ZeRO-2/3: the
+    reduce-scatter over the expert data-parallel group, the all-gathers once per micro-batch
+    under ZeRO-2, twice under ZeRO-3 (experts sharded over efsdp, torchtitan's rule)."""
+    cluster, cal, zero = step.cluster, step.cal, step.config.zero_stage
+    sync_s = collective_time(cluster, cal, group, grad_bytes, kind="reduce_scatter")
+    gathers = step.layout.num_microbatches * (2 if zero == 3 else 1)
+    return sync_s, gathers * collective_time(cluster, cal, group, param_bytes, kind="all_gather")
+
+
+def _expert_optimizer_time(step: _Step, expert_params: float) -> float:
+    """The routed experts' optimizer step: ``_optimizer_time``'s bytes over the experts the
+    rank updates, sharded over the expert data-parallel group under ZeRO ≥ 1."""
+    shards = _expert_group(step).size if step.config.zero_stage >= 1 else 1
+    return step.cal.optimizer_bytes_per_param * expert_params / shards / step.mem_bw

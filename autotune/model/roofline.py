@@ -56,15 +56,41 @@ def gemm_time(
 
 
 def layer_gemms(shape: ModelShape, *, tokens: float, tp: int) -> list[Gemm]:
-    """The four GEMMs of one decoder layer's forward on one TP rank (module docstring)."""
+    """The four GEMMs of one decoder layer's forward on one TP rank (module docstring);
+    multi-head latent attention's own (:func:`mla_gemms`) in place of QKV and the output.
+    An MLP of width 0 (a MoE layer without shared experts, ``moe_time.non_routed_shape``)
+    has none."""
     h, f = shape.hidden_size, shape.ffn_hidden_size
     kv = shape.num_kv_heads * shape.head_dim
     gated = 2 if shape.family == "llama" else 1
+    if getattr(shape, "mla", ()):
+        attention = mla_gemms(shape, tokens=tokens, tp=tp)
+    else:
+        attention = [Gemm(tokens, (h + 2 * kv) / tp, h), Gemm(tokens, h, h / tp)]
+    mlp = [Gemm(tokens, gated * f / tp, h), Gemm(tokens, h, f / tp)] if f else []
+    return attention + mlp
+
+
+def mla_gemms(shape: ModelShape, *, tokens: float, tp: int) -> list[Gemm]:
+    """Multi-head latent attention's GEMMs on one TP rank (DeepSeek-AI 2024, "DeepSeek-V2",
+    §2.1.2, the shape's ``mla`` sizes): the query's down-projection to q_lora_rank (none at
+    rank 0: the query projected at full rank) and its up-projection to heads × (nope + rope),
+    the keys' and values' joint down-projection to kv_lora_rank with the shared rope key, their
+    up-projection to heads × (nope + v), the output from heads × v. The down-projections are
+    whole on every TP rank (Megatron-Core's MLA; transformers' plan leaves q_a_proj out and
+    gives kv_a_proj_with_mqa its own style), the rest column- and row-parallel."""
+    h, heads = shape.hidden_size, shape.num_heads
+    q_rank, kv_rank, nope, rope, v = shape.mla
+    query = (
+        [Gemm(tokens, q_rank, h), Gemm(tokens, heads * (nope + rope) / tp, q_rank)]
+        if q_rank
+        else [Gemm(tokens, heads * (nope + rope) / tp, h)]
+    )
     return [
-        Gemm(tokens, (h + 2 * kv) / tp, h),
-        Gemm(tokens, h, h / tp),
-        Gemm(tokens, gated * f / tp, h),
-        Gemm(tokens, h, f / tp),
+        *query,
+        Gemm(tokens, kv_rank + rope, h),
+        Gemm(tokens, heads * (nope + v) / tp, kv_rank),
+        Gemm(tokens, h, heads * v / tp),
     ]
 
 

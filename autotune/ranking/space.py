@@ -67,11 +67,14 @@ def knob_choices(
     virtual_stages: int | None = None,
     compile: bool = False,
     float8: bool = False,
+    ep_degree: int | None = None,
+    shape: ModelShape | None = None,
 ) -> dict[str, tuple]:
     """The newer knobs' values ``rank`` lists: the value given (its flag's) where one is,
     otherwise every value (sequence parallelism on wherever tp > 1, every context-parallel
-    degree the sequence allows, every HSDP replica count, ``VIRTUAL_STAGES``); compile and
-    float8 only when asked for. Sequence parallelism is listed on wherever tp > 1, as
+    degree the sequence allows, every HSDP replica count, ``VIRTUAL_STAGES``, every
+    expert-parallel degree of a mixture of experts, ``expert_degrees``); compile and float8
+    only when asked for. Sequence parallelism is listed on wherever tp > 1, as
     Megatron-LM's and torchtitan's recipes run it: the same bytes move as TP's all-reduce
     (Korthikanti et al. 2022 §4.2.2) and every block keeps less (``memory._norm_bytes``), so
     the off twin is never the better layout."""
@@ -89,7 +92,19 @@ def knob_choices(
         "virtual_stages": (virtual_stages,) if virtual_stages is not None else VIRTUAL_STAGES,
         "compile": (True,) if compile else SEARCHED_BY_DEFAULT["compile"],
         "float8": (True,) if float8 else SEARCHED_BY_DEFAULT["float8"],
+        "ep_degree": (ep_degree,)
+        if ep_degree is not None
+        else expert_degrees(world, shape or base.workload.shape),
     }
+
+
+def expert_degrees(world: int, shape: ModelShape | None) -> tuple[int, ...]:
+    """The expert-parallel degrees ``rank`` lists: 1 for a dense model; for a mixture of
+    experts each divisor of the world that divides its routed experts (each rank holding
+    E / ep of them; ``layouts.layout_degrees`` keeps those ep that divide dp_shard × cp × tp)."""
+    if shape is None or shape.moe is None:
+        return (1,)
+    return tuple(d for d in divisors(world) if shape.moe.num_experts % d == 0)
 
 
 def shape_rules(shape: ModelShape | None) -> dict[str, int] | None:
@@ -241,6 +256,7 @@ def screened_layouts(
         "tp_degree": tp_degrees,
         "pp_degree": divisors(world),
         "cp_degree": choices["cp_degree"],
+        "ep_degree": choices.get("ep_degree"),
     }
     for dims in layout_degrees(world, batch, bounds):
         over = set()  # (zero, schedule, v) whose states failed at fewer HSDP replicas
