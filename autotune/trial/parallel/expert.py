@@ -52,20 +52,18 @@ from profiler.capture import group_range
 
 LOCAL_PARAMS = "_autotune_local_params"
 """The attribute of a model part naming the parameters data parallelism must not sync."""
-SHARD_MESH = "_autotune_expert_shard_mesh"
-"""The attribute of a model part holding the mesh FSDP2 shards its experts over (or None)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class ExpertGroups:
     """This rank's groups of the experts' mesh."""
 
     ep: dist.ProcessGroup
     data: dist.ProcessGroup | None
     """The expert-data group, dp_replicate × efsdp (None where it is one rank)."""
-    shard_mesh: DeviceMesh | None
-    """FSDP2's mesh for the experts: efsdp, or (dp_replicate, efsdp) under HSDP; None where
-    the expert-data group is one rank."""
+    shard_mesh: DeviceMesh | None = None
+    """FSDP2's mesh for the experts: efsdp, or (dp_replicate, efsdp) under HSDP; made by the
+    first ZeRO-2/3 layout that needs it (``shard_experts``), so DDP's make no group for it."""
 
 
 _GROUPS: dict[tuple, ExpertGroups] = {}
@@ -93,7 +91,6 @@ def expert_groups(config: TrialConfig, device_type: str) -> ExpertGroups:
         _GROUPS[key] = ExpertGroups(
             _mine(ranks.reshape(-1, dims.ep), "ep"),
             _mine(ranks.movedim(3, 1).reshape(-1, data), "edp") if data > 1 else None,
-            _shard_mesh(ranks, device_type) if data > 1 else None,
         )
     return _GROUPS[key]
 
@@ -211,16 +208,14 @@ def apply_ep(part: nn.Module, config: TrialConfig) -> None:
     parallelism's to leave alone."""
     moes = moe_layers(part)
     local: set[nn.Parameter] = set()
-    shard_mesh = None
     if config.ep_degree > 1:
         groups = expert_groups(config, next(part.parameters()).device.type)
-        rank, shard_mesh = dist.get_rank(groups.ep), groups.shard_mesh
+        rank = dist.get_rank(groups.ep)
         for moe in moes:
             _keep_local_experts(moe, rank, config.ep_degree)
             moe.ep = ExpertParallel(groups.ep, config.ep_degree)
             local |= set(moe.experts.parameters())
     setattr(part, LOCAL_PARAMS, local)
-    setattr(part, SHARD_MESH, shard_mesh)
     names = [n for n, p in part.named_parameters() if p in local]
     names += [
         n for n, b in part.named_buffers() if n.endswith(("expert_bias", "tokens_per_expert"))
@@ -247,10 +242,18 @@ def shard_experts(part: nn.Module, config: TrialConfig, **fsdp) -> None:
     """ZeRO-2/3 under ep: each MoE layer's experts one FSDP2 unit on the expert-data mesh
     (``fsdp``: ``fully_shard``'s reshard, offload and precision arguments), the gradient
     divided by the stage's ranks; call it before the blocks' ``fully_shard``, which then leaves
-    the experts to their own unit. Nothing where the expert-data group is one rank."""
-    mesh = getattr(part, SHARD_MESH, None)
-    if mesh is None:
+    the experts to their own unit. Nothing where the expert-data group is one rank.
+    Collective: the first layout of a shape makes the mesh's groups (``_shard_mesh``)."""
+    if config.ep_degree == 1 or not moe_layers(part):
         return
+    device_type = next(part.parameters()).device.type
+    groups = expert_groups(config, device_type)
+    if groups.data is None:
+        return
+    if groups.shard_mesh is None:
+        ranks = torch.arange(dist.get_world_size()).reshape(config.dims.expert_mesh_shape)
+        groups.shard_mesh = _shard_mesh(ranks, device_type)
+    mesh = groups.shard_mesh
     for moe in moe_layers(part):
         placement = None
         if mesh["efsdp"].size() * config.ep_degree > moe.spec.num_experts:

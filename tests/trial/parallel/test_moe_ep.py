@@ -96,7 +96,8 @@ def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None)
         try:
             result = run_rank(config)
             groups = {(s.name, s.group) for s in result.spans if s.kind == "comm"}
-            out.append((result.losses, result.extra["tokens_per_expert"], rows, groups))
+            named = sorted(expert.expert_group_names(config, "cpu").values())  # CUDA's names
+            out.append((result.losses, result.extra["tokens_per_expert"], rows, groups, named))
         finally:
             expert.ExpertParallel.__init__, zero.shard_experts = init, shard
     return out
@@ -138,6 +139,12 @@ def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
         groups = rank[0][3]
         assert {g for name, g in groups if name == "all_to_all"} == {"ep"}, groups
         assert ("all_reduce", "edp") in groups, groups
+        assert [r[4] for r in rank] == [
+            ["edp", "ep"],  # DDP: the experts' gradients summed on edp, no FSDP2 mesh made
+            ["edp", "efsdp", "ep"],
+            ["edp", "efsdp", "ep"],
+            ["dp_replicate", "edp", "efsdp", "ep"],  # HSDP: FSDP2's 2-D mesh of the experts
+        ]
     for rank in ranks:  # 3 MoE layers; FSDP2 shards each layer's experts over efsdp
         assert [r[2] for r in rank[1:]] == [[EXPERT_ROWS // 2] * 3] * 2 + [[EXPERT_ROWS] * 3]
 
