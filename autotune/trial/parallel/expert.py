@@ -25,11 +25,12 @@ Under ZeRO-2/3 (FSDP2) the experts are sharded over their data ranks instead, as
 shards them (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``apply_fsdp``: the routed experts
 of an MoE block on the ``efsdp`` mesh, ``dp_replicate`` outer under HSDP, ``Shard(1)`` when
 efsdp × ep exceeds the experts): :func:`shard_experts` makes each layer's experts an FSDP unit
-of their own on (dp_replicate,) efsdp, whose reduce-scatter sums the gradient over the
-expert-data group and divides it by the stage's ranks (``set_gradient_divide_factor``, a SUM
-then the division; torchtitan divides by its global token count instead), so parameters,
-gradients and AdamW's state of the experts are 1/efsdp per rank, and ZeRO-2 keeps the gathered
-experts through backward as it keeps the rest. ``moe_step`` then leaves those experts alone.
+of their own on efsdp (under HSDP on the whole expert-data group, ``_shard_mesh``), whose
+reduce-scatter sums the gradient over the expert-data group and divides it by the stage's
+ranks (``set_gradient_divide_factor``, a SUM then the division; torchtitan divides by its
+global token count instead), so parameters, gradients and AdamW's state of the experts are
+1/efsdp per rank (1/(dp_replicate × efsdp) under HSDP), and ZeRO-2 keeps the gathered experts
+through backward as it keeps the rest. ``moe_step`` then leaves those experts alone.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class ExpertGroups:
     data: dist.ProcessGroup | None
     """The expert-data group, dp_replicate × efsdp (None where it is one rank)."""
     shard_mesh: DeviceMesh | None = None
-    """FSDP2's mesh for the experts: efsdp, or (dp_replicate, efsdp) under HSDP; made by the
+    """FSDP2's mesh for the experts: efsdp, or the expert-data group under HSDP; made by the
     first ZeRO-2/3 layout that needs it (``shard_experts``), so DDP's make no group for it."""
 
 
@@ -95,22 +96,21 @@ def expert_groups(config: TrialConfig, device_type: str) -> ExpertGroups:
     return _GROUPS[key]
 
 
-def _shard_mesh(ranks: torch.Tensor, device_type: str) -> DeviceMesh:
-    """This rank's (dp_replicate, efsdp) slice of the experts' mesh ``ranks`` as FSDP2 takes
-    it: 1-D efsdp without HSDP (``mesh.group_of_dim`` makes the groups)."""
+def _shard_mesh(ranks: torch.Tensor, device_type: str, data: dist.ProcessGroup) -> DeviceMesh:
+    """This rank's efsdp slice of the experts' mesh ``ranks`` as FSDP2 takes it (the group by
+    ``mesh.group_of_dim``). Under HSDP (dp_replicate > 1) the expert-data group ``data`` itself,
+    1-D, replicate-major: the experts sharded over dp_replicate × efsdp, where torchtitan
+    replicates them over dp_replicate (FSDP2 given the 2-D (dp_replicate, efsdp) mesh summed
+    the experts' gradients short on gloo: tests/trial/parallel/test_moe_ep.py)."""
     rank = dist.get_rank()
     pp, _, _, ep = (int(i) for i in (ranks == rank).nonzero()[0])
-    groups = [
-        group_of_dim(ranks, dim, name)[0] for dim, name in ((1, "dp_replicate"), (2, "efsdp"))
-    ]
     mine = ranks[pp, :, :, ep].to(torch.int)
-    if mine.shape[0] == 1:
+    if mine.shape[0] > 1:
         return DeviceMesh.from_group(
-            groups[1], device_type, mesh=mine[0], mesh_dim_names=("efsdp",)
+            data, device_type, mesh=mine.flatten(), mesh_dim_names=("edp",)
         )
-    return DeviceMesh.from_group(
-        groups, device_type, mesh=mine, mesh_dim_names=("dp_replicate", "efsdp")
-    )
+    group = group_of_dim(ranks, 2, "efsdp")[0]
+    return DeviceMesh.from_group(group, device_type, mesh=mine[0], mesh_dim_names=("efsdp",))
 
 
 def expert_group_names(config: TrialConfig, device_type: str) -> dict[str, str]:
@@ -252,11 +252,11 @@ def shard_experts(part: nn.Module, config: TrialConfig, **fsdp) -> None:
         return
     if groups.shard_mesh is None:
         ranks = torch.arange(dist.get_world_size()).reshape(config.dims.expert_mesh_shape)
-        groups.shard_mesh = _shard_mesh(ranks, device_type)
+        groups.shard_mesh = _shard_mesh(ranks, device_type, groups.data)
     mesh = groups.shard_mesh
     for moe in moe_layers(part):
         placement = None
-        if mesh["efsdp"].size() * config.ep_degree > moe.spec.num_experts:
+        if mesh.size() * config.ep_degree > moe.spec.num_experts:
             placement = _shard_dim_1  # fewer local experts than shards: torchtitan's Shard(1)
         fully_shard(moe.experts, mesh=mesh, shard_placement_fn=placement, **fsdp)
         moe.experts.set_gradient_divide_factor(float(config.world_size // config.pp_degree))

@@ -5,8 +5,9 @@ EP 2 on 2 gloo ranks under DDP, EP 2 × tp 2 on 4 ranks (the ep groups are the t
 experts' data group the dp pair), EP 2 × FSDP (ZeRO-3 and ZeRO-2, world 2 and 4; HSDP 2 × 2)
 train every step to the single-process losses within ``test_layouts.LOSS_ATOL``; the reference
 steps the balancing bias before each optimizer step as the runner does. Under FSDP at world 4
-each rank holds 1/efsdp of its E/ep experts (torchtitan's sharding over efsdp; efsdp 2, or 1
-under HSDP, which replicates them over dp_replicate). The tokens per expert each rank
+each rank holds 1/efsdp of its E/ep experts (torchtitan's sharding over efsdp, 2; under HSDP
+over the expert-data group, 2) and the experts' synced first-step gradients are the single
+process's (AdamW would hide a wrong scale from the losses). The tokens per expert each rank
 stores per step (``RankResult.extra["tokens_per_expert"]``) add up to the one process's. The
 negative control combines each token's output from another row (a permuted combine) and misses
 the reference by far more.
@@ -75,10 +76,11 @@ def reference_losses(config: TrialConfig, num_steps: int, counts: list | None = 
 def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None) -> list:
     """Each config's losses; the one at index ``permuted`` with each token's output combined
     from the next row (the negative control)."""
-    from autotune.trial.parallel import expert, zero
+    from autotune.trial.parallel import expert, parallelize, zero
     from autotune.trial.runner import run_rank
 
     out, init, shard = [], expert.ExpertParallel.__init__, zero.shard_experts
+    apply, step = parallelize.apply_ep, expert.MoEStep.__call__
     for i, config in enumerate(configs):
         if i == permuted:
 
@@ -92,15 +94,40 @@ def _run_all(rank: int, configs: list[TrialConfig], permuted: int | None = None)
             shard(part, config, **fsdp)
             rows.extend(local_tensor(m.experts.w1).numel() // 32 for m in moe_layers(part))
 
-        zero.shard_experts = spy
+        moes: list = []
+        grad: list[float] = []  # the first step's synced w1 gradients: Σ ‖local‖²
+
+        def spy_apply(part, config, moes=moes):
+            apply(part, config)
+            moes.extend(moe_layers(part))
+
+        def spy_step(self, moes=moes, grad=grad):
+            step(self)
+            if not grad:
+                grad.append(
+                    sum(float(local_tensor(m.experts.w1.grad).square().sum()) for m in moes)
+                )
+
+        zero.shard_experts, parallelize.apply_ep, expert.MoEStep.__call__ = spy, spy_apply, spy_step
         try:
             result = run_rank(config)
             groups = {(s.name, s.group) for s in result.spans if s.kind == "comm"}
             named = sorted(expert.expert_group_names(config, "cpu").values())  # CUDA's names
-            out.append((result.losses, result.extra["tokens_per_expert"], rows, groups, named))
+            out.append(
+                (result.losses, result.extra["tokens_per_expert"], rows, groups, named, grad[0])
+            )
         finally:
             expert.ExpertParallel.__init__, zero.shard_experts = init, shard
+            parallelize.apply_ep, expert.MoEStep.__call__ = apply, step
     return out
+
+
+def reference_expert_grad(config: TrialConfig) -> float:
+    """Σ over the MoE layers of ‖∂loss/∂w1‖² at the first step, one process, the whole batch."""
+    workload = build_workload(config.workload, seed=config.seed)
+    inputs, targets = workload.batch(0)
+    workload.loss_fn(workload.model(inputs), targets).backward()
+    return sum(float(m.experts.w1.grad.square().sum()) for m in moe_layers(workload.model))
 
 
 def _check(configs: list[TrialConfig], ranks: list) -> None:
@@ -143,10 +170,15 @@ def test_ep2_with_tp2_and_with_fsdp_at_world_4_match_single_process():
             ["edp", "ep"],  # DDP: the experts' gradients summed on edp, no FSDP2 mesh made
             ["edp", "efsdp", "ep"],
             ["edp", "efsdp", "ep"],
-            ["dp_replicate", "edp", "efsdp", "ep"],  # HSDP: FSDP2's 2-D mesh of the experts
+            ["edp", "ep"],  # HSDP: FSDP2 shards the experts over the expert-data group
         ]
+    # the experts' synced gradients are the one process's: each expert's rows held once over
+    # the ranks under ZeRO-2/3 and HSDP (ep × the expert-data group = 4), twice under DDP
+    expected = reference_expert_grad(BASE)
+    ratios = [sum(rank[i][5] for rank in ranks) / expected for i in range(len(WORLD4))]
+    assert max(abs(r / c - 1) for r, c in zip(ratios, (2, 1, 1, 1))) < 1e-4, ratios
     for rank in ranks:  # 3 MoE layers; FSDP2 shards each layer's experts over efsdp
-        assert [r[2] for r in rank[1:]] == [[EXPERT_ROWS // 2] * 3] * 2 + [[EXPERT_ROWS] * 3]
+        assert [r[2] for r in rank[1:]] == [[EXPERT_ROWS // 2] * 3] * 3
 
 
 def _spans_and_routing(rank: int, config: TrialConfig) -> tuple[list, list]:
