@@ -36,6 +36,7 @@ parameters excluded), against transformers 5's modeling code:
 
 from __future__ import annotations
 
+from autotune.model import moe_memory
 from autotune.model.layout_quantities import FP32_BYTES
 from autotune.shapes import HFShape, ModelShape
 
@@ -60,12 +61,15 @@ def hf_block_bytes(
     checkpointing: str,
     attention: str,
     compiled: bool = False,
+    ep: int = 0,
 ) -> int:
     """Bytes one block of an HF ``shape`` saves for backward beyond its two norms' count
     (``memory._norm_bytes``, the rotary cache): the extra norms, QK norms, the attention and the
     MLP, for one micro-batch of ``b`` sequences of ``s`` on one rank (``cp`` shards the
     queries, ``tp`` the heads unless the plan gathers them, ``sp`` the norms), under
-    checkpointing 'none' or 'selective' (the attention core recomputed)."""
+    checkpointing 'none' or 'selective' (the attention core recomputed). ``ep`` > 0: a MoE
+    layer, its MLP the built-in experts' count (``moe_memory.routed_mlp_bytes``) over the tokens
+    entering it: transformers' experts are not counted apart."""
     h = shape.hidden_size
     a, kv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     t = s * b // cp  # the rank's queries
@@ -88,6 +92,8 @@ def hf_block_bytes(
         else:  # the softmax, soft-capping's tanh, the causal mask
             scores = 2 if shape.attn_softcap else 1
             kept += scores * e * a * t * s // ta + (s // cp) * s
+    if ep:
+        return kept + moe_memory.routed_mlp_bytes(shape.moe, h, t // sp, e, ep)
     return kept + _mlp_bytes(shape, t, tp, e, compiled)
 
 

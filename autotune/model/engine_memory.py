@@ -33,7 +33,10 @@ allocator reserves on the worst pipeline rank. The per-category terms:
   shards, ``memory._states``); Megatron's distributed optimizer (bf16 parameters, fp32 main
   gradients, fp32 master and moments sharded); DeepSpeed ZeRO-1's fp16 optimizer (fp16
   parameters and gradients, fp32 master, moments and gradient partition sharded) and its
-  BF16_Optimizer (adds fp32 gradient accumulation for every parameter).
+  BF16_Optimizer (adds fp32 gradient accumulation for every parameter). A mixture of experts'
+  routed experts (E / ep rows per rank) are sharded over the expert data-parallel group
+  instead (Megatron's EDP = world / (pp · ep), torchtitan's efsdp: ``moe_memory``), and its MoE
+  layers keep ``moe_memory.routed_mlp_bytes`` for their MLP.
 - **FSDP's gathered units**: the unit in use and the one prefetched, in the compute dtype,
   with their fp32 reduce-scatter gradients, and the root (embeddings, head) while it is used.
 - **The allocator**: reserved ≈ ``fragmentation`` × allocated + ``context_bytes`` (the CUDA
@@ -51,8 +54,8 @@ from functools import partial
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.model import layout_quantities
-from autotune.model.description import block_params, local_block, local_roots, part_block_bytes
+from autotune.model import layout_quantities, moe_memory
+from autotune.model.description import block_params, local_roots, part_block_bytes
 from autotune.model.engines import (  # noqa: F401  (the presets: re-exported)
     AUTOTUNE_MEMORY,
     BIGSCIENCE,
@@ -119,13 +122,16 @@ def block_activation_bytes(
     mode: str,
     sp: bool = False,
     cp: int = 1,
+    ep: int = 0,
 ) -> int:
     """Bytes one transformer block keeps for backward, per micro-batch on one rank, under
     checkpointing ``mode``: 'none', 'selective' (Megatron: the attention core recomputed),
     'op' (torchtitan: matmul and SDPA outputs kept, every second matmul recomputed) or 'full'
     (the block input only): ``memory.block_saved_bytes``, the one count, for the engine's
     ``traits`` (its attention kernel: flash or eager). ``sp``: sequence parallelism, which
-    shards what lies outside the TP region. See the module docstring."""
+    shards what lies outside the TP region. ``ep`` > 0: a mixture of experts' MoE layer (its
+    router and experts over the rank's tokens, ``moe_memory.routed_mlp_bytes``). See the module
+    docstring."""
     return block_saved_bytes(
         shape,
         traits,
@@ -137,15 +143,19 @@ def block_activation_bytes(
         sp=tp if sp else 1,
         checkpointing=mode,
         attention="sdpa" if traits.flash_attention else "eager",
+        ep=ep,
     )
 
 
-def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> tuple[int, int]:
+def _block_bytes(
+    shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str, ep: int = 0
+) -> tuple[int, int]:
     """(kept per block on average, the largest temporary of one block's backward) for the
-    engine's checkpointing of the config's mode ``ac``."""
+    engine's checkpointing of the config's mode ``ac``; ``ep`` > 0: of a MoE layer."""
     kw = dict(
         seq_len=d.seq_len, micro_batch=d.micro_batch, cp=d.cp, tp=d.tp, e=d.elem_bytes, sp=d.sp
     )
+    kw["ep"] = ep
     mode = traits.selective_mode if ac == "selective" else ac
     none = block_activation_bytes(shape, traits, mode="none", **kw)
     if mode == "layer":  # every k-th block checkpointed whole, the others keep everything
@@ -161,6 +171,11 @@ def _block_bytes(shape: ModelShape, traits: MemoryTraits, d: _Dims, ac: str) -> 
         2 * d.elem_bytes * d.tokens * shape.ffn_hidden_size // d.tp
         + d.elem_bytes * d.tokens * shape.hidden_size
     )
+    if ep:
+        tokens = d.tokens // (d.tp if d.sp else 1)
+        grads = moe_memory.moe_backward_bytes(
+            shape.moe, shape.hidden_size, tokens, d.elem_bytes, ep
+        )
     return kept, rebuilt + grads
 
 
@@ -190,21 +205,34 @@ def engine_states(
     precision: str,
 ) -> tuple[int, int, int, int]:
     """(parameters, gradients, optimizer state, step temporaries) in bytes on one rank, its
-    states sharded over the engine's group (:func:`engine_state_shards`)."""
+    states sharded over the engine's group (:func:`engine_state_shards`); a mixture of experts'
+    routed experts (E / ep rows each) over the expert data-parallel group instead
+    (``moe_memory.expert_data_ranks``: Megatron's EDP; torchtitan's efsdp, as ``_states``
+    shards them)."""
     tp, zero = config.tp_degree, config.zero_stage
     shards = engine_state_shards(config, traits)
     bytes_per = state_bytes(precision, fsdp=shards > 1 and zero >= 2)
-    compute = bytes_per.compute  # bytes per element of the 16-bit (compute) copies
-    layer = local_block(shape, tp)
     vocab = _local_vocab(vocab, tp, traits)
-    roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
-    numel = sum(p.num_layers for p in parts) * layer.numel + sum(r.numel for r in roots)
-    n = shards if zero >= 1 else 1
     if traits.optimizer == "fsdp2":
         states = _states(
-            shape, vocab, parts, tp, shards, zero, bytes_per, config.bucket_mb
+            shape, vocab, parts, tp, shards, zero, bytes_per, config.bucket_mb, ep=config.ep_degree
         )  # TP-local vocab
         return states.parameters, states.gradients, states.optimizer_state, 0
+    roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
+    blocks, experts = moe_memory.rank_numel(shape, parts, tp, config.ep_degree)
+    numel = blocks + sum(r.numel for r in roots)
+    edp = moe_memory.expert_data_ranks(config) if zero >= 1 else 1
+    dense = _optimizer_states(traits, bytes_per.compute, numel, shards if zero >= 1 else 1, zero)
+    routed = _optimizer_states(traits, bytes_per.compute, experts, edp, zero)
+    return tuple(a + b for a, b in zip(dense, routed))  # type: ignore[return-value]
+
+
+def _optimizer_states(
+    traits: MemoryTraits, compute: int, numel: int, n: int, zero: int
+) -> tuple[int, int, int, int]:
+    """(parameters, gradients, optimizer state, step temporaries) of ``numel`` TP-local
+    elements under Megatron's or DeepSpeed's optimizer, sharded over ``n`` ranks (``compute``:
+    bytes per element of the 16-bit copies)."""
     if traits.optimizer == "megatron":
         # Megatron-LM: 16-bit parameters, fp32 main_grad buffers, fp32 master copy and Adam
         # moments sharded over DP by the distributed optimizer (docs: 18 → 6 + 12/d bytes).
@@ -260,7 +288,8 @@ def engine_parts(
         counts[-1] -= 1
     else:  # Megatron's and DeepSpeed's uniform split: earlier stages take the remainder
         counts = even_split(num_layers, pp)
-    return (_Part(pp_rank, counts[pp_rank], pp_rank == 0, pp_rank == pp - 1),)
+    first_layer = sum(counts[:pp_rank])
+    return (_Part(pp_rank, counts[pp_rank], pp_rank == 0, pp_rank == pp - 1, first_layer),)
 
 
 def estimate_engine_memory(
@@ -363,16 +392,16 @@ def _engine_saved(
         elem_bytes=layout.elem_bytes,
         sp=layout.sequence_shards > 1,
     )
-    kept, block_peak = _block_bytes(shape, traits, d, config.activation_checkpointing)
-    whole = kept
-    if config.ac_layers is not None:  # --recompute-num-layers: the others keep everything
-        whole, whole_peak = _block_bytes(shape, traits, d, "none")
-        block_peak = max(block_peak, whole_peak)
+    kinds = {  # per layer kind (MoE layer or not): (kept, whole, its backward's peak)
+        kind: _kept_and_whole(shape, traits, d, config, config.ep_degree if kind else 0)
+        for kind in moe_memory.layer_kinds(shape.moe, parts)
+    }
+    block_peak = max(peak for _, _, peak in kinds.values())
     loss_kept, loss_peak = _loss_bytes(traits, d, layout.vocab)
     stage_io = layout.elem_bytes * layout.stream_elems  # a micro-batch's stage input or output
     per_mb = []
     for part in parts:
-        held = part_block_bytes(part.num_layers, config.ac_layers, whole, kept)
+        held = _engine_part_saved(shape, part, config.ac_layers, kinds)
         held += stage_io if config.pp_degree > 1 else 0
         if part.last:
             held += loss_kept + stage_io  # and the final norm's input
@@ -380,6 +409,32 @@ def _engine_saved(
     held_counts = held_microbatches(config, layout, pp_rank, tuple(per_mb))
     saved = sum(n * a for n, a in zip(held_counts, per_mb))
     return saved, max(block_peak, loss_peak if any(p.last for p in parts) else 0)
+
+
+def _kept_and_whole(
+    shape: ModelShape, traits: MemoryTraits, d: _Dims, config: TrialConfig, ep: int
+) -> tuple[int, int, int]:
+    """(kept per block in the config's mode, kept with no checkpointing, the larger backward
+    peak of the two) of one kind of block: ``whole`` is the mode's own without ``ac_layers``."""
+    kept, peak = _block_bytes(shape, traits, d, config.activation_checkpointing, ep)
+    if config.ac_layers is None:
+        return kept, kept, peak
+    whole, whole_peak = _block_bytes(shape, traits, d, "none", ep)  # the blocks not recomputed
+    return kept, whole, max(peak, whole_peak)
+
+
+def _engine_part_saved(
+    shape: ModelShape, part: _Part, ac_layers: int | None, kinds: dict[bool, tuple]
+) -> int:
+    """A part's blocks' saved bytes per micro-batch (``part_block_bytes``; a mixture of
+    experts' per layer kind, ``moe_memory.part_saved_bytes``)."""
+    if shape.moe is None:
+        kept, whole, _ = kinds[False]
+        return part_block_bytes(part.num_layers, ac_layers, whole, kept)
+    kept = {kind: (k, w) for kind, (k, w, _) in kinds.items()}
+    return moe_memory.part_saved_bytes(
+        shape.moe, part.first_layer, part.num_layers, ac_layers, kept
+    )
 
 
 def _engine_stage(

@@ -38,6 +38,11 @@ implementation* wherever it stores something differently from the paper's settin
   Transformer Models", Table 2): see :func:`layer_activation_bytes` for the per-layer
   formula of *this* model, counted tensor by tensor from what autograd saves, and
   :func:`microbatches_in_flight` for how many micro-batches a pipeline schedule keeps.
+- **A mixture of experts** (``moe_memory``): each layer's tensors as the description lists them
+  (``ModelShape.layer_tensors``), the routed experts E / ep rows per rank, outside data
+  parallelism under DDP and sharded over efsdp under FSDP2 as ``trial/parallel/expert.py``
+  holds them; a MoE layer's MLP saves the router's, the routed rows' and the shared experts'
+  tensors (``moe_memory.routed_mlp_bytes``), the worst rank's rows an allowance above the share.
 - **Communication buffers**: DDP's bucket copy of the gradients while ``no_sync`` accumulates
   outside it (``gradient_as_bucket_view`` makes the bucket the gradients otherwise), FSDP2's
   unsharded parameters (ZeRO-2: every unit from forward through backward; ZeRO-3: two units at
@@ -82,7 +87,7 @@ from autotune.config import (
     TrialConfig,
 )
 from autotune.errors import ConfigError
-from autotune.model import layout_quantities
+from autotune.model import layout_quantities, moe_memory
 from autotune.model.block_parts import attention_kernel, hf_block_bytes
 from autotune.model.description import (
     LocalTensors,
@@ -173,6 +178,8 @@ class _Part:
     num_layers: int
     first: bool
     last: bool
+    first_layer: int = 0
+    """The global index of its first layer (a mixture of experts' layers differ)."""
 
 
 @lru_cache(maxsize=4096)
@@ -187,9 +194,11 @@ def _parts(
     (``virtual_stages`` v per rank when ``interleaved``), layers by ``pipeline_chunk_layers``."""
     chunks_per_rank = virtual_stages if interleaved else 1
     stages = pp * chunks_per_rank
-    layers = pipeline_chunk_layers(num_layers, pp, chunks_per_rank)[pp_rank]
+    chunks = pipeline_chunk_layers(num_layers, pp, chunks_per_rank)
+    counts = [chunks[i % pp][i // pp] for i in range(stages)]  # by stage
     return tuple(
-        _Part(i, n, i == 0, i == stages - 1) for i, n in zip(range(pp_rank, stages, pp), layers)
+        _Part(i, counts[i], i == 0, i == stages - 1, sum(counts[:i]))
+        for i in range(pp_rank, stages, pp)
     )
 
 
@@ -211,6 +220,13 @@ class _States:
     """Parameters whose AdamW state this rank holds (its ZeRO-1 share, or its FSDP shard)."""
     gather_numel: int = 0
     """The distributed optimizer's largest bucket, padded (its all-gather output)."""
+    expert_numel: int = 0
+    """Of the parameters held, the experts data parallelism leaves alone (ep > 1 outside FSDP2:
+    whole, with their gradients and optimizer state; ``moe_memory.expert_states``)."""
+
+    def dp_gradients(self, bytes_per: StateBytes) -> int:
+        """Gradient bytes in data parallelism's buffers: all but the experts it leaves alone."""
+        return self.gradients - self.expert_numel * bytes_per.gradient
 
 
 @lru_cache(maxsize=65536)
@@ -224,35 +240,48 @@ def _states(
     bytes_per: StateBytes,
     bucket_mb: float,
     flat_zero1: bool = False,
+    ep: int = 1,
 ) -> _States:
-    layer = local_block(shape, tp)
     roots = [local_roots(shape, vocab, p.first, p.last) for p in parts]
-    layers = sum(p.num_layers for p in parts)
-    numel = layers * layer.numel + sum(r.numel for r in roots)
+    if shape.moe is None:
+        layer = local_block(shape, tp)
+        runs = tuple(((layer, p.num_layers),) for p in parts)
+        units = _fsdp_units(parts, layer, roots, bytes_per.parameter, bucket_mb)
+        local, experts = (), moe_memory.ExpertStates(0, 0)
+    else:  # a mixture of experts' layers, and its routed experts (moe_memory)
+        runs, local = moe_memory.rank_blocks(shape, parts, tp, ep)
+        experts = moe_memory.expert_states(local, dp, tp, ep, zero)
+        units = _grouped_units(runs, local, roots, bytes_per.parameter, bucket_mb)
+        units += experts.units
+    blocks = [run for part in runs for run in part]
+    numel = sum(n * b.numel for b, n in blocks) + sum(r.numel for r in roots)
     root_numel = sum(r.numel for r in roots)
-    biggest = max((r * c for t in (layer, *roots) for r, c in t.shapes), default=0)
+    tensors = (*(b for b, _ in blocks), *roots, *local)
+    biggest = max((r * c for t in tensors for r, c in t.shapes), default=0)
     # optimizer bytes per element: master copy, moments
     state = bytes_per.master + 2 * bytes_per.moment
     bucket_numel = bucket_mb * MIB / bytes_per.parameter
-    share = _rank_share(shape, parts, layer, roots, dp, zero, state, bucket_numel, flat_zero1)
+    share = _rank_share(shape, parts, runs, roots, dp, zero, state, bucket_numel, flat_zero1)
     held, optimizer_numel, optimizer_tensors, gather = share
+    held, optimizer_numel = held + experts.held, optimizer_numel + experts.held
     return _States(
         held * bytes_per.parameter,
         held * bytes_per.gradient,
-        state * optimizer_numel + ADAM_STEP_BYTES * optimizer_tensors,
-        numel,
+        state * optimizer_numel + ADAM_STEP_BYTES * (optimizer_tensors + experts.tensors),
+        numel + experts.gathered,
         root_numel,
-        _fsdp_units(parts, layer, roots, bytes_per.parameter, bucket_mb),
+        units,
         biggest,
         optimizer_numel,
         gather,
+        experts.outside,
     )
 
 
 def _rank_share(
     shape: ModelShape,
     parts: tuple[_Part, ...],
-    layer: LocalTensors,
+    runs: tuple[tuple[tuple[LocalTensors, int], ...], ...],
     roots: list[LocalTensors],
     dp: int,
     zero: int,
@@ -262,10 +291,11 @@ def _rank_share(
 ) -> tuple[int, int, int, int]:
     """(parameters held, parameters whose optimizer state it holds, their tensors, the
     distributed optimizer's largest gathered bucket) of the worst rank of ``dp`` under ZeRO
-    stage ``zero`` (``state``: optimizer bytes per element)."""
-    layers = sum(p.num_layers for p in parts)
-    numel = layers * layer.numel + sum(r.numel for r in roots)
-    num_tensors = layers * len(layer.shapes) + sum(len(r.shapes) for r in roots)
+    stage ``zero`` (``state``: optimizer bytes per element); ``runs``: per part, its blocks as
+    (tensors, consecutive blocks holding them)."""
+    blocks = [run for part in runs for run in part]
+    numel = sum(n * b.numel for b, n in blocks) + sum(r.numel for r in roots)
+    num_tensors = sum(n * len(b.shapes) for b, n in blocks) + sum(len(r.shapes) for r in roots)
     gather = 0
     if dp == 1 or zero == 0:
         # Nothing sharded: parameters, gradients, master copy and two AdamW moments, one step
@@ -277,7 +307,7 @@ def _rank_share(
         # buckets of bucket_mb, each split into N equal shares (``distributed_optimizer``).
         held = numel
         optimizer_numel, optimizer_tensors, gather = _flat_partition(
-            _model_order_sizes(shape, parts, layer, roots),
+            _model_order_sizes(shape, parts, runs, roots),
             dp,
             bucket_numel,
             state,
@@ -286,13 +316,13 @@ def _rank_share(
         # ZeroRedundancyOptimizer: whole tensors, largest first, each to the least-loaded rank
         # (``_partition_parameters``); the worst rank's moments and step counters.
         held = numel
-        sizes = [r * c for r, c in layer.shapes] * layers
+        sizes = [r * c for b, n in blocks for r, c in b.shapes * n]
         for root in roots:
             sizes += [r * c for r, c in root.shapes]
         optimizer_numel, optimizer_tensors = _greedy_worst(tuple(sorted(sizes, reverse=True)), dp)
     else:
         # FSDP2 (ZeRO-2/3): every tensor sharded on dim 0, padded to a multiple of N.
-        held = optimizer_numel = layers * layer.fsdp_shard_numel(dp) + sum(
+        held = optimizer_numel = sum(n * b.fsdp_shard_numel(dp) for b, n in blocks) + sum(
             r.fsdp_shard_numel(dp) for r in roots
         )
         optimizer_tensors = num_tensors
@@ -319,20 +349,50 @@ def _fsdp_units(
     return tuple(units)
 
 
+def _grouped_units(
+    runs: tuple[tuple[tuple[LocalTensors, int], ...], ...],
+    experts: tuple[LocalTensors, ...],
+    roots: list[LocalTensors],
+    parameter_bytes: int,
+    bucket_mb: float,
+) -> tuple[int, ...]:
+    """:func:`_fsdp_units` for blocks that differ (a mixture of experts'): consecutive blocks
+    grouped until their bytes, the experts data parallelism leaves alone included
+    (``experts``: each block's, in order), reach bucket_mb (``zero.group_blocks``); each unit
+    gathers its blocks' other tensors."""
+    limit, units, local = bucket_mb * MIB, [], iter(experts)
+    for part_runs, root in zip(runs, roots):
+        unit = size = 0
+        for layer, count in part_runs:
+            for _ in range(count):
+                unit += layer.numel
+                size += (layer.numel + next(local).numel) * parameter_bytes
+                if size >= limit:
+                    units.append(unit)
+                    unit = size = 0
+        units += [unit] if unit else []
+        units += [root.numel] if root.numel else []
+    return tuple(units)
+
+
 def _layers_per_unit(layer_numel: int, parameter_bytes: int, bucket_mb: float) -> int:
     """Blocks per FSDP unit: consecutive blocks grouped until their bytes reach bucket_mb."""
     return max(1, math.ceil(bucket_mb * MIB / (layer_numel * parameter_bytes)))
 
 
 def _model_order_sizes(
-    shape: ModelShape, parts: tuple[_Part, ...], layer: LocalTensors, roots: list[LocalTensors]
+    shape: ModelShape,
+    parts: tuple[_Part, ...],
+    runs: tuple[tuple[tuple[LocalTensors, int], ...], ...],
+    roots: list[LocalTensors],
 ) -> tuple[int, ...]:
     """Elements of each of the rank's tensors in model order: embeddings, blocks, the rest."""
     sizes = []
-    for p, r in zip(parts, roots):
+    for p, part_runs, r in zip(parts, runs, roots):
         head = embedding_tensors(shape, p.first)
         sizes += [a * b for a, b in r.shapes[:head]]
-        sizes += [a * b for a, b in layer.shapes] * p.num_layers
+        for layer, count in part_runs:
+            sizes += [a * b for a, b in layer.shapes] * count
         sizes += [a * b for a, b in r.shapes[head:]]
     return tuple(sizes)
 
@@ -487,6 +547,9 @@ class LayoutKnobs:
     """Regional ``torch.compile`` per block."""
     float8: bool = False
     """torchao float8 linears."""
+    ep: int = 1
+    """Expert-parallel degree: the rows a mixture of experts' rank receives
+    (``moe_memory.received_rows``)."""
 
     @classmethod
     def of(cls, config: TrialConfig) -> LayoutKnobs:
@@ -495,6 +558,7 @@ class LayoutKnobs:
             config.cp_degree,
             config.compile,
             config.float8,
+            config.ep_degree,
         )
 
 
@@ -547,12 +611,14 @@ def layer_activation_bytes(
     attention: str,
     dtype: str,
     knobs: LayoutKnobs = NO_KNOBS,
+    moe_layer: bool = False,
 ) -> int:
     """Bytes one transformer block saves for backward, for one micro-batch on one TP rank, in
     autotune's own runtime (:func:`block_saved_bytes` with ``AUTOTUNE_MEMORY``): Korthikanti et
     al. 2022's count recounted for this block, as the comment above derives, with the newer
     knobs (``knobs``) as :func:`_norm_bytes`, :func:`_mlp_bytes` and :func:`_attention_bytes`
-    say."""
+    say; ``moe_layer``: one of a mixture of experts' MoE layers (its MLP
+    ``moe_memory.routed_mlp_bytes``)."""
     return block_saved_bytes(
         shape,
         AUTOTUNE_MEMORY,
@@ -565,6 +631,7 @@ def layer_activation_bytes(
         checkpointing=checkpointing,
         attention=attention_kernel(shape, attention),
         compiled=knobs.compiled,
+        ep=knobs.ep if moe_layer else 0,
     )
 
 
@@ -581,12 +648,14 @@ def block_saved_bytes(
     checkpointing: str,
     attention: str,
     compiled: bool = False,
+    ep: int = 0,
 ) -> int:
     """Bytes one block saves for backward, per micro-batch of ``b`` sequences of ``s`` tokens
     on one rank of ``cp`` × ``tp`` (``sp`` = tp under sequence parallelism, else 1), as the
     engine ``traits`` runs it: the one count both ``memory`` and ``engine_memory`` read. The
     engines differ in the block they run (``traits.built_block``, ``fused_norm``), the
-    rotary cache, CP's keys and values, eager's mask and dropout (each trait cites its code)."""
+    rotary cache, CP's keys and values, eager's mask and dropout (each trait cites its code).
+    ``ep`` > 0: a MoE layer at that expert-parallel degree (``moe_memory.routed_mlp_bytes``)."""
     t = s * b // cp  # tokens (queries) on this rank
     if checkpointing == "full":
         return e * t * shape.hidden_size // sp
@@ -612,12 +681,10 @@ def block_saved_bytes(
             checkpointing=checkpointing,
             attention=attention,
             compiled=compiled,
+            ep=ep,
         )
-    return (
-        norms
-        + _mlp_bytes(shape, t, tp, e, compiled)
-        + _attention_bytes(shape, traits, s, b, tp, e, cp, checkpointing, attention)
-    )
+    mlp = _mlp_bytes(shape, t // sp if ep else t, tp, e, compiled, ep)  # MoE: SP's tokens
+    return norms + mlp + _attention_bytes(shape, traits, s, b, tp, e, cp, checkpointing, attention)
 
 
 def _engine_norm_bytes(shape: ModelShape, traits: MemoryTraits, t: int, e: int) -> int:
@@ -656,10 +723,13 @@ def _norm_bytes(shape: ModelShape, t: int, e: int, sp: int, compiled: bool) -> i
     return (kept_in + stats) // sp + e * th
 
 
-def _mlp_bytes(shape: ModelShape, t: int, tp: int, e: int, compiled: bool) -> int:
+def _mlp_bytes(shape: ModelShape, t: int, tp: int, e: int, compiled: bool, ep: int = 0) -> int:
     """The MLP's f-wide tensors between its column- and row-parallel Linears (÷ t): GELU's input
     and output; SwiGLU's w1 and w3 outputs, silu's and their product. Compiled: the matmul
-    outputs only (GELU's input; w1's and w3's), the pointwise ones recomputed."""
+    outputs only (GELU's input; w1's and w3's), the pointwise ones recomputed. ``ep`` > 0: a
+    MoE layer's MLP (``moe_memory.routed_mlp_bytes``)."""
+    if ep:
+        return moe_memory.routed_mlp_bytes(shape.moe, shape.hidden_size, t, e, ep)
     tf = t * shape.ffn_hidden_size
     wide = (1 if compiled else 2) if shape.family == "gpt" else (2 if compiled else 4)
     return wide * e * tf // tp
@@ -726,6 +796,7 @@ def block_backward_bytes(
     attention: str,
     dtype: str,
     knobs: LayoutKnobs = NO_KNOBS,
+    moe_layer: bool = False,
 ) -> int:
     """Temporary bytes while one block runs its backward, above what it saved (measured).
 
@@ -736,13 +807,16 @@ def block_backward_bytes(
     Korthikanti et al. 2022), or what selective / op recomputation dropped. Context
     parallelism adds the gradients of the gathered keys and values (2e·sbh/t) before their
     reduce-scatter; float8 its casts of the widest Linear (w1): weight, input and output
-    gradient at 1 byte each (torchao casts them per matmul, ``float8_linear.py``).
+    gradient at 1 byte each (torchao casts them per matmul, ``float8_linear.py``). A mixture of
+    experts' MoE layer (``moe_layer``): its MLP's, ``moe_memory.moe_backward_bytes``.
     """
     s, b, h, f = seq_len, micro_batch, shape.hidden_size, shape.ffn_hidden_size
     e = BYTES_PER_ELEMENT[dtype]
     t = s * b // knobs.cp
     attention = attention_kernel(shape, attention)
-    if shape.family == "gpt":
+    if moe_layer:
+        grads = moe_memory.moe_backward_bytes(shape.moe, h, t, e, knobs.ep)
+    elif shape.family == "gpt":
         grads = e * t * f // tp + e * t * h
     else:
         grads = 2 * e * t * f // tp
@@ -755,6 +829,7 @@ def block_backward_bytes(
     if checkpointing == "none":
         return grads
     kwargs = dict(seq_len=s, micro_batch=b, tp=tp, attention=attention, dtype=dtype, knobs=knobs)
+    kwargs["moe_layer"] = moe_layer
     rebuilt = layer_activation_bytes(shape, checkpointing="none", **kwargs)
     if checkpointing in ("selective", "op"):
         rebuilt -= layer_activation_bytes(shape, checkpointing=checkpointing, **kwargs)
@@ -946,6 +1021,7 @@ def states_lower_bound(config: TrialConfig, shape: ModelShape, *, device_type: s
         config.bucket_mb,
         _uses_distributed_optimizer(config),
         config.optimizer_offload_enabled and device_type == "cuda",
+        config.ep_degree,
     )[0]
 
 
@@ -1008,12 +1084,13 @@ def _rank0_states(
     bucket_mb: float,
     flat_zero1: bool,
     offloaded: bool,
+    ep: int = 1,
 ) -> tuple[int, tuple[int, ...]]:
     """(model-state bytes, layers per part) of pipeline rank 0, as ``_stage`` computes them."""
     parts = _parts(shape.num_layers, pp, interleaved, 0, virtual_stages)
     bytes_per = state_bytes(precision, fsdp=dp > 1 and zero >= 2)
     states = _states(
-        shape, vocab, parts, tp, shards, zero, bytes_per, bucket_mb, flat_zero1=flat_zero1
+        shape, vocab, parts, tp, shards, zero, bytes_per, bucket_mb, flat_zero1=flat_zero1, ep=ep
     )
     held = 0 if offloaded else states.parameters + states.gradients + states.optimizer_state
     return held, tuple(p.num_layers for p in parts)
@@ -1176,6 +1253,7 @@ def _stage(
         layout.state_bytes,
         config.bucket_mb,
         flat_zero1=_uses_distributed_optimizer(config),
+        ep=config.ep_degree,
     )
     return _Stage(config, shape, pp_rank, device_type, layout, parts, states)
 
@@ -1212,20 +1290,16 @@ def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
     others keep everything."""
     config, shape, layout = stage.config, stage.shape, stage.layout
     elem_bytes, microbatches, pp = layout.elem_bytes, layout.num_microbatches, config.pp_degree
-    modes = _block_modes(config)
-    kw = dict(
-        seq_len=config.workload.seq_len,
-        micro_batch=config.micro_batch_size,
-        tp=config.tp_degree,
-        attention=config.attention,
-        dtype=PRECISION_COMPUTE_DTYPE[layout.precision],
-        knobs=LayoutKnobs.of(config),
-    )
-    kept = {mode: layer_activation_bytes(shape, checkpointing=mode, **kw) for mode in modes}
+    modes, kw = _block_modes(config), _block_arguments(config, layout.precision)
+    # (MoE layer, mode) of the rank's blocks: (False, mode) only for a dense model
+    blocks = list(itertools.product(moe_memory.layer_kinds(shape.moe, stage.parts), modes))
+    kept = {
+        b: layer_activation_bytes(shape, checkpointing=b[1], moe_layer=b[0], **kw) for b in blocks
+    }
     logits_elems = stage.logits_elems
     per_microbatch = []
     for part in stage.parts:
-        saved = part_block_bytes(part.num_layers, config.ac_layers, kept[modes[-1]], kept[modes[0]])
+        saved = _part_saved(shape, part, config.ac_layers, modes, kept)
         if part.last:  # the final norm, and the fp32 log-probabilities
             saved += (
                 _head_bytes(shape, layout.microbatch_tokens, elem_bytes, layout.sequence_shards)
@@ -1241,7 +1315,7 @@ def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
     # log-probabilities and logits (2 × 4·sbV) on the last stage, or one block's backward.
     transient = max(
         2 * FP32_BYTES * logits_elems if stage.last else 0,
-        *(block_backward_bytes(shape, checkpointing=mode, **kw) for mode in modes),
+        *(block_backward_bytes(shape, checkpointing=m, moe_layer=k, **kw) for k, m in blocks),
     )
     # Pipeline schedules keep every micro-batch's output (the logits, e·sbV) on the last stage
     # and concatenate them after the last backward, since the runner calls ``schedule.step``
@@ -1252,6 +1326,40 @@ def _stage_activations(stage: _Stage) -> tuple[int, int, int]:
         else 0
     )
     return saved, transient, pp_outputs
+
+
+def _block_arguments(config: TrialConfig, precision: str) -> dict:
+    """What ``layer_activation_bytes`` and ``block_backward_bytes`` read of a layout."""
+    return dict(
+        seq_len=config.workload.seq_len,
+        micro_batch=config.micro_batch_size,
+        tp=config.tp_degree,
+        attention=config.attention,
+        dtype=PRECISION_COMPUTE_DTYPE[precision],
+        knobs=LayoutKnobs.of(config),
+    )
+
+
+def _part_saved(
+    shape: ModelShape,
+    part: _Part,
+    ac_layers: int | None,
+    modes: tuple[str, ...],
+    kept: dict[tuple[bool, str], int],
+) -> int:
+    """A part's blocks' saved bytes per micro-batch: ``kept`` per (MoE layer, mode), the
+    config's mode ``modes[0]`` on every block, or with ``ac_layers`` on that many and
+    ``modes[-1]`` on the rest (``part_block_bytes``; a mixture of experts' per layer kind)."""
+    if shape.moe is None:
+        none, full = kept[False, modes[-1]], kept[False, modes[0]]
+        return part_block_bytes(part.num_layers, ac_layers, none, full)
+    return moe_memory.part_saved_bytes(
+        shape.moe,
+        part.first_layer,
+        part.num_layers,
+        ac_layers,
+        {kind: (kept[kind, modes[0]], kept[kind, modes[-1]]) for kind, _ in kept},
+    )
 
 
 def _block_modes(config: TrialConfig) -> tuple[str, ...]:
@@ -1270,7 +1378,7 @@ def _comm_buffers(stage: _Stage, transient: int) -> tuple[int, list[tuple[int, i
     bytes_per, elem_bytes = layout.state_bytes, layout.elem_bytes
     dp, zero, pp = sync_ranks(config), config.zero_stage, config.pp_degree
     accumulates = layout.num_microbatches > 1
-    grads = 0 if _offloaded(config, stage.device_type) else states.gradients  # host: offload
+    grads = 0 if _offloaded(config, stage.device_type) else states.dp_gradients(bytes_per)
     comm_held = comm_post = 0  # buffers alive throughout forward/backward; after it
     extra: list[tuple[int, int]] = [(transient, 0)]  # temporaries that do not coexist
     if dp > 1 and zero <= 1 and not config.overlap_enabled:
@@ -1335,14 +1443,9 @@ def _other(stage: _Stage) -> int:
         if dp > 1 and zero >= 2:
             two_largest = stage.two_largest_units
             other += two_largest // 4 + 3 * two_largest * (microbatches - 1) // 20
-        if tp > 1:
-            other += (
-                microbatches
-                * sum(p.num_layers for p in stage.parts)
-                * elem_bytes
-                * stream_elems
-                // 2
-            )
+        if tp > 1:  # a quarter per all-reduce: a dense layer has two, a MoE layer one
+            reduced = moe_memory.tp_reductions(stage.shape.moe, stage.parts)
+            other += microbatches * reduced * elem_bytes * stream_elems // 4
     return other
 
 
