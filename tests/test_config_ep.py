@@ -50,33 +50,3 @@ def test_the_cli_takes_the_built_in_mixture_of_experts():
     TrialConfig(workload=workload, world_size=2, ep_degree=2).validate()
     with pytest.raises(ConfigError, match="choose one of .*moe-tiny"):
         builtin_workload(WorkloadSpec(), "moe-huge")
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["estimate", "--model", "moe-tiny", "--world-size", "2", "--ep", "2"],
-        [
-            "rank",
-            "--model",
-            "moe-tiny",
-            "--cluster",
-            "h100-sxm",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "8",
-            "--seq-len",
-            "64",
-        ],
-    ],
-)
-def test_estimate_and_rank_refuse_a_mixture_of_experts_in_one_line(argv, capsys):
-    # the cost model has no expert terms yet: a dense price would be wrong, so none is printed
-    from autotune.cli.main import main
-
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.count("\n") == 1
-    assert "moe-tiny is a mixture of experts" in captured.err

@@ -283,18 +283,6 @@ def builtin_workload(workload: WorkloadSpec, model: str, *, trials: bool = True)
 
 
 # ---- the model and cluster estimate and rank describe ----------------------------------
-def _refuse_unpriced_experts(config: TrialConfig) -> None:
-    """A built-in mixture of experts runs in trials, but the cost model has no expert terms
-    yet: estimate and rank would price it as a dense model, so they refuse it in one line."""
-    w = config.workload
-    if w.hf_model is None and w.workload is None and w.shape is not None and w.shape.moe:
-        raise ConfigError(
-            f"{w.name} is a mixture of experts, and the cost model has no expert terms yet: "
-            "estimate and rank cannot price it; measure it with 'autotune trial' or "
-            "'autotune search'"
-        )
-
-
 def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape | None:
     given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None and f != "vocab_size"]
     if not given:
@@ -304,7 +292,6 @@ def explicit_shape(args: argparse.Namespace, config: TrialConfig) -> ModelShape 
                 "explicit architecture: give --num-layers, --hidden-size, "
                 "--num-heads, --seq-len and --vocab-size too"
             )
-        _refuse_unpriced_experts(config)
         return None
     if args.model is not None:
         raise ConfigError(

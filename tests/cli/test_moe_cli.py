@@ -75,3 +75,17 @@ def test_an_undescribed_mixture_of_experts_is_one_line(capsys, tmp_path):
     assert captured.err.count("\n") == 1
     assert "mixture of experts (granitemoe, num_local_experts 4)" in captured.err
     assert "deepseek_v3" in captured.err  # the ones it describes
+
+
+def test_rank_scores_expert_parallel_layouts_of_moe_tiny(capsys):
+    argv = ["rank", "--model", "moe-tiny", "--cluster", "h100-sxm", "--nodes", "1"]
+    argv += ["--global-batch", "8", "--seq-len", "64", "--top", "100000", "--json"]
+    assert main(argv) == 0
+    layouts = json.loads(capsys.readouterr().out)["layouts"]
+    by_ep = {}
+    for row in layouts:
+        by_ep.setdefault(row["config"]["ep_degree"], []).append(row["breakdown"])
+    # ep divides moe-tiny's 8 experts and the ranks it is carved from (dp_shard × cp × tp).
+    assert set(by_ep) == {1, 2, 4, 8}, sorted(by_ep)
+    assert all(b["ep_alltoall"] == 0 for b in by_ep[1])
+    assert all(b["ep_alltoall"] > 0 and b["experts"] > 0 for b in by_ep[8])
