@@ -41,7 +41,13 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.errors import ConfigError
-from autotune.hf_config import import_transformers, layer_stack, load_config, tp_plan_names
+from autotune.hf_config import (
+    check_trainable,
+    import_transformers,
+    layer_stack,
+    load_config,
+    tp_plan_names,
+)
 from autotune.trial.models.context_parallel import ContextParallel, causal_mask, gather_sequence
 
 CP_ATTENTION = "autotune_cp"
@@ -390,6 +396,9 @@ def build_hf(spec: Any, *, attention: str = "sdpa", seed: int = 0) -> Any:
     transformers = import_transformers()
     vocab = spec.resolved_vocab_size
     config = copy.deepcopy(load_config(spec.hf_model))  # the cached one stays unchanged
+    # A config that reaches a rank without the CLI's check (``trial --config FILE``): a mixture
+    # of experts the cost model prices but the trials do not train fails in one line here.
+    check_trainable(config, spec.hf_model)
     config.vocab_size, config.use_cache = vocab, False
     torch.manual_seed(seed)
     try:

@@ -1,0 +1,42 @@
+"""A Hugging Face mixture of experts that the cost model prices (``hf_config.PRICED_MOE_TYPES``)
+but the trials do not train is refused in one line where a rank builds it (``build_hf``), also
+when its config arrives without the CLI's check (``autotune trial --config FILE``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import WorkloadSpec
+from autotune.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
+
+QWEN3_MOE = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+)
+
+
+def test_a_priced_moe_is_refused_where_a_rank_builds_it(tmp_path):
+    from autotune.trial.models.hf import build_hf
+
+    folder = tmp_path / "qwen3-moe"
+    transformers.Qwen3MoeConfig(**QWEN3_MOE).save_pretrained(folder)
+    spec = WorkloadSpec(hf_model=str(folder), seq_len=16, global_batch_size=2)
+    with pytest.raises(ConfigError, match=r"mixture of experts \(\w+ 8\).*'autotune estimate'"):
+        build_hf(spec)
+    # The same folder made dense builds: the refusal is the experts', not the folder's.
+    dense = tmp_path / "qwen3"
+    transformers.Qwen3Config(
+        **{k: v for k, v in QWEN3_MOE.items() if "expert" not in k and "moe" not in k}
+    ).save_pretrained(dense)
+    workload = build_hf(WorkloadSpec(hf_model=str(dense), seq_len=16, global_batch_size=2))
+    assert sum(p.numel() for p in workload.model.parameters()) > 0
