@@ -112,9 +112,16 @@ def part_block_bytes(layers: int, ac_layers: int | None, none: int, full: int) -
     return k * full + (layers - k) * none
 
 
-def attention_width(shape: ModelShape) -> int:
+def attention_width(shape: ModelShape) -> float:
     """The query's width, heads × head_dim: what Q·Kᵀ and softmax·V multiply over (the hidden
-    size only where head_dim is hidden / heads)."""
+    size only where head_dim is hidden / heads). Under multi-head latent attention (``mla``:
+    DeepSeek-V2/V3) Q·Kᵀ runs over qk_nope + qk_rope per head and softmax·V over v_head_dim
+    (transformers' ``DeepseekV3Attention``), so the width is heads × their mean: 160 per head
+    for DeepSeek-V3, where the config's head_dim (qk_rope, 64) would count 2.5× too little."""
+    mla = getattr(shape, "mla", ())
+    if mla:
+        _, _, nope, rope, v = mla
+        return shape.num_heads * (nope + rope + v) / 2
     return shape.num_heads * shape.head_dim
 
 

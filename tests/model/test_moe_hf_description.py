@@ -105,3 +105,23 @@ def test_deepseek_v3_mla_geometry_matches_its_tensors(tmp_path, moe_allowed):
         hf_config.hf_shape(_saved(tmp_path / "q", transformers.Qwen3MoeConfig(**QWEN3_MOE))).mla
         == ()
     )
+
+
+def test_mla_attention_width_is_what_its_scores_multiply(tmp_path, moe_allowed):
+    """Q·Kᵀ over qk_nope + qk_rope and softmax·V over v_head_dim per head: the cost model's
+    4 · s² · width equals the batched matmuls torch's FLOP counter sees in the eager attention
+    of one DeepSeek-V3 layer (the projections run as mm/addmm, the scores as bmm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autotune.model.description import attention_width
+
+    kwargs = {**DEEPSEEK_V3, "num_hidden_layers": 1, "first_k_dense_replace": 1}
+    config = transformers.DeepseekV3Config(**kwargs)
+    shape = hf_config.hf_shape(_saved(tmp_path, config))
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    seq = 16
+    with FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, seq, dtype=torch.long))
+    scores = counter.get_flop_counts()["Global"][torch.ops.aten.bmm]
+    assert 4 * seq * seq * attention_width(shape) == scores
+    assert shape.num_heads * shape.head_dim * 4 * seq * seq < 0.7 * scores  # head_dim alone
