@@ -2,7 +2,6 @@ import itertools
 import os
 import signal
 import sys
-from collections import Counter
 
 import pytest
 
@@ -29,8 +28,7 @@ def executor():
     """One local Ray cluster and executor for the whole session; worker groups stay warm.
 
     A group's ranks get 3 minutes to start, not the default minute: each imports the training
-    stack (about 8 CPU-seconds), and under a second test worker (``-n 2``) or other load on
-    two cores, 4 ranks took over a minute."""
+    stack (about 8 CPU-seconds), and under other load on two cores 4 ranks took over a minute."""
     from autotune.trial.executor import ExecutorSettings, RayExecutor
 
     ex = RayExecutor(ExecutorSettings(trial_timeout_s=120.0, placement_timeout_s=180.0))
@@ -121,9 +119,3 @@ def pytest_collection_modifyitems(config, items):
         starts = any(call in sources[path] for call in MULTI_PROCESS_CALLS)
         if uses or "faults" in item.path.parts or starts:
             item.add_marker(pytest.mark.slow)
-    # Under ``-n 2 --dist loadfile`` (the README's command) each module runs whole on one worker,
-    # handed out in this order: the modules with the most multi-process tests first, so that
-    # the longest (the layout grid: 183 trials) do not start last and run alone. The sort is
-    # stable: each module's own order is kept.
-    slow = Counter(str(item.path) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[str(item.path)])
