@@ -5,24 +5,12 @@ when its config arrives without the CLI's check (``autotune trial --config FILE`
 from __future__ import annotations
 
 import pytest
+from testkit.hf_moe import QWEN3_MOE
 
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")  # the hf extra; CI installs it
-
-QWEN3_MOE = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_experts=8,
-    num_experts_per_tok=2,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=128,
-)
 
 
 def test_a_priced_moe_is_refused_where_a_rank_builds_it(tmp_path):
