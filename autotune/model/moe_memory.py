@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autotune.model.description import LocalTensors, local_block, local_shape
+from autotune.model.moe_time import expert_data_parallel
 from autotune.moe import MoESpec
 from autotune.shapes import TP_EXPERT, ModelShape
 
@@ -171,8 +172,9 @@ def layer_tensors(
 
 def expert_data_ranks(config) -> int:
     """The ranks one expert's states are sharded over in Megatron-Core (EDP = world / (pp · ep
-    · etp), MoE parallel folding; etp 1 here) and DeepSpeed's expert data-parallel group."""
-    return config.world_size // (config.pp_degree * config.ep_degree)
+    · etp), MoE parallel folding; etp 1 here) and DeepSpeed's expert data-parallel group: the
+    step-time model's group (``moe_time.expert_data_parallel``), read from the config."""
+    return expert_data_parallel(config.world_size, config.pp_degree, config.ep_degree)
 
 
 def rank_numel(shape: ModelShape, parts: tuple, tp: int, ep: int) -> tuple[int, int]:
